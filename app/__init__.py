@@ -1,0 +1,1 @@
+"""The HTTP gateway: FastAPI routes that enqueue requests and await their replies."""

@@ -1,0 +1,58 @@
+"""The one table that maps streamserve errors to HTTP responses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import Request, Response
+
+from streamserve.errors import (
+    BadRequestError,
+    NotFoundError,
+    OverloadedError,
+    ProtocolError,
+    RedisUnavailableError,
+    RemoteError,
+    RequestTimeoutError,
+    StreamServeError,
+    UnavailableError,
+)
+
+STATUS_BY_ERROR: list[tuple[type[StreamServeError], int]] = [
+    (NotFoundError, 404),
+    (BadRequestError, 400),
+    (RequestTimeoutError, 504),
+    (OverloadedError, 503),
+    (UnavailableError, 503),
+    (RedisUnavailableError, 503),
+    (RemoteError, 500),
+    (ProtocolError, 502),
+    (StreamServeError, 500),
+]
+"""Most specific first: the first class the error is an instance of decides the status."""
+
+
+def json_response(body: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status_code, headers=headers, media_type="application/json")
+
+
+def status_for(exc: StreamServeError) -> int:
+    return next(status for cls, status in STATUS_BY_ERROR if isinstance(exc, cls))
+
+
+async def handle_streamserve_error(request: Request, exc: Exception) -> Response:
+    """Render any StreamServeError as JSON ``{"error", "message", "request_id"}`` with its status."""
+    assert isinstance(exc, StreamServeError)
+    headers = dict(getattr(request.state, "reply_headers", {}))
+    if isinstance(exc, RemoteError):
+        body = {"error": exc.error_type, "message": exc.message}
+        if exc.replica_id:
+            headers["X-Replica"] = exc.replica_id
+    else:
+        body = {"error": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, OverloadedError):
+        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    if "X-Request-ID" in headers:
+        body["request_id"] = headers["X-Request-ID"]
+    return json_response(body, status_for(exc), headers)

@@ -1,0 +1,115 @@
+"""The gateway app: ``POST <route_prefix>`` -> enqueue -> await reply -> HTTP response."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request, Response
+
+from app.errors import handle_streamserve_error, json_response
+from app.routing import RouteTable
+from streamserve.client import AsyncClient, error_of
+from streamserve.connection import RETRYABLE_ERRORS
+from streamserve.control import Control
+from streamserve.errors import BadRequestError, NotFoundError, StreamServeError
+from streamserve.ids import new_request_id
+from streamserve.messages import ReplyStatus
+from streamserve.settings import Settings
+
+REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class Gateway:
+    """Holds the gateway's one client (one reply stream, one reader) and its route table."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.client = AsyncClient(settings=settings)
+        self._routes_generation = -1
+        self._routes = RouteTable({})
+
+    def routes(self) -> RouteTable:
+        if self.client.generation != self._routes_generation:
+            self._routes_generation = self.client.generation
+            self._routes = RouteTable.from_deployments(self.client.deployments())
+        return self._routes
+
+    async def proxy(self, request: Request) -> Response:
+        request_id = request.headers.get("x-request-id") or new_request_id()
+        if not REQUEST_ID_RE.match(request_id):
+            raise BadRequestError("X-Request-ID must be 1-128 of A-Z a-z 0-9 . _ : -")
+        request.state.reply_headers = {"X-Request-ID": request_id}
+        name = self.routes().match(request.url.path)
+        if name is None:
+            raise NotFoundError(f"no deployment serves {request.url.path}")
+        request.state.reply_headers["X-Deployment"] = name
+        cfg = self.client.deployment(name)
+        body = await request.body() or b"null"
+        try:
+            orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequestError(f"request body is not valid JSON: {exc}") from None
+        timeout = min(cfg.request_timeout_s, _header_timeout(request))
+        reply = await self.client.request(name, body, timeout=timeout, request_id=request_id)
+        if reply.status is not ReplyStatus.OK:
+            raise error_of(reply)
+        headers = {"X-Request-ID": request_id, "X-Deployment": name, "X-Replica": reply.replica_id}
+        return Response(reply.body, media_type="application/json", headers=headers)
+
+
+def _header_timeout(request: Request) -> float:
+    raw = request.headers.get("x-request-timeout")
+    if raw is None:
+        return float("inf")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise BadRequestError(f"X-Request-Timeout must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """Build the FastAPI app; the client connects at startup and closes at shutdown."""
+    gateway = Gateway(settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await gateway.client.start()
+        try:
+            yield
+        finally:
+            await gateway.client.aclose()
+
+    app = FastAPI(title="streamserve gateway", lifespan=lifespan, docs_url="/-/docs", openapi_url="/-/openapi.json")
+    app.state.gateway = gateway
+    app.add_exception_handler(StreamServeError, handle_streamserve_error)
+
+    @app.get("/-/healthz")
+    async def healthz() -> Response:
+        try:
+            await gateway.client.ping()
+        except RETRYABLE_ERRORS as exc:
+            return json_response({"status": "unavailable", "message": f"Redis: {exc}"}, status_code=503)
+        return json_response({"status": "ok"})
+
+    @app.get("/-/routes")
+    async def routes() -> dict[str, str]:
+        return gateway.routes().routes
+
+    @app.get("/-/status")
+    async def status() -> list[dict[str, Any]]:
+        control = Control(gateway.client.redis, settings.keys)
+        return [asdict(s) for s in await control.status()]
+
+    @app.post("/{path:path}")
+    async def proxy(request: Request) -> Response:
+        return await gateway.proxy(request)
+
+    return app

@@ -1,0 +1,39 @@
+"""Entry point of the gateway process: ``python -m app``."""
+
+from __future__ import annotations
+
+import argparse
+
+import uvicorn
+
+from app.gateway import create_app
+from streamserve.logs import setup_logging
+from streamserve.settings import Settings
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="streamserve gateway", description="Run the HTTP gateway.")
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface to bind (default {DEFAULT_HOST})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to bind (default {DEFAULT_PORT})")
+    parser.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL or redis://127.0.0.1:6379/0)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = Settings(**({"redis_url": args.redis_url} if args.redis_url else {}))
+    setup_logging(settings.debug)
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+    return 0

@@ -1,0 +1,1 @@
+"""The scheduler: the controller that reconciles replicas toward the desired state."""

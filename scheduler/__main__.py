@@ -1,0 +1,3 @@
+from scheduler.main import main
+
+raise SystemExit(main())

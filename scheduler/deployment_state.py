@@ -1,0 +1,222 @@
+"""Reconciling one deployment: its replicas, its target, and the steps between them."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from scheduler.replica_wrapper import Probe, ReplicaWrapper
+from streamserve.config import DeploymentConfig
+from streamserve.ids import ReplicaID
+from streamserve.messages import DeploymentHealthRecord, Heartbeat, ReplicaRecord
+from streamserve.states import ACTIVE_REPLICA_STATES, DeploymentHealth, ReplicaState
+from streamserve.types import Launcher, ReplicaStore
+
+logger = logging.getLogger(__name__)
+
+UNHEALTHY_AFTER_FAILURES = 3
+"""Consecutive failed starts after which a deployment is reported UNHEALTHY."""
+MAX_START_BACKOFF_MS = 30_000
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long the scheduler waits on replicas, in ms."""
+
+    heartbeat_timeout_ms: int
+    start_timeout_ms: int
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one deployment should look like; ``cfg is None`` means it was deleted.
+
+    ``shutting_down`` (the scheduler stops with its replicas) asks for zero
+    replicas without treating the deployment as deleted.
+    """
+
+    cfg: DeploymentConfig | None
+    shutting_down: bool = False
+
+    @property
+    def count(self) -> int:
+        return self.cfg.target_replicas if self.cfg is not None and not self.shutting_down else 0
+
+    @property
+    def version(self) -> str | None:
+        return self.cfg.code_version() if self.cfg is not None else None
+
+    @property
+    def graceful_shutdown_timeout_s(self) -> float:
+        return self.cfg.graceful_shutdown_timeout_s if self.cfg is not None else 20.0
+
+
+class DeploymentState:
+    """The replicas of one deployment, moved one tick at a time towards the target."""
+
+    def __init__(self, name: str, launcher: Launcher, store: ReplicaStore, timeouts: Timeouts) -> None:
+        self.name = name
+        self._launcher = launcher
+        self._store = store
+        self._timeouts = timeouts
+        self.replicas: dict[str, ReplicaWrapper] = {}
+        self.consecutive_failures = 0
+        self._next_start_ms = 0
+        self._last_failure = ""
+        self._health: DeploymentHealthRecord | None = None
+        self._target_version: str | None = None
+
+    def adopt(self, record: ReplicaRecord) -> None:
+        """Take over a replica recorded by an earlier scheduler (it keeps running)."""
+        self.replicas[record.replica_id] = ReplicaWrapper(record, self._launcher, self._store, self.name)
+
+    def count(self, *states: ReplicaState) -> int:
+        return sum(1 for r in self.replicas.values() if r.state in states)
+
+    @property
+    def is_gone(self) -> bool:
+        return not self.replicas
+
+    async def update(self, target: Target, beats: dict[str, Heartbeat], now_ms: int) -> None:
+        """One reconcile step; never blocks on a process."""
+        if target.version != self._target_version:
+            # A new version gets a fresh start: earlier crash loops say nothing about it.
+            self._target_version = target.version
+            self.consecutive_failures, self._next_start_ms, self._last_failure = 0, 0, ""
+        await self._observe_starting(beats, now_ms)
+        await self._observe_running(beats, now_ms)
+        await self._observe_stopping(beats, now_ms)
+        await self._drop_stopped()
+        await self._scale_and_roll(target, now_ms)
+        await self._start_pending(now_ms)
+        await self._stop_pending(target, now_ms)
+        await self._record_health(target, now_ms)
+
+    # 1. STARTING replicas become RUNNING, or fail and are replaced with backoff.
+    async def _observe_starting(self, beats: dict[str, Heartbeat], now_ms: int) -> None:
+        for r in self._in(ReplicaState.STARTING):
+            probe = r.check_started(beats.get(r.record.replica_id), now_ms, self._timeouts.start_timeout_ms)
+            if probe is Probe.OK:
+                await r.transition(ReplicaState.RUNNING, now_ms)
+                self.consecutive_failures = 0
+                self._last_failure = ""
+            elif probe is Probe.FAILED:
+                self._note_start_failure(r.failure, now_ms)
+                r.force_kill()
+                await r.transition(ReplicaState.STOPPED, now_ms, message=r.failure)
+
+    # 2. RUNNING replicas whose process died or whose heartbeat expired are written off.
+    async def _observe_running(self, beats: dict[str, Heartbeat], now_ms: int) -> None:
+        for r in self._in(ReplicaState.RUNNING):
+            probe = r.check_alive(beats.get(r.record.replica_id), now_ms, self._timeouts.heartbeat_timeout_ms)
+            if probe is Probe.FAILED:
+                logger.warning("replica %s is dead: %s", r.id, r.failure)
+                r.force_kill()  # a hung process must not come back and serve twice
+                await r.transition(ReplicaState.STOPPED, now_ms, message=r.failure)
+
+    # 3. STOPPING replicas finish draining (or are killed at their deadline).
+    async def _observe_stopping(self, beats: dict[str, Heartbeat], now_ms: int) -> None:
+        for r in self._in(ReplicaState.STOPPING):
+            if r.check_stopped(beats.get(r.record.replica_id), now_ms) is Probe.OK:
+                await r.transition(ReplicaState.STOPPED, now_ms)
+
+    # 4. STOPPED records are removed, with their heartbeats.
+    async def _drop_stopped(self) -> None:
+        for r in self._in(ReplicaState.STOPPED):
+            r.forget_process()
+            await self._store.remove(self.name, r.record.replica_id)
+            del self.replicas[r.record.replica_id]
+
+    # 5. Compare with the target: add replicas of the target version, retire extra and old ones.
+    async def _scale_and_roll(self, target: Target, now_ms: int) -> None:
+        active = [r for r in self.replicas.values() if r.state in ACTIVE_REPLICA_STATES]
+        current = [r for r in active if r.version == target.version]
+        outdated = [r for r in active if r.version != target.version]
+        ready = sum(1 for r in active if r.state is ReplicaState.RUNNING)
+
+        missing = target.count - len(current)
+        for _ in range(missing):
+            await self._add_replica(target, now_ms)
+        # Too many of the current version: retire those that serve nothing first, newest first.
+        for r in sorted(current, key=_retire_order)[: max(0, -missing)]:
+            ready -= r.state is ReplicaState.RUNNING
+            await r.transition(ReplicaState.SHOULD_STOP, now_ms)
+        # Outdated replicas go as soon as the ready count stays at or above the target without them.
+        for r in sorted(outdated, key=_retire_order):
+            if r.state is not ReplicaState.RUNNING:
+                await r.transition(ReplicaState.SHOULD_STOP, now_ms)
+            elif ready - 1 >= target.count:
+                ready -= 1
+                await r.transition(ReplicaState.SHOULD_STOP, now_ms)
+
+    async def _add_replica(self, target: Target, now_ms: int) -> None:
+        assert target.version is not None
+        replica_id = ReplicaID.new(self.name)
+        record = ReplicaRecord(
+            replica_id=replica_id.to_str(),
+            state=ReplicaState.SHOULD_START,
+            version=target.version,
+            created_ms=now_ms,
+            updated_ms=now_ms,
+        )
+        await self._store.save(self.name, record)  # persist the intent before acting on it
+        logger.info("replica %s: created (SHOULD_START, version %s)", replica_id, target.version)
+        self.adopt(record)
+
+    # 6. SHOULD_START replicas are spawned, unless a crash loop asks us to back off.
+    async def _start_pending(self, now_ms: int) -> None:
+        pending = self._in(ReplicaState.SHOULD_START)
+        if not pending or now_ms < self._next_start_ms:
+            return
+        for r in pending:
+            try:
+                await r.start(now_ms)
+            except OSError as exc:
+                self._note_start_failure(f"cannot start process: {exc}", now_ms)
+                await r.transition(ReplicaState.STOPPED, now_ms, message=str(exc))
+
+    # 7. SHOULD_STOP replicas get SIGTERM and a deadline.
+    async def _stop_pending(self, target: Target, now_ms: int) -> None:
+        for r in self._in(ReplicaState.SHOULD_STOP):
+            await r.stop(now_ms, target.graceful_shutdown_timeout_s + 1.0)
+
+    # 8. The verdict, written only when it changes.
+    async def _record_health(self, target: Target, now_ms: int) -> None:
+        if self.consecutive_failures >= UNHEALTHY_AFTER_FAILURES:
+            health, message = DeploymentHealth.UNHEALTHY, self._last_failure
+        elif self._settled(target):
+            health, message = DeploymentHealth.HEALTHY, ""
+        else:
+            health, message = DeploymentHealth.UPDATING, self._last_failure
+        if self._health is None or (self._health.health, self._health.message) != (health, message):
+            self._health = DeploymentHealthRecord(
+                health=health, message=message, consecutive_failures=self.consecutive_failures, updated_ms=now_ms
+            )
+            await self._store.save_health(self.name, self._health)
+            logger.info("deployment %s: %s%s", self.name, health.value, f" ({message})" if message else "")
+
+    def _settled(self, target: Target) -> bool:
+        running = self._in(ReplicaState.RUNNING)
+        return len(running) == len(self.replicas) == target.count and all(r.version == target.version for r in running)
+
+    def _note_start_failure(self, reason: str, now_ms: int) -> None:
+        self.consecutive_failures += 1
+        self._last_failure = reason
+        backoff = min(MAX_START_BACKOFF_MS, 250 * 2**self.consecutive_failures)
+        self._next_start_ms = now_ms + backoff
+        logger.warning(
+            "deployment %s: replica failed to start (%s); %d in a row, next start in %.1fs",
+            self.name,
+            reason,
+            self.consecutive_failures,
+            backoff / 1000,
+        )
+
+    def _in(self, state: ReplicaState) -> list[ReplicaWrapper]:
+        return [r for r in self.replicas.values() if r.state is state]
+
+
+def _retire_order(r: ReplicaWrapper) -> tuple[int, int]:
+    """Replicas that serve nothing yet go first, then the youngest."""
+    serving = r.state is ReplicaState.RUNNING
+    return (int(serving), -r.record.created_ms)

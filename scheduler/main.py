@@ -1,0 +1,50 @@
+"""Entry point of the scheduler process: ``python -m scheduler``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from scheduler.launcher import ProcessLauncher
+from scheduler.scheduler import Scheduler
+from streamserve.connection import async_redis
+from streamserve.logs import setup_logging
+from streamserve.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="streamserve scheduler", description="Run the scheduler (controller).")
+    parser.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL or redis://127.0.0.1:6379/0)")
+    parser.add_argument(
+        "--stop-replicas-on-exit",
+        action="store_true",
+        help="stop every replica when this scheduler exits (what `streamserve up` does); "
+        "by default replicas keep serving and the next scheduler adopts them",
+    )
+    return parser.parse_args(argv)
+
+
+async def run(settings: Settings, stop_replicas_on_exit: bool) -> None:
+    redis = async_redis(settings.effective_redis_url)
+    scheduler = Scheduler(settings, redis, ProcessLauncher(settings), stop_replicas_on_exit=stop_replicas_on_exit)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, scheduler.should_exit.set)
+    try:
+        await scheduler.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = Settings(**({"redis_url": args.redis_url} if args.redis_url else {}))
+    setup_logging(settings.debug)
+    asyncio.run(run(settings, args.stop_replicas_on_exit))
+    return 0

@@ -1,0 +1,129 @@
+"""One replica as the scheduler manages it: the only code that changes a replica's state.
+
+Each method is a probe or an action that never blocks: it looks at the
+process and the heartbeat and returns what it saw, and ``transition`` is the
+single place a state is validated, persisted and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import Enum
+
+from streamserve.ids import ReplicaID
+from streamserve.messages import Heartbeat, ReplicaRecord
+from streamserve.states import ReplicaHealth, ReplicaState, check_replica_transition
+from streamserve.types import Launcher, ReplicaStore
+
+logger = logging.getLogger(__name__)
+
+
+class Probe(str, Enum):
+    """What a look at a replica found."""
+
+    PENDING = "pending"
+    """Nothing decided yet (still starting, still draining)."""
+    OK = "ok"
+    """Ready (when starting) or alive (when running) or gone (when stopping)."""
+    FAILED = "failed"
+    """It failed to start, died, or stopped answering."""
+
+
+class ReplicaWrapper:
+    """A replica record plus the means to act on its process."""
+
+    def __init__(self, record: ReplicaRecord, launcher: Launcher, store: ReplicaStore, deployment: str) -> None:
+        self.record = record
+        self.id = ReplicaID.from_str(record.replica_id)
+        self._launcher = launcher
+        self._store = store
+        self._deployment = deployment
+        self.failure = ""
+
+    @property
+    def state(self) -> ReplicaState:
+        return self.record.state
+
+    @property
+    def version(self) -> str:
+        return self.record.version
+
+    @property
+    def is_local(self) -> bool:
+        return self.record.host == self._launcher.host
+
+    async def transition(self, new: ReplicaState, now_ms: int, **changes: object) -> None:
+        """Validate ``state -> new`` against the table, persist it, log it once."""
+        old = self.record.state
+        check_replica_transition(old, new)
+        self.record = self.record.model_copy(update={"state": new, "updated_ms": now_ms, **changes})
+        await self._store.save(self._deployment, self.record)
+        suffix = f" ({self.record.message})" if self.record.message else ""
+        logger.info("replica %s: %s -> %s%s", self.id, old.value, new.value, suffix)
+
+    # -- actions ------------------------------------------------------------
+
+    async def start(self, now_ms: int) -> None:
+        """SHOULD_START -> STARTING: spawn the process."""
+        pid = self._launcher.start(self.id)
+        await self.transition(ReplicaState.STARTING, now_ms, pid=pid, host=self._launcher.host)
+
+    async def stop(self, now_ms: int, graceful_timeout_s: float) -> None:
+        """SHOULD_STOP -> STOPPING: SIGTERM now, SIGKILL once the deadline passes."""
+        if self.record.pid and self.is_local:
+            self._launcher.terminate(self.record.pid, self.id)
+        deadline = now_ms + int(graceful_timeout_s * 1000)
+        await self.transition(ReplicaState.STOPPING, now_ms, stop_deadline_ms=deadline)
+
+    def force_kill(self) -> None:
+        if self.record.pid and self.is_local:
+            self._launcher.kill(self.record.pid, self.id)
+
+    def forget_process(self) -> None:
+        if self.record.pid and self.is_local:
+            self._launcher.forget(self.record.pid)
+
+    # -- probes --------------------------------------------------------------
+
+    def _process_alive(self) -> bool | None:
+        """True/False for a local process; None when we cannot see it (another host)."""
+        if not self.record.pid or not self.is_local:
+            return None
+        return self._launcher.is_alive(self.record.pid, self.id)
+
+    def check_started(self, beat: Heartbeat | None, now_ms: int, start_timeout_ms: int) -> Probe:
+        """For a STARTING replica: ready, still starting, or failed (and why, in ``failure``)."""
+        if beat is not None and beat.health is ReplicaHealth.READY:
+            return Probe.OK
+        if beat is not None and beat.health is ReplicaHealth.FAILED:
+            self.failure = beat.message or "failed to start"
+            return Probe.FAILED
+        if self._process_alive() is False:
+            code = self._launcher.exit_code(self.record.pid)
+            self.failure = f"process exited with code {code} while starting" if code is not None else "process died"
+            return Probe.FAILED
+        if now_ms - self.record.updated_ms > start_timeout_ms:
+            self.failure = f"not ready after {start_timeout_ms / 1000:g}s"
+            return Probe.FAILED
+        return Probe.PENDING
+
+    def check_alive(self, beat: Heartbeat | None, now_ms: int, heartbeat_timeout_ms: int) -> Probe:
+        """For a RUNNING replica: OK while its process lives and its heartbeat is fresh."""
+        if self._process_alive() is False:
+            code = self._launcher.exit_code(self.record.pid)
+            self.failure = f"process exited with code {code}" if code is not None else "process died"
+            return Probe.FAILED
+        last = beat.ts_ms if beat is not None else self.record.updated_ms
+        if now_ms - last > heartbeat_timeout_ms:
+            self.failure = f"no heartbeat for {(now_ms - last) / 1000:.1f}s"
+            return Probe.FAILED
+        return Probe.OK
+
+    def check_stopped(self, beat: Heartbeat | None, now_ms: int) -> Probe:
+        """For a STOPPING replica: OK once the process is gone; kills it past the deadline."""
+        alive = self._process_alive()
+        if alive is False or (alive is None and beat is None):
+            return Probe.OK
+        if now_ms >= self.record.stop_deadline_ms:
+            self.force_kill()
+        return Probe.PENDING

@@ -1,0 +1,155 @@
+"""The scheduler process: lead (or stand by), then reconcile every deployment on each tick."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from scheduler.deployment_state import DeploymentState, Target, Timeouts
+from scheduler.leader import LeaderLock
+from scheduler.store import RedisReplicaStore
+from streamserve.config import DeploymentConfig
+from streamserve.connection import RETRYABLE_ERRORS
+from streamserve.control import Control
+from streamserve.errors import ProtocolError
+from streamserve.keys import CONSUMER_GROUP
+from streamserve.messages import Heartbeat, now_ms
+from streamserve.settings import Settings
+from streamserve.types import Clock, Launcher
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    """Owns the reconcile loop; ``should_exit`` asks for a graceful stop."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        redis: aioredis.Redis,
+        launcher: Launcher,
+        *,
+        stop_replicas_on_exit: bool = False,
+        clock: Clock = now_ms,
+    ) -> None:
+        self._settings = settings
+        self._redis = redis
+        self._keys = settings.keys
+        self._launcher = launcher
+        self._clock = clock
+        self._store = RedisReplicaStore(redis, self._keys)
+        self._control = Control(redis, self._keys)
+        self._timeouts = Timeouts(
+            heartbeat_timeout_ms=int(settings.heartbeat_timeout_s * 1000),
+            start_timeout_ms=int(settings.start_timeout_s * 1000),
+        )
+        self._lock = LeaderLock(redis, self._keys)
+        self._stop_replicas_on_exit = stop_replicas_on_exit
+        self._states: dict[str, DeploymentState] = {}
+        self._known_groups: set[str] = set()
+        self.should_exit = asyncio.Event()
+        self.ticks = 0
+
+    async def run(self) -> None:
+        """Lead when possible, tick until asked to exit, then shut down."""
+        logger.info("scheduler %s: starting", self._lock.holder_id)
+        try:
+            while not self.should_exit.is_set():
+                try:
+                    await self._lead_or_wait()
+                except RETRYABLE_ERRORS as exc:
+                    logger.warning("scheduler: Redis unavailable (%s); retrying", exc)
+                await self._sleep(self._settings.tick_interval_s)
+            await self._shutdown()
+        finally:
+            logger.info("scheduler %s: exited after %d ticks", self._lock.holder_id, self.ticks)
+
+    async def _lead_or_wait(self) -> None:
+        was_leader = self._lock.held
+        if not await self._lock.acquire_or_renew():
+            if was_leader:
+                logger.warning("scheduler %s: lost leadership; standing by", self._lock.holder_id)
+                self._states.clear()
+            return
+        if not was_leader:
+            logger.info("scheduler %s: leading", self._lock.holder_id)
+            await self._adopt()
+        await self.tick()
+
+    async def _adopt(self) -> None:
+        """Take over whatever replicas Redis records, instead of starting duplicates."""
+        self._states.clear()
+        for name, records in (await self._store.load_all()).items():
+            state = self._state(name)
+            for record in records:
+                state.adopt(record)
+            logger.info("scheduler: adopted %d replica(s) of %s", len(records), name)
+
+    def _state(self, name: str) -> DeploymentState:
+        state = self._states.get(name)
+        if state is None:
+            state = self._states[name] = DeploymentState(name, self._launcher, self._store, self._timeouts)
+        return state
+
+    async def tick(self) -> None:
+        """One reconcile pass over every deployment, desired or still winding down."""
+        self.ticks += 1
+        shutting_down = self.should_exit.is_set()
+        desired = await self._control.deployments()
+        names = sorted(set(desired) | set(self._states))
+        beats_raw = await self._store.heartbeats(names)
+        now = self._clock()
+        for name in names:
+            cfg = desired.get(name)
+            if cfg is not None:
+                await self._ensure_group(cfg)
+            state = self._state(name)
+            await state.update(Target(cfg, shutting_down), _decode_beats(beats_raw.get(name, {})), now)
+            if cfg is None and state.is_gone:
+                await self._store.forget_deployment(name)
+                self._known_groups.discard(name)
+                del self._states[name]
+                logger.info("deployment %s: deleted", name)
+
+    async def _ensure_group(self, cfg: DeploymentConfig) -> None:
+        """Create the consumer group at id 0 so requests queued before any replica are still served."""
+        if cfg.name in self._known_groups:
+            return
+        try:
+            await self._redis.xgroup_create(self._keys.requests(cfg.name), CONSUMER_GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._known_groups.add(cfg.name)
+
+    async def _shutdown(self) -> None:
+        if self._lock.held and self._stop_replicas_on_exit:
+            logger.info("scheduler: stopping all replicas before exit")
+            try:
+                await self._adopt()
+                while any(not s.is_gone for s in self._states.values()):
+                    await self._lock.acquire_or_renew()
+                    await self.tick()
+                    await asyncio.sleep(self._settings.tick_interval_s)
+            except RETRYABLE_ERRORS as exc:
+                logger.warning("scheduler: Redis lost while stopping replicas: %s", exc)
+        with contextlib.suppress(*RETRYABLE_ERRORS):
+            await self._lock.release()
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.should_exit.wait(), timeout=seconds)
+
+
+def _decode_beats(raw: dict[bytes, bytes]) -> dict[str, Heartbeat]:
+    beats = {}
+    for rid, value in raw.items():
+        try:
+            beats[rid.decode()] = Heartbeat.decode(value)
+        except ProtocolError as exc:
+            logger.warning("ignoring unreadable heartbeat of %s: %s", rid, exc)
+    return beats

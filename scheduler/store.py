@@ -1,0 +1,52 @@
+"""Where the scheduler persists replica records and deployment verdicts in Redis."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from streamserve.keys import Keys
+from streamserve.messages import DeploymentHealthRecord, ReplicaRecord
+
+
+class RedisReplicaStore:
+    """The production ReplicaStore: one hash per deployment, plus the status hash."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+
+    async def save(self, deployment: str, record: ReplicaRecord) -> None:
+        await self._redis.hset(self._keys.replicas(deployment), record.replica_id, record.encode())
+
+    async def remove(self, deployment: str, replica_id: str) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self._keys.replicas(deployment), replica_id)
+            pipe.hdel(self._keys.heartbeats(deployment), replica_id)
+            await pipe.execute()
+
+    async def save_health(self, deployment: str, record: DeploymentHealthRecord) -> None:
+        await self._redis.hset(self._keys.deployment_status(), deployment, record.encode())
+
+    async def load_all(self) -> dict[str, list[ReplicaRecord]]:
+        """Every recorded replica of every deployment (found by SCAN, so deleted deployments too)."""
+        found: dict[str, list[ReplicaRecord]] = {}
+        async for key in self._redis.scan_iter(match=self._keys.replicas_pattern(), count=500):
+            name = self._keys.deployment_of_replicas_key(key.decode())
+            raw = await self._redis.hgetall(key)
+            found[name] = [ReplicaRecord.decode(v) for v in raw.values()]
+        return found
+
+    async def heartbeats(self, names: list[str]) -> dict[str, dict[bytes, bytes]]:
+        """The raw heartbeat hashes of several deployments in one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hgetall(self._keys.heartbeats(name))
+            results = await pipe.execute()
+        return dict(zip(names, results, strict=True))
+
+    async def forget_deployment(self, deployment: str) -> None:
+        """Drop every key of a deleted deployment whose replicas are all gone."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(*self._keys.deployment_keys(deployment))
+            pipe.hdel(self._keys.deployment_status(), deployment)
+            await pipe.execute()

@@ -1,0 +1,34 @@
+"""streamserve: queue-based model serving over Redis streams."""
+
+from streamserve.client import AsyncClient, Client
+from streamserve.errors import (
+    BadRequestError,
+    ConfigError,
+    DeadLetterError,
+    NotFoundError,
+    OverloadedError,
+    ProtocolError,
+    RedisUnavailableError,
+    RemoteError,
+    RequestTimeoutError,
+    StreamServeError,
+    UnavailableError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient",
+    "BadRequestError",
+    "Client",
+    "ConfigError",
+    "DeadLetterError",
+    "NotFoundError",
+    "OverloadedError",
+    "ProtocolError",
+    "RedisUnavailableError",
+    "RemoteError",
+    "RequestTimeoutError",
+    "StreamServeError",
+    "UnavailableError",
+]

@@ -1,0 +1,228 @@
+"""The `streamserve` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from streamserve.client import AsyncClient
+from streamserve.config import load_config
+from streamserve.connection import async_redis
+from streamserve.control import Control, DeploymentStatus
+from streamserve.errors import BadRequestError, ConfigError, StreamServeError
+from streamserve.messages import now_ms
+from streamserve.settings import Settings
+from streamserve.states import DeploymentHealth
+
+T = TypeVar("T")
+
+ROLE_COMMANDS = {
+    "gateway": "app.main",
+    "scheduler": "scheduler.main",
+    "worker": "workers.main",
+}
+"""Commands that run one process of a role; the role package is imported only when chosen."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streamserve", description="Queue-based model serving over Redis streams.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL or redis://127.0.0.1:6379/0)")
+        return p
+
+    p = add("up", "run Redis (embedded unless --redis-url/REDIS_URL), a scheduler and a gateway on this machine")
+    p.add_argument("config", type=Path, help="YAML config file with the deployments")
+    p.add_argument("--host", default="127.0.0.1", help="gateway interface (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
+    p.add_argument("--redis-port", type=int, help="embedded Redis port (default 6379 if free, else any free one)")
+
+    p = add("deploy", "write the deployments of a config file as the desired state")
+    p.add_argument("config", type=Path)
+    p.add_argument("--wait", action="store_true", help="return once every deployment runs its target replicas")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds --wait waits at most (default 300)")
+
+    p = add("status", "show deployments, replicas and queues")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    p = add("scale", "set a deployment's number of replicas")
+    p.add_argument("name")
+    p.add_argument("replicas", type=int)
+
+    p = add("delete", "remove a deployment and stop its replicas")
+    p.add_argument("name")
+
+    p = add("call", "call a deployment with a JSON argument and print the JSON result")
+    p.add_argument("name")
+    p.add_argument("body", nargs="?", default="null", help="JSON (default null)")
+    p.add_argument("--timeout", type=float, help="seconds (default: the deployment's request_timeout_s)")
+    p.add_argument("--method", default="", help="a method of the deployment's class")
+
+    for name, module in ROLE_COMMANDS.items():
+        sub.add_parser(name, help=f"run one {name} process (see `streamserve {name} --help`)", add_help=False)
+        del module
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ROLE_COMMANDS:
+        import importlib
+
+        role_main: Callable[[list[str]], int] = importlib.import_module(ROLE_COMMANDS[argv[0]]).main
+        return role_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings(**({"redis_url": args.redis_url} if args.redis_url else {}))
+        return COMMANDS[args.command](args, settings)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except StreamServeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except RedisError as exc:
+        print(f"error: Redis: {exc}", file=sys.stderr)
+        return 1
+
+
+def _with_control(settings: Settings, fn: Callable[[Control, aioredis.Redis], Awaitable[T]]) -> T:
+    async def run() -> T:
+        redis = async_redis(settings.effective_redis_url)
+        try:
+            return await fn(Control(redis, settings.keys), redis)
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(run())
+
+
+def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    from streamserve.up import Farm, UpOptions
+
+    config = load_config(args.config)
+    return Farm(settings, UpOptions(config, args.config, args.host, args.port, args.redis_port)).run()
+
+
+def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
+    config = load_config(args.config)
+
+    async def deploy(control: Control, _redis: aioredis.Redis) -> int:
+        started_ms = now_ms()
+        changed = await control.apply(config)
+        print(f"updated: {', '.join(changed)}" if changed else "no change")
+        if not args.wait:
+            return 0
+        deadline = time.monotonic() + args.timeout
+        waiting = {d.name: d for d in config.deployments}
+        while waiting:
+            for name, cfg in list(waiting.items()):
+                if await control.settled(cfg):
+                    print(f"{name}: {cfg.target_replicas} replica(s) running")
+                    del waiting[name]
+                    continue
+                health = await control.health(name)
+                fresh = health is not None and health.updated_ms >= started_ms
+                if fresh and health is not None and health.health is DeploymentHealth.UNHEALTHY:
+                    print(f"error: {name}: {health.message}", file=sys.stderr)
+                    return 1
+            if waiting and time.monotonic() > deadline:
+                print(f"error: timed out waiting for {', '.join(waiting)}", file=sys.stderr)
+                return 1
+            await asyncio.sleep(0.2)
+        return 0
+
+    return _with_control(settings, deploy)
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    async def status(control: Control, _redis: aioredis.Redis) -> list[DeploymentStatus]:
+        return await control.status()
+
+    statuses = _with_control(settings, status)
+    if args.json:
+        sys.stdout.write(orjson.dumps([s.to_dict() for s in statuses], option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(format_status(statuses))
+    return 0
+
+
+def format_status(statuses: list[DeploymentStatus]) -> str:
+    if not statuses:
+        return "no deployments"
+    header = ["DEPLOYMENT", "HEALTH", "TARGET", "RUNNING", "STARTING", "STOPPING", "QUEUED", "IN FLIGHT", "ROUTE"]
+    rows = [header] + [
+        [
+            s.name,
+            s.health,
+            str(s.target),
+            str(s.running),
+            str(s.starting),
+            str(s.stopping),
+            str(s.queued),
+            str(s.in_flight),
+            s.route_prefix or "-",
+        ]
+        for s in statuses
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines += [f"{s.name}: {s.message}" for s in statuses if s.message]
+    return "\n".join(lines)
+
+
+def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
+    if args.replicas < 0:
+        raise ConfigError(f"replicas must be >= 0, got {args.replicas}")
+
+    async def scale(control: Control, _redis: aioredis.Redis) -> bool:
+        return await control.scale(args.name, args.replicas)
+
+    changed = _with_control(settings, scale)
+    print(f"{args.name}: {args.replicas} replica(s)" + ("" if changed else " (no change)"))
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
+    async def delete(control: Control, _redis: aioredis.Redis) -> None:
+        await control.delete(args.name)
+
+    _with_control(settings, delete)
+    print(f"{args.name}: deleted")
+    return 0
+
+
+def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        body = orjson.loads(args.body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(f"body is not valid JSON: {exc}") from None
+
+    async def call() -> Any:
+        async with AsyncClient(settings=settings) as client:
+            return await client.call(args.name, body, timeout=args.timeout, method=args.method)
+
+    result = asyncio.run(call())
+    sys.stdout.write(orjson.dumps(result).decode() + "\n")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
+    "up": cmd_up,
+    "deploy": cmd_deploy,
+    "status": cmd_status,
+    "scale": cmd_scale,
+    "delete": cmd_delete,
+    "call": cmd_call,
+}

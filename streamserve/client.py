@@ -1,0 +1,391 @@
+"""The producer side: enqueue requests on a deployment's stream and await replies.
+
+``AsyncClient`` does the work on an asyncio loop; ``Client`` runs one on a
+background thread and hands out ``concurrent.futures.Future`` objects. Each
+client process has one reply stream and one reader task that resolves every
+in-flight request: no per-request connection, no polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar, cast
+
+import orjson
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+from redis.typing import KeyT, StreamIdT
+
+from streamserve import scripts
+from streamserve.config import DeploymentConfig
+from streamserve.connection import RETRYABLE_ERRORS, async_redis
+from streamserve.errors import (
+    BadRequestError,
+    DeadLetterError,
+    NotFoundError,
+    OverloadedError,
+    ProtocolError,
+    RedisUnavailableError,
+    RemoteError,
+    RequestTimeoutError,
+    UnavailableError,
+)
+from streamserve.ids import new_caller_id, new_request_id
+from streamserve.keys import CONSUMER_GROUP, ConfigKey
+from streamserve.longpoll import LongPollSubscriber
+from streamserve.messages import Reply, ReplyStatus, Request, StreamBatches, dumps, now_ms, text
+from streamserve.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+REPLY_STREAM_TTL_S = 60
+"""A caller's reply stream expires this long after its caller stops refreshing it (it died)."""
+REPLY_READ_COUNT = 1000
+REPLY_BLOCK_MS = 1000
+_READER_TASK = "streamserve-replies"
+
+
+def result_of(reply: Reply) -> Any:
+    """The handler's return value, or the error the reply stands for."""
+    if reply.status is ReplyStatus.OK:
+        return orjson.loads(reply.body)
+    raise error_of(reply)
+
+
+def error_of(reply: Reply) -> Exception:
+    """The exception a non-OK reply stands for."""
+    if reply.status is ReplyStatus.DEADLINE_EXCEEDED:
+        return RequestTimeoutError(f"request {reply.request_id} passed its deadline before a replica could run it")
+    if reply.status is ReplyStatus.BAD_REQUEST:
+        return BadRequestError(reply.error_message)
+    if reply.status is ReplyStatus.DEAD_LETTER:
+        return DeadLetterError(reply.error_type, reply.error_message, reply.replica_id)
+    return RemoteError(reply.error_type, reply.error_message, reply.replica_id)
+
+
+class AsyncClient:
+    """Calls deployments through Redis from an asyncio program.
+
+    >>> async with AsyncClient("redis://localhost:6379") as client:
+    ...     await client.call("echo", {"x": 1})
+    """
+
+    def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
+        settings = settings or Settings()
+        if redis_url is not None:
+            settings = settings.model_copy(update={"redis_url": redis_url})
+        self._settings = settings
+        self._keys = settings.keys
+        self.caller_id = new_caller_id()
+        self._reply_stream = self._keys.reply_stream(self.caller_id)
+        self._redis: aioredis.Redis | None = None
+        self._enqueue: AsyncScript | None = None
+        self._deployments: dict[str, DeploymentConfig] = {}
+        self._pending: dict[str, asyncio.Future[Reply]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._longpoll: LongPollSubscriber | None = None
+        self._start_lock: asyncio.Lock | None = None
+        self._last_reply_id = b"0-0"
+        self._generation = 0
+        self._closing = False
+
+    # -- lifecycle ------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, create the reply stream and load the deployments (done by the first call if not before)."""
+        if self._redis is not None:
+            return
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._redis is not None:
+                return
+            redis = async_redis(self._settings.effective_redis_url)
+            try:
+                await self._create_reply_stream(redis)
+                self._enqueue = redis.register_script(scripts.ENQUEUE)
+                self._longpoll = LongPollSubscriber(
+                    redis, self._keys, lambda k: k == ConfigKey.DEPLOYMENTS, self._reload_deployments_from(redis)
+                )
+                await self._longpoll.start()
+            except RETRYABLE_ERRORS as exc:
+                await redis.aclose()
+                raise RedisUnavailableError(f"cannot reach Redis at {self._safe_url()}: {exc}") from exc
+            self._redis = redis
+            self._tasks = [
+                asyncio.create_task(self._read_replies(), name=_READER_TASK),
+                asyncio.create_task(self._keep_reply_stream(), name="streamserve-reply-keeper"),
+            ]
+
+    async def aclose(self) -> None:
+        """Stop the reader, fail what is still waiting, drop the reply stream and disconnect."""
+        self._closing = True
+        if self._redis is not None:
+            # Cancelling a blocked XREAD inside redis-py can stall; wake the reader with an entry instead.
+            with contextlib.suppress(*RETRYABLE_ERRORS):
+                await self._redis.xadd(self._reply_stream, {"wake": b""}, nomkstream=True)
+        for task in self._tasks:
+            if task.get_name() != _READER_TASK:
+                task.cancel()
+        if self._tasks:
+            _done, stuck = await asyncio.wait(self._tasks, timeout=REPLY_BLOCK_MS / 1000 + 1)
+            for task in stuck:
+                task.cancel()
+        self._tasks = []
+        if self._longpoll is not None:
+            await self._longpoll.close()
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(UnavailableError("client closed"))
+        if self._redis is not None:
+            with contextlib.suppress(*RETRYABLE_ERRORS):
+                await self._redis.delete(self._reply_stream)
+            await self._redis.aclose()
+            self._redis = None
+
+    async def __aenter__(self) -> AsyncClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- what callers use ---------------------------------------------------------
+
+    async def call(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> Any:
+        """Run deployment ``name`` on ``body`` and return its result, or raise a StreamServeError."""
+        reply = await self.request(name, dumps(body), timeout=timeout, method=method)
+        return result_of(reply)
+
+    def submit(
+        self, name: str, body: Any = None, *, timeout: float | None = None, method: str = ""
+    ) -> asyncio.Task[Any]:
+        """Start a call and return a task that resolves to its result."""
+        return asyncio.ensure_future(self.call(name, body, timeout=timeout, method=method))
+
+    async def send(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
+        """Enqueue without waiting for (or receiving) the result; return the request id."""
+        cfg = await self._resolve(name)
+        request_id = new_request_id()
+        deadline_ms = now_ms() + int(1000 * (timeout or cfg.request_timeout_s))
+        await self._add(cfg, Request(request_id, "", deadline_ms, dumps(body), method))
+        return request_id
+
+    async def request(
+        self,
+        name: str,
+        body: bytes,
+        *,
+        timeout: float | None = None,
+        method: str = "",
+        request_id: str | None = None,
+    ) -> Reply:
+        """Send already-encoded JSON and return the raw Reply (the gateway's entry point).
+
+        ``timeout`` defaults to the deployment's ``request_timeout_s``; the
+        replica skips the request if this deadline passes before it starts.
+        """
+        cfg = await self._resolve(name)
+        timeout_s = cfg.request_timeout_s if timeout is None else timeout
+        if timeout_s <= 0:
+            raise BadRequestError(f"timeout must be positive, got {timeout_s}")
+        request_id = request_id or new_request_id()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Reply] = loop.create_future()
+        self._pending[request_id] = fut
+        timer = loop.call_later(timeout_s, self._expire, request_id, timeout_s)
+        try:
+            await self._add(
+                cfg, Request(request_id, self._reply_stream, now_ms() + int(timeout_s * 1000), body, method)
+            )
+            return await fut
+        finally:
+            timer.cancel()
+            self._pending.pop(request_id, None)
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        """The connection pool, once started."""
+        if self._redis is None:
+            raise UnavailableError("client not started")
+        return self._redis
+
+    @property
+    def generation(self) -> int:
+        """Bumped each time the deployments are reloaded (cheap change detection for caches)."""
+        return self._generation
+
+    async def ping(self) -> None:
+        """Raise unless Redis answers."""
+        await self.start()
+        await self.redis.ping()
+
+    def deployment(self, name: str) -> DeploymentConfig:
+        """The deployment's config as this client last saw it (long-polled)."""
+        try:
+            return self._deployments[name]
+        except KeyError:
+            raise NotFoundError(f"no deployment named {name!r}") from None
+
+    def deployments(self) -> dict[str, DeploymentConfig]:
+        """Every deployment this client knows of, by name."""
+        return dict(self._deployments)
+
+    # -- internals ------------------------------------------------------------
+
+    async def _resolve(self, name: str) -> DeploymentConfig:
+        await self.start()
+        cfg = self.deployment(name)
+        if cfg.autoscaling_config is None and cfg.target_replicas == 0:
+            raise UnavailableError(f"deployment {name!r} is scaled to 0 replicas")
+        return cfg
+
+    async def _add(self, cfg: DeploymentConfig, request: Request) -> None:
+        assert self._enqueue is not None
+        fields = request.encode()
+        args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP]
+        for key, value in fields.items():
+            args += [key, value]
+        try:
+            entry_id = await self._enqueue(keys=[self._keys.requests(cfg.name)], args=args)
+        except RETRYABLE_ERRORS as exc:
+            raise RedisUnavailableError(f"cannot reach Redis at {self._safe_url()}: {exc}") from exc
+        if entry_id == 0:
+            raise OverloadedError(
+                f"deployment {cfg.name!r} has {cfg.max_queued_requests} requests queued (max_queued_requests)"
+            )
+
+    def _expire(self, request_id: str, timeout_s: float) -> None:
+        fut = self._pending.get(request_id)
+        if fut is not None and not fut.done():
+            fut.set_exception(RequestTimeoutError(f"no reply within {timeout_s:g}s (request {request_id})"))
+
+    def _reload_deployments_from(self, redis: aioredis.Redis) -> Any:
+        async def reload(_changed: set[str]) -> None:
+            raw = await redis.hgetall(self._keys.deployments())
+            self._deployments = {text(k): DeploymentConfig.from_json(v) for k, v in raw.items()}
+            self._generation += 1
+
+        return reload
+
+    async def _create_reply_stream(self, redis: aioredis.Redis) -> None:
+        # Replicas add replies with NOMKSTREAM, so a dead caller's expired stream is never recreated.
+        entry_id = await redis.xadd(self._reply_stream, {"hello": self.caller_id})
+        await redis.expire(self._reply_stream, REPLY_STREAM_TTL_S)
+        self._last_reply_id = entry_id if isinstance(entry_id, bytes) else entry_id.encode()
+
+    async def _keep_reply_stream(self) -> None:
+        """Refresh the reply stream's expiry and trim what was read; recreate it after a Redis restart."""
+        assert self._redis is not None
+        while True:
+            await asyncio.sleep(REPLY_STREAM_TTL_S / 3)
+            try:
+                if not await self._redis.expire(self._reply_stream, REPLY_STREAM_TTL_S):
+                    await self._create_reply_stream(self._redis)
+                else:
+                    await self._redis.xtrim(self._reply_stream, minid=self._last_reply_id)
+            except RETRYABLE_ERRORS as exc:
+                logger.warning("reply stream upkeep failed: %s", exc)
+
+    async def _read_replies(self) -> None:
+        assert self._redis is not None
+        streams: dict[KeyT, StreamIdT] = {self._reply_stream: self._last_reply_id}
+        backoff = 0.1
+        while not self._closing:
+            try:
+                streams[self._reply_stream] = self._last_reply_id
+                raw = await self._redis.xread(streams, count=REPLY_READ_COUNT, block=REPLY_BLOCK_MS)
+                batches = cast(StreamBatches, raw)
+            except RETRYABLE_ERRORS as exc:
+                logger.warning("reply reader lost Redis (%s); retrying in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.1
+            for _stream, entries in batches:
+                for entry_id, fields in entries:
+                    self._last_reply_id = entry_id
+                    self._resolve_reply(fields)
+
+    def _resolve_reply(self, fields: dict[bytes, bytes]) -> None:
+        if b"hello" in fields or b"wake" in fields:
+            return
+        try:
+            reply = Reply.decode(fields)
+        except ProtocolError as exc:
+            logger.warning("dropping unreadable reply: %s", exc)
+            return
+        fut = self._pending.get(reply.request_id)
+        if fut is not None and not fut.done():
+            fut.set_result(reply)
+
+    def _safe_url(self) -> str:
+        url = self._settings.effective_redis_url
+        scheme, sep, rest = url.partition("://")
+        if "@" in rest:
+            rest = "***@" + rest.split("@", 1)[1]
+        return f"{scheme}{sep}{rest}"
+
+
+class Client:
+    """The blocking client: the same calls as AsyncClient, run on a background event loop.
+
+    >>> client = Client("redis://localhost:6379")
+    >>> client.call("echo", {"x": 1}, timeout=5)
+    """
+
+    def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
+        self._async = AsyncClient(redis_url, settings=settings)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="streamserve-client", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if self._closed:
+            coro.close()
+            raise UnavailableError("client closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def call(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> Any:
+        """Run deployment ``name`` on ``body`` and return its result, or raise a StreamServeError."""
+        return self.submit(name, body, timeout=timeout, method=method).result()
+
+    def submit(
+        self, name: str, body: Any = None, *, timeout: float | None = None, method: str = ""
+    ) -> concurrent.futures.Future[Any]:
+        """Start a call; the Future resolves to its result or raises its error."""
+        return self._run(self._async.call(name, body, timeout=timeout, method=method))
+
+    def send(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
+        """Enqueue without waiting for the result; return the request id."""
+        return self._run(self._async.send(name, body, timeout=timeout, method=method)).result()
+
+    def deployments(self) -> dict[str, DeploymentConfig]:
+        """Every deployment the client knows of (connects if needed)."""
+        self._run(self._async.start()).result()
+        return self._async.deployments()
+
+    def close(self) -> None:
+        """Disconnect and stop the background loop."""
+        if self._closed:
+            return
+        with contextlib.suppress(Exception):
+            self._run(self._async.aclose()).result(timeout=5)
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

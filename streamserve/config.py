@@ -1,0 +1,218 @@
+"""The user's config file: deployments and endpoints, validated with clear errors."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from streamserve.errors import ConfigError
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+RESERVED_ROUTE_PREFIXES = ("/-/", "/metrics")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_name(value: str) -> str:
+    if not NAME_RE.match(value):
+        raise ValueError(f"{value!r} is not a valid name: use 1-63 of a-z 0-9 _ - starting with a letter or digit")
+    return value
+
+
+def _check_route_prefix(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} must start with '/'")
+    if len(value) > 1 and value.endswith("/"):
+        raise ValueError(f"{value!r} must not end with '/'")
+    if any(value == p.rstrip("/") or value.startswith(p) for p in RESERVED_ROUTE_PREFIXES):
+        raise ValueError(f"{value!r} is reserved for the gateway's own routes")
+    return value
+
+
+class AutoscalingConfig(_Strict):
+    """Queue-based autoscaling: ongoing requests (queued + in flight) per replica."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+    target_ongoing_requests: float = Field(2.0, gt=0)
+    upscale_delay_s: float = Field(30.0, ge=0)
+    downscale_delay_s: float = Field(600.0, ge=0)
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> AutoscalingConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
+        return self
+
+
+class DeploymentConfig(_Strict):
+    """One deployment: a function or class served by N replica processes."""
+
+    name: str
+    import_path: str
+    init_args: list[Any] = Field(default_factory=list)
+    init_kwargs: dict[str, Any] = Field(default_factory=dict)
+    num_replicas: int | None = Field(None, ge=0)
+    autoscaling_config: AutoscalingConfig | None = None
+    max_ongoing_requests: int = Field(8, ge=1)
+    max_queued_requests: int = Field(1000, ge=1)
+    max_delivery_attempts: int = Field(3, ge=1)
+    user_config: Any = None
+    version: str | None = None
+    route_prefix: str | None = None
+    request_timeout_s: float = Field(30.0, gt=0)
+    graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
+    health_check_period_s: float = Field(10.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_route(cls, data: Any) -> Any:
+        # An absent route_prefix means "/<name>"; an explicit null means "client only".
+        if isinstance(data, dict) and "route_prefix" not in data and isinstance(data.get("name"), str):
+            data = {**data, "route_prefix": "/" + data["name"]}
+        return data
+
+    _name = field_validator("name")(_check_name)
+    _route = field_validator("route_prefix")(_check_route_prefix)
+
+    @field_validator("import_path")
+    @classmethod
+    def _import_path(cls, value: str) -> str:
+        module, sep, attr = value.partition(":")
+        if not sep or not module or not attr:
+            raise ValueError(f"{value!r} must look like 'package.module:attribute'")
+        return value
+
+    @model_validator(mode="after")
+    def _replicas_xor_autoscaling(self) -> DeploymentConfig:
+        if self.num_replicas is not None and self.autoscaling_config is not None:
+            raise ValueError("set num_replicas or autoscaling_config, not both")
+        return self
+
+    @property
+    def target_replicas(self) -> int:
+        """The replica count to keep when not autoscaling (num_replicas, default 1)."""
+        if self.autoscaling_config is not None:
+            return self.autoscaling_config.min_replicas
+        return 1 if self.num_replicas is None else self.num_replicas
+
+    def code_version(self) -> str:
+        """A digest of what needs a restart to change: import path, init args, version."""
+        code = orjson.dumps(
+            [self.import_path, self.init_args, self.init_kwargs, self.version], option=orjson.OPT_SORT_KEYS
+        )
+        return hashlib.sha256(code).hexdigest()[:12]
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> DeploymentConfig:
+        return cls.model_validate(orjson.loads(raw))
+
+
+class EndpointConfig(_Strict):
+    """A route that splits traffic between deployments by weight."""
+
+    name: str
+    route_prefix: str | None = None
+    traffic: dict[str, float]
+    shadow: dict[str, float] = Field(default_factory=dict)
+
+    _name = field_validator("name")(_check_name)
+    _route = field_validator("route_prefix")(_check_route_prefix)
+
+    @field_validator("traffic")
+    @classmethod
+    def _weights(cls, value: dict[str, float]) -> dict[str, float]:
+        if not value:
+            raise ValueError("needs at least one deployment")
+        if any(w < 0 for w in value.values()) or sum(value.values()) <= 0:
+            raise ValueError("weights must be >= 0 and add up to more than 0")
+        return value
+
+    @field_validator("shadow")
+    @classmethod
+    def _fractions(cls, value: dict[str, float]) -> dict[str, float]:
+        if any(not 0 <= f <= 1 for f in value.values()):
+            raise ValueError("shadow fractions must be between 0 and 1")
+        return value
+
+
+class AppConfig(_Strict):
+    """A whole config file."""
+
+    deployments: list[DeploymentConfig] = Field(default_factory=list)
+    endpoints: list[EndpointConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> AppConfig:
+        names = [d.name for d in self.deployments] + [e.name for e in self.endpoints]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"names used more than once: {', '.join(dupes)}")
+        routes = [d.route_prefix for d in self.deployments] + [e.route_prefix for e in self.endpoints]
+        taken = sorted({r for r in routes if r is not None and routes.count(r) > 1})
+        if taken:
+            raise ValueError(f"route_prefix used more than once: {', '.join(taken)}")
+        return self
+
+
+def _describe_location(loc: tuple[int | str, ...], data: Any) -> str:
+    """('deployments', 0, 'num_replicas') -> "deployment 'echo' (deployments[0]): num_replicas"."""
+    if len(loc) >= 2 and loc[0] in ("deployments", "endpoints") and isinstance(loc[1], int):
+        kind = str(loc[0])[:-1]
+        try:
+            name = data[loc[0]][loc[1]].get("name")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            name = None
+        where = f"{kind} {name!r} ({loc[0]}[{loc[1]}])" if isinstance(name, str) else f"{loc[0]}[{loc[1]}]"
+        rest = ".".join(str(p) for p in loc[2:])
+        return f"{where}: {rest}" if rest else where
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def format_validation_error(exc: ValidationError, data: Any) -> str:
+    """One line per problem, naming the deployment and the field."""
+    lines = []
+    for err in exc.errors():
+        where = _describe_location(tuple(err["loc"]), data)
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown field"
+        lines.append(f"{where}: {message}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "config") -> AppConfig:
+    """Validate an already-loaded config mapping."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping with 'deployments' (and optionally 'endpoints')")
+    try:
+        return AppConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}:\n{format_validation_error(exc, data)}") from exc
+
+
+def load_config(path: str | Path) -> AppConfig:
+    """Read and validate a YAML config file; ConfigError says which field of which deployment is wrong."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_config(data, str(path))

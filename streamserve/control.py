@@ -1,0 +1,190 @@
+"""Desired-state writes and status reads, shared by the CLI and the gateway's admin API.
+
+Writes are idempotent: applying a config equal to what is stored changes
+nothing and publishes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import WatchError
+
+from streamserve.config import AppConfig, DeploymentConfig
+from streamserve.errors import NotFoundError, ProtocolError
+from streamserve.keys import CONSUMER_GROUP, ConfigKey, Keys
+from streamserve.longpoll import publish_change
+from streamserve.messages import DeploymentHealthRecord, Heartbeat, ReplicaRecord, now_ms, text
+from streamserve.states import ReplicaState
+
+
+@dataclass
+class ReplicaStatus:
+    """One replica as `status` shows it."""
+
+    replica_id: str
+    state: str
+    version: str
+    pid: int
+    host: str
+    ongoing: int
+    heartbeat_age_s: float | None
+    message: str
+
+
+@dataclass
+class DeploymentStatus:
+    """One deployment as `status` shows it."""
+
+    name: str
+    route_prefix: str | None
+    version: str
+    health: str
+    message: str
+    target: int
+    running: int
+    starting: int
+    stopping: int
+    queued: int
+    in_flight: int
+    dead_letters: int
+    replicas: list[ReplicaStatus] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Control:
+    """Reads and writes the desired state in Redis."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+
+    async def deployments(self) -> dict[str, DeploymentConfig]:
+        """Every desired deployment, by name."""
+        raw = await self._redis.hgetall(self._keys.deployments())
+        try:
+            return {text(k): DeploymentConfig.from_json(v) for k, v in raw.items()}
+        except ValueError as exc:
+            raise ProtocolError(f"stored deployment config is unreadable: {exc}") from exc
+
+    async def get(self, name: str) -> DeploymentConfig:
+        raw = await self._redis.hget(self._keys.deployments(), name)
+        if raw is None:
+            raise NotFoundError(f"no deployment named {name!r}")
+        return DeploymentConfig.from_json(raw)
+
+    async def apply(self, app: AppConfig) -> list[str]:
+        """Upsert every deployment in ``app``; return the names whose stored config changed."""
+        return await self._write({d.name: d for d in app.deployments}, delete=())
+
+    async def scale(self, name: str, num_replicas: int) -> bool:
+        """Set a fixed replica count (turning autoscaling off); True if anything changed."""
+        current = await self.get(name)
+        updated = current.model_copy(update={"num_replicas": num_replicas, "autoscaling_config": None})
+        DeploymentConfig.model_validate(updated.model_dump())  # re-run the field checks
+        return bool(await self._write({name: updated}, delete=()))
+
+    async def delete(self, name: str) -> None:
+        """Remove a deployment; the scheduler then stops its replicas and drops its keys."""
+        await self.get(name)
+        await self._write({}, delete=(name,))
+
+    async def _write(self, upserts: dict[str, DeploymentConfig], delete: tuple[str, ...]) -> list[str]:
+        key = self._keys.deployments()
+        async with self._redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    stored = await pipe.hgetall(key)
+                    changed = [n for n, cfg in upserts.items() if stored.get(n.encode()) != cfg.to_json()]
+                    removed = [n for n in delete if n.encode() in stored]
+                    if not changed and not removed:
+                        await pipe.unwatch()  # type: ignore[no-untyped-call]
+                        return []
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    for name in changed:
+                        pipe.hset(key, name, upserts[name].to_json())
+                    if removed:
+                        pipe.hdel(key, *removed)
+                    publish_change(pipe, self._keys, ConfigKey.DEPLOYMENTS)
+                    await pipe.execute()
+                    return changed + removed
+                except WatchError:
+                    continue
+
+    async def status(self) -> list[DeploymentStatus]:
+        """Every deployment with its replicas and queue figures, sorted by name."""
+        deployments = await self.deployments()
+        return [await self._deployment_status(name, cfg) for name, cfg in sorted(deployments.items())]
+
+    async def settled(self, cfg: DeploymentConfig) -> bool:
+        """True when exactly the target number of replicas of this config's version are RUNNING."""
+        raw = await self._redis.hgetall(self._keys.replicas(cfg.name))
+        records = [ReplicaRecord.decode(v) for v in raw.values()]
+        version = cfg.code_version()
+        return len(records) == cfg.target_replicas and all(
+            r.state is ReplicaState.RUNNING and r.version == version for r in records
+        )
+
+    async def health(self, name: str) -> DeploymentHealthRecord | None:
+        """The scheduler's last verdict on a deployment, if it gave one."""
+        raw = await self._redis.hget(self._keys.deployment_status(), name)
+        return DeploymentHealthRecord.decode(raw) if raw is not None else None
+
+    async def _deployment_status(self, name: str, cfg: DeploymentConfig) -> DeploymentStatus:
+        k = self._keys
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(k.replicas(name))
+            pipe.hgetall(k.heartbeats(name))
+            pipe.xlen(k.requests(name))
+            pipe.xlen(k.dead_letters(name))
+            pipe.hget(k.deployment_status(), name)
+            records_raw, beats_raw, length, dead, health_raw = await pipe.execute()
+        try:
+            pending_info = await self._redis.xpending(k.requests(name), CONSUMER_GROUP)
+            in_flight = int(pending_info["pending"])
+        except aioredis.ResponseError:  # no group yet: nothing was ever read
+            in_flight = 0
+        now = now_ms()
+        beats = {text(rid): Heartbeat.decode(raw) for rid, raw in beats_raw.items()}
+        replicas = []
+        for raw in records_raw.values():
+            rec = ReplicaRecord.decode(raw)
+            beat = beats.get(rec.replica_id)
+            replicas.append(
+                ReplicaStatus(
+                    replica_id=rec.replica_id,
+                    state=rec.state.value,
+                    version=rec.version,
+                    pid=rec.pid,
+                    host=rec.host,
+                    ongoing=beat.ongoing if beat else 0,
+                    heartbeat_age_s=round((now - beat.ts_ms) / 1000, 3) if beat else None,
+                    message=rec.message or (beat.message if beat else ""),
+                )
+            )
+        replicas.sort(key=lambda r: r.replica_id)
+
+        def count(*states: ReplicaState) -> int:
+            return sum(1 for r in replicas if r.state in {s.value for s in states})
+
+        health = DeploymentHealthRecord.decode(health_raw) if health_raw else None
+        return DeploymentStatus(
+            name=name,
+            route_prefix=cfg.route_prefix,
+            version=cfg.code_version(),
+            health=health.health.value if health else "PENDING",
+            message=health.message if health else "",
+            target=cfg.target_replicas,
+            running=count(ReplicaState.RUNNING),
+            starting=count(ReplicaState.SHOULD_START, ReplicaState.STARTING),
+            stopping=count(ReplicaState.SHOULD_STOP, ReplicaState.STOPPING),
+            queued=max(0, int(length) - in_flight),
+            in_flight=in_flight,
+            dead_letters=int(dead),
+            replicas=replicas,
+        )

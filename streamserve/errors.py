@@ -1,0 +1,70 @@
+"""The one exception hierarchy of streamserve, grouped by who must react."""
+
+from __future__ import annotations
+
+
+class StreamServeError(Exception):
+    """Root of every error streamserve raises on purpose."""
+
+
+# -- the caller sent something wrong ------------------------------------------
+
+
+class BadRequestError(StreamServeError):
+    """The caller's input is invalid (not JSON, bad header, bad argument)."""
+
+
+class ConfigError(BadRequestError):
+    """A config file or config value is invalid; the message names the field."""
+
+
+class NotFoundError(BadRequestError):
+    """No deployment, endpoint or route by that name."""
+
+
+# -- the wire or Redis is broken ----------------------------------------------
+
+
+class ProtocolError(StreamServeError):
+    """A message in Redis could not be decoded (wrong schema or corrupt)."""
+
+
+class RedisUnavailableError(StreamServeError):
+    """Redis could not be reached after the retry policy gave up."""
+
+
+# -- the deployment cannot serve right now ------------------------------------
+
+
+class UnavailableError(StreamServeError):
+    """The deployment has no replica and cannot get one."""
+
+
+class OverloadedError(UnavailableError):
+    """The deployment's queue is full; retry after ``retry_after_s`` seconds."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RequestTimeoutError(StreamServeError):
+    """No reply before the request's deadline."""
+
+
+# -- the user's code failed -----------------------------------------------------
+
+
+class RemoteError(StreamServeError):
+    """The deployment's handler raised; carries the user's exception type and message."""
+
+    def __init__(self, error_type: str, message: str, replica_id: str = "", traceback: str | None = None) -> None:
+        super().__init__(f"{error_type}: {message}")
+        self.error_type = error_type
+        self.message = message
+        self.replica_id = replica_id
+        self.traceback = traceback
+
+
+class DeadLetterError(RemoteError):
+    """The request was delivered ``max_delivery_attempts`` times and moved to the dead-letter stream."""

@@ -1,0 +1,105 @@
+"""Every Redis key, stream, consumer group and channel name streamserve uses.
+
+This is the only module that knows the key layout. Each deployment's keys
+share the ``{name}`` hash tag so that they land in one Redis Cluster slot and
+one Lua script may name several of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "streamserve"
+
+CONSUMER_GROUP = "replicas"
+"""The one consumer group on every request stream; its consumers are replica ids."""
+
+
+class ConfigKey:
+    """Names of the long-polled config values in the snapshot-id hash."""
+
+    DEPLOYMENTS = "deployments"
+    """The desired deployments (any change to any deployment bumps it)."""
+
+    ENDPOINTS = "endpoints"
+    """The endpoints and their traffic weights."""
+
+    @staticmethod
+    def replicas(deployment: str) -> str:
+        """The replica set of one deployment."""
+        return f"replicas:{deployment}"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Builds key names under one prefix (``streamserve`` unless configured)."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    # -- global keys ---------------------------------------------------------
+
+    def deployments(self) -> str:
+        """Hash: deployment name -> desired DeploymentConfig as JSON."""
+        return f"{self.prefix}:deployments"
+
+    def endpoints(self) -> str:
+        """Hash: endpoint name -> EndpointConfig as JSON."""
+        return f"{self.prefix}:endpoints"
+
+    def snapshot_ids(self) -> str:
+        """Hash: config key (see ConfigKey) -> snapshot id, bumped on every change."""
+        return f"{self.prefix}:snapshot_ids"
+
+    def config_channel(self) -> str:
+        """Pub/sub channel: each message is the ConfigKey that just changed."""
+        return f"{self.prefix}:config"
+
+    def scheduler_lock(self) -> str:
+        """String with expiry: the id of the scheduler that currently leads."""
+        return f"{self.prefix}:scheduler:leader"
+
+    def deployment_status(self) -> str:
+        """Hash: deployment name -> DeploymentHealthRecord JSON, written only by the scheduler."""
+        return f"{self.prefix}:deployment_status"
+
+    def replicas_pattern(self) -> str:
+        """SCAN pattern matching every deployment's replicas hash."""
+        return f"{self.prefix}:{{*}}:replicas"
+
+    def deployment_of_replicas_key(self, key: str) -> str:
+        """The deployment name inside a replicas hash's key."""
+        return key[len(self.prefix) + 2 : -len("}:replicas")]
+
+    def reply_stream(self, caller_id: str) -> str:
+        """Stream: replies for one caller process (a gateway or a client)."""
+        return f"{self.prefix}:replies:{caller_id}"
+
+    # -- per-deployment keys (all share the {name} hash tag) -----------------
+
+    def _tagged(self, deployment: str, suffix: str) -> str:
+        return f"{self.prefix}:{{{deployment}}}:{suffix}"
+
+    def requests(self, deployment: str) -> str:
+        """Stream: the deployment's request queue, read by the CONSUMER_GROUP."""
+        return self._tagged(deployment, "requests")
+
+    def replicas(self, deployment: str) -> str:
+        """Hash: replica id -> ReplicaRecord JSON, written only by the scheduler."""
+        return self._tagged(deployment, "replicas")
+
+    def heartbeats(self, deployment: str) -> str:
+        """Hash: replica id -> Heartbeat JSON, each field written only by its replica."""
+        return self._tagged(deployment, "heartbeats")
+
+    def dead_letters(self, deployment: str) -> str:
+        """Stream: requests that were delivered too many times."""
+        return self._tagged(deployment, "dead")
+
+    def deployment_keys(self, deployment: str) -> list[str]:
+        """Every key that belongs to one deployment (for deletion)."""
+        return [
+            self.requests(deployment),
+            self.replicas(deployment),
+            self.heartbeats(deployment),
+            self.dead_letters(deployment),
+        ]

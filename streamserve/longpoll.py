@@ -1,0 +1,102 @@
+"""Long poll over pub/sub with snapshot ids.
+
+A writer stores a config value, bumps that key's snapshot id and publishes the
+key's name, all in one MULTI (see ``publish_change``). A subscriber keeps the
+ids it has seen; on start, on every (re)subscribe and every
+``resync_interval_s`` it re-reads the ids and reports the keys whose id moved.
+Pub/sub is at-most-once; the ids make a missed message harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable, Iterable
+
+import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+
+from streamserve.connection import RETRYABLE_ERRORS
+from streamserve.keys import Keys
+from streamserve.messages import text
+
+logger = logging.getLogger(__name__)
+
+OnChange = Callable[[set[str]], Awaitable[None]]
+
+EVERYTHING = "*"
+"""Included in the changed set on the first sync: the listener should load everything it watches."""
+
+
+def publish_change(pipe: Pipeline, keys: Keys, config_key: str) -> None:
+    """Queue 'bump the snapshot id, then announce it' on a MULTI pipeline that also writes the value."""
+    pipe.hincrby(keys.snapshot_ids(), config_key, 1)
+    pipe.publish(keys.config_channel(), config_key)
+
+
+class LongPollSubscriber:
+    """Calls ``on_change(changed_keys)`` whenever a watched config key's snapshot id moves."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        watched: Callable[[str], bool],
+        on_change: OnChange,
+        resync_interval_s: float = 5.0,
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._watched = watched
+        self._on_change = on_change
+        self._resync_interval_s = resync_interval_s
+        self._seen: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def start(self) -> None:
+        """Read the current state once (so callers start with config), then follow changes."""
+        await self.sync(force=True)
+        self._task = asyncio.create_task(self._run(), name="streamserve-longpoll")
+
+    async def close(self) -> None:
+        # PubSub.get_message can swallow a cancellation, so the loop also checks a flag.
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait({self._task}, timeout=self._resync_interval_s * 1.2)
+            self._task = None
+
+    async def sync(self, force: bool = False) -> None:
+        """Compare snapshot ids with those seen; report what moved (everything watched if force)."""
+        raw = await self._redis.hgetall(self._keys.snapshot_ids())
+        current = {text(k): int(v) for k, v in raw.items() if self._watched(text(k))}
+        names: Iterable[str] = set(current) | set(self._seen)
+        changed = {k for k in names if current.get(k) != self._seen.get(k)}
+        if force or changed:
+            await self._on_change(changed | ({EVERYTHING} if force else set()))
+        self._seen = current
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while not self._closing:
+            pubsub = self._redis.pubsub()
+            try:
+                await pubsub.subscribe(self._keys.config_channel())
+                while not self._closing:
+                    # Jitter keeps many subscribers from resyncing in lockstep.
+                    timeout = self._resync_interval_s * random.uniform(0.9, 1.1)
+                    message = await pubsub.get_message(timeout=timeout)
+                    # None (quiet period), a (re)subscribe confirmation, or a change: all mean "compare ids".
+                    if message is None or message["type"] != "message" or self._watched(text(message["data"])):
+                        await self.sync()
+                    backoff = 0.1
+            except RETRYABLE_ERRORS as exc:
+                logger.warning("config subscription lost (%s); reconnecting in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                with contextlib.suppress(*RETRYABLE_ERRORS):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -1,0 +1,209 @@
+"""The wire format: one encode/decode pair per message type.
+
+Stream entries (requests, replies) are flat field maps with short readable
+field names and a schema version ``v``; bodies are JSON bytes passed through
+untouched. Records kept in hashes (replica records, heartbeats) are JSON
+objects. Nothing is ever pickled: a payload in Redis is data, never code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError
+from redis.typing import EncodableT, FieldT
+
+from streamserve.errors import ProtocolError
+from streamserve.states import DeploymentHealth, ReplicaHealth, ReplicaState
+
+SCHEMA_VERSION = 1
+_V = str(SCHEMA_VERSION).encode()
+
+Fields = dict[bytes, bytes]
+"""A stream entry as redis-py returns it (decode_responses=False)."""
+
+StreamBatches = list[tuple[bytes, list[tuple[bytes, Fields]]]]
+"""What XREAD/XREADGROUP return: per stream, its entries (id, fields)."""
+
+WireFields = dict[FieldT, EncodableT]
+"""A stream entry as handed to XADD."""
+
+
+def text(value: bytes | str) -> str:
+    """A Redis reply as str (our clients return bytes; typing says either)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def now_ms() -> int:
+    """Wall-clock epoch milliseconds: the unit of every deadline and timestamp on the wire."""
+    return int(time.time() * 1000)
+
+
+def dumps(value: Any) -> bytes:
+    """JSON-encode a user value; numpy arrays and dataclasses are accepted."""
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _field(fields: Fields, name: bytes, kind: str) -> bytes:
+    try:
+        return fields[name]
+    except KeyError:
+        raise ProtocolError(f"{kind} message has no {name.decode()!r} field") from None
+
+
+def _check_version(fields: Fields, kind: str) -> None:
+    version = fields.get(b"v")
+    if version != _V:
+        raise ProtocolError(f"{kind} message has schema version {version!r}, expected {SCHEMA_VERSION}")
+
+
+@dataclass(slots=True)
+class Request:
+    """One call of a deployment, as queued on its request stream."""
+
+    request_id: str
+    reply_to: str
+    """The caller's reply stream, or "" for fire-and-forget."""
+    deadline_ms: int
+    body: bytes
+    """The JSON-encoded argument of the handler."""
+    method: str = ""
+    """A method of the deployment's class to call instead of ``__call__``."""
+
+    def encode(self) -> WireFields:
+        return {
+            "v": _V,
+            "id": self.request_id,
+            "reply_to": self.reply_to,
+            "deadline_ms": self.deadline_ms,
+            "method": self.method,
+            "body": self.body,
+        }
+
+    @classmethod
+    def decode(cls, fields: Fields) -> Request:
+        _check_version(fields, "request")
+        try:
+            return cls(
+                request_id=_field(fields, b"id", "request").decode(),
+                reply_to=_field(fields, b"reply_to", "request").decode(),
+                deadline_ms=int(_field(fields, b"deadline_ms", "request")),
+                body=_field(fields, b"body", "request"),
+                method=fields.get(b"method", b"").decode(),
+            )
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ProtocolError(f"malformed request message: {exc}") from exc
+
+
+class ReplyStatus(str, Enum):
+    """How a request ended, as its reply says."""
+
+    OK = "ok"
+    """The handler returned; ``body`` is its JSON result."""
+    USER_ERROR = "user_error"
+    """The handler raised; ``error_type``/``error_message`` say what."""
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    """The deadline passed before a replica ran it; user code did not run."""
+    BAD_REQUEST = "bad_request"
+    """The replica could not run it as sent (body not JSON, no such method)."""
+    DEAD_LETTER = "dead_letter"
+    """Delivered too many times; moved to the dead-letter stream."""
+
+
+_STATUS_BY_BYTES = {status.value.encode(): status for status in ReplyStatus}
+
+
+@dataclass(slots=True)
+class Reply:
+    """The answer to one Request, added to the caller's reply stream."""
+
+    request_id: str
+    status: ReplyStatus
+    replica_id: str
+    body: bytes = b""
+    error_type: str = ""
+    error_message: str = ""
+
+    def encode(self) -> WireFields:
+        return {
+            "v": _V,
+            "id": self.request_id,
+            "status": self.status.value,
+            "replica": self.replica_id,
+            "body": self.body,
+            "error_type": self.error_type,
+            "error_message": self.error_message,
+        }
+
+    @classmethod
+    def decode(cls, fields: Fields) -> Reply:
+        _check_version(fields, "reply")
+        status_raw = _field(fields, b"status", "reply")
+        status = _STATUS_BY_BYTES.get(status_raw)
+        if status is None:
+            raise ProtocolError(f"reply has unknown status {status_raw!r}")
+        try:
+            return cls(
+                request_id=_field(fields, b"id", "reply").decode(),
+                status=status,
+                replica_id=fields.get(b"replica", b"").decode(),
+                body=fields.get(b"body", b""),
+                error_type=fields.get(b"error_type", b"").decode(),
+                error_message=fields.get(b"error_message", b"").decode(errors="replace"),
+            )
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"malformed reply message: {exc}") from exc
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    v: int = SCHEMA_VERSION
+
+    def encode(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Any:
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError as exc:
+            raise ProtocolError(f"malformed {cls.__name__}: {exc.errors()[0]['msg']}") from exc
+
+
+class Heartbeat(_Record):
+    """What a replica says about itself, refreshed every heartbeat interval."""
+
+    ts_ms: int
+    health: ReplicaHealth
+    pid: int
+    host: str
+    ongoing: int = 0
+    message: str = ""
+
+
+class ReplicaRecord(_Record):
+    """The scheduler's record of one replica; only ``scheduler`` writes it."""
+
+    replica_id: str
+    state: ReplicaState
+    version: str
+    host: str = ""
+    pid: int = 0
+    created_ms: int
+    updated_ms: int
+    stop_deadline_ms: int = 0
+    message: str = ""
+
+
+class DeploymentHealthRecord(_Record):
+    """The scheduler's verdict on one deployment."""
+
+    health: DeploymentHealth
+    message: str = ""
+    consecutive_failures: int = 0
+    updated_ms: int

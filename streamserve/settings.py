@@ -1,0 +1,68 @@
+"""Process settings, declared once; read from the environment at an entry point and passed down."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from streamserve.keys import DEFAULT_PREFIX, Keys
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class Settings(BaseSettings):
+    """Everything a streamserve process may be configured with.
+
+    Each field reads ``STREAMSERVE_<FIELD>`` from the environment; the Redis
+    URL also reads plain ``REDIS_URL``. Child processes get the same values
+    through ``to_env()``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="STREAMSERVE_", frozen=True, extra="forbid", populate_by_name=True)
+
+    redis_url: str | None = Field(None, validation_alias=AliasChoices("STREAMSERVE_REDIS_URL", "REDIS_URL"))
+    """redis://, rediss:// (TLS) or unix:// URL, with password if any; None: the default local one."""
+
+    key_prefix: str = Field(DEFAULT_PREFIX, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Every Redis key starts with this and a colon."""
+
+    api_key: SecretStr | None = None
+    """When set, admin writes on the gateway need ``Authorization: Bearer <key>``."""
+
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    """How often a replica refreshes its heartbeat."""
+
+    heartbeat_timeout_s: float = Field(5.0, gt=0)
+    """A replica whose heartbeat is older than this is considered dead."""
+
+    tick_interval_s: float = Field(0.2, gt=0)
+    """The scheduler's reconcile period."""
+
+    start_timeout_s: float = Field(120.0, gt=0)
+    """A replica still STARTING after this long is stopped and replaced."""
+
+    debug: bool = False
+    """Send user tracebacks in error replies and log at DEBUG."""
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.key_prefix)
+
+    @property
+    def effective_redis_url(self) -> str:
+        return self.redis_url or DEFAULT_REDIS_URL
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that makes a child process build equal Settings."""
+        env = {
+            "REDIS_URL": self.effective_redis_url,
+            "STREAMSERVE_KEY_PREFIX": self.key_prefix,
+            "STREAMSERVE_HEARTBEAT_INTERVAL_S": str(self.heartbeat_interval_s),
+            "STREAMSERVE_HEARTBEAT_TIMEOUT_S": str(self.heartbeat_timeout_s),
+            "STREAMSERVE_TICK_INTERVAL_S": str(self.tick_interval_s),
+            "STREAMSERVE_START_TIMEOUT_S": str(self.start_timeout_s),
+            "STREAMSERVE_DEBUG": "1" if self.debug else "0",
+        }
+        if self.api_key is not None:
+            env["STREAMSERVE_API_KEY"] = self.api_key.get_secret_value()
+        return env

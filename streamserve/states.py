@@ -1,0 +1,82 @@
+"""Lifecycle states and their allowed transitions: the one table for each lifecycle."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from streamserve.errors import StreamServeError
+
+
+class ReplicaState(str, Enum):
+    """Where a replica is in its life, as the scheduler records it."""
+
+    SHOULD_START = "SHOULD_START"
+    """The scheduler decided to start it; no process exists yet."""
+
+    STARTING = "STARTING"
+    """The process runs and is importing the deployment or running its constructor."""
+
+    RUNNING = "RUNNING"
+    """The replica reported ready and reads requests."""
+
+    SHOULD_STOP = "SHOULD_STOP"
+    """The scheduler decided to stop it; it has not been signalled yet."""
+
+    STOPPING = "STOPPING"
+    """SIGTERM was sent; the replica drains its in-flight requests."""
+
+    STOPPED = "STOPPED"
+    """The process is gone; the record is about to be removed."""
+
+
+REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
+    ReplicaState.SHOULD_START: frozenset({ReplicaState.STARTING, ReplicaState.STOPPED}),
+    ReplicaState.STARTING: frozenset({ReplicaState.RUNNING, ReplicaState.SHOULD_STOP, ReplicaState.STOPPED}),
+    ReplicaState.RUNNING: frozenset({ReplicaState.SHOULD_STOP, ReplicaState.STOPPED}),
+    ReplicaState.SHOULD_STOP: frozenset({ReplicaState.STOPPING, ReplicaState.STOPPED}),
+    ReplicaState.STOPPING: frozenset({ReplicaState.STOPPED}),
+    ReplicaState.STOPPED: frozenset(),
+}
+"""Every allowed move; a STOPPED replica is never revived (a new one is started)."""
+
+ACTIVE_REPLICA_STATES = frozenset({ReplicaState.SHOULD_START, ReplicaState.STARTING, ReplicaState.RUNNING})
+"""States that count towards a deployment's target number of replicas."""
+
+
+class InvalidTransitionError(StreamServeError):
+    """A state change that the transition table does not allow."""
+
+
+def check_replica_transition(old: ReplicaState, new: ReplicaState) -> None:
+    """Raise InvalidTransitionError unless ``old -> new`` is in REPLICA_TRANSITIONS."""
+    if new not in REPLICA_TRANSITIONS[old]:
+        raise InvalidTransitionError(f"replica cannot go from {old.value} to {new.value}")
+
+
+class ReplicaHealth(str, Enum):
+    """What a replica says about itself in its heartbeat."""
+
+    STARTING = "starting"
+    """Importing the deployment and running its constructor."""
+
+    READY = "ready"
+    """Serving requests."""
+
+    DRAINING = "draining"
+    """Got SIGTERM: reads nothing new, finishes what it holds."""
+
+    FAILED = "failed"
+    """Could not start (import error, constructor raised); the message says why."""
+
+
+class DeploymentHealth(str, Enum):
+    """How a deployment is doing, as the scheduler sees it."""
+
+    UPDATING = "UPDATING"
+    """Replicas are starting, stopping or rolling towards the target."""
+
+    HEALTHY = "HEALTHY"
+    """The target number of replicas of the current version are RUNNING."""
+
+    UNHEALTHY = "UNHEALTHY"
+    """Replicas keep failing to start; the message says why. Retried with backoff."""

@@ -1,0 +1,33 @@
+"""Callable aliases and Protocols shared across packages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from streamserve.ids import ReplicaID
+from streamserve.messages import DeploymentHealthRecord, ReplicaRecord
+
+Clock = Callable[[], int]
+"""Returns epoch milliseconds; injected so scheduler tests control time."""
+
+
+class Launcher(Protocol):
+    """Starts and signals replica processes (scheduler.launcher.ProcessLauncher in production)."""
+
+    host: str
+
+    def start(self, replica_id: ReplicaID) -> int: ...
+    def is_alive(self, pid: int, replica_id: ReplicaID) -> bool: ...
+    def exit_code(self, pid: int) -> int | None: ...
+    def terminate(self, pid: int, replica_id: ReplicaID) -> None: ...
+    def kill(self, pid: int, replica_id: ReplicaID) -> None: ...
+    def forget(self, pid: int) -> None: ...
+
+
+class ReplicaStore(Protocol):
+    """Persists the scheduler's replica records and deployment verdicts."""
+
+    async def save(self, deployment: str, record: ReplicaRecord) -> None: ...
+    async def remove(self, deployment: str, replica_id: str) -> None: ...
+    async def save_health(self, deployment: str, record: DeploymentHealthRecord) -> None: ...

@@ -1,0 +1,181 @@
+"""`streamserve up`: Redis (embedded unless a URL is given), one scheduler, one gateway, on this machine.
+
+The scheduler and gateway run as child processes in their own sessions, so
+Ctrl-C reaches only this supervisor, which then stops them in order:
+gateway, scheduler (which drains and stops every replica), Redis. A second
+Ctrl-C stops everything at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import httpx
+import redis
+
+from streamserve.config import AppConfig
+from streamserve.connection import RETRYABLE_ERRORS, async_redis, sync_redis
+from streamserve.control import Control
+from streamserve.embedded_redis import EmbeddedRedis
+from streamserve.errors import RedisUnavailableError, StreamServeError
+from streamserve.ids import ReplicaID
+from streamserve.messages import ReplicaRecord
+from streamserve.procs import die_with_parent, port_is_free, stop_group, wait_until
+from streamserve.settings import Settings
+
+GATEWAY_READY_TIMEOUT_S = 30.0
+
+
+@dataclass
+class UpOptions:
+    config: AppConfig
+    config_path: Path
+    host: str
+    port: int
+    redis_port: int | None = None
+
+
+class Farm:
+    """Runs and supervises the processes of one machine's farm."""
+
+    def __init__(self, settings: Settings, options: UpOptions) -> None:
+        self.settings = settings
+        self.options = options
+        self.redis: EmbeddedRedis | None = None
+        self.scheduler: subprocess.Popen[bytes] | None = None
+        self.gateway: subprocess.Popen[bytes] | None = None
+        self._signals = 0
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            print(f"\nstreamserve: {signal.Signals(signum).name}, stopping (again to force)", flush=True)
+
+    def run(self) -> int:
+        opts = self.options
+        if not port_is_free(opts.host, opts.port):
+            print(f"error: {opts.host}:{opts.port} is in use; pass --port to pick another", file=sys.stderr)
+            return 1
+        if opts.redis_port is not None and self.settings.redis_url is not None:
+            print("error: --redis-port is for the embedded Redis; drop it or drop --redis-url", file=sys.stderr)
+            return 2
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._run()
+        except StreamServeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            self._shutdown()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> int:
+        opts = self.options
+        if self.settings.redis_url is None:
+            self.redis = EmbeddedRedis(port=opts.redis_port).start()
+            self.settings = self.settings.model_copy(update={"redis_url": self.redis.url})
+        url = self.settings.effective_redis_url
+        changed = asyncio.run(self._apply(url))
+        env = {**os.environ, **self.settings.to_env()}
+        self.scheduler = self._spawn([sys.executable, "-m", "scheduler", "--stop-replicas-on-exit"], env)
+        self.gateway = self._spawn([sys.executable, "-m", "app", "--host", opts.host, "--port", str(opts.port)], env)
+        gateway_url = f"http://{opts.host}:{opts.port}"
+        if not self._wait_for_gateway(gateway_url):
+            if self._signals:
+                return 130
+            print("error: the gateway did not come up; see the log above", file=sys.stderr)
+            return 1
+        self._banner(gateway_url, url, changed)
+        while not self._signals:
+            for name, proc in (("scheduler", self.scheduler), ("gateway", self.gateway)):
+                if proc.poll() is not None:
+                    print(f"error: the {name} exited with code {proc.returncode}; stopping", file=sys.stderr)
+                    return 1
+            time.sleep(0.2)
+        return 0
+
+    async def _apply(self, url: str) -> list[str]:
+        redis = async_redis(url)
+        try:
+            await redis.ping()
+            return await Control(redis, self.settings.keys).apply(self.options.config)
+        except RETRYABLE_ERRORS as exc:
+            raise RedisUnavailableError(f"cannot reach Redis at {url}: {exc}") from exc
+        finally:
+            await redis.aclose()
+
+    def _spawn(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent
+        )
+
+    def _wait_for_gateway(self, base_url: str) -> bool:
+        def ready() -> bool:
+            if self._signals or (self.gateway is not None and self.gateway.poll() is not None):
+                return True
+            try:
+                return httpx.get(f"{base_url}/-/healthz", timeout=1.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(ready, GATEWAY_READY_TIMEOUT_S, interval_s=0.1)
+        return not self._signals and self.gateway is not None and self.gateway.poll() is None
+
+    def _banner(self, gateway_url: str, redis_url: str, changed: list[str]) -> None:
+        deployments = self.options.config.deployments
+        lines = [
+            "streamserve is up",
+            f"  gateway   {gateway_url}",
+            f"  redis     {redis_url}" + ("  (embedded)" if self.redis else ""),
+            f"  config    {self.options.config_path}" + (f"  (updated: {', '.join(changed)})" if changed else ""),
+        ]
+        for d in deployments:
+            route = f"POST {gateway_url}{d.route_prefix}" if d.route_prefix else "client only"
+            lines.append(f"  - {d.name}: {d.target_replicas} replica(s), {route}")
+        lines.append(f"  try: streamserve status --redis-url {redis_url}")
+        lines.append("Press Ctrl-C to stop.")
+        print("\n".join(lines), flush=True)
+
+    def _shutdown(self) -> None:
+        """Gateway, then scheduler (it stops the replicas), then Redis; each bounded in time."""
+        if self.gateway is not None:
+            stop_group(self.gateway, timeout_s=0 if self._signals > 1 else 10)
+        if self.scheduler is not None:
+            if self.scheduler.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.scheduler.pid, signal.SIGTERM)
+            drain = max((d.graceful_shutdown_timeout_s for d in self.options.config.deployments), default=20)
+            wait_until(lambda: self._signals > 1 or self.scheduler.poll() is not None, drain + 15)  # type: ignore[union-attr]
+            stop_group(self.scheduler, timeout_s=0)
+        self._kill_leftover_replicas()
+        if self.redis is not None:
+            self.redis.stop()
+
+    def _kill_leftover_replicas(self) -> None:
+        """Whatever replica the scheduler could not stop (it crashed, or a second Ctrl-C) is killed here."""
+        from scheduler.launcher import ProcessLauncher  # the role package, only in the command that needs it
+
+        launcher = ProcessLauncher(self.settings)
+        keys = self.settings.keys
+        try:
+            client = sync_redis(self.settings.effective_redis_url)
+            records = []
+            for key in client.scan_iter(match=keys.replicas_pattern(), count=500):
+                records += [ReplicaRecord.decode(v) for v in client.hvals(key)]
+            client.close()
+        except (redis.RedisError, StreamServeError):
+            return
+
+        for record in records:
+            if record.pid and record.host == launcher.host:
+                launcher.kill(record.pid, ReplicaID.from_str(record.replica_id))

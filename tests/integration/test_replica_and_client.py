@@ -1,0 +1,159 @@
+"""A real replica and a real client over a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from streamserve.client import AsyncClient
+from streamserve.errors import (
+    BadRequestError,
+    NotFoundError,
+    OverloadedError,
+    RemoteError,
+    RequestTimeoutError,
+    UnavailableError,
+)
+from streamserve.keys import CONSUMER_GROUP
+from streamserve.messages import Request, now_ms
+from streamserve.settings import Settings
+from tests import deployments
+from tests.integration.conftest import StartReplica, deploy
+
+
+async def wait_for(condition: object, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await condition():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_call_returns_the_result_with_user_config(start_replica: StartReplica, client: AsyncClient) -> None:
+    await start_replica(user_config={"greeting": "hi"}, init_kwargs={"tag": "t1"})
+    assert await client.call("rec", {"x": [1, 2]}) == {"tag": "t1", "body": {"x": [1, 2]}, "config": {"greeting": "hi"}}
+
+
+async def test_user_exception_becomes_remote_error_and_replica_keeps_serving(
+    start_replica: StartReplica, client: AsyncClient
+) -> None:
+    replica = await start_replica()
+    with pytest.raises(RemoteError) as info:
+        await client.call("rec", 7, method="boom")
+    assert info.value.error_type == "ValueError"
+    assert info.value.message == "boom: 7"
+    assert info.value.replica_id == replica.replica_id.to_str()
+    assert (await client.call("rec", 1))["body"] == 1
+
+
+async def test_unknown_method_and_private_method_are_bad_requests(
+    start_replica: StartReplica, client: AsyncClient
+) -> None:
+    await start_replica()
+    with pytest.raises(BadRequestError, match="no public method 'nope'"):
+        await client.call("rec", 1, method="nope")
+    with pytest.raises(BadRequestError, match="no public method '__init__'"):
+        await client.call("rec", 1, method="__init__")
+
+
+async def test_sync_handlers_run_concurrently_up_to_max_ongoing(
+    start_replica: StartReplica, client: AsyncClient
+) -> None:
+    # Rendezvous(4) returns only when 4 calls run at once: a serial replica would time out instead.
+    await start_replica(import_path="tests.deployments:Rendezvous", init_args=[4], max_ongoing_requests=4)
+    results = await asyncio.gather(*(client.call("rec", i, timeout=20) for i in range(4)))
+    assert sorted(results) == [0, 1, 2, 3]
+
+
+async def test_replica_never_holds_more_than_max_ongoing(
+    start_replica: StartReplica, client: AsyncClient, settings: Settings, aredis: aioredis.Redis
+) -> None:
+    deployments.GATE = asyncio.Event()
+    await start_replica(import_path="tests.deployments:gate", max_ongoing_requests=2)
+    calls = [asyncio.ensure_future(client.call("rec", i)) for i in range(6)]
+    stream = settings.keys.requests("rec")
+
+    async def two_pending_four_waiting() -> bool:
+        pending = await aredis.xpending(stream, CONSUMER_GROUP)
+        return pending["pending"] == 2 and await aredis.xlen(stream) == 6
+
+    await wait_for(two_pending_four_waiting)
+    deployments.GATE.set()
+    assert sorted(await asyncio.gather(*calls)) == [0, 1, 2, 3, 4, 5]
+    assert await aredis.xlen(stream) == 0  # acknowledged entries are deleted, not left to pile up
+
+
+async def test_expired_request_is_answered_without_running_user_code(
+    start_replica: StartReplica, client: AsyncClient, settings: Settings, aredis: aioredis.Redis
+) -> None:
+    deployments.CALLS.clear()
+    await start_replica()
+    await client.start()
+    reply_stream = settings.keys.reply_stream(client.caller_id)
+    stale = Request("stale-1", reply_to=reply_stream, deadline_ms=now_ms() - 1000, body=b'"late"')
+    await aredis.xadd(settings.keys.requests("rec"), stale.encode())
+
+    async def replied() -> bool:
+        entries = await aredis.xrange(reply_stream)
+        return any(fields.get(b"id") == b"stale-1" for _id, fields in entries)
+
+    await wait_for(replied)
+    entries = await aredis.xrange(reply_stream)
+    status = next(f[b"status"] for _i, f in entries if f.get(b"id") == b"stale-1")
+    assert status == b"deadline_exceeded"
+    assert "late" not in deployments.CALLS
+
+
+async def test_malformed_entry_is_dropped_and_serving_continues(
+    start_replica: StartReplica, client: AsyncClient, settings: Settings, aredis: aioredis.Redis
+) -> None:
+    await start_replica()
+    await aredis.xadd(settings.keys.requests("rec"), {"garbage": "yes"})
+    assert (await client.call("rec", "after"))["body"] == "after"
+    pending = await aredis.xpending(settings.keys.requests("rec"), CONSUMER_GROUP)
+    assert pending["pending"] == 0
+
+
+async def test_drain_finishes_in_flight_work_on_stop(
+    start_replica: StartReplica, client: AsyncClient, aredis: aioredis.Redis, settings: Settings
+) -> None:
+    deployments.GATE = asyncio.Event()
+    replica = await start_replica(import_path="tests.deployments:gate")
+    call = asyncio.ensure_future(client.call("rec", "in flight"))
+
+    async def held() -> bool:
+        return (await aredis.xpending(settings.keys.requests("rec"), CONSUMER_GROUP))["pending"] == 1
+
+    await wait_for(held)
+    replica.request_stop()
+    await asyncio.sleep(0)  # the replica is draining; now let the handler finish
+    deployments.GATE.set()
+    assert await call == "in flight"
+
+
+async def test_full_queue_is_refused_at_once(client: AsyncClient, settings: Settings) -> None:
+    await deploy(settings, max_queued_requests=2)  # no replica: nothing is taken off the queue
+    await client.send("rec", 1)
+    await client.send("rec", 2)
+    with pytest.raises(OverloadedError, match="max_queued_requests"):
+        await client.send("rec", 3)
+
+
+async def test_unknown_and_scaled_to_zero(client: AsyncClient, settings: Settings) -> None:
+    with pytest.raises(NotFoundError):
+        await client.call("nothing-here", 1)
+    await deploy(settings, num_replicas=0)
+
+    async def known() -> bool:
+        return "rec" in client.deployments()
+
+    await wait_for(known)
+    with pytest.raises(UnavailableError, match="scaled to 0"):
+        await client.call("rec", 1)
+
+
+async def test_timeout_when_nobody_serves(client: AsyncClient, settings: Settings) -> None:
+    await deploy(settings)
+    with pytest.raises(RequestTimeoutError, match=r"no reply within 0\.2s"):
+        await client.call("rec", 1, timeout=0.2)

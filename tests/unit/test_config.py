@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from streamserve import cli
+from streamserve.config import AppConfig, DeploymentConfig, load_config, parse_config
+from streamserve.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dep(**fields: object) -> dict[str, object]:
+    return {"name": "echo", "import_path": "examples.echo:Echo", **fields}
+
+
+def test_example_config_loads() -> None:
+    app = load_config(ROOT / "examples" / "streamserve.yaml")
+    names = [d.name for d in app.deployments]
+    assert "echo" in names
+    echo = next(d for d in app.deployments if d.name == "echo")
+    assert echo.route_prefix == "/echo"
+    assert echo.target_replicas == 2
+
+
+def test_defaults() -> None:
+    cfg = DeploymentConfig.model_validate(dep())
+    assert cfg.route_prefix == "/echo"  # absent means /<name>
+    assert cfg.target_replicas == 1
+    assert DeploymentConfig.model_validate(dep(route_prefix=None)).route_prefix is None  # explicit null: client only
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"replicas": 2}, "deployment 'echo' (deployments[0]): replicas: unknown field"),
+        ({"name": "Bad Name"}, "(deployments[0]): name: 'Bad Name' is not a valid name"),
+        ({"import_path": "examples.echo"}, "import_path: 'examples.echo' must look like 'package.module:attribute'"),
+        ({"num_replicas": -1}, "num_replicas: Input should be greater than or equal to 0"),
+        ({"max_ongoing_requests": 0}, "max_ongoing_requests: Input should be greater than or equal to 1"),
+        ({"route_prefix": "echo"}, "route_prefix: 'echo' must start with '/'"),
+        ({"route_prefix": "/-/admin"}, "is reserved for the gateway's own routes"),
+        ({"num_replicas": 1, "autoscaling_config": {"max_replicas": 2}}, "set num_replicas or autoscaling_config"),
+        ({"autoscaling_config": {"min_replicas": 3, "max_replicas": 2}}, "min_replicas (3) is above max_replicas (2)"),
+    ],
+)
+def test_errors_name_the_deployment_and_field(fields: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"deployments": [dep(**fields)]}, "x.yaml")
+    assert expected in str(info.value)
+    assert str(info.value).startswith("x.yaml:")
+
+
+def test_duplicate_names_and_routes() -> None:
+    with pytest.raises(ConfigError, match="names used more than once: echo"):
+        parse_config({"deployments": [dep(), dep(route_prefix="/other")]})
+    with pytest.raises(ConfigError, match="route_prefix used more than once: /x"):
+        parse_config({"deployments": [dep(route_prefix="/x"), dep(name="b", route_prefix="/x")]})
+
+
+def test_not_a_mapping_and_not_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        parse_config(["a"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("deployments: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_code_version_ignores_live_fields() -> None:
+    base = DeploymentConfig.model_validate(dep())
+    assert base.code_version() == DeploymentConfig.model_validate(dep(user_config={"a": 1})).code_version()
+    assert base.code_version() == DeploymentConfig.model_validate(dep(max_ongoing_requests=3)).code_version()
+    assert base.code_version() != DeploymentConfig.model_validate(dep(version="2")).code_version()
+    assert base.code_version() != DeploymentConfig.model_validate(dep(init_kwargs={"greeting": "x"})).code_version()
+
+
+def test_json_round_trip() -> None:
+    cfg = DeploymentConfig.model_validate(dep(user_config={"k": [1, 2]}, autoscaling_config={"max_replicas": 3}))
+    assert DeploymentConfig.from_json(cfg.to_json()) == cfg
+    assert AppConfig.model_validate({"deployments": [cfg.model_dump()]}).deployments[0] == cfg
+
+
+def test_cli_deploy_with_bad_config_exits_2_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("deployments:\n  - name: echo\n    import_path: examples.echo:Echo\n    num_replicas: -2\n")
+    assert cli.main(["deploy", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "deployment 'echo' (deployments[0]): num_replicas" in err

@@ -1,0 +1,219 @@
+"""The reconcile loop, ticked by hand with a fake clock, a fake launcher and an in-memory store."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+
+from scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, DeploymentState, Target, Timeouts
+from streamserve.config import DeploymentConfig
+from streamserve.ids import ReplicaID
+from streamserve.messages import DeploymentHealthRecord, Heartbeat, ReplicaRecord
+from streamserve.states import DeploymentHealth, ReplicaHealth, ReplicaState
+
+HOST = "testhost"
+
+
+class FakeLauncher:
+    host = HOST
+
+    def __init__(self) -> None:
+        self._pids = itertools.count(1000)
+        self.alive: dict[int, ReplicaID] = {}
+        self.terminated: list[int] = []
+        self.killed: list[int] = []
+
+    def start(self, replica_id: ReplicaID) -> int:
+        pid = next(self._pids)
+        self.alive[pid] = replica_id
+        return pid
+
+    def is_alive(self, pid: int, replica_id: ReplicaID) -> bool:
+        return self.alive.get(pid) == replica_id
+
+    def exit_code(self, pid: int) -> int | None:
+        return None if pid in self.alive else 1
+
+    def terminate(self, pid: int, replica_id: ReplicaID) -> None:
+        self.terminated.append(pid)
+
+    def kill(self, pid: int, replica_id: ReplicaID) -> None:
+        if self.alive.pop(pid, None) is not None:
+            self.killed.append(pid)
+
+    def forget(self, pid: int) -> None:
+        pass
+
+    def exit(self, pid: int) -> None:
+        self.alive.pop(pid, None)
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.records: dict[str, ReplicaRecord] = {}
+        self.health: DeploymentHealthRecord | None = None
+
+    async def save(self, deployment: str, record: ReplicaRecord) -> None:
+        self.records[record.replica_id] = record
+
+    async def remove(self, deployment: str, replica_id: str) -> None:
+        del self.records[replica_id]
+
+    async def save_health(self, deployment: str, record: DeploymentHealthRecord) -> None:
+        self.health = record
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.launcher = FakeLauncher()
+        self.store = MemoryStore()
+        self.state = DeploymentState(
+            "echo", self.launcher, self.store, Timeouts(heartbeat_timeout_ms=10_000, start_timeout_ms=60_000)
+        )
+        self.now = 1_000_000
+        self.beats: dict[str, Heartbeat] = {}
+
+    async def tick(self, target: Target, advance_ms: int = 100) -> None:
+        self.now += advance_ms
+        await self.state.update(target, self.beats, self.now)
+
+    def beat_all(self, health: ReplicaHealth = ReplicaHealth.READY, message: str = "") -> None:
+        for r in self.state.replicas.values():
+            if r.record.pid in self.launcher.alive:
+                self.beats[r.record.replica_id] = Heartbeat(
+                    ts_ms=self.now, health=health, pid=r.record.pid, host=HOST, message=message
+                )
+
+    def counts(self) -> Counter[ReplicaState]:
+        return Counter(r.state for r in self.state.replicas.values())
+
+    def by_state(self, state: ReplicaState) -> list[ReplicaRecord]:
+        return [r.record for r in self.state.replicas.values() if r.state is state]
+
+
+def target(replicas: int, version: str | None = None, **extra: object) -> Target:
+    return Target(
+        DeploymentConfig.model_validate(
+            {"name": "echo", "import_path": "examples.echo:Echo", "num_replicas": replicas, "version": version, **extra}
+        )
+    )
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+async def bring_up(h: Harness, t: Target) -> None:
+    await h.tick(t)
+    h.beat_all()
+    await h.tick(t)
+
+
+async def test_starts_target_then_running_on_ready(h: Harness) -> None:
+    await h.tick(target(2))
+    assert h.counts() == {ReplicaState.STARTING: 2}
+    assert len(h.launcher.alive) == 2
+    assert h.store.health is not None and h.store.health.health is DeploymentHealth.UPDATING
+    h.beat_all()
+    await h.tick(target(2))
+    assert h.counts() == {ReplicaState.RUNNING: 2}
+    assert h.store.health.health is DeploymentHealth.HEALTHY
+    assert {r.state for r in h.store.records.values()} == {ReplicaState.RUNNING}
+
+
+async def test_dead_process_is_replaced(h: Harness) -> None:
+    await bring_up(h, target(2))
+    victim = h.by_state(ReplicaState.RUNNING)[0]
+    h.launcher.exit(victim.pid)
+    await h.tick(target(2))
+    assert victim.replica_id not in h.store.records
+    assert h.counts() == {ReplicaState.RUNNING: 1, ReplicaState.STARTING: 1}
+
+
+async def test_expired_heartbeat_kills_and_replaces(h: Harness) -> None:
+    await bring_up(h, target(1))
+    hung = h.by_state(ReplicaState.RUNNING)[0]
+    await h.tick(target(1), advance_ms=11_000)  # heartbeat now 11 s old
+    assert hung.pid in h.launcher.killed
+    assert h.counts() == {ReplicaState.STARTING: 1}
+
+
+async def test_scale_down_stops_gracefully_then_kills_at_deadline(h: Harness) -> None:
+    await bring_up(h, target(3))
+    await h.tick(target(1, graceful_shutdown_timeout_s=2))
+    assert h.counts() == {ReplicaState.RUNNING: 1, ReplicaState.STOPPING: 2}
+    stopping = h.by_state(ReplicaState.STOPPING)
+    assert sorted(h.launcher.terminated) == sorted(r.pid for r in stopping)
+    h.launcher.exit(stopping[0].pid)  # drains and exits by itself
+    await h.tick(target(1))
+    assert h.counts() == {ReplicaState.RUNNING: 1, ReplicaState.STOPPING: 1}
+    await h.tick(target(1), advance_ms=5000)  # past the deadline: SIGKILL
+    assert stopping[1].pid in h.launcher.killed
+    await h.tick(target(1))
+    assert h.counts() == {ReplicaState.RUNNING: 1}
+
+
+async def test_scale_down_retires_starting_replicas_first(h: Harness) -> None:
+    await bring_up(h, target(1))
+    await h.tick(target(3))
+    await h.tick(target(1))
+    assert h.counts()[ReplicaState.RUNNING] == 1
+    assert h.counts()[ReplicaState.STARTING] == 0
+
+
+async def test_version_change_rolls_without_dropping_below_target(h: Harness) -> None:
+    await bring_up(h, target(2, version="1"))
+    old = {r.replica_id for r in h.by_state(ReplicaState.RUNNING)}
+    await h.tick(target(2, version="2"))
+    assert h.counts() == {ReplicaState.RUNNING: 2, ReplicaState.STARTING: 2}  # old keep serving
+    h.beat_all()
+    await h.tick(target(2, version="2"))
+    running = h.by_state(ReplicaState.RUNNING)
+    assert len(running) == 2 and old.isdisjoint(r.replica_id for r in running)
+    assert h.counts()[ReplicaState.STOPPING] == 2
+
+
+async def test_failing_start_backs_off_and_turns_unhealthy(h: Harness) -> None:
+    t = target(1)
+    for _ in range(UNHEALTHY_AFTER_FAILURES):
+        # wait out the backoff until a new process is started, then make it fail
+        for _ in range(400):
+            await h.tick(t)
+            if h.counts()[ReplicaState.STARTING]:
+                break
+        h.beat_all(ReplicaHealth.FAILED, "RuntimeError: weights not found")
+        await h.tick(t)
+    assert h.state.consecutive_failures == UNHEALTHY_AFTER_FAILURES
+    assert h.store.health is not None
+    assert h.store.health.health is DeploymentHealth.UNHEALTHY
+    assert "weights not found" in h.store.health.message
+    # backing off: the replacement waits as SHOULD_START instead of being started at once
+    await h.tick(t)
+    assert h.counts() == {ReplicaState.SHOULD_START: 1}
+
+
+async def test_deleted_deployment_stops_everything(h: Harness) -> None:
+    await bring_up(h, target(2))
+    await h.tick(Target(None))
+    assert h.counts() == {ReplicaState.STOPPING: 2}
+    for pid in list(h.launcher.alive):
+        h.launcher.exit(pid)
+    await h.tick(Target(None))
+    assert h.state.is_gone
+
+
+async def test_adopted_replicas_are_not_restarted(h: Harness) -> None:
+    await bring_up(h, target(2))
+    fresh = Harness()
+    fresh.launcher = h.launcher
+    fresh.state = DeploymentState("echo", h.launcher, fresh.store, Timeouts(10_000, 60_000))
+    for record in h.store.records.values():
+        fresh.state.adopt(record)
+    fresh.now, fresh.beats = h.now, h.beats
+    pids_before = set(h.launcher.alive)
+    await fresh.tick(target(2))
+    assert fresh.counts() == {ReplicaState.RUNNING: 2}
+    assert set(h.launcher.alive) == pids_before

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import pytest
+
+from app.errors import status_for
+from app.routing import RouteTable
+from streamserve.errors import (
+    BadRequestError,
+    DeadLetterError,
+    NotFoundError,
+    OverloadedError,
+    RemoteError,
+    RequestTimeoutError,
+    StreamServeError,
+    UnavailableError,
+)
+
+
+def test_longest_prefix_wins_and_segments_matter() -> None:
+    table = RouteTable({"/a": "short", "/a/b": "long", "/echo": "echo"})
+    assert table.match("/a/b/c") == "long"
+    assert table.match("/a/x") == "short"
+    assert table.match("/echo") == "echo"
+    assert table.match("/echo/") == "echo"
+    assert table.match("/echoes") is None
+    assert table.match("/") is None
+    assert RouteTable({"/": "root"}).match("/anything") == "root"
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (NotFoundError("x"), 404),
+        (BadRequestError("x"), 400),
+        (RequestTimeoutError("x"), 504),
+        (OverloadedError("x"), 503),
+        (UnavailableError("x"), 503),
+        (RemoteError("ValueError", "x"), 500),
+        (DeadLetterError("ValueError", "x"), 500),
+        (StreamServeError("x"), 500),
+    ],
+)
+def test_http_status_table(error: StreamServeError, status: int) -> None:
+    assert status_for(error) == status

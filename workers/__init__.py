@@ -1,0 +1,1 @@
+"""The replica worker: one OS process per replica of a deployment."""

@@ -1,0 +1,60 @@
+"""Entry point of a replica process: ``python -m workers --deployment NAME [--replica-id ID]``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from streamserve.connection import async_redis
+from streamserve.ids import ReplicaID
+from streamserve.logs import setup_logging
+from streamserve.settings import Settings
+from workers.replica import Replica
+
+logger = logging.getLogger(__name__)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="streamserve worker", description="Run one replica of a deployment.")
+    parser.add_argument("deployment", help="the deployment's name")
+    parser.add_argument("--replica-id", help="the replica's id (default: a new one)")
+    parser.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL or redis://127.0.0.1:6379/0)")
+    return parser.parse_args(argv)
+
+
+async def serve(settings: Settings, replica_id: ReplicaID) -> int:
+    redis = async_redis(settings.effective_redis_url)
+    replica = Replica(settings, redis, replica_id)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, replica.request_stop)
+    try:
+        return await replica.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    overrides = {"redis_url": args.redis_url} if args.redis_url else {}
+    settings = Settings(**overrides)
+    setup_logging(settings.debug)
+    replica_id = ReplicaID.from_str(args.replica_id) if args.replica_id else ReplicaID.new(args.deployment)
+    if replica_id.deployment != args.deployment:
+        print(f"replica id {replica_id} does not belong to deployment {args.deployment!r}", file=sys.stderr)
+        return 2
+    # Deployments are imported by module path relative to where the farm runs.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        import uvloop
+
+        return uvloop.run(serve(settings, replica_id))
+    except ImportError:
+        return asyncio.run(serve(settings, replica_id))

@@ -1,0 +1,289 @@
+"""One replica: read the deployment's request stream in its consumer group, run the handler, reply.
+
+Lifecycle of the process: load (import + constructor) -> serve -> drain on
+SIGTERM -> exit. The replica reports each step in its heartbeat; the
+scheduler turns those reports into lifecycle transitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
+
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from streamserve.config import DeploymentConfig
+from streamserve.connection import RETRYABLE_ERRORS
+from streamserve.control import Control
+from streamserve.errors import BadRequestError, ProtocolError
+from streamserve.ids import ReplicaID
+from streamserve.keys import CONSUMER_GROUP, ConfigKey
+from streamserve.longpoll import LongPollSubscriber
+from streamserve.messages import Heartbeat, Reply, ReplyStatus, Request, StreamBatches, dumps, now_ms
+from streamserve.settings import Settings
+from streamserve.states import ReplicaHealth
+from workers.loader import LoadedDeployment, load
+
+logger = logging.getLogger(__name__)
+
+READ_BLOCK_MS = 500
+"""How long one XREADGROUP waits; also the longest a stop request waits for the read to return."""
+REPLY_STREAM_MAXLEN = 100_000
+"""Approximate cap on a caller's reply stream; its reader drains and trims it continuously."""
+
+
+class Replica:
+    """Serves one deployment until asked to stop."""
+
+    def __init__(self, settings: Settings, redis: aioredis.Redis, replica_id: ReplicaID) -> None:
+        self._settings = settings
+        self._redis = redis
+        self._keys = settings.keys
+        self.replica_id = replica_id
+        self._consumer = replica_id.to_str()
+        self._name = replica_id.deployment
+        self._stream = self._keys.requests(self._name)
+        self._cfg: DeploymentConfig | None = None
+        self._deployment: LoadedDeployment | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._health = ReplicaHealth.STARTING
+        self._message = ""
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._capacity = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._served = 0
+        self._failed = 0
+
+    # -- process lifecycle -----------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop reading new requests and drain (safe to call from a signal handler)."""
+        if not self._stopping.is_set():
+            logger.info("replica %s: stop requested, draining %d in flight", self.replica_id, len(self._inflight))
+        self._stopping.set()
+        self._capacity.set()
+
+    async def run(self) -> int:
+        """Load, serve until stopped, drain; return the process exit code."""
+        heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+        longpoll: LongPollSubscriber | None = None
+        loaded = False
+        try:
+            loaded = await self._load()
+            if not loaded:
+                return 1  # the FAILED heartbeat stays: it tells the scheduler why
+            await self._ensure_group()
+            longpoll = LongPollSubscriber(
+                self._redis, self._keys, lambda k: k == ConfigKey.DEPLOYMENTS, self._on_config_change
+            )
+            await longpoll.start()
+            await self._set_health(ReplicaHealth.READY)
+            logger.info("replica %s: ready (pid %d)", self.replica_id, os.getpid())
+            await self._read_loop()
+            await self._drain()
+            return 0
+        finally:
+            if longpoll is not None:
+                await longpoll.close()
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            if loaded:
+                await self._goodbye()
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+            logger.info("replica %s: exited after %d requests (%d failed)", self.replica_id, self._served, self._failed)
+
+    async def _load(self) -> bool:
+        try:
+            self._cfg = await Control(self._redis, self._keys).get(self._name)
+            self._executor = ThreadPoolExecutor(self._cfg.max_ongoing_requests, thread_name_prefix="handler")
+            # Import and constructor may block for a long time (model weights): keep the loop free for heartbeats.
+            self._deployment = await asyncio.to_thread(load, self._cfg)
+            await self._reconfigure(self._cfg.user_config)
+            return True
+        except Exception as exc:
+            self._message = f"{type(exc).__name__}: {exc}"
+            logger.error("replica %s: failed to start: %s", self.replica_id, self._message)
+            if self._settings.debug:
+                logger.error("%s", traceback.format_exc())
+            await self._set_health(ReplicaHealth.FAILED)
+            return False
+
+    async def _reconfigure(self, user_config: Any) -> None:
+        assert self._deployment is not None
+        fn = self._deployment.reconfigure
+        if fn is None or user_config is None:
+            return
+        result = await asyncio.to_thread(fn, user_config)
+        if asyncio.iscoroutine(result):
+            await result
+
+    async def _on_config_change(self, _changed: set[str]) -> None:
+        """Apply live changes: user_config (reconfigure) and max_ongoing_requests."""
+        raw = await self._redis.hget(self._keys.deployments(), self._name)
+        if raw is None or self._cfg is None:
+            return  # deleted: the scheduler stops us
+        new = DeploymentConfig.from_json(raw)
+        old, self._cfg = self._cfg, new
+        if new.user_config != old.user_config:
+            logger.info("replica %s: reconfiguring with new user_config", self.replica_id)
+            try:
+                await self._reconfigure(new.user_config)
+            except Exception as exc:
+                logger.error("replica %s: reconfigure failed: %s: %s", self.replica_id, type(exc).__name__, exc)
+        if new.max_ongoing_requests != old.max_ongoing_requests:
+            logger.info("replica %s: max_ongoing_requests %d", self.replica_id, new.max_ongoing_requests)
+            old_executor, self._executor = (
+                self._executor,
+                ThreadPoolExecutor(new.max_ongoing_requests, thread_name_prefix="handler"),
+            )
+            if old_executor is not None:
+                old_executor.shutdown(wait=False)
+            self._capacity.set()
+
+    async def _ensure_group(self) -> None:
+        try:
+            await self._redis.xgroup_create(self._stream, CONSUMER_GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def _drain(self) -> None:
+        await self._set_health(ReplicaHealth.DRAINING)
+        if self._inflight:
+            assert self._cfg is not None
+            await asyncio.wait(set(self._inflight), timeout=self._cfg.graceful_shutdown_timeout_s)
+
+    async def _goodbye(self) -> None:
+        """Leave no trace: drop the heartbeat, and the consumer if it holds no pending entries."""
+        with contextlib.suppress(*RETRYABLE_ERRORS, ResponseError):
+            await self._redis.hdel(self._keys.heartbeats(self._name), self._consumer)
+            pending = await self._redis.xpending_range(self._stream, CONSUMER_GROUP, "-", "+", 1, self._consumer)
+            if not pending:
+                await self._redis.xgroup_delconsumer(self._stream, CONSUMER_GROUP, self._consumer)
+
+    # -- heartbeats -------------------------------------------------------------
+
+    async def _set_health(self, health: ReplicaHealth) -> None:
+        self._health = health
+        await self._beat()
+
+    async def _beat(self) -> None:
+        beat = Heartbeat(
+            ts_ms=now_ms(),
+            health=self._health,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            ongoing=len(self._inflight),
+            message=self._message,
+        )
+        await self._redis.hset(self._keys.heartbeats(self._name), self._consumer, beat.encode())
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            try:
+                await self._beat()
+            except RETRYABLE_ERRORS as exc:
+                logger.warning("replica %s: heartbeat failed: %s", self.replica_id, exc)
+            await asyncio.sleep(self._settings.heartbeat_interval_s)
+
+    # -- serving ----------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        backoff = 0.1
+        while not self._stopping.is_set():
+            assert self._cfg is not None
+            free = self._cfg.max_ongoing_requests - len(self._inflight)
+            if free <= 0:
+                self._capacity.clear()
+                await self._capacity.wait()
+                continue
+            try:
+                raw = await self._redis.xreadgroup(
+                    CONSUMER_GROUP, self._consumer, {self._stream: ">"}, count=free, block=READ_BLOCK_MS
+                )
+                batches = cast(StreamBatches, raw)
+                backoff = 0.1
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                await self._ensure_group()  # the stream was deleted and made again
+                continue
+            except RETRYABLE_ERRORS as exc:
+                logger.warning("replica %s: read failed (%s); retrying in %.1fs", self.replica_id, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            for _stream, entries in batches or ():
+                for entry_id, fields in entries:
+                    task = asyncio.create_task(self._handle(entry_id, fields))
+                    self._inflight.add(task)
+                    task.add_done_callback(self._on_done)
+
+    def _on_done(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        self._capacity.set()
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("replica %s: request task failed", self.replica_id, exc_info=task.exception())
+
+    async def _handle(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        try:
+            request = Request.decode(fields)
+        except ProtocolError as exc:
+            logger.warning("replica %s: dropping malformed entry %s: %s", self.replica_id, entry_id, exc)
+            await self._finish(entry_id, None)
+            return
+        reply = await self._execute(request)
+        self._served += 1
+        if reply.status is not ReplyStatus.OK:
+            self._failed += 1
+        await self._finish(entry_id, reply if request.reply_to else None, request.reply_to)
+
+    async def _execute(self, request: Request) -> Reply:
+        rid = self.replica_id.to_str()
+        if request.deadline_ms and now_ms() > request.deadline_ms:
+            return Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, rid)
+        assert self._deployment is not None
+        try:
+            handler = self._deployment.handler(request.method)
+            body = orjson.loads(request.body) if request.body else None
+        except (BadRequestError, orjson.JSONDecodeError) as exc:
+            return Reply(request.request_id, ReplyStatus.BAD_REQUEST, rid, error_message=str(exc))
+        try:
+            if handler.is_async:
+                result = await handler.fn(body)
+            else:
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(self._executor, handler.fn, body)
+                if asyncio.iscoroutine(result):
+                    result = await result
+            return Reply(request.request_id, ReplyStatus.OK, rid, body=dumps(result))
+        except Exception as exc:
+            message = str(exc)
+            if self._settings.debug:
+                message += "\n" + traceback.format_exc()
+            return Reply(
+                request.request_id, ReplyStatus.USER_ERROR, rid, error_type=type(exc).__name__, error_message=message
+            )
+
+    async def _finish(self, entry_id: bytes, reply: Reply | None, reply_to: str = "") -> None:
+        """Reply, acknowledge and delete in one round trip (acknowledged entries must not pile up)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            if reply is not None:
+                pipe.xadd(reply_to, reply.encode(), maxlen=REPLY_STREAM_MAXLEN, approximate=True, nomkstream=True)
+            pipe.xack(self._stream, CONSUMER_GROUP, entry_id)
+            pipe.xdel(self._stream, entry_id)
+            try:
+                await pipe.execute()
+            except RETRYABLE_ERRORS as exc:
+                # The entry stays pending and is claimed again later: at-least-once, never lost.
+                logger.warning("replica %s: could not finish %s: %s", self.replica_id, entry_id, exc)
