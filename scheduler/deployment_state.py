@@ -188,9 +188,15 @@ class DeploymentState:
             health, message = DeploymentHealth.HEALTHY, ""
         else:
             health, message = DeploymentHealth.UPDATING, self._last_failure
-        if self._health is None or (self._health.health, self._health.message) != (health, message):
+        running = self.count(ReplicaState.RUNNING)
+        verdict = (health, message, running)
+        if self._health is None or (self._health.health, self._health.message, self._health.running) != verdict:
             self._health = DeploymentHealthRecord(
-                health=health, message=message, consecutive_failures=self.consecutive_failures, updated_ms=now_ms
+                health=health,
+                message=message,
+                consecutive_failures=self.consecutive_failures,
+                running=running,
+                updated_ms=now_ms,
             )
             await self._store.save_health(self.name, self._health)
             logger.info("deployment %s: %s%s", self.name, health.value, f" ({message})" if message else "")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from streamserve.keys import Keys
+from streamserve.keys import ConfigKey, Keys
+from streamserve.longpoll import publish_change
 from streamserve.messages import DeploymentHealthRecord, ReplicaRecord
 
 
@@ -25,7 +26,10 @@ class RedisReplicaStore:
             await pipe.execute()
 
     async def save_health(self, deployment: str, record: DeploymentHealthRecord) -> None:
-        await self._redis.hset(self._keys.deployment_status(), deployment, record.encode())
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._keys.deployment_status(), deployment, record.encode())
+            publish_change(pipe, self._keys, ConfigKey.DEPLOYMENT_STATUS)
+            await pipe.execute()
 
     async def load_all(self) -> dict[str, list[ReplicaRecord]]:
         """Every recorded replica of every deployment (found by SCAN, so deleted deployments too)."""
@@ -49,4 +53,5 @@ class RedisReplicaStore:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(*self._keys.deployment_keys(deployment))
             pipe.hdel(self._keys.deployment_status(), deployment)
+            publish_change(pipe, self._keys, ConfigKey.DEPLOYMENT_STATUS)
             await pipe.execute()

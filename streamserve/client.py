@@ -37,9 +37,10 @@ from streamserve.errors import (
 )
 from streamserve.ids import new_caller_id, new_request_id
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
-from streamserve.longpoll import LongPollSubscriber
-from streamserve.messages import Reply, ReplyStatus, Request, StreamBatches, dumps, now_ms, text
+from streamserve.longpoll import EVERYTHING, LongPollSubscriber, OnChange
+from streamserve.messages import DeploymentHealthRecord, Reply, ReplyStatus, Request, StreamBatches, dumps, now_ms, text
 from streamserve.settings import Settings
+from streamserve.states import DeploymentHealth
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ T = TypeVar("T")
 
 REPLY_STREAM_TTL_S = 60
 """A caller's reply stream expires this long after its caller stops refreshing it (it died)."""
+_WATCHED = frozenset({ConfigKey.DEPLOYMENTS, ConfigKey.DEPLOYMENT_STATUS})
 REPLY_READ_COUNT = 1000
 REPLY_BLOCK_MS = 1000
 _READER_TASK = "streamserve-replies"
@@ -88,6 +90,7 @@ class AsyncClient:
         self._redis: aioredis.Redis | None = None
         self._enqueue: AsyncScript | None = None
         self._deployments: dict[str, DeploymentConfig] = {}
+        self._health: dict[str, DeploymentHealthRecord] = {}
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._longpoll: LongPollSubscriber | None = None
@@ -111,9 +114,7 @@ class AsyncClient:
             try:
                 await self._create_reply_stream(redis)
                 self._enqueue = redis.register_script(scripts.ENQUEUE)
-                self._longpoll = LongPollSubscriber(
-                    redis, self._keys, lambda k: k == ConfigKey.DEPLOYMENTS, self._reload_deployments_from(redis)
-                )
+                self._longpoll = LongPollSubscriber(redis, self._keys, _WATCHED.__contains__, self._reloader(redis))
                 await self._longpoll.start()
             except RETRYABLE_ERRORS as exc:
                 await redis.aclose()
@@ -242,9 +243,22 @@ class AsyncClient:
 
     async def _resolve(self, name: str) -> DeploymentConfig:
         await self.start()
-        cfg = self.deployment(name)
+        cfg = self._deployments.get(name) or await self._fetch_deployment(name)
         if cfg.autoscaling_config is None and cfg.target_replicas == 0:
             raise UnavailableError(f"deployment {name!r} is scaled to 0 replicas")
+        health = self._health.get(name)
+        if health is not None and health.health is DeploymentHealth.UNHEALTHY and health.running == 0:
+            raise UnavailableError(f"deployment {name!r} has no running replica: {health.message}")
+        return cfg
+
+    async def _fetch_deployment(self, name: str) -> DeploymentConfig:
+        """A cache miss may just be news the long poll has not brought yet: ask Redis before saying no."""
+        raw = await self.redis.hget(self._keys.deployments(), name)
+        if raw is None:
+            raise NotFoundError(f"no deployment named {name!r}")
+        cfg = DeploymentConfig.from_json(raw)
+        self._deployments = {**self._deployments, name: cfg}
+        self._generation += 1
         return cfg
 
     async def _add(self, cfg: DeploymentConfig, request: Request) -> None:
@@ -267,11 +281,16 @@ class AsyncClient:
         if fut is not None and not fut.done():
             fut.set_exception(RequestTimeoutError(f"no reply within {timeout_s:g}s (request {request_id})"))
 
-    def _reload_deployments_from(self, redis: aioredis.Redis) -> Any:
-        async def reload(_changed: set[str]) -> None:
-            raw = await redis.hgetall(self._keys.deployments())
-            self._deployments = {text(k): DeploymentConfig.from_json(v) for k, v in raw.items()}
-            self._generation += 1
+    def _reloader(self, redis: aioredis.Redis) -> OnChange:
+        async def reload(changed: set[str]) -> None:
+            everything = EVERYTHING in changed
+            if everything or ConfigKey.DEPLOYMENTS in changed:
+                raw = await redis.hgetall(self._keys.deployments())
+                self._deployments = {text(k): DeploymentConfig.from_json(v) for k, v in raw.items()}
+                self._generation += 1
+            if everything or ConfigKey.DEPLOYMENT_STATUS in changed:
+                raw = await redis.hgetall(self._keys.deployment_status())
+                self._health = {text(k): DeploymentHealthRecord.decode(v) for k, v in raw.items()}
 
         return reload
 

@@ -24,6 +24,9 @@ class ConfigKey:
     ENDPOINTS = "endpoints"
     """The endpoints and their traffic weights."""
 
+    DEPLOYMENT_STATUS = "deployment_status"
+    """The scheduler's verdicts (health, running replicas) on the deployments."""
+
     @staticmethod
     def replicas(deployment: str) -> str:
         """The replica set of one deployment."""

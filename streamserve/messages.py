@@ -206,4 +206,6 @@ class DeploymentHealthRecord(_Record):
     health: DeploymentHealth
     message: str = ""
     consecutive_failures: int = 0
+    running: int = 0
+    """RUNNING replicas of any version: callers refuse at once when this is 0 and health is UNHEALTHY."""
     updated_ms: int

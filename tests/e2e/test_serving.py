@@ -135,6 +135,11 @@ def test_deploy_wait_reports_success_and_failure(farm: Farm, tmp_path: Path) -> 
     assert failed.returncode == 1
     assert "broken: RuntimeError: weights not found" in failed.stderr
     assert "weights not found" in farm.cli("status").stdout
+    # No replica and none can start: callers are refused at once instead of waiting for their deadline.
+    wait_for(lambda: farm.post("/broken", 1).status_code == 503, 10, "gateway still queues for a broken deployment")
+    refused = farm.post("/broken", 1)
+    assert refused.json()["error"] == "UnavailableError"
+    assert "weights not found" in refused.json()["message"]
     farm.cli("delete", "broken")
     farm.cli("delete", "adder")
     wait_for(lambda: set(farm.status()) == {"echo", "add"}, 20, "deleted deployments still listed")
