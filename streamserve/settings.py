@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamserve.keys import DEFAULT_PREFIX, Keys
@@ -43,6 +43,11 @@ class Settings(BaseSettings):
 
     debug: bool = False
     """Send user tracebacks in error replies and log at DEBUG."""
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_no_key(cls, value: object) -> object:
+        return None if value == "" else value
 
     @property
     def keys(self) -> Keys:

@@ -44,6 +44,14 @@ class UpOptions:
     redis_port: int | None = None
 
 
+def _own_command() -> str:
+    """How the user ran us (``.venv/bin/streamserve`` or ``streamserve``), to print commands they can paste."""
+    argv0 = sys.argv[0]
+    if argv0.endswith("__main__.py"):
+        return f"{sys.executable} -m streamserve"
+    return argv0 if os.sep in argv0 else "streamserve"
+
+
 class Farm:
     """Runs and supervises the processes of one machine's farm."""
 
@@ -142,7 +150,7 @@ class Farm:
         for d in deployments:
             route = f"POST {gateway_url}{d.route_prefix}" if d.route_prefix else "client only"
             lines.append(f"  - {d.name}: {d.target_replicas} replica(s), {route}")
-        lines.append(f"  try: streamserve status --redis-url {redis_url}")
+        lines.append(f"  try: {_own_command()} status --redis-url {redis_url}")
         lines.append("Press Ctrl-C to stop.")
         print("\n".join(lines), flush=True)
 

@@ -1,0 +1,3 @@
+from streamserve.cli import main
+
+raise SystemExit(main())
