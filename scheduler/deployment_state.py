@@ -140,14 +140,20 @@ class DeploymentState:
         # Too many of the current version: retire those that serve nothing first, newest first.
         for r in sorted(current, key=_retire_order)[: max(0, -missing)]:
             ready -= r.state is ReplicaState.RUNNING
-            await r.transition(ReplicaState.SHOULD_STOP, now_ms)
+            await self._retire(r, now_ms)
         # Outdated replicas go as soon as the ready count stays at or above the target without them.
         for r in sorted(outdated, key=_retire_order):
             if r.state is not ReplicaState.RUNNING:
-                await r.transition(ReplicaState.SHOULD_STOP, now_ms)
+                await self._retire(r, now_ms)
             elif ready - 1 >= target.count:
                 ready -= 1
-                await r.transition(ReplicaState.SHOULD_STOP, now_ms)
+                await self._retire(r, now_ms)
+
+    @staticmethod
+    async def _retire(r: ReplicaWrapper, now_ms: int) -> None:
+        """A replica with a process is stopped gracefully; one never started is simply dropped."""
+        new = ReplicaState.STOPPED if r.state is ReplicaState.SHOULD_START else ReplicaState.SHOULD_STOP
+        await r.transition(new, now_ms)
 
     async def _add_replica(self, target: Target, now_ms: int) -> None:
         assert target.version is not None

@@ -11,6 +11,7 @@ from redis.exceptions import ResponseError
 
 from scheduler.deployment_state import DeploymentState, Target, Timeouts
 from scheduler.leader import LeaderLock
+from scheduler.reclaim import Reclaimer
 from scheduler.store import RedisReplicaStore
 from streamserve.config import DeploymentConfig
 from streamserve.connection import RETRYABLE_ERRORS
@@ -48,6 +49,7 @@ class Scheduler:
             start_timeout_ms=int(settings.start_timeout_s * 1000),
         )
         self._lock = LeaderLock(redis, self._keys)
+        self._reclaimer = Reclaimer(redis, self._keys)
         self._stop_replicas_on_exit = stop_replicas_on_exit
         self._states: dict[str, DeploymentState] = {}
         self._known_groups: set[str] = set()
@@ -98,22 +100,37 @@ class Scheduler:
     async def tick(self) -> None:
         """One reconcile pass over every deployment, desired or still winding down."""
         self.ticks += 1
-        shutting_down = self.should_exit.is_set()
         desired = await self._control.deployments()
         names = sorted(set(desired) | set(self._states))
         beats_raw = await self._store.heartbeats(names)
         now = self._clock()
         for name in names:
-            cfg = desired.get(name)
-            if cfg is not None:
-                await self._ensure_group(cfg)
-            state = self._state(name)
-            await state.update(Target(cfg, shutting_down), _decode_beats(beats_raw.get(name, {})), now)
-            if cfg is None and state.is_gone:
-                await self._store.forget_deployment(name)
-                self._known_groups.discard(name)
-                del self._states[name]
-                logger.info("deployment %s: deleted", name)
+            try:
+                await self._reconcile(name, desired.get(name), _decode_beats(beats_raw.get(name, {})), now)
+            except RETRYABLE_ERRORS:
+                raise
+            except Exception:
+                # One deployment's surprise must not stop the others from being reconciled.
+                logger.exception("deployment %s: reconcile step failed; retrying next tick", name)
+
+    async def _reconcile(self, name: str, cfg: DeploymentConfig | None, beats: dict[str, Heartbeat], now: int) -> None:
+        shutting_down = self.should_exit.is_set()
+        if cfg is not None:
+            await self._ensure_group(cfg)
+        state = self._state(name)
+        await state.update(Target(cfg, shutting_down), beats, now)
+        if cfg is not None:
+            await self._reclaimer.reclaim(cfg, self._live_consumers(state, beats, now))
+        if cfg is None and state.is_gone:
+            await self._store.forget_deployment(name)
+            self._known_groups.discard(name)
+            del self._states[name]
+            logger.info("deployment %s: deleted", name)
+
+    def _live_consumers(self, state: DeploymentState, beats: dict[str, Heartbeat], now: int) -> set[str]:
+        """Replicas we manage (still recorded) and any others whose heartbeat is fresh (started by hand)."""
+        fresh = {rid for rid, beat in beats.items() if now - beat.ts_ms <= self._timeouts.heartbeat_timeout_ms}
+        return set(state.replicas) | fresh
 
     async def _ensure_group(self, cfg: DeploymentConfig) -> None:
         """Create the consumer group at id 0 so requests queued before any replica are still served."""

@@ -73,9 +73,11 @@ class Request:
     """The JSON-encoded argument of the handler."""
     method: str = ""
     """A method of the deployment's class to call instead of ``__call__``."""
+    attempts: int = 0
+    """Deliveries that ended with the replica dying (set when the scheduler re-queues it)."""
 
     def encode(self) -> WireFields:
-        return {
+        fields: WireFields = {
             "v": _V,
             "id": self.request_id,
             "reply_to": self.reply_to,
@@ -83,6 +85,9 @@ class Request:
             "method": self.method,
             "body": self.body,
         }
+        if self.attempts:
+            fields["attempts"] = self.attempts
+        return fields
 
     @classmethod
     def decode(cls, fields: Fields) -> Request:
@@ -94,6 +99,7 @@ class Request:
                 deadline_ms=int(_field(fields, b"deadline_ms", "request")),
                 body=_field(fields, b"body", "request"),
                 method=fields.get(b"method", b"").decode(),
+                attempts=int(fields.get(b"attempts", b"0")),
             )
         except (UnicodeDecodeError, ValueError) as exc:
             raise ProtocolError(f"malformed request message: {exc}") from exc

@@ -43,3 +43,52 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+
+REQUEUE = """
+-- Give the entries a dead replica held back to the queue, or to the dead-letter stream
+-- once they have been delivered max_delivery_attempts times. One entry is moved atomically.
+-- KEYS[1]  the deployment's request stream
+-- KEYS[2]  the deployment's dead-letter stream (capped at ARGV[4] entries, approximately)
+-- ARGV[1]  the consumer group name
+-- ARGV[2]  max_delivery_attempts
+-- ARGV[3]  why (stored with a dead-lettered entry)
+-- ARGV[4]  dead-letter stream cap
+-- ARGV[5..] ids of pending entries to move
+-- Returns {request_id, reply_to, deliveries, ...} for every entry sent to the dead-letter stream.
+local dead = {}
+local max_deliveries = tonumber(ARGV[2])
+for i = 5, #ARGV do
+  local id = ARGV[i]
+  local entries = redis.call('XRANGE', KEYS[1], id, id)
+  if #entries > 0 then
+    local fields = entries[1][2]
+    local kept, attempts, request_id, reply_to = {}, 0, '', ''
+    for j = 1, #fields, 2 do
+      local name, value = fields[j], fields[j + 1]
+      if name == 'attempts' then
+        attempts = tonumber(value) or 0
+      else
+        kept[#kept + 1] = name
+        kept[#kept + 1] = value
+      end
+      if name == 'id' then request_id = value elseif name == 'reply_to' then reply_to = value end
+    end
+    local deliveries = attempts + 1
+    kept[#kept + 1] = 'attempts'
+    kept[#kept + 1] = tostring(deliveries)
+    if deliveries >= max_deliveries then
+      kept[#kept + 1] = 'reason'
+      kept[#kept + 1] = ARGV[3]
+      redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', unpack(kept))
+      dead[#dead + 1] = request_id
+      dead[#dead + 1] = reply_to
+      dead[#dead + 1] = tostring(deliveries)
+    else
+      redis.call('XADD', KEYS[1], '*', unpack(kept))
+    end
+  end
+  redis.call('XACK', KEYS[1], ARGV[1], id)
+  redis.call('XDEL', KEYS[1], id)
+end
+return dead
+"""

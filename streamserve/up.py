@@ -33,6 +33,9 @@ from streamserve.procs import die_with_parent, port_is_free, stop_group, wait_un
 from streamserve.settings import Settings
 
 GATEWAY_READY_TIMEOUT_S = 30.0
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
+"""A child that exits more than MAX_RESTARTS times within RESTART_WINDOW_S brings the farm down."""
 
 
 @dataclass
@@ -104,11 +107,19 @@ class Farm:
             print("error: the gateway did not come up; see the log above", file=sys.stderr)
             return 1
         self._banner(gateway_url, url, changed)
+        restarts: list[float] = []
         while not self._signals:
-            for name, proc in (("scheduler", self.scheduler), ("gateway", self.gateway)):
-                if proc.poll() is not None:
-                    print(f"error: the {name} exited with code {proc.returncode}; stopping", file=sys.stderr)
+            for name in ("scheduler", "gateway"):
+                proc: subprocess.Popen[bytes] = getattr(self, name)
+                if proc.poll() is None:
+                    continue
+                # Replicas keep serving meanwhile; a restarted scheduler adopts them.
+                restarts = [t for t in restarts if time.monotonic() - t < RESTART_WINDOW_S] + [time.monotonic()]
+                if len(restarts) > MAX_RESTARTS:
+                    print(f"error: the {name} keeps exiting (code {proc.returncode}); stopping", file=sys.stderr)
                     return 1
+                print(f"streamserve: the {name} exited with code {proc.returncode}; restarting it", file=sys.stderr)
+                setattr(self, name, self._spawn(proc.args, env))  # type: ignore[arg-type]
             time.sleep(0.2)
         return 0
 

@@ -57,3 +57,10 @@ class FailingConstructor:
 def pid(body: Any) -> int:
     """Returns the replica's pid."""
     return os.getpid()
+
+
+def crash_on(body: Any) -> Any:
+    """Kills its own process (as a segfaulting model would) when asked to; echoes anything else."""
+    if body == "crash":
+        os._exit(3)
+    return body

@@ -7,33 +7,17 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
-import redis
 
 from streamserve import AsyncClient, Client, RemoteError
-from streamserve.embedded_redis import EmbeddedRedis
 from tests.e2e.farm import Farm, wait_for
 
-HERE = Path(__file__).parent
 REDIS_CLI = str(Path(sys.executable).with_name("redis-cli"))
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def farm(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
-    redis.Redis.from_url(redis_server.url).flushall()
-    farm = Farm(HERE / "config.yaml", tmp_path_factory.mktemp("farm") / "up.log", redis_url=redis_server.url)
-    farm.start()
-    try:
-        wait_for(lambda: all(d["running"] == d["target"] for d in farm.status().values()), 30, "replicas not up")
-        yield farm
-    finally:
-        farm.stop()
 
 
 def test_http_post_answers_with_result_and_headers(farm: Farm) -> None:
@@ -142,4 +126,4 @@ def test_deploy_wait_reports_success_and_failure(farm: Farm, tmp_path: Path) -> 
     assert "weights not found" in refused.json()["message"]
     farm.cli("delete", "broken")
     farm.cli("delete", "adder")
-    wait_for(lambda: set(farm.status()) == {"echo", "add"}, 20, "deleted deployments still listed")
+    wait_for(lambda: not {"broken", "adder"} & set(farm.status()), 20, "deleted deployments still listed")

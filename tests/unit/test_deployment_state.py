@@ -195,6 +195,18 @@ async def test_failing_start_backs_off_and_turns_unhealthy(h: Harness) -> None:
     assert h.counts() == {ReplicaState.SHOULD_START: 1}
 
 
+async def test_deleting_during_start_backoff_drops_the_unstarted_replica(h: Harness) -> None:
+    t = target(1)
+    await h.tick(t)
+    h.beat_all(ReplicaHealth.FAILED, "boom")
+    await h.tick(t)  # failed: its replacement waits out the backoff as SHOULD_START
+    assert h.counts() == {ReplicaState.SHOULD_START: 1}
+    await h.tick(Target(None))
+    await h.tick(Target(None))
+    assert h.state.is_gone
+    assert h.store.records == {}
+
+
 async def test_deleted_deployment_stops_everything(h: Harness) -> None:
     await bring_up(h, target(2))
     await h.tick(Target(None))

@@ -1,0 +1,75 @@
+"""Work held by a replica that dies is delivered again; a request that keeps killing replicas is dead-lettered."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamserve import Client, DeadLetterError
+from tests.e2e.farm import Farm, pids_with_marker, wait_for
+
+pytestmark = pytest.mark.e2e
+REDIS_CLI = str(Path(sys.executable).with_name("redis-cli"))
+
+
+def test_requests_held_by_a_killed_replica_complete_elsewhere(farm: Farm) -> None:
+    with Client(farm.effective_redis_url) as client:
+        futures = [client.submit("slow", {"seconds": 2}, timeout=30) for _ in range(6)]
+
+        def busy_replica() -> dict[str, object] | None:
+            replicas = farm.status()["slow"]["replicas"]
+            return next((r for r in replicas if r["ongoing"] > 0 and r["state"] == "RUNNING"), None)
+
+        wait_for(lambda: busy_replica() is not None, 10, "no replica picked up the requests")
+        victim = busy_replica()
+        assert victim is not None
+        os.kill(int(victim["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+        assert [f.result(timeout=30) for f in futures] == [{"slept": 2}] * 6
+
+
+def test_poison_request_goes_to_dead_letters_and_others_are_served(farm: Farm) -> None:
+    with Client(farm.effective_redis_url) as client:
+        poison = client.submit("fragile", "crash", timeout=60)
+        assert client.call("fragile", "fine", timeout=30) == "fine"
+        with pytest.raises(DeadLetterError, match="delivered 3 times"):
+            poison.result(timeout=60)
+        assert client.call("fragile", "still fine", timeout=30) == "still fine"
+    dead = subprocess.run(
+        [REDIS_CLI, "-u", farm.effective_redis_url, "XRANGE", "streamserve:{fragile}:dead", "-", "+"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    ).stdout
+    assert '"crash"' in dead and "died while running it" in dead
+    wait_for(lambda: farm.status()["fragile"]["running"] == 2, 20, "fragile replicas not replaced")
+
+
+def scheduler_pids(farm: Farm) -> list[int]:
+    pids = []
+    for pid in pids_with_marker(farm.token):
+        try:
+            if b"-m\0scheduler" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                pids.append(pid)
+        except OSError:
+            pass
+    return pids
+
+
+def test_killed_scheduler_is_restarted_and_adopts_the_replicas(farm: Farm) -> None:
+    def replica_pids() -> dict[str, list[int]]:
+        return {name: sorted(r["pid"] for r in d["replicas"]) for name, d in farm.status().items()}
+
+    wait_for(lambda: all(d["running"] == d["target"] for d in farm.status().values()), 30, "farm not settled")
+    before = replica_pids()
+    [old] = scheduler_pids(farm)
+    os.kill(old, signal.SIGKILL)
+    assert farm.post("/echo", "while the scheduler is down").status_code == 200
+    wait_for(lambda: len(scheduler_pids(farm)) == 1 and scheduler_pids(farm) != [old], 20, "no new scheduler")
+    wait_for(lambda: b"adopted" in farm.log().split(b"restarting it", 1)[-1], 20, "new scheduler did not adopt")
+    assert replica_pids() == before  # no duplicates, no restarts
+    assert farm.post("/echo", "after").status_code == 200
