@@ -188,9 +188,9 @@ class DeploymentState:
 
     # 8. The verdict, written only when it changes.
     async def _record_health(self, target: Target, now_ms: int) -> None:
-        if self.consecutive_failures >= UNHEALTHY_AFTER_FAILURES:
+        if self.unhealthy:
             health, message = DeploymentHealth.UNHEALTHY, self._last_failure
-        elif self._settled(target):
+        elif self.settled(target):
             health, message = DeploymentHealth.HEALTHY, ""
         else:
             health, message = DeploymentHealth.UPDATING, self._last_failure
@@ -207,7 +207,17 @@ class DeploymentState:
             await self._store.save_health(self.name, self._health)
             logger.info("deployment %s: %s%s", self.name, health.value, f" ({message})" if message else "")
 
-    def _settled(self, target: Target) -> bool:
+    @property
+    def unhealthy(self) -> bool:
+        """Replicas of the target version keep failing to start."""
+        return self.consecutive_failures >= UNHEALTHY_AFTER_FAILURES
+
+    @property
+    def last_failure(self) -> str:
+        return self._last_failure
+
+    def settled(self, target: Target) -> bool:
+        """Exactly the target number of replicas, all RUNNING the target version, and nothing else."""
         running = self._in(ReplicaState.RUNNING)
         return len(running) == len(self.replicas) == target.count and all(r.version == target.version for r in running)
 

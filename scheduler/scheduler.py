@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from scheduler.deployment_state import DeploymentState, Target, Timeouts
+from scheduler.goals import GoalTracker
 from scheduler.leader import LeaderLock
 from scheduler.reclaim import Reclaimer
 from scheduler.store import RedisReplicaStore
@@ -50,6 +51,7 @@ class Scheduler:
         )
         self._lock = LeaderLock(redis, self._keys)
         self._reclaimer = Reclaimer(redis, self._keys)
+        self._goals = GoalTracker(redis, self._keys)
         self._stop_replicas_on_exit = stop_replicas_on_exit
         self._states: dict[str, DeploymentState] = {}
         self._known_groups: set[str] = set()
@@ -100,6 +102,7 @@ class Scheduler:
     async def tick(self) -> None:
         """One reconcile pass over every deployment, desired or still winding down."""
         self.ticks += 1
+        goals = await self._goals.load()  # before the desired state: see GoalTracker.load
         desired = await self._control.deployments()
         names = sorted(set(desired) | set(self._states))
         beats_raw = await self._store.heartbeats(names)
@@ -112,6 +115,7 @@ class Scheduler:
             except Exception:
                 # One deployment's surprise must not stop the others from being reconciled.
                 logger.exception("deployment %s: reconcile step failed; retrying next tick", name)
+        await self._goals.update(goals, desired, self._states, now)
 
     async def _reconcile(self, name: str, cfg: DeploymentConfig | None, beats: dict[str, Heartbeat], now: int) -> None:
         shutting_down = self.should_exit.is_set()

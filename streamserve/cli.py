@@ -19,9 +19,8 @@ from streamserve.config import load_config
 from streamserve.connection import async_redis
 from streamserve.control import Control, DeploymentStatus
 from streamserve.errors import BadRequestError, ConfigError, StreamServeError
-from streamserve.messages import now_ms
+from streamserve.messages import GoalRecord
 from streamserve.settings import Settings
-from streamserve.states import DeploymentHealth
 
 T = TypeVar("T")
 
@@ -48,10 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
     p.add_argument("--redis-port", type=int, help="embedded Redis port (default 6379 if free, else any free one)")
 
+    def add_wait(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--wait", action="store_true", help="return once the change is done (exit 1 if it fails)")
+        p.add_argument("--timeout", type=float, default=300.0, help="seconds --wait waits at most (default 300)")
+
     p = add("deploy", "write the deployments of a config file as the desired state")
     p.add_argument("config", type=Path)
-    p.add_argument("--wait", action="store_true", help="return once every deployment runs its target replicas")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds --wait waits at most (default 300)")
+    add_wait(p)
 
     p = add("status", "show deployments, replicas and queues")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -59,9 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("scale", "set a deployment's number of replicas")
     p.add_argument("name")
     p.add_argument("replicas", type=int)
+    add_wait(p)
 
     p = add("delete", "remove a deployment and stop its replicas")
     p.add_argument("name")
+    add_wait(p)
 
     p = add("call", "call a deployment with a JSON argument and print the JSON result")
     p.add_argument("name")
@@ -119,31 +123,33 @@ def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
     config = load_config(args.config)
 
     async def deploy(control: Control, _redis: aioredis.Redis) -> int:
-        started_ms = now_ms()
-        changed = await control.apply(config)
-        print(f"updated: {', '.join(changed)}" if changed else "no change")
-        if not args.wait:
-            return 0
-        deadline = time.monotonic() + args.timeout
-        waiting = {d.name: d for d in config.deployments}
-        while waiting:
-            for name, cfg in list(waiting.items()):
-                if await control.settled(cfg):
-                    print(f"{name}: {cfg.target_replicas} replica(s) running")
-                    del waiting[name]
-                    continue
-                health = await control.health(name)
-                fresh = health is not None and health.updated_ms >= started_ms
-                if fresh and health is not None and health.health is DeploymentHealth.UNHEALTHY:
-                    print(f"error: {name}: {health.message}", file=sys.stderr)
-                    return 1
-            if waiting and time.monotonic() > deadline:
-                print(f"error: timed out waiting for {', '.join(waiting)}", file=sys.stderr)
-                return 1
-            await asyncio.sleep(0.2)
+        goals = await control.apply(config)
+        if not goals:
+            print("no change")
+        for name, goal_id in goals.items():
+            print(f"{name}: updated (goal {goal_id})")
+        if args.wait:
+            await _wait_for_goals(control, list(goals.values()), args.timeout)
         return 0
 
     return _with_control(settings, deploy)
+
+
+async def _wait_for_goals(control: Control, goal_ids: list[str], timeout: float) -> None:
+    """Wait for each goal in turn, printing progress when it changes; GoalFailedError says why one failed."""
+    deadline = time.monotonic() + timeout
+    last_line = ""
+
+    async def show(goal: GoalRecord) -> None:
+        nonlocal last_line
+        line = await control.progress(goal)
+        if line != last_line:
+            print(f"  {line}", flush=True)
+            last_line = line
+
+    for goal_id in goal_ids:
+        goal = await control.wait_for_goal(goal_id, max(0.0, deadline - time.monotonic()), on_progress=show)
+        print(f"{goal.deployment}: done" + (f", {goal.replicas} replica(s) running" if goal.kind != "delete" else ""))
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -186,20 +192,24 @@ def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
     if args.replicas < 0:
         raise ConfigError(f"replicas must be >= 0, got {args.replicas}")
 
-    async def scale(control: Control, _redis: aioredis.Redis) -> bool:
-        return await control.scale(args.name, args.replicas)
+    async def scale(control: Control, _redis: aioredis.Redis) -> None:
+        goal_id = await control.scale(args.name, args.replicas)
+        print(f"{args.name}: {args.replicas} replica(s)" + (f" (goal {goal_id})" if goal_id else " (no change)"))
+        if goal_id and args.wait:
+            await _wait_for_goals(control, [goal_id], args.timeout)
 
-    changed = _with_control(settings, scale)
-    print(f"{args.name}: {args.replicas} replica(s)" + ("" if changed else " (no change)"))
+    _with_control(settings, scale)
     return 0
 
 
 def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
     async def delete(control: Control, _redis: aioredis.Redis) -> None:
-        await control.delete(args.name)
+        goal_id = await control.delete(args.name)
+        print(f"{args.name}: deleting (goal {goal_id})")
+        if args.wait:
+            await _wait_for_goals(control, [goal_id], args.timeout)
 
     _with_control(settings, delete)
-    print(f"{args.name}: deleted")
     return 0
 
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import orjson
@@ -22,8 +23,9 @@ from redis.commands.core import AsyncScript
 from redis.typing import KeyT, StreamIdT
 
 from streamserve import scripts
-from streamserve.config import DeploymentConfig
+from streamserve.config import AppConfig, DeploymentConfig, load_config
 from streamserve.connection import RETRYABLE_ERRORS, async_redis
+from streamserve.control import Control, DeploymentStatus
 from streamserve.errors import (
     BadRequestError,
     DeadLetterError,
@@ -38,7 +40,17 @@ from streamserve.errors import (
 from streamserve.ids import new_caller_id, new_request_id
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.longpoll import EVERYTHING, LongPollSubscriber, OnChange
-from streamserve.messages import DeploymentHealthRecord, Reply, ReplyStatus, Request, StreamBatches, dumps, now_ms, text
+from streamserve.messages import (
+    DeploymentHealthRecord,
+    GoalRecord,
+    Reply,
+    ReplyStatus,
+    Request,
+    StreamBatches,
+    dumps,
+    now_ms,
+    text,
+)
 from streamserve.settings import Settings
 from streamserve.states import DeploymentHealth
 
@@ -210,6 +222,37 @@ class AsyncClient:
         finally:
             timer.cancel()
             self._pending.pop(request_id, None)
+
+    # -- control: desired-state writes are goals ----------------------------------
+
+    async def deploy(self, config: AppConfig | str | Path) -> dict[str, str]:
+        """Apply a config (object or YAML path); return {deployment: goal id} for what changed."""
+        app = config if isinstance(config, AppConfig) else load_config(config)
+        await self.start()
+        return await self._control().apply(app)
+
+    async def scale(self, name: str, num_replicas: int) -> str | None:
+        """Set a deployment's replica count; the goal id, or None if it already had that."""
+        await self.start()
+        return await self._control().scale(name, num_replicas)
+
+    async def delete(self, name: str) -> str:
+        """Delete a deployment; the goal id."""
+        await self.start()
+        return await self._control().delete(name)
+
+    async def wait_for_goal(self, goal_id: str, timeout: float | None = None) -> GoalRecord:
+        """Block until the goal is done; GoalFailedError says why it failed, RequestTimeoutError if it took too long."""
+        await self.start()
+        return await self._control().wait_for_goal(goal_id, timeout)
+
+    async def status(self) -> list[DeploymentStatus]:
+        """Every deployment with its replicas and queue figures."""
+        await self.start()
+        return await self._control().status()
+
+    def _control(self) -> Control:
+        return Control(self.redis, self._keys)
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -386,6 +429,26 @@ class Client:
     def send(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
         """Enqueue without waiting for the result; return the request id."""
         return self._run(self._async.send(name, body, timeout=timeout, method=method)).result()
+
+    def deploy(self, config: AppConfig | str | Path) -> dict[str, str]:
+        """Apply a config (object or YAML path); return {deployment: goal id} for what changed."""
+        return self._run(self._async.deploy(config)).result()
+
+    def scale(self, name: str, num_replicas: int) -> str | None:
+        """Set a deployment's replica count; the goal id, or None if it already had that."""
+        return self._run(self._async.scale(name, num_replicas)).result()
+
+    def delete(self, name: str) -> str:
+        """Delete a deployment; the goal id."""
+        return self._run(self._async.delete(name)).result()
+
+    def wait_for_goal(self, goal_id: str, timeout: float | None = None) -> GoalRecord:
+        """Block until the goal is done; GoalFailedError says why it failed, RequestTimeoutError if it took too long."""
+        return self._run(self._async.wait_for_goal(goal_id, timeout)).result()
+
+    def status(self) -> list[DeploymentStatus]:
+        """Every deployment with its replicas and queue figures."""
+        return self._run(self._async.status()).result()
 
     def deployments(self) -> dict[str, DeploymentConfig]:
         """Every deployment the client knows of (connects if needed)."""

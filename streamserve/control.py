@@ -6,6 +6,9 @@ nothing and publishes nothing.
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -13,11 +16,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
 from streamserve.config import AppConfig, DeploymentConfig
-from streamserve.errors import NotFoundError, ProtocolError
+from streamserve.errors import GoalFailedError, NotFoundError, ProtocolError, RequestTimeoutError
+from streamserve.ids import new_request_id
 from streamserve.keys import CONSUMER_GROUP, ConfigKey, Keys
 from streamserve.longpoll import publish_change
-from streamserve.messages import DeploymentHealthRecord, Heartbeat, ReplicaRecord, now_ms, text
-from streamserve.states import ReplicaState
+from streamserve.messages import DeploymentHealthRecord, GoalRecord, Heartbeat, ReplicaRecord, now_ms, text
+from streamserve.states import FINAL_GOAL_STATUSES, GoalStatus, ReplicaState
 
 
 @dataclass
@@ -56,6 +60,25 @@ class DeploymentStatus:
         return asdict(self)
 
 
+GOAL_RETENTION_MS = 3_600_000
+"""Finished goals are pruned this long after they finish."""
+GOAL_POLL_S = 0.1
+
+ProgressCallback = Callable[[GoalRecord], Awaitable[None]]
+
+
+def _new_goal(name: str, kind: str, cfg: DeploymentConfig | None, now: int) -> GoalRecord:
+    return GoalRecord(
+        goal_id=new_request_id(),
+        deployment=name,
+        kind=kind,
+        version=cfg.code_version() if cfg is not None else "",
+        replicas=cfg.target_replicas if cfg is not None else 0,
+        created_ms=now,
+        updated_ms=now,
+    )
+
+
 class Control:
     """Reads and writes the desired state in Redis."""
 
@@ -77,23 +100,62 @@ class Control:
             raise NotFoundError(f"no deployment named {name!r}")
         return DeploymentConfig.from_json(raw)
 
-    async def apply(self, app: AppConfig) -> list[str]:
-        """Upsert every deployment in ``app``; return the names whose stored config changed."""
-        return await self._write({d.name: d for d in app.deployments}, delete=())
+    async def apply(self, app: AppConfig) -> dict[str, str]:
+        """Upsert every deployment in ``app``; return {name: goal id} for those whose config changed."""
+        return await self._write({d.name: d for d in app.deployments}, delete=(), kind="apply")
 
-    async def scale(self, name: str, num_replicas: int) -> bool:
-        """Set a fixed replica count (turning autoscaling off); True if anything changed."""
+    async def scale(self, name: str, num_replicas: int) -> str | None:
+        """Set a fixed replica count (turning autoscaling off); the goal id, or None if nothing changed."""
         current = await self.get(name)
         updated = current.model_copy(update={"num_replicas": num_replicas, "autoscaling_config": None})
         DeploymentConfig.model_validate(updated.model_dump())  # re-run the field checks
-        return bool(await self._write({name: updated}, delete=()))
+        return (await self._write({name: updated}, delete=(), kind="scale")).get(name)
 
-    async def delete(self, name: str) -> None:
-        """Remove a deployment; the scheduler then stops its replicas and drops its keys."""
+    async def delete(self, name: str) -> str:
+        """Remove a deployment; the scheduler then stops its replicas and drops its keys. Returns the goal id."""
         await self.get(name)
-        await self._write({}, delete=(name,))
+        goals = await self._write({}, delete=(name,), kind="delete")
+        return goals[name]
 
-    async def _write(self, upserts: dict[str, DeploymentConfig], delete: tuple[str, ...]) -> list[str]:
+    async def goal(self, goal_id: str) -> GoalRecord:
+        raw = await self._redis.hget(self._keys.goals(), goal_id)
+        if raw is None:
+            raise NotFoundError(f"no goal {goal_id!r} (goals are kept for {GOAL_RETENTION_MS // 60_000} minutes)")
+        record: GoalRecord = GoalRecord.decode(raw)
+        return record
+
+    async def wait_for_goal(
+        self, goal_id: str, timeout: float | None = None, on_progress: ProgressCallback | None = None
+    ) -> GoalRecord:
+        """Block until the goal is DONE; raise GoalFailedError if it failed or was cancelled."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            goal = await self.goal(goal_id)
+            if goal.status is GoalStatus.DONE:
+                return goal
+            if goal.status is GoalStatus.FAILED:
+                raise GoalFailedError(f"{goal.deployment}: {goal.message}")
+            if goal.status in FINAL_GOAL_STATUSES:
+                raise GoalFailedError(f"{goal.deployment}: goal {goal_id} cancelled: {goal.message}")
+            if on_progress is not None:
+                await on_progress(goal)
+            if deadline is not None and time.monotonic() > deadline:
+                raise RequestTimeoutError(f"goal {goal_id} ({goal.kind} {goal.deployment}) not reached in {timeout}s")
+            await asyncio.sleep(GOAL_POLL_S)
+
+    async def progress(self, goal: GoalRecord) -> str:
+        """One line on how far a pending goal is, e.g. "echo: 1/2 replicas of version ab12 running"."""
+        raw = await self._redis.hgetall(self._keys.replicas(goal.deployment))
+        records = [ReplicaRecord.decode(v) for v in raw.values()]
+        if goal.kind == "delete":
+            return f"{goal.deployment}: {len(records)} replica(s) still stopping"
+        ready = sum(1 for r in records if r.state is ReplicaState.RUNNING and r.version == goal.version)
+        others = sum(1 for r in records if r.version != goal.version)
+        line = f"{goal.deployment}: {ready}/{goal.replicas} replica(s) of version {goal.version} running"
+        return line + (f", {others} of an older version still up" if others else "")
+
+    async def _write(self, upserts: dict[str, DeploymentConfig], delete: tuple[str, ...], kind: str) -> dict[str, str]:
+        """Write configs and their goals in one transaction; nothing at all when nothing changes."""
         key = self._keys.deployments()
         async with self._redis.pipeline(transaction=True) as pipe:
             while True:
@@ -104,15 +166,20 @@ class Control:
                     removed = [n for n in delete if n.encode() in stored]
                     if not changed and not removed:
                         await pipe.unwatch()  # type: ignore[no-untyped-call]
-                        return []
+                        return {}
+                    now = now_ms()
+                    goals = {n: _new_goal(n, kind, upserts[n], now) for n in changed}
+                    goals.update({n: _new_goal(n, "delete", None, now) for n in removed})
                     pipe.multi()  # type: ignore[no-untyped-call]
                     for name in changed:
                         pipe.hset(key, name, upserts[name].to_json())
                     if removed:
                         pipe.hdel(key, *removed)
+                    for goal in goals.values():
+                        pipe.hset(self._keys.goals(), goal.goal_id, goal.encode())
                     publish_change(pipe, self._keys, ConfigKey.DEPLOYMENTS)
                     await pipe.execute()
-                    return changed + removed
+                    return {name: goal.goal_id for name, goal in goals.items()}
                 except WatchError:
                     continue
 

@@ -49,7 +49,11 @@ class OverloadedError(UnavailableError):
 
 
 class RequestTimeoutError(StreamServeError):
-    """No reply before the request's deadline."""
+    """No reply before the request's deadline (or a goal not reached in time)."""
+
+
+class GoalFailedError(StreamServeError):
+    """A deploy, scale or delete could not be reached (e.g. the import failed); the message says why."""
 
 
 # -- the user's code failed -----------------------------------------------------

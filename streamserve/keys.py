@@ -65,6 +65,10 @@ class Keys:
         """Hash: deployment name -> DeploymentHealthRecord JSON, written only by the scheduler."""
         return f"{self.prefix}:deployment_status"
 
+    def goals(self) -> str:
+        """Hash: goal id -> GoalRecord JSON; the scheduler completes and prunes them."""
+        return f"{self.prefix}:goals"
+
     def replicas_pattern(self) -> str:
         """SCAN pattern matching every deployment's replicas hash."""
         return f"{self.prefix}:{{*}}:replicas"

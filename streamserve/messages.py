@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from redis.typing import EncodableT, FieldT
 
 from streamserve.errors import ProtocolError
-from streamserve.states import DeploymentHealth, ReplicaHealth, ReplicaState
+from streamserve.states import DeploymentHealth, GoalStatus, ReplicaHealth, ReplicaState
 
 SCHEMA_VERSION = 1
 _V = str(SCHEMA_VERSION).encode()
@@ -214,4 +214,19 @@ class DeploymentHealthRecord(_Record):
     consecutive_failures: int = 0
     running: int = 0
     """RUNNING replicas of any version: callers refuse at once when this is 0 and health is UNHEALTHY."""
+    updated_ms: int
+
+
+class GoalRecord(_Record):
+    """One desired-state write and whether the running system has reached it."""
+
+    goal_id: str
+    deployment: str
+    kind: str
+    """"apply", "scale" or "delete"."""
+    version: str = ""
+    replicas: int = 0
+    status: GoalStatus = GoalStatus.PENDING
+    message: str = ""
+    created_ms: int
     updated_ms: int

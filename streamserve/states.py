@@ -80,3 +80,22 @@ class DeploymentHealth(str, Enum):
 
     UNHEALTHY = "UNHEALTHY"
     """Replicas keep failing to start; the message says why. Retried with backoff."""
+
+
+class GoalStatus(str, Enum):
+    """Where a goal (one desired-state write) stands."""
+
+    PENDING = "PENDING"
+    """The scheduler is working towards it."""
+
+    DONE = "DONE"
+    """The deployment runs the target count of the target version (or is gone, for a delete)."""
+
+    FAILED = "FAILED"
+    """Replicas of the target keep failing to start; the message says why."""
+
+    CANCELLED = "CANCELLED"
+    """A later write to the same deployment replaced it before it was reached."""
+
+
+FINAL_GOAL_STATUSES = frozenset({GoalStatus.DONE, GoalStatus.FAILED, GoalStatus.CANCELLED})

@@ -123,7 +123,7 @@ class Farm:
             time.sleep(0.2)
         return 0
 
-    async def _apply(self, url: str) -> list[str]:
+    async def _apply(self, url: str) -> dict[str, str]:
         redis = async_redis(url)
         try:
             await redis.ping()
@@ -150,7 +150,7 @@ class Farm:
         wait_until(ready, GATEWAY_READY_TIMEOUT_S, interval_s=0.1)
         return not self._signals and self.gateway is not None and self.gateway.poll() is None
 
-    def _banner(self, gateway_url: str, redis_url: str, changed: list[str]) -> None:
+    def _banner(self, gateway_url: str, redis_url: str, changed: dict[str, str]) -> None:
         deployments = self.options.config.deployments
         lines = [
             "streamserve is up",

@@ -108,7 +108,7 @@ def test_deploy_wait_reports_success_and_failure(farm: Farm, tmp_path: Path) -> 
     good = tmp_path / "good.yaml"
     good.write_text("deployments:\n  - name: adder\n    import_path: examples.functions:add\n    num_replicas: 1\n")
     ok = farm.cli("deploy", str(good), "--wait", "--timeout", "60")
-    assert "adder: 1 replica(s) running" in ok.stdout
+    assert "adder: done, 1 replica(s) running" in ok.stdout
     assert farm.cli("deploy", str(good)).stdout.strip() == "no change"
 
     bad = tmp_path / "bad.yaml"

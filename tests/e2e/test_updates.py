@@ -71,7 +71,7 @@ def test_version_change_rolls_replicas_while_traffic_succeeds(farm: Farm, tmp_pa
         try:
             wait_for(lambda: len(results) > 50, 10, "traffic did not start")
             rolled = farm.cli("deploy", str(write_config(cfg, "roll", version="2", greeting="v2")), "--wait")
-            assert "roll: 2 replica(s) running" in rolled.stdout
+            assert "roll: done, 2 replica(s) running" in rolled.stdout
             wait_for(lambda: results[-1] == "v2", 10, "traffic not served by the new version")
         finally:
             stop.set()

@@ -1,0 +1,77 @@
+"""Completing goals: each desired-state write is DONE, FAILED or CANCELLED once the cluster says so."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import redis.asyncio as aioredis
+
+from scheduler.deployment_state import DeploymentState, Target
+from streamserve.config import DeploymentConfig
+from streamserve.control import GOAL_RETENTION_MS
+from streamserve.errors import ProtocolError
+from streamserve.keys import Keys
+from streamserve.messages import GoalRecord, text
+from streamserve.states import FINAL_GOAL_STATUSES, GoalStatus
+
+logger = logging.getLogger(__name__)
+
+
+class GoalTracker:
+    """Reads the goals, compares each with the reconciled state, writes the verdicts."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+
+    async def load(self) -> list[GoalRecord]:
+        """Read before the desired state: a goal and its config are written together, so its config is then visible."""
+        goals = []
+        for goal_id, raw in (await self._redis.hgetall(self._keys.goals())).items():
+            try:
+                goals.append(GoalRecord.decode(raw))
+            except ProtocolError as exc:
+                logger.warning("dropping unreadable goal %s: %s", text(goal_id), exc)
+                await self._redis.hdel(self._keys.goals(), goal_id)
+        return goals
+
+    async def update(
+        self,
+        goals: list[GoalRecord],
+        desired: Mapping[str, DeploymentConfig],
+        states: Mapping[str, DeploymentState],
+        now_ms: int,
+    ) -> None:
+        for goal in goals:
+            if goal.status in FINAL_GOAL_STATUSES:
+                if now_ms - goal.updated_ms > GOAL_RETENTION_MS:
+                    await self._redis.hdel(self._keys.goals(), goal.goal_id)
+                continue
+            verdict = _judge(goal, desired.get(goal.deployment), states.get(goal.deployment))
+            if verdict is not None:
+                status, message = verdict
+                done = goal.model_copy(update={"status": status, "message": message, "updated_ms": now_ms})
+                await self._redis.hset(self._keys.goals(), goal.goal_id, done.encode())
+                logger.info("goal %s (%s %s): %s %s", goal.goal_id, goal.kind, goal.deployment, status.value, message)
+
+
+def _judge(
+    goal: GoalRecord, cfg: DeploymentConfig | None, state: DeploymentState | None
+) -> tuple[GoalStatus, str] | None:
+    """The goal's new status and why, or None while it is still pending."""
+    if goal.kind == "delete":
+        if cfg is not None:
+            return GoalStatus.CANCELLED, "the deployment was created again"
+        return (GoalStatus.DONE, "") if state is None else None
+    if cfg is None:
+        return GoalStatus.CANCELLED, "the deployment was deleted"
+    if (cfg.code_version(), cfg.target_replicas) != (goal.version, goal.replicas):
+        return GoalStatus.CANCELLED, "superseded by a later change"
+    if state is None:
+        return None
+    if state.settled(Target(cfg)):
+        return GoalStatus.DONE, ""
+    if state.unhealthy:
+        return GoalStatus.FAILED, state.last_failure
+    return None

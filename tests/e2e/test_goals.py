@@ -1,0 +1,51 @@
+"""Goals from Python: deploy, scale and delete return ids that wait_for_goal blocks on."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamserve import Client, GoalFailedError
+from streamserve.config import parse_config
+from tests.e2e.farm import Farm
+
+pytestmark = pytest.mark.e2e
+
+
+def config(name: str, import_path: str, replicas: int = 1) -> object:
+    return parse_config({"deployments": [{"name": name, "import_path": import_path, "num_replicas": replicas}]})
+
+
+def test_deploy_scale_delete_are_goals(farm: Farm) -> None:
+    with Client(farm.effective_redis_url) as client:
+        goals = client.deploy(config("goaly", "examples.functions:noop"))  # type: ignore[arg-type]
+        done = client.wait_for_goal(goals["goaly"], timeout=60)
+        assert done.status.value == "DONE"
+        assert client.call("goaly", [1]) == [1]
+        assert client.deploy(config("goaly", "examples.functions:noop")) == {}  # type: ignore[arg-type]
+
+        scale_goal = client.scale("goaly", 2)
+        assert scale_goal is not None
+        client.wait_for_goal(scale_goal, timeout=60)
+        assert next(s for s in client.status() if s.name == "goaly").running == 2
+
+        client.wait_for_goal(client.delete("goaly"), timeout=60)
+        assert all(s.name != "goaly" for s in client.status())
+
+
+def test_failed_goal_says_why(farm: Farm) -> None:
+    with Client(farm.effective_redis_url) as client:
+        goals = client.deploy(config("nomodule", "no_such_module:thing"))  # type: ignore[arg-type]
+        with pytest.raises(GoalFailedError, match="cannot import module 'no_such_module'"):
+            client.wait_for_goal(goals["nomodule"], timeout=60)
+        client.wait_for_goal(client.delete("nomodule"), timeout=60)
+
+
+def test_superseded_goal_is_cancelled(farm: Farm) -> None:
+    with Client(farm.effective_redis_url) as client:
+        first = client.deploy(config("twice", "examples.functions:noop", replicas=1))["twice"]  # type: ignore[arg-type]
+        second = client.scale("twice", 2)
+        assert second is not None
+        with pytest.raises(GoalFailedError, match="cancelled: superseded by a later change"):
+            client.wait_for_goal(first, timeout=60)
+        client.wait_for_goal(second, timeout=60)
+        client.wait_for_goal(client.delete("twice"), timeout=60)
