@@ -1,0 +1,46 @@
+"""The baseline for bench/http_bench.py: the Echo deployment's work in a plain FastAPI app, no queue.
+
+It parses the JSON body (the gateway validates it too) and answers what ``examples.echo:Echo``
+answers, on uvicorn with the gateway's settings (app/main.py): uvloop, httptools, one process.
+
+    .venv/bin/python bench/bare_app.py --port 8001
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import orjson
+import uvicorn
+from fastapi import FastAPI, Request, Response
+
+app = FastAPI(title="bare echo")
+
+
+@app.post("/echo")
+async def echo(request: Request) -> Response:
+    body: Any = orjson.loads(await request.body() or b"null")
+    return Response(orjson.dumps({"echo": body, "greeting": "hello"}), media_type="application/json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        workers=1,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
