@@ -179,6 +179,8 @@ class Farm:
         self._kill_leftover_replicas()
         if self.redis is not None:
             self.redis.stop()
+        if self.gateway is not None:
+            print("streamserve: stopped", flush=True)
 
     def _kill_leftover_replicas(self) -> None:
         """Whatever replica the scheduler could not stop (it crashed, or a second Ctrl-C) is killed here."""
