@@ -16,11 +16,13 @@ from streamserve.errors import (
     RemoteError,
     RequestTimeoutError,
     StreamServeError,
+    UnauthorizedError,
     UnavailableError,
 )
 
 STATUS_BY_ERROR: list[tuple[type[StreamServeError], int]] = [
     (NotFoundError, 404),
+    (UnauthorizedError, 401),
     (BadRequestError, 400),
     (RequestTimeoutError, 504),
     (OverloadedError, 503),
@@ -53,6 +55,8 @@ async def handle_streamserve_error(request: Request, exc: Exception) -> Response
         body = {"error": type(exc).__name__, "message": str(exc)}
     if isinstance(exc, OverloadedError):
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    if isinstance(exc, UnauthorizedError):
+        headers["WWW-Authenticate"] = "Bearer"
     if "X-Request-ID" in headers:
         body["request_id"] = headers["X-Request-ID"]
     return json_response(body, status_for(exc), headers)

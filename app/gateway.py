@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request, Response
 
+from app.admin import admin_router
 from app.errors import handle_streamserve_error, json_response
 from app.routing import RouteTable
 from streamserve.client import AsyncClient, error_of
@@ -107,6 +108,8 @@ def create_app(settings: Settings) -> FastAPI:
     async def status() -> list[dict[str, Any]]:
         control = Control(gateway.client.redis, settings.keys)
         return [asdict(s) for s in await control.status()]
+
+    app.include_router(admin_router(settings, gateway.client))
 
     @app.post("/{path:path}")
     async def proxy(request: Request) -> Response:

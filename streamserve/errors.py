@@ -18,6 +18,10 @@ class ConfigError(BadRequestError):
     """A config file or config value is invalid; the message names the field."""
 
 
+class UnauthorizedError(BadRequestError):
+    """An admin write without the right API key."""
+
+
 class NotFoundError(BadRequestError):
     """No deployment, endpoint or route by that name."""
 

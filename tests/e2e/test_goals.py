@@ -49,3 +49,15 @@ def test_superseded_goal_is_cancelled(farm: Farm) -> None:
             client.wait_for_goal(first, timeout=60)
         client.wait_for_goal(second, timeout=60)
         client.wait_for_goal(client.delete("twice"), timeout=60)
+
+
+def test_admin_http_deploy_and_wait_for_the_goal(farm: Farm) -> None:
+    import httpx
+
+    cfg = {"deployments": [{"name": "viahttp", "import_path": "examples.functions:noop", "route_prefix": "/viahttp"}]}
+    goal_id = httpx.post(f"{farm.base_url}/-/deploy", json=cfg, timeout=10).json()["goals"]["viahttp"]
+    goal = httpx.get(f"{farm.base_url}/-/goals/{goal_id}", params={"wait": 30}, timeout=40).json()
+    assert goal["status"] == "DONE"
+    assert farm.post("/viahttp", {"a": 1}).json() == {"a": 1}
+    gone = httpx.delete(f"{farm.base_url}/-/deployments/viahttp", timeout=10).json()["goal_id"]
+    assert httpx.get(f"{farm.base_url}/-/goals/{gone}", params={"wait": 30}, timeout=40).json()["status"] == "DONE"

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from app.gateway import create_app
 from streamserve.settings import Settings
@@ -80,3 +81,47 @@ async def test_deadline_gives_504(http: httpx.AsyncClient, settings: Settings) -
     resp = await http.post("/slow", json=1, headers={"X-Request-Timeout": "0.2"})
     assert resp.status_code == 504
     assert resp.json()["error"] == "RequestTimeoutError"
+
+
+@pytest.fixture
+async def guarded_http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings.model_copy(update={"api_key": SecretStr("s3cret")}))
+    await app.state.gateway.client.start()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            yield client
+    finally:
+        await app.state.gateway.client.aclose()
+
+
+CONFIG = {"deployments": [{"name": "adm", "import_path": "examples.functions:noop", "num_replicas": 1}]}
+
+
+async def test_admin_writes_need_the_api_key_when_one_is_set(guarded_http: httpx.AsyncClient) -> None:
+    refused = await guarded_http.post("/-/deploy", json=CONFIG)
+    assert refused.status_code == 401
+    assert refused.headers["www-authenticate"] == "Bearer"
+    wrong = await guarded_http.post("/-/deploy", json=CONFIG, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    ok = await guarded_http.post("/-/deploy", json=CONFIG, headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200
+    goal_id = ok.json()["goals"]["adm"]
+    goal = await guarded_http.get(f"/-/goals/{goal_id}")  # reads stay open
+    assert goal.status_code == 200 and goal.json()["status"] == "PENDING"
+    assert (await guarded_http.delete("/-/deployments/adm")).status_code == 401
+    deleted = await guarded_http.delete("/-/deployments/adm", headers={"X-API-Key": "s3cret"})
+    assert deleted.status_code == 200 and deleted.json()["goal_id"]
+
+
+async def test_admin_api_validates_input(http: httpx.AsyncClient) -> None:
+    bad = await http.post("/-/deploy", json={"deployments": [{"name": "x", "import_path": "nocolon"}]})
+    assert bad.status_code == 400
+    assert "import_path" in bad.json()["message"]
+    assert (await http.post("/-/deploy", content=b"{")).status_code == 400
+    assert (await http.post("/-/deploy", json=CONFIG)).status_code == 200  # no key configured: open
+    assert (await http.post("/-/deployments/adm/scale", json={"num_replicas": -1})).status_code == 400
+    scaled = await http.post("/-/deployments/adm/scale", json={"num_replicas": 3})
+    assert scaled.status_code == 200 and scaled.json()["goal_id"]
+    assert (await http.post("/-/deployments/nope/scale", json={"num_replicas": 1})).status_code == 404
+    assert (await http.get("/-/goals/nope")).status_code == 404
+    assert (await http.get("/-/goals/x?wait=100")).status_code == 400

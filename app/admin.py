@@ -1,0 +1,78 @@
+"""The admin API under ``/-/``: the CLI's writes over HTTP, guarded by an API key when one is set."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Depends, Request, Response
+
+from app.errors import json_response
+from streamserve.client import AsyncClient
+from streamserve.config import parse_config
+from streamserve.control import Control
+from streamserve.errors import BadRequestError, GoalFailedError, RequestTimeoutError, UnauthorizedError
+from streamserve.settings import Settings
+from streamserve.states import FINAL_GOAL_STATUSES
+
+MAX_GOAL_WAIT_S = 60.0
+
+
+def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
+    def require_api_key(request: Request) -> None:
+        """With STREAMSERVE_API_KEY set, writes need ``Authorization: Bearer <key>`` (or ``X-API-Key``)."""
+        if settings.api_key is None:
+            return
+        given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
+        if not hmac.compare_digest(given.encode(), settings.api_key.get_secret_value().encode()):
+            raise UnauthorizedError("admin writes need Authorization: Bearer <STREAMSERVE_API_KEY>")
+
+    def control() -> Control:
+        return Control(client.redis, settings.keys)
+
+    router = APIRouter(prefix="/-")
+    guarded = [Depends(require_api_key)]
+
+    @router.post("/deploy", dependencies=guarded)
+    async def deploy(request: Request) -> Response:
+        """Body: a config as JSON (the YAML file's shape). Answers {"goals": {deployment: goal id}}."""
+        config = parse_config(await _json_body(request), "request body")
+        return json_response({"goals": await control().apply(config)})
+
+    @router.post("/deployments/{name}/scale", dependencies=guarded)
+    async def scale(name: str, request: Request) -> Response:
+        """Body: {"num_replicas": N}. Answers {"goal_id": id or null when nothing changed}."""
+        body = await _json_body(request)
+        replicas = body.get("num_replicas") if isinstance(body, dict) else None
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise BadRequestError('body must be {"num_replicas": N} with N >= 0')
+        return json_response({"goal_id": await control().scale(name, replicas)})
+
+    @router.delete("/deployments/{name}", dependencies=guarded)
+    async def delete(name: str) -> Response:
+        return json_response({"goal_id": await control().delete(name)})
+
+    @router.get("/goals/{goal_id}")
+    async def goal(goal_id: str, wait: float = 0.0) -> Response:
+        """A goal's record; ``?wait=S`` holds the answer up to S seconds (at most 60) until it is final."""
+        if not 0 <= wait <= MAX_GOAL_WAIT_S:
+            raise BadRequestError(f"wait must be between 0 and {MAX_GOAL_WAIT_S:g} seconds")
+        with_control = control()
+        try:
+            record = await asyncio.wait_for(with_control.wait_for_goal(goal_id), wait) if wait else None
+        except (asyncio.TimeoutError, GoalFailedError, RequestTimeoutError):
+            record = None
+        if record is None or record.status not in FINAL_GOAL_STATUSES:
+            record = await with_control.goal(goal_id)
+        return json_response(record.model_dump(mode="json"))
+
+    return router
+
+
+async def _json_body(request: Request) -> Any:
+    try:
+        return orjson.loads(await request.body() or b"null")
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(f"request body is not valid JSON: {exc}") from None
