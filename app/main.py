@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import uvicorn
 
 from app.gateway import create_app
 from streamserve.logs import setup_logging
 from streamserve.settings import Settings
+
+UVICORN_OPTIONS: dict[str, Any] = {
+    "loop": "uvloop",
+    "http": "httptools",
+    "log_level": "warning",
+    "access_log": False,
+}
+"""The server settings of the gateway (the benchmark's bare app uses the same)."""
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -30,10 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         create_app(settings),
         host=args.host,
         port=args.port,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
         timeout_graceful_shutdown=30,
+        **UVICORN_OPTIONS,
     )
     return 0

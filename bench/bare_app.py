@@ -15,6 +15,8 @@ import orjson
 import uvicorn
 from fastapi import FastAPI, Request, Response
 
+from app.main import UVICORN_OPTIONS
+
 app = FastAPI(title="bare echo")
 
 
@@ -33,11 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         app,
         host=args.host,
         port=args.port,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
         workers=1,
+        **UVICORN_OPTIONS,
     )
     return 0
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 
 from scheduler.launcher import ProcessLauncher
 from scheduler.scheduler import Scheduler
 from streamserve.connection import async_redis
 from streamserve.logs import setup_logging
+from streamserve.procs import on_stop_signals
 from streamserve.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -31,14 +31,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 async def run(settings: Settings, stop_replicas_on_exit: bool) -> None:
     redis = async_redis(settings.effective_redis_url)
     scheduler = Scheduler(settings, redis, ProcessLauncher(settings), stop_replicas_on_exit=stop_replicas_on_exit)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, scheduler.should_exit.set)
     try:
-        await scheduler.run()
+        with on_stop_signals(scheduler.should_exit.set):
+            await scheduler.run()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
         await redis.aclose()
 
 

@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from streamserve.client import AsyncClient
-from streamserve.config import load_config
+from streamserve.config import AppConfig, load_config
 from streamserve.connection import async_redis
 from streamserve.control import Control, DeploymentStatus
 from streamserve.errors import BadRequestError, ConfigError, StreamServeError
@@ -112,15 +112,23 @@ def _with_control(settings: Settings, fn: Callable[[Control, aioredis.Redis], Aw
     return asyncio.run(run())
 
 
+def _load(path: Path) -> AppConfig:
+    config = load_config(path)
+    if config.endpoints:
+        names = ", ".join(e.name for e in config.endpoints)
+        print(f"warning: endpoints ({names}) are validated but not served yet; only deployments apply", file=sys.stderr)
+    return config
+
+
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from streamserve.up import Farm, UpOptions
 
-    config = load_config(args.config)
+    config = _load(args.config)
     return Farm(settings, UpOptions(config, args.config, args.host, args.port, args.redis_port)).run()
 
 
 def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
-    config = load_config(args.config)
+    config = _load(args.config)
 
     async def deploy(control: Control, _redis: aioredis.Redis) -> int:
         goals = await control.apply(config)

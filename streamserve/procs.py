@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import os
@@ -9,7 +10,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 _PR_SET_PDEATHSIG = 1
 
@@ -19,6 +20,19 @@ def die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def on_stop_signals(callback: Callable[[], None]) -> Iterator[None]:
+    """Run ``callback`` on SIGTERM or SIGINT while inside (on the running asyncio loop); restore afterwards."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, callback)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
 
 def port_is_free(host: str, port: int) -> bool:

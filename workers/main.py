@@ -6,12 +6,12 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 
 from streamserve.connection import async_redis
 from streamserve.ids import ReplicaID
 from streamserve.logs import setup_logging
+from streamserve.procs import on_stop_signals
 from streamserve.settings import Settings
 from workers.replica import Replica
 
@@ -29,14 +29,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 async def serve(settings: Settings, replica_id: ReplicaID) -> int:
     redis = async_redis(settings.effective_redis_url)
     replica = Replica(settings, redis, replica_id)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, replica.request_stop)
     try:
-        return await replica.run()
+        with on_stop_signals(replica.request_stop):
+            return await replica.run()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
         await redis.aclose()
 
 
