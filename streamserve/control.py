@@ -190,8 +190,11 @@ class Control:
     async def scale(self, name: str, num_replicas: int) -> str | None:
         """Set a fixed replica count (turning autoscaling off); the goal id, or None if nothing changed."""
         current = await self.get(name)
-        updated = current.model_copy(update={"num_replicas": num_replicas, "autoscaling_config": None})
-        DeploymentConfig.model_validate(updated.model_dump())  # re-run the field checks
+        data = {**current.model_dump(), "num_replicas": num_replicas, "autoscaling_config": None}
+        try:
+            updated = DeploymentConfig.model_validate(data)  # re-run the field checks
+        except ValidationError as exc:
+            raise ConfigError(f"deployment {name!r}: {format_validation_error(exc, data)}") from exc
         return (await self._write(DesiredChange(deployments={name: updated}), kind="scale")).goals.get(name)
 
     async def delete(self, name: str) -> str:

@@ -26,6 +26,14 @@ class NotFoundError(BadRequestError):
     """No deployment, endpoint or route by that name."""
 
 
+class MethodNotAllowedError(BadRequestError):
+    """A deployment route was asked with another method than POST."""
+
+
+class PayloadTooLargeError(BadRequestError):
+    """The request body is larger than ``max_request_bytes``."""
+
+
 class ConflictError(BadRequestError):
     """The write would break something that depends on the current state (e.g. an endpoint's traffic)."""
 
