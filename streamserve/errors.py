@@ -88,3 +88,10 @@ class RemoteError(StreamServeError):
 
 class DeadLetterError(RemoteError):
     """The request was delivered ``max_delivery_attempts`` times and moved to the dead-letter stream."""
+
+
+def error_fields(exc: StreamServeError) -> dict[str, str]:
+    """``{"error", "message"}`` as callers see the error: the user's own type and message for a RemoteError."""
+    if isinstance(exc, RemoteError):
+        return {"error": exc.error_type, "message": exc.message}
+    return {"error": type(exc).__name__, "message": str(exc)}
