@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -9,9 +12,12 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
+from rq import Queue, Worker
 
 from streamserve import Client
-from tests.e2e.farm import Farm, wait_for
+from streamserve.keys import Keys
+from tests.e2e.farm import Farm, pids_with_marker, wait_for
 
 RQ = str(Path(sys.executable).with_name("rq"))
 
@@ -61,3 +67,31 @@ def test_client_submit_job_and_rq_info_lists_the_queue(farm: Farm) -> None:
         return "streamserve:jobs" in out and "2 workers" in out
 
     wait_for(rq_info_shows_the_queue_and_pool, 20, f"rq info does not show the queue and its 2 workers:\n{out}")
+
+
+def job_worker_pids(farm: Farm) -> set[int]:
+    pids = set()
+    for pid in pids_with_marker(farm.token):
+        with contextlib.suppress(OSError):
+            if b"\0job-worker\0" in Path(f"/proc/{pid}/cmdline").read_bytes() + b"\0":
+                pids.add(pid)
+    return pids
+
+
+def test_the_scheduler_restarts_a_job_worker_that_dies(farm: Farm) -> None:
+    """Runs last in this module: the killed worker's record stays in `rq info` until RQ expires it."""
+    before = job_worker_pids(farm)
+    assert len(before) == 2
+    victim = min(before)
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: len(job_worker_pids(farm) - {victim}) == 2, 30, "the dead job worker was not replaced")
+    [new] = job_worker_pids(farm) - before
+    connection = redis.Redis.from_url(farm.effective_redis_url)
+    try:
+        queue = Queue(Keys().jobs_queue(), connection=connection)
+        # Ready once it has registered with RQ (so it is not still starting up when the next tests run).
+        wait_for(lambda: any(w.pid == new for w in Worker.all(queue=queue)), 30, "the new job worker never registered")
+    finally:
+        connection.close()
+    resp = farm.post("/echo", "again", headers={"Prefer": "respond-async"})
+    assert finished(farm, resp.headers["location"])["status"] == "finished"
