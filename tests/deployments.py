@@ -130,3 +130,34 @@ async def batched_patient(bodies: list[Any]) -> list[Any]:
     """Waits up to a minute for a full batch (a drain must not wait for it)."""
     _seen(bodies)
     return bodies
+
+
+# -- deadlines and backpressure (run as real processes by tests/e2e/test_load.py) --------
+
+
+SLOW_ECHO_S = 0.05
+
+
+async def slow_echo(body: Any) -> Any:
+    """Returns its body after ``SLOW_ECHO_S``: a slow deployment whose queue fills up."""
+    await asyncio.sleep(SLOW_ECHO_S)
+    return body
+
+
+class Ledger:
+    """Records the id of every body it runs; ``seen`` returns them. ``{"wait_for": PATH}`` holds until PATH exists."""
+
+    def __init__(self) -> None:
+        self.ran: list[Any] = []
+
+    async def __call__(self, body: dict[str, Any]) -> Any:
+        self.ran.append(body.get("id"))
+        path = body.get("wait_for")
+        for _ in range(2000):  # at most 20 s
+            if path is None or os.path.exists(path):
+                break
+            await asyncio.sleep(0.01)
+        return body.get("id")
+
+    def seen(self, body: Any) -> list[Any]:
+        return self.ran
