@@ -6,24 +6,48 @@ when those keys share a hash tag.
 
 from __future__ import annotations
 
-ENQUEUE = """
+_PENDING_COUNT = """
+-- "Queued" means the same for admission (ENQUEUE) and for status (QUEUE_DEPTH): entries of the request
+-- stream that no replica has read yet, i.e. XLEN minus the group's pending count (read, not yet acknowledged).
+-- Replicas XACK and XDEL an entry in one round trip, so finished entries count in neither figure.
+local function pending_count(stream, group)
+  local summary = redis.pcall('XPENDING', stream, group)
+  if type(summary) == 'table' and summary[1] then return tonumber(summary[1]) end
+  return 0  -- no stream or no group yet: nothing has been read
+end
+"""
+
+ENQUEUE = (
+    """
 -- Admit a request only if the deployment's queue has room (check and add are one step).
 -- KEYS[1]  the deployment's request stream
 -- ARGV[1]  max_queued_requests: entries waiting that no replica has read yet
 -- ARGV[2]  the consumer group name
 -- ARGV[3..] the request's field/value pairs
 -- Returns the new entry id, or 0 when the queue is full.
+"""
+    + _PENDING_COUNT
+    + """
 local length = redis.call('XLEN', KEYS[1])
 local limit = tonumber(ARGV[1])
-if length >= limit then
-  -- Entries stay in the stream until acknowledged, so subtract those already being worked on.
-  local pending = redis.pcall('XPENDING', KEYS[1], ARGV[2])
-  local in_flight = 0
-  if type(pending) == 'table' and pending[1] then in_flight = tonumber(pending[1]) end
-  if length - in_flight >= limit then return 0 end
-end
+-- XLEN counts the entries being worked on too: only when it alone reaches the limit is XPENDING needed.
+if length >= limit and length - pending_count(KEYS[1], ARGV[2]) >= limit then return 0 end
 return redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
 """
+)
+
+QUEUE_DEPTH = (
+    """
+-- One consistent reading of a request stream's figures (status shows queued = length - pending).
+-- KEYS[1]  the deployment's request stream
+-- ARGV[1]  the consumer group name
+-- Returns {length, pending}.
+"""
+    + _PENDING_COUNT
+    + """
+return {redis.call('XLEN', KEYS[1]), pending_count(KEYS[1], ARGV[1])}
+"""
+)
 
 RENEW_LOCK = """
 -- Extend a lock's expiry only if we still hold it.

@@ -30,7 +30,8 @@ from streamserve.longpoll import LongPollSubscriber
 from streamserve.messages import Heartbeat, Reply, ReplyStatus, Request, StreamBatches, dumps, now_ms
 from streamserve.settings import Settings
 from streamserve.states import ReplicaHealth
-from workers.loader import LoadedDeployment, load
+from workers.batcher import Batchers, DeadlinePassed
+from workers.loader import Handler, LoadedDeployment, load
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ class Replica:
         self._stopping = asyncio.Event()
         self._served = 0
         self._failed = 0
+        self._batchers = Batchers(
+            self._call, lambda: self._cfg.max_ongoing_requests if self._cfg else 0, self.replica_id.to_str()
+        )
 
     # -- process lifecycle -----------------------------------------------------
 
@@ -96,6 +100,7 @@ class Replica:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+            await self._batchers.aclose()
             if loaded:
                 await self._goodbye()
             if self._executor is not None:
@@ -159,6 +164,7 @@ class Replica:
 
     async def _drain(self) -> None:
         await self._set_health(ReplicaHealth.DRAINING)
+        self._batchers.flush_now()  # nothing more will arrive: partial batches need not wait to fill
         if self._inflight:
             assert self._cfg is not None
             await asyncio.wait(set(self._inflight), timeout=self._cfg.graceful_shutdown_timeout_s)
@@ -259,14 +265,13 @@ class Replica:
         except (BadRequestError, orjson.JSONDecodeError) as exc:
             return Reply(request.request_id, ReplyStatus.BAD_REQUEST, rid, error_message=str(exc))
         try:
-            if handler.is_async:
-                result = await handler.fn(body)
+            if handler.batch is None:
+                result = await self._call(handler, body)
             else:
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._executor, handler.fn, body)
-                if asyncio.iscoroutine(result):
-                    result = await result
+                result = await self._batchers.call(request.method, handler, body, request.deadline_ms)
             return Reply(request.request_id, ReplyStatus.OK, rid, body=dumps(result))
+        except DeadlinePassed:
+            return Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, rid)
         except Exception as exc:
             message = str(exc)
             if self._settings.debug:
@@ -274,6 +279,13 @@ class Replica:
             return Reply(
                 request.request_id, ReplyStatus.USER_ERROR, rid, error_type=type(exc).__name__, error_message=message
             )
+
+    async def _call(self, handler: Handler, arg: Any) -> Any:
+        """Run a handler on one body (or a batch's list): async ones on the loop, sync ones in the thread pool."""
+        if handler.is_async:
+            return await handler.fn(arg)
+        result = await asyncio.get_running_loop().run_in_executor(self._executor, handler.fn, arg)
+        return await result if asyncio.iscoroutine(result) else result
 
     async def _finish(self, entry_id: bytes, reply: Reply | None, reply_to: str = "") -> None:
         """Reply, acknowledge and delete in one round trip (acknowledged entries must not pile up)."""
