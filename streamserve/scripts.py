@@ -69,19 +69,23 @@ return 0
 """
 
 REQUEUE = """
--- Give the entries a dead replica held back to the queue, or to the dead-letter stream
--- once they have been delivered max_delivery_attempts times. One entry is moved atomically.
+-- Give pending entries back to the queue as new entries at its tail: those a dead replica held
+-- (counting one more attempt, and going to the dead-letter stream once they reach
+-- max_delivery_attempts), or those a live replica hands back unrun (counting nothing).
+-- One entry is moved atomically.
 -- KEYS[1]  the deployment's request stream
 -- KEYS[2]  the deployment's dead-letter stream (capped at ARGV[4] entries, approximately)
 -- ARGV[1]  the consumer group name
 -- ARGV[2]  max_delivery_attempts
 -- ARGV[3]  why (stored with a dead-lettered entry)
 -- ARGV[4]  dead-letter stream cap
--- ARGV[5..] ids of pending entries to move
+-- ARGV[5]  attempts to add: 1 when the replica died holding them, 0 when handed back
+-- ARGV[6..] ids of pending entries to move
 -- Returns {request_id, reply_to, deliveries, ...} for every entry sent to the dead-letter stream.
 local dead = {}
 local max_deliveries = tonumber(ARGV[2])
-for i = 5, #ARGV do
+local increment = tonumber(ARGV[5])
+for i = 6, #ARGV do
   local id = ARGV[i]
   local entries = redis.call('XRANGE', KEYS[1], id, id)
   if #entries > 0 then
@@ -97,10 +101,10 @@ for i = 5, #ARGV do
       end
       if name == 'id' then request_id = value elseif name == 'reply_to' then reply_to = value end
     end
-    local deliveries = attempts + 1
+    local deliveries = attempts + increment
     kept[#kept + 1] = 'attempts'
     kept[#kept + 1] = tostring(deliveries)
-    if deliveries >= max_deliveries then
+    if increment > 0 and deliveries >= max_deliveries then
       kept[#kept + 1] = 'reason'
       kept[#kept + 1] = ARGV[3]
       redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', unpack(kept))

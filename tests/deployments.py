@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -73,9 +74,17 @@ def pid(body: Any) -> int:
 
 
 def crash_on(body: Any) -> Any:
-    """Kills its own process (as a segfaulting model would) when asked to; echoes anything else."""
+    """Kills its own process (as a segfaulting model would) on "crash", or ``{"crash_after": S}`` seconds.
+
+    ``{"sleep": S, ...}`` echoes the body after S seconds; anything else is echoed at once.
+    """
     if body == "crash":
         os._exit(3)
+    if isinstance(body, dict) and "crash_after" in body:
+        time.sleep(body["crash_after"])
+        os._exit(3)
+    if isinstance(body, dict) and "sleep" in body:
+        time.sleep(body["sleep"])
     return body
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
 from streamserve import Client, DeadLetterError
 from tests.e2e.farm import Farm, pids_with_marker, wait_for
@@ -47,6 +48,19 @@ def test_poison_request_goes_to_dead_letters_and_others_are_served(farm: Farm) -
         timeout=10,
     ).stdout
     assert '"crash"' in dead and "died while running it" in dead
+    wait_for(lambda: farm.status()["fragile"]["running"] == 2, 20, "fragile replicas not replaced")
+
+
+def test_a_poison_request_does_not_take_its_neighbours_to_the_dead_letters(farm: Farm) -> None:
+    with Client(farm.effective_redis_url) as client:
+        neighbours = [client.submit("fragile", {"sleep": 2, "i": i}, timeout=90) for i in range(6)]
+        with redis.Redis.from_url(farm.effective_redis_url) as r:
+            held = lambda: r.xpending("streamserve:{fragile}:requests", "replicas")["pending"]  # noqa: E731
+            wait_for(lambda: held() == 6, 10, "neighbours not picked up")
+        poison = client.submit("fragile", {"crash_after": 0.2}, timeout=90)  # dies beside some of them
+        assert [f.result(timeout=90) for f in neighbours] == [{"sleep": 2, "i": i} for i in range(6)]
+        with pytest.raises(DeadLetterError, match="delivered 3 times and each time its replica died"):
+            poison.result(timeout=90)
     wait_for(lambda: farm.status()["fragile"]["running"] == 2, 20, "fragile replicas not replaced")
 
 
