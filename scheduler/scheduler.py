@@ -61,6 +61,7 @@ class Scheduler:
         self._job_pool = job_pool
         self._states: dict[str, DeploymentState] = {}
         self._known_groups: set[str] = set()
+        self._standing_by = False
         self.should_exit = asyncio.Event()
         self.ticks = 0
 
@@ -84,9 +85,14 @@ class Scheduler:
             if was_leader:
                 logger.warning("scheduler %s: lost leadership; standing by", self._lock.holder_id)
                 self._states.clear()
+            elif not self._standing_by:
+                leader = await self._lock.current_leader()
+                logger.info("scheduler %s: standing by while scheduler %s leads", self._lock.holder_id, leader)
+            self._standing_by = True
             if self._job_pool is not None:
                 self._job_pool.stop()  # only the leader runs job workers: the pool's size is the farm's
             return
+        self._standing_by = False
         if not was_leader:
             logger.info("scheduler %s: leading", self._lock.holder_id)
             await self._adopt()

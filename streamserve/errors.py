@@ -90,6 +90,14 @@ class DeadLetterError(RemoteError):
     """The request was delivered ``max_delivery_attempts`` times and moved to the dead-letter stream."""
 
 
+class BatchOutputError(StreamServeError):
+    """A ``@batch`` handler did not return one output per input; every request of that batch fails with it.
+
+    Raised in the replica (callers see it as a RemoteError whose ``error_type`` is ``BatchOutputError``)
+    and when a decorated function is called directly.
+    """
+
+
 def error_fields(exc: StreamServeError) -> dict[str, str]:
     """``{"error", "message"}`` as callers see the error: the user's own type and message for a RemoteError."""
     if isinstance(exc, RemoteError):
