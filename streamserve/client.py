@@ -287,6 +287,8 @@ class AsyncClient:
     async def _resolve(self, name: str) -> DeploymentConfig:
         await self.start()
         cfg = self._deployments.get(name) or await self._fetch_deployment(name)
+        # An autoscaled deployment at 0 replicas is not refused: the request queues, and the scheduler starts a
+        # replica as soon as it sees it (the group reads from id 0, so that replica finds it).
         if cfg.autoscaling_config is None and cfg.target_replicas == 0:
             raise UnavailableError(f"deployment {name!r} is scaled to 0 replicas")
         health = self._health.get(name)

@@ -160,7 +160,11 @@ class Farm:
         ]
         for d in deployments:
             route = f"POST {gateway_url}{d.route_prefix}" if d.route_prefix else "client only"
-            lines.append(f"  - {d.name}: {d.target_replicas} replica(s), {route}")
+            auto = d.autoscaling_config
+            count = f"{d.target_replicas} replica(s)"
+            if auto is not None:
+                count = f"{auto.min_replicas}-{auto.max_replicas} replicas (autoscaled)"
+            lines.append(f"  - {d.name}: {count}, {route}")
         lines.append(f"  try: {_own_command()} status --redis-url {redis_url}")
         lines.append("Press Ctrl-C to stop.")
         print("\n".join(lines), flush=True)
