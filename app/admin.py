@@ -39,7 +39,8 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
     async def deploy(request: Request) -> Response:
         """Body: a config as JSON (the YAML file's shape). Answers {"goals": {deployment: goal id}}."""
         config = parse_config(await _json_body(request), "request body")
-        return json_response({"goals": await control().apply(config)})
+        applied = await control().apply(config)
+        return json_response({"goals": applied.goals, "endpoints": applied.endpoints})
 
     @router.post("/deployments/{name}/scale", dependencies=guarded)
     async def scale(name: str, request: Request) -> Response:
@@ -53,6 +54,20 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
     @router.delete("/deployments/{name}", dependencies=guarded)
     async def delete(name: str) -> Response:
         return json_response({"goal_id": await control().delete(name)})
+
+    @router.post("/endpoints/{name}/traffic", dependencies=guarded)
+    async def traffic(name: str, request: Request) -> Response:
+        """Body: {"traffic": {deployment: weight}, "shadow": {deployment: fraction}} (shadow optional: kept)."""
+        body = await _json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("traffic"), dict) or set(body) - {"traffic", "shadow"}:
+            raise BadRequestError('body must be {"traffic": {deployment: weight}, "shadow": {deployment: fraction}}')
+        endpoint = await control().set_traffic(name, body["traffic"], body.get("shadow"))
+        return json_response(endpoint.model_dump(mode="json"))
+
+    @router.delete("/endpoints/{name}", dependencies=guarded)
+    async def delete_endpoint(name: str) -> Response:
+        await control().delete_endpoint(name)
+        return json_response({"deleted": name})
 
     @router.get("/goals/{goal_id}")
     async def goal(goal_id: str, wait: float = 0.0) -> Response:

@@ -9,6 +9,7 @@ from fastapi import Request, Response
 
 from streamserve.errors import (
     BadRequestError,
+    ConflictError,
     NotFoundError,
     OverloadedError,
     ProtocolError,
@@ -22,6 +23,7 @@ from streamserve.errors import (
 
 STATUS_BY_ERROR: list[tuple[type[StreamServeError], int]] = [
     (NotFoundError, 404),
+    (ConflictError, 409),
     (UnauthorizedError, 401),
     (BadRequestError, 400),
     (RequestTimeoutError, 504),

@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import asdict
-from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request, Response
@@ -37,7 +35,7 @@ class Gateway:
     def routes(self) -> RouteTable:
         if self.client.generation != self._routes_generation:
             self._routes_generation = self.client.generation
-            self._routes = RouteTable.from_deployments(self.client.deployments())
+            self._routes = RouteTable.build(self.client.deployments(), self.client.endpoints())
         return self._routes
 
     async def proxy(self, request: Request) -> Response:
@@ -48,18 +46,19 @@ class Gateway:
         name = self.routes().match(request.url.path)
         if name is None:
             raise NotFoundError(f"no deployment serves {request.url.path}")
-        request.state.reply_headers["X-Deployment"] = name
-        cfg = self.client.deployment(name)
         body = await request.body() or b"null"
         try:
             orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise BadRequestError(f"request body is not valid JSON: {exc}") from None
-        timeout = min(cfg.request_timeout_s, _header_timeout(request))
-        reply = await self.client.request(name, body, timeout=timeout, request_id=request_id)
+        route = await self.client.route(name)
+        deployment = route.deployment.name
+        request.state.reply_headers["X-Deployment"] = deployment
+        timeout = min(route.deployment.request_timeout_s, _header_timeout(request))
+        reply = await self.client.request(route, body, timeout=timeout, request_id=request_id)
         if reply.status is not ReplyStatus.OK:
             raise error_of(reply)
-        headers = {"X-Request-ID": request_id, "X-Deployment": name, "X-Replica": reply.replica_id}
+        headers = {"X-Request-ID": request_id, "X-Deployment": deployment, "X-Replica": reply.replica_id}
         return Response(reply.body, media_type="application/json", headers=headers)
 
 
@@ -105,9 +104,8 @@ def create_app(settings: Settings) -> FastAPI:
         return gateway.routes().routes
 
     @app.get("/-/status")
-    async def status() -> list[dict[str, Any]]:
-        control = Control(gateway.client.redis, settings.keys)
-        return [asdict(s) for s in await control.status()]
+    async def status() -> Response:
+        return json_response(await Control(gateway.client.redis, settings.keys).report())
 
     app.include_router(admin_router(settings, gateway.client))
 

@@ -42,11 +42,19 @@ class ProcessLauncher:
         child = self._children.get(pid)
         if child is not None:
             return child.poll() is None
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return False
-        return replica_id.to_str().encode() in cmdline
+        return _runs_replica(Path(f"/proc/{pid}"), replica_id)
+
+    def find(self, replica_id: ReplicaID) -> int | None:
+        """The pid of a process already running this replica, if any.
+
+        A scheduler killed between spawning a replica and recording that it did
+        leaves a live process behind a SHOULD_START record; the next leader
+        takes that process over instead of starting a second one.
+        """
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit() and _runs_replica(proc, replica_id):
+                return int(proc.name)
+        return None
 
     def exit_code(self, pid: int) -> int | None:
         """The exit code of a child that has ended, if we started it."""
@@ -71,3 +79,12 @@ class ProcessLauncher:
         child = self._children.pop(pid, None)
         if child is not None:
             child.poll()
+
+
+def _runs_replica(proc: Path, replica_id: ReplicaID) -> bool:
+    """Whether /proc/<pid> is a live replica process with this id (its command line says so)."""
+    try:
+        cmdline = (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"\0--replica-id\0" + replica_id.to_str().encode() + b"\0" in cmdline

@@ -64,8 +64,8 @@ class ReplicaWrapper:
     # -- actions ------------------------------------------------------------
 
     async def start(self, now_ms: int) -> None:
-        """SHOULD_START -> STARTING: spawn the process."""
-        pid = self._launcher.start(self.id)
+        """SHOULD_START -> STARTING: spawn the process (or take over one a killed scheduler left)."""
+        pid = self._launcher.find(self.id) or self._launcher.start(self.id)
         await self.transition(ReplicaState.STARTING, now_ms, pid=pid, host=self._launcher.host)
 
     async def stop(self, now_ms: int, graceful_timeout_s: float) -> None:

@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from streamserve.client import AsyncClient
-from streamserve.config import AppConfig, load_config
+from streamserve.config import EndpointConfig, load_config
 from streamserve.connection import async_redis
 from streamserve.control import Control, DeploymentStatus
 from streamserve.errors import BadRequestError, ConfigError, StreamServeError
@@ -63,11 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("replicas", type=int)
     add_wait(p)
 
-    p = add("delete", "remove a deployment and stop its replicas")
+    p = add("delete", "remove a deployment (and stop its replicas) or an endpoint")
     p.add_argument("name")
     add_wait(p)
 
-    p = add("call", "call a deployment with a JSON argument and print the JSON result")
+    p = add("traffic", "split an endpoint's traffic between deployments by weight (creates the endpoint if new)")
+    p.add_argument("endpoint")
+    p.add_argument("weights", nargs="+", metavar="NAME=WEIGHT", help="relative weights, e.g. v1=0.9 v2=0.1")
+    p.add_argument(
+        "--shadow",
+        nargs="*",
+        metavar="NAME=FRACTION",
+        help="mirror this fraction of requests to NAME (replies dropped); no values clears; absent keeps the shadows",
+    )
+
+    p = add("call", "call a deployment or endpoint with a JSON argument and print the JSON result")
     p.add_argument("name")
     p.add_argument("body", nargs="?", default="null", help="JSON (default null)")
     p.add_argument("--timeout", type=float, help="seconds (default: the deployment's request_timeout_s)")
@@ -112,32 +122,26 @@ def _with_control(settings: Settings, fn: Callable[[Control, aioredis.Redis], Aw
     return asyncio.run(run())
 
 
-def _load(path: Path) -> AppConfig:
-    config = load_config(path)
-    if config.endpoints:
-        names = ", ".join(e.name for e in config.endpoints)
-        print(f"warning: endpoints ({names}) are validated but not served yet; only deployments apply", file=sys.stderr)
-    return config
-
-
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from streamserve.up import Farm, UpOptions
 
-    config = _load(args.config)
+    config = load_config(args.config)
     return Farm(settings, UpOptions(config, args.config, args.host, args.port, args.redis_port)).run()
 
 
 def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
-    config = _load(args.config)
+    config = load_config(args.config)
 
     async def deploy(control: Control, _redis: aioredis.Redis) -> int:
-        goals = await control.apply(config)
-        if not goals:
+        applied = await control.apply(config)
+        if not applied:
             print("no change")
-        for name, goal_id in goals.items():
+        for name, goal_id in applied.goals.items():
             print(f"{name}: updated (goal {goal_id})")
+        for name in applied.endpoints:
+            print(f"{name}: endpoint updated")
         if args.wait:
-            await _wait_for_goals(control, list(goals.values()), args.timeout)
+            await _wait_for_goals(control, list(applied.goals.values()), args.timeout)
         return 0
 
     return _with_control(settings, deploy)
@@ -161,15 +165,34 @@ async def _wait_for_goals(control: Control, goal_ids: list[str], timeout: float)
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    async def status(control: Control, _redis: aioredis.Redis) -> list[DeploymentStatus]:
-        return await control.status()
+    async def report(control: Control, _redis: aioredis.Redis) -> dict[str, Any]:
+        return await control.report()
 
-    statuses = _with_control(settings, status)
+    async def tables(control: Control, _redis: aioredis.Redis) -> str:
+        endpoints = await control.endpoints()
+        text = format_status(await control.status())
+        return text + ("\n\n" + format_endpoints([endpoints[n] for n in sorted(endpoints)]) if endpoints else "")
+
     if args.json:
-        sys.stdout.write(orjson.dumps([s.to_dict() for s in statuses], option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(orjson.dumps(_with_control(settings, report), option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        print(format_status(statuses))
+        print(_with_control(settings, tables))
     return 0
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def _weights(weights: dict[str, float]) -> str:
+    return " ".join(f"{name}={weight:g}" for name, weight in sorted(weights.items())) or "-"
+
+
+def format_endpoints(endpoints: list[EndpointConfig]) -> str:
+    rows = [["ENDPOINT", "ROUTE", "TRAFFIC", "SHADOW"]]
+    rows += [[e.name, e.route_prefix or "-", _weights(e.traffic), _weights(e.shadow)] for e in endpoints]
+    return "\n".join(_table(rows))
 
 
 def format_status(statuses: list[DeploymentStatus]) -> str:
@@ -190,8 +213,7 @@ def format_status(statuses: list[DeploymentStatus]) -> str:
         ]
         for s in statuses
     ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines = _table(rows)
     lines += [f"{s.name}: {s.message}" for s in statuses if s.message]
     lines += [
         f"{s.name}: autoscaled to {s.target} ({s.autoscaling.reason})"
@@ -222,8 +244,38 @@ def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_traffic(args: argparse.Namespace, settings: Settings) -> int:
+    traffic = _parse_pairs(args.weights, "weight")
+    shadow = None if args.shadow is None else _parse_pairs(args.shadow, "shadow fraction")
+
+    async def set_traffic(control: Control, _redis: aioredis.Redis) -> EndpointConfig:
+        return await control.set_traffic(args.endpoint, traffic, shadow)
+
+    endpoint = _with_control(settings, set_traffic)
+    print(format_endpoints([endpoint]))
+    return 0
+
+
+def _parse_pairs(items: list[str], what: str) -> dict[str, float]:
+    """``["a=0.9", "b=0.1"]`` -> ``{"a": 0.9, "b": 0.1}``; ConfigError names the item that is wrong."""
+    pairs: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            if not (name and sep):
+                raise ValueError(item)
+            pairs[name] = float(value)
+        except ValueError:
+            raise ConfigError(f"{item!r} is not NAME={what}, e.g. classify_v1=0.5") from None
+    return pairs
+
+
 def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
     async def delete(control: Control, _redis: aioredis.Redis) -> None:
+        if args.name in await control.endpoints():
+            await control.delete_endpoint(args.name)
+            print(f"{args.name}: endpoint deleted")
+            return
         goal_id = await control.delete(args.name)
         print(f"{args.name}: deleting (goal {goal_id})")
         if args.wait:
@@ -254,5 +306,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "status": cmd_status,
     "scale": cmd_scale,
     "delete": cmd_delete,
+    "traffic": cmd_traffic,
     "call": cmd_call,
 }

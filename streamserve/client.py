@@ -14,6 +14,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -23,7 +24,7 @@ from redis.commands.core import AsyncScript
 from redis.typing import KeyT, StreamIdT
 
 from streamserve import scripts
-from streamserve.config import AppConfig, DeploymentConfig, load_config
+from streamserve.config import AppConfig, DeploymentConfig, EndpointConfig, load_config
 from streamserve.connection import RETRYABLE_ERRORS, async_redis
 from streamserve.control import Control, DeploymentStatus
 from streamserve.errors import (
@@ -53,14 +54,24 @@ from streamserve.messages import (
 )
 from streamserve.settings import Settings
 from streamserve.states import DeploymentHealth
+from streamserve.traffic import TrafficPolicy
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+
+@dataclass(frozen=True)
+class Route:
+    """Where one request goes: the deployment that answers it, and the shadows that get a copy."""
+
+    deployment: DeploymentConfig
+    shadows: tuple[DeploymentConfig, ...] = ()
+
+
 REPLY_STREAM_TTL_S = 60
 """A caller's reply stream expires this long after its caller stops refreshing it (it died)."""
-_WATCHED = frozenset({ConfigKey.DEPLOYMENTS, ConfigKey.DEPLOYMENT_STATUS})
+_WATCHED = frozenset({ConfigKey.DEPLOYMENTS, ConfigKey.ENDPOINTS, ConfigKey.DEPLOYMENT_STATUS})
 REPLY_READ_COUNT = 1000
 REPLY_BLOCK_MS = 1000
 _READER_TASK = "streamserve-replies"
@@ -102,6 +113,9 @@ class AsyncClient:
         self._redis: aioredis.Redis | None = None
         self._enqueue: AsyncScript | None = None
         self._deployments: dict[str, DeploymentConfig] = {}
+        self._endpoints: dict[str, TrafficPolicy] = {}
+        self._shadow_tasks: set[asyncio.Task[None]] = set()
+        self._lookups: dict[str, asyncio.Future[TrafficPolicy | None]] = {}
         self._health: dict[str, DeploymentHealthRecord] = {}
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -173,7 +187,7 @@ class AsyncClient:
     # -- what callers use ---------------------------------------------------------
 
     async def call(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> Any:
-        """Run deployment ``name`` on ``body`` and return its result, or raise a StreamServeError."""
+        """Run deployment (or endpoint) ``name`` on ``body`` and return its result, or raise a StreamServeError."""
         reply = await self.request(name, dumps(body), timeout=timeout, method=method)
         return result_of(reply)
 
@@ -185,15 +199,16 @@ class AsyncClient:
 
     async def send(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
         """Enqueue without waiting for (or receiving) the result; return the request id."""
-        cfg = await self._resolve(name)
+        route = await self.route(name)
         request_id = new_request_id()
-        deadline_ms = now_ms() + int(1000 * (timeout or cfg.request_timeout_s))
-        await self._add(cfg, Request(request_id, "", deadline_ms, dumps(body), method))
+        deadline_ms = now_ms() + int(1000 * (timeout or route.deployment.request_timeout_s))
+        await self._add(route.deployment, Request(request_id, "", deadline_ms, dumps(body), method))
+        self._mirror(route, Request("", "", deadline_ms, dumps(body), method))
         return request_id
 
     async def request(
         self,
-        name: str,
+        name: str | Route,
         body: bytes,
         *,
         timeout: float | None = None,
@@ -202,10 +217,12 @@ class AsyncClient:
     ) -> Reply:
         """Send already-encoded JSON and return the raw Reply (the gateway's entry point).
 
+        ``name`` is a deployment or endpoint name, or a Route already picked.
         ``timeout`` defaults to the deployment's ``request_timeout_s``; the
         replica skips the request if this deadline passes before it starts.
         """
-        cfg = await self._resolve(name)
+        route = name if isinstance(name, Route) else await self.route(name)
+        cfg = route.deployment
         timeout_s = cfg.request_timeout_s if timeout is None else timeout
         if timeout_s <= 0:
             raise BadRequestError(f"timeout must be positive, got {timeout_s}")
@@ -215,9 +232,9 @@ class AsyncClient:
         self._pending[request_id] = fut
         timer = loop.call_later(timeout_s, self._expire, request_id, timeout_s)
         try:
-            await self._add(
-                cfg, Request(request_id, self._reply_stream, now_ms() + int(timeout_s * 1000), body, method)
-            )
+            request = Request(request_id, self._reply_stream, now_ms() + int(timeout_s * 1000), body, method)
+            await self._add(cfg, request)
+            self._mirror(route, request)
             return await fut
         finally:
             timer.cancel()
@@ -226,10 +243,20 @@ class AsyncClient:
     # -- control: desired-state writes are goals ----------------------------------
 
     async def deploy(self, config: AppConfig | str | Path) -> dict[str, str]:
-        """Apply a config (object or YAML path); return {deployment: goal id} for what changed."""
+        """Apply a config (object or YAML path); return {deployment: goal id} for what changed.
+
+        Endpoints in the config are written too; they need no goal (callers see them at once).
+        """
         app = config if isinstance(config, AppConfig) else load_config(config)
         await self.start()
-        return await self._control().apply(app)
+        return (await self._control().apply(app)).goals
+
+    async def set_traffic(
+        self, endpoint: str, traffic: dict[str, float], shadow: dict[str, float] | None = None
+    ) -> EndpointConfig:
+        """Create or change an endpoint's traffic weights (and shadows, unless None); every caller follows."""
+        await self.start()
+        return await self._control().set_traffic(endpoint, traffic, shadow)
 
     async def scale(self, name: str, num_replicas: int) -> str | None:
         """Set a deployment's replica count; the goal id, or None if it already had that."""
@@ -282,11 +309,29 @@ class AsyncClient:
         """Every deployment this client knows of, by name."""
         return dict(self._deployments)
 
+    def endpoints(self) -> dict[str, EndpointConfig]:
+        """Every endpoint this client knows of, by name."""
+        return {name: policy.endpoint for name, policy in self._endpoints.items()}
+
     # -- internals ------------------------------------------------------------
 
-    async def _resolve(self, name: str) -> DeploymentConfig:
+    async def route(self, name: str) -> Route:
+        """Where a request to ``name`` goes now: the deployment itself, or an endpoint's pick by weight.
+
+        Raises NotFoundError for an unknown name and UnavailableError when the
+        deployment has no replica and cannot get one.
+        """
         await self.start()
-        cfg = self._deployments.get(name) or await self._fetch_deployment(name)
+        policy = self._endpoints.get(name)
+        if policy is None and name not in self._deployments:
+            policy = await self._fetch(name)
+        if policy is None:
+            return Route(self._serviceable(name))
+        shadows = tuple(self._deployments[s] for s in policy.shadows() if s in self._deployments)
+        return Route(self._serviceable(policy.pick()), shadows)
+
+    def _serviceable(self, name: str) -> DeploymentConfig:
+        cfg = self.deployment(name)
         # An autoscaled deployment at 0 replicas is not refused: the request queues, and the scheduler starts a
         # replica as soon as it sees it (the group reads from id 0, so that replica finds it).
         if cfg.autoscaling_config is None and cfg.target_replicas == 0:
@@ -296,15 +341,52 @@ class AsyncClient:
             raise UnavailableError(f"deployment {name!r} has no running replica: {health.message}")
         return cfg
 
-    async def _fetch_deployment(self, name: str) -> DeploymentConfig:
-        """A cache miss may just be news the long poll has not brought yet: ask Redis before saying no."""
-        raw = await self.redis.hget(self._keys.deployments(), name)
-        if raw is None:
-            raise NotFoundError(f"no deployment named {name!r}")
-        cfg = DeploymentConfig.from_json(raw)
-        self._deployments = {**self._deployments, name: cfg}
+    async def _fetch(self, name: str) -> TrafficPolicy | None:
+        """A cache miss may just be news the long poll has not brought yet: ask Redis before saying no.
+
+        Caches what it finds; returns the endpoint's policy, or None for a deployment.
+        Concurrent misses on one name share a single look-up.
+        """
+        lookup = self._lookups.get(name)
+        if lookup is None:
+            lookup = self._lookups[name] = asyncio.ensure_future(self._look_up(name))
+            lookup.add_done_callback(lambda _: self._lookups.pop(name, None))
+        return await asyncio.shield(lookup)
+
+    async def _look_up(self, name: str) -> TrafficPolicy | None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(self._keys.deployments(), name)
+            pipe.hget(self._keys.endpoints(), name)
+            raw_deployment, raw_endpoint = await pipe.execute()
+        if raw_deployment is not None:
+            self._deployments = {**self._deployments, name: DeploymentConfig.from_json(raw_deployment)}
+            self._generation += 1
+            return None
+        if raw_endpoint is None:
+            raise NotFoundError(f"no deployment or endpoint named {name!r}")
+        policy = TrafficPolicy(EndpointConfig.from_json(raw_endpoint))
+        missing = sorted(policy.endpoint.deployments - set(self._deployments))
+        if missing:
+            found = await self.redis.hmget(self._keys.deployments(), missing)
+            fresh = {d: DeploymentConfig.from_json(raw) for d, raw in zip(missing, found, strict=True) if raw}
+            self._deployments = {**self._deployments, **fresh}
+        self._endpoints = {**self._endpoints, name: policy}
         self._generation += 1
-        return cfg
+        return policy
+
+    def _mirror(self, route: Route, request: Request) -> None:
+        """Send a copy of an admitted request to each shadow, without a reply stream (no one waits for it)."""
+        for shadow in route.shadows:
+            copy = Request(new_request_id(), "", request.deadline_ms, request.body, request.method)
+            task = asyncio.create_task(self._add(shadow, copy))
+            self._shadow_tasks.add(task)
+            task.add_done_callback(self._shadow_sent)
+
+    def _shadow_sent(self, task: asyncio.Task[None]) -> None:
+        self._shadow_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # A shadow must never hurt live traffic: a full or missing shadow queue only costs its copy.
+            logger.debug("shadow copy not sent: %s", task.exception())
 
     async def _add(self, cfg: DeploymentConfig, request: Request) -> None:
         assert self._enqueue is not None
@@ -332,6 +414,10 @@ class AsyncClient:
             if everything or ConfigKey.DEPLOYMENTS in changed:
                 raw = await redis.hgetall(self._keys.deployments())
                 self._deployments = {text(k): DeploymentConfig.from_json(v) for k, v in raw.items()}
+                self._generation += 1
+            if everything or ConfigKey.ENDPOINTS in changed:
+                raw = await redis.hgetall(self._keys.endpoints())
+                self._endpoints = {text(k): TrafficPolicy(EndpointConfig.from_json(v)) for k, v in raw.items()}
                 self._generation += 1
             if everything or ConfigKey.DEPLOYMENT_STATUS in changed:
                 raw = await redis.hgetall(self._keys.deployment_status())
@@ -443,6 +529,12 @@ class Client:
     def delete(self, name: str) -> str:
         """Delete a deployment; the goal id."""
         return self._run(self._async.delete(name)).result()
+
+    def set_traffic(
+        self, endpoint: str, traffic: dict[str, float], shadow: dict[str, float] | None = None
+    ) -> EndpointConfig:
+        """Create or change an endpoint's traffic weights (and shadows, unless None); every caller follows."""
+        return self._run(self._async.set_traffic(endpoint, traffic, shadow)).result()
 
     def wait_for_goal(self, goal_id: str, timeout: float | None = None) -> GoalRecord:
         """Block until the goal is done; GoalFailedError says why it failed, RequestTimeoutError if it took too long."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,13 @@ def _check_route_prefix(value: str | None) -> str | None:
     if any(value == p.rstrip("/") or value.startswith(p) for p in RESERVED_ROUTE_PREFIXES):
         raise ValueError(f"{value!r} is reserved for the gateway's own routes")
     return value
+
+
+def _default_route_prefix(cls: type[BaseModel], data: Any) -> Any:
+    """An absent route_prefix means "/<name>"; an explicit null means "reachable from the client only"."""
+    if isinstance(data, dict) and "route_prefix" not in data and isinstance(data.get("name"), str):
+        data = {**data, "route_prefix": "/" + data["name"]}
+    return data
 
 
 class AutoscalingConfig(_Strict):
@@ -74,14 +83,7 @@ class DeploymentConfig(_Strict):
     graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
     health_check_period_s: float = Field(10.0, gt=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _default_route(cls, data: Any) -> Any:
-        # An absent route_prefix means "/<name>"; an explicit null means "client only".
-        if isinstance(data, dict) and "route_prefix" not in data and isinstance(data.get("name"), str):
-            data = {**data, "route_prefix": "/" + data["name"]}
-        return data
-
+    _default_route = model_validator(mode="before")(_default_route_prefix)
     _name = field_validator("name")(_check_name)
     _route = field_validator("route_prefix")(_check_route_prefix)
 
@@ -122,31 +124,53 @@ class DeploymentConfig(_Strict):
 
 
 class EndpointConfig(_Strict):
-    """A route that splits traffic between deployments by weight."""
+    """A name and route that split traffic between deployments by weight, and mirror a share to shadows.
+
+    Weights are relative (0.9/0.1 and 9/1 split alike); a shadow fraction is
+    the probability that a request is also copied to that deployment, whose
+    reply is dropped.
+    """
 
     name: str
     route_prefix: str | None = None
     traffic: dict[str, float]
     shadow: dict[str, float] = Field(default_factory=dict)
 
+    _default_route = model_validator(mode="before")(_default_route_prefix)
     _name = field_validator("name")(_check_name)
     _route = field_validator("route_prefix")(_check_route_prefix)
 
     @field_validator("traffic")
     @classmethod
     def _weights(cls, value: dict[str, float]) -> dict[str, float]:
+        for name in value:
+            _check_name(name)
         if not value:
             raise ValueError("needs at least one deployment")
-        if any(w < 0 for w in value.values()) or sum(value.values()) <= 0:
-            raise ValueError("weights must be >= 0 and add up to more than 0")
+        if any(not math.isfinite(w) or w < 0 for w in value.values()) or sum(value.values()) <= 0:
+            raise ValueError("weights must be finite, >= 0 and add up to more than 0")
         return value
 
     @field_validator("shadow")
     @classmethod
     def _fractions(cls, value: dict[str, float]) -> dict[str, float]:
+        for name in value:
+            _check_name(name)
         if any(not 0 <= f <= 1 for f in value.values()):
             raise ValueError("shadow fractions must be between 0 and 1")
         return value
+
+    @property
+    def deployments(self) -> set[str]:
+        """Every deployment this endpoint sends to, live or shadow."""
+        return set(self.traffic) | set(self.shadow)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> EndpointConfig:
+        return cls.model_validate(orjson.loads(raw))
 
 
 class AppConfig(_Strict):
@@ -166,6 +190,35 @@ class AppConfig(_Strict):
         if taken:
             raise ValueError(f"route_prefix used more than once: {', '.join(taken)}")
         return self
+
+
+def desired_state_problems(
+    deployments: Mapping[str, DeploymentConfig], endpoints: Mapping[str, EndpointConfig]
+) -> list[str]:
+    """What is wrong with a whole desired state, one line per problem (empty: it hangs together).
+
+    Deployments and endpoints share one name space (a caller names either)
+    and one route table, and an endpoint may only send to deployments that
+    exist. Writers check the state they would leave behind, so a later write
+    cannot break an earlier one.
+    """
+    problems = [
+        f"{name!r} names both a deployment and an endpoint" for name in sorted(set(deployments) & set(endpoints))
+    ]
+    owners: dict[str, list[str]] = {}
+    routed = [("deployment", n, d.route_prefix) for n, d in sorted(deployments.items())]
+    routed += [("endpoint", n, e.route_prefix) for n, e in sorted(endpoints.items())]
+    for kind, name, route in routed:
+        if route is not None:
+            owners.setdefault(route, []).append(f"{kind} {name!r}")
+    problems += [
+        f"route_prefix {route} is used by {' and '.join(who)}" for route, who in owners.items() if len(who) > 1
+    ]
+    for name, endpoint in sorted(endpoints.items()):
+        missing = sorted(endpoint.deployments - set(deployments))
+        if missing:
+            problems.append(f"endpoint {name!r} sends to {', '.join(map(repr, missing))}, which is not a deployment")
+    return problems
 
 
 def _describe_location(loc: tuple[int | str, ...], data: Any) -> str:

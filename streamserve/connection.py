@@ -18,16 +18,29 @@ BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 1.0
 
 
-def async_redis(url: str, *, max_connections: int | None = None) -> aioredis.Redis:
-    """An asyncio client (bytes replies) with the shared retry policy."""
-    return aioredis.Redis.from_url(
+POOL_SIZE = 64
+"""Connections one asyncio client opens at most; more concurrent commands wait for a free one."""
+POOL_WAIT_S = 20.0
+"""How long a command waits for a free connection before it counts as Redis being unavailable."""
+
+
+def async_redis(url: str, *, max_connections: int = POOL_SIZE) -> aioredis.Redis:
+    """An asyncio client (bytes replies) with the shared retry policy.
+
+    The pool blocks when all its connections are busy: redis-py's default
+    pool raises instead, which would fail a caller that merely has many
+    requests in flight.
+    """
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
+        max_connections=max_connections,
+        timeout=POOL_WAIT_S,
         decode_responses=False,
         retry=AsyncRetry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS),
         retry_on_error=list(RETRYABLE_ERRORS),
         health_check_interval=30,
-        max_connections=max_connections,
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 def sync_redis(url: str) -> redis.Redis:

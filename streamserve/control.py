@@ -8,15 +8,30 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import orjson
 import redis.asyncio as aioredis
+from pydantic import ValidationError
 from redis.exceptions import WatchError
 
-from streamserve.config import AppConfig, DeploymentConfig
-from streamserve.errors import GoalFailedError, NotFoundError, ProtocolError, RequestTimeoutError
+from streamserve.config import (
+    AppConfig,
+    DeploymentConfig,
+    EndpointConfig,
+    desired_state_problems,
+    format_validation_error,
+)
+from streamserve.errors import (
+    ConfigError,
+    ConflictError,
+    GoalFailedError,
+    NotFoundError,
+    ProtocolError,
+    RequestTimeoutError,
+)
 from streamserve.ids import new_request_id
 from streamserve.keys import CONSUMER_GROUP, ConfigKey, Keys
 from streamserve.longpoll import publish_change
@@ -101,6 +116,63 @@ def _new_goal(name: str, kind: str, cfg: DeploymentConfig | None, now: int) -> G
     )
 
 
+@dataclass(frozen=True)
+class DesiredChange:
+    """One atomic write to the desired state: upserts and deletions of deployments and endpoints."""
+
+    deployments: dict[str, DeploymentConfig] = field(default_factory=dict)
+    endpoints: dict[str, EndpointConfig] = field(default_factory=dict)
+    delete_deployments: tuple[str, ...] = ()
+    delete_endpoints: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What a write changed: a goal per changed or deleted deployment, and the endpoints written."""
+
+    goals: dict[str, str] = field(default_factory=dict)
+    endpoints: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.goals or self.endpoints)
+
+
+def parse_endpoint(data: dict[str, Any]) -> EndpointConfig:
+    """Validate one endpoint given outside a config file (CLI, admin API); ConfigError names the field."""
+    try:
+        return EndpointConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"endpoint {data.get('name')!r}: {format_validation_error(exc, data)}") from exc
+
+
+def _check_change(
+    stored_d: Mapping[Any, Any], stored_e: Mapping[Any, Any], change: DesiredChange, removed: list[str]
+) -> None:
+    """Refuse a change that would leave the desired state inconsistent (see config.desired_state_problems).
+
+    Only problems the change adds count, so a state that was already broken
+    can still be mended one write at a time.
+    """
+    before_d = {text(k): DeploymentConfig.from_json(v) for k, v in stored_d.items()}
+    before_e = {text(k): EndpointConfig.from_json(v) for k, v in stored_e.items()}
+    after_d = {**before_d, **change.deployments}
+    after_e = {**before_e, **change.endpoints}
+    for name in change.delete_deployments:
+        after_d.pop(name, None)
+    for name in change.delete_endpoints:
+        after_e.pop(name, None)
+    for name in removed:
+        users = sorted(e.name for e in after_e.values() if name in e.deployments)
+        if users:
+            raise ConflictError(
+                f"cannot delete deployment {name!r}: endpoint {', '.join(map(repr, users))} still sends traffic to "
+                "it; change that endpoint's traffic (streamserve traffic) or delete the endpoint first"
+            )
+    new = [p for p in desired_state_problems(after_d, after_e) if p not in desired_state_problems(before_d, before_e)]
+    if new:
+        raise ConfigError("; ".join(new))
+
+
 class Control:
     """Reads and writes the desired state in Redis."""
 
@@ -122,22 +194,57 @@ class Control:
             raise NotFoundError(f"no deployment named {name!r}")
         return DeploymentConfig.from_json(raw)
 
-    async def apply(self, app: AppConfig) -> dict[str, str]:
-        """Upsert every deployment in ``app``; return {name: goal id} for those whose config changed."""
-        return await self._write({d.name: d for d in app.deployments}, delete=(), kind="apply")
+    async def endpoints(self) -> dict[str, EndpointConfig]:
+        """Every endpoint, by name."""
+        raw = await self._redis.hgetall(self._keys.endpoints())
+        try:
+            return {text(k): EndpointConfig.from_json(v) for k, v in raw.items()}
+        except ValueError as exc:
+            raise ProtocolError(f"stored endpoint config is unreadable: {exc}") from exc
+
+    async def apply(self, app: AppConfig) -> Applied:
+        """Upsert every deployment and endpoint in ``app``; goals for the deployments whose config changed."""
+        change = DesiredChange(
+            deployments={d.name: d for d in app.deployments}, endpoints={e.name: e for e in app.endpoints}
+        )
+        return await self._write(change, kind="apply")
 
     async def scale(self, name: str, num_replicas: int) -> str | None:
         """Set a fixed replica count (turning autoscaling off); the goal id, or None if nothing changed."""
         current = await self.get(name)
         updated = current.model_copy(update={"num_replicas": num_replicas, "autoscaling_config": None})
         DeploymentConfig.model_validate(updated.model_dump())  # re-run the field checks
-        return (await self._write({name: updated}, delete=(), kind="scale")).get(name)
+        return (await self._write(DesiredChange(deployments={name: updated}), kind="scale")).goals.get(name)
 
     async def delete(self, name: str) -> str:
-        """Remove a deployment; the scheduler then stops its replicas and drops its keys. Returns the goal id."""
+        """Remove a deployment; the scheduler then stops its replicas and drops its keys. Returns the goal id.
+
+        Refused with ConflictError while an endpoint still sends traffic to it.
+        """
         await self.get(name)
-        goals = await self._write({}, delete=(name,), kind="delete")
-        return goals[name]
+        return (await self._write(DesiredChange(delete_deployments=(name,)), kind="delete")).goals[name]
+
+    async def set_traffic(
+        self, name: str, traffic: dict[str, float], shadow: dict[str, float] | None = None
+    ) -> EndpointConfig:
+        """Create or change an endpoint's weights (and its shadows, unless None: then they stay); live at once.
+
+        A new endpoint gets the route ``/<name>``. Returns the endpoint as stored.
+        """
+        raw = await self._redis.hget(self._keys.endpoints(), name)
+        data: dict[str, Any] = {"name": name} if raw is None else orjson.loads(raw)
+        data["traffic"] = traffic
+        if shadow is not None:
+            data["shadow"] = shadow
+        endpoint = parse_endpoint(data)
+        await self._write(DesiredChange(endpoints={name: endpoint}), kind="traffic")
+        return endpoint
+
+    async def delete_endpoint(self, name: str) -> None:
+        """Remove an endpoint (its deployments stay)."""
+        if not await self._redis.hexists(self._keys.endpoints(), name):
+            raise NotFoundError(f"no endpoint named {name!r}")
+        await self._write(DesiredChange(delete_endpoints=(name,)), kind="delete")
 
     async def goal(self, goal_id: str) -> GoalRecord:
         raw = await self._redis.hget(self._keys.goals(), goal_id)
@@ -181,34 +288,58 @@ class Control:
         line = f"{goal.deployment}: {ready}/{wanted} replica(s) of version {goal.version} running"
         return line + (f", {others} of an older version still up" if others else "")
 
-    async def _write(self, upserts: dict[str, DeploymentConfig], delete: tuple[str, ...], kind: str) -> dict[str, str]:
-        """Write configs and their goals in one transaction; nothing at all when nothing changes."""
-        key = self._keys.deployments()
+    async def _write(self, change: DesiredChange, kind: str) -> Applied:
+        """Write configs and their goals in one transaction; nothing at all when nothing changes.
+
+        The whole resulting state is checked inside the transaction (WATCH), so
+        two writers cannot together break it, e.g. one deleting a deployment
+        while another points an endpoint at it.
+        """
+        dkey, ekey = self._keys.deployments(), self._keys.endpoints()
         async with self._redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    await pipe.watch(key)
-                    stored = await pipe.hgetall(key)
-                    changed = [n for n, cfg in upserts.items() if stored.get(n.encode()) != cfg.to_json()]
-                    removed = [n for n in delete if n.encode() in stored]
-                    if not changed and not removed:
+                    await pipe.watch(dkey, ekey)
+                    stored_d, stored_e = await pipe.hgetall(dkey), await pipe.hgetall(ekey)
+                    changed = [n for n, cfg in change.deployments.items() if stored_d.get(n.encode()) != cfg.to_json()]
+                    removed = [n for n in change.delete_deployments if n.encode() in stored_d]
+                    e_changed = [n for n, e in change.endpoints.items() if stored_e.get(n.encode()) != e.to_json()]
+                    e_removed = [n for n in change.delete_endpoints if n.encode() in stored_e]
+                    if not (changed or removed or e_changed or e_removed):
                         await pipe.unwatch()  # type: ignore[no-untyped-call]
-                        return {}
+                        return Applied()
+                    _check_change(stored_d, stored_e, change, removed)
                     now = now_ms()
-                    goals = {n: _new_goal(n, kind, upserts[n], now) for n in changed}
+                    goals = {n: _new_goal(n, kind, change.deployments[n], now) for n in changed}
                     goals.update({n: _new_goal(n, "delete", None, now) for n in removed})
                     pipe.multi()  # type: ignore[no-untyped-call]
                     for name in changed:
-                        pipe.hset(key, name, upserts[name].to_json())
+                        pipe.hset(dkey, name, change.deployments[name].to_json())
                     if removed:
-                        pipe.hdel(key, *removed)
+                        pipe.hdel(dkey, *removed)
+                    for name in e_changed:
+                        pipe.hset(ekey, name, change.endpoints[name].to_json())
+                    if e_removed:
+                        pipe.hdel(ekey, *e_removed)
                     for goal in goals.values():
                         pipe.hset(self._keys.goals(), goal.goal_id, goal.encode())
-                    publish_change(pipe, self._keys, ConfigKey.DEPLOYMENTS)
+                    if changed or removed:
+                        publish_change(pipe, self._keys, ConfigKey.DEPLOYMENTS)
+                    if e_changed or e_removed:
+                        publish_change(pipe, self._keys, ConfigKey.ENDPOINTS)
                     await pipe.execute()
-                    return {name: goal.goal_id for name, goal in goals.items()}
+                    return Applied({name: goal.goal_id for name, goal in goals.items()}, e_changed + e_removed)
                 except WatchError:
                     continue
+
+    async def report(self) -> dict[str, Any]:
+        """What ``status --json`` and ``GET /-/status`` show: every deployment and every endpoint."""
+        deployments = await self.status()
+        endpoints = await self.endpoints()
+        return {
+            "deployments": [s.to_dict() for s in deployments],
+            "endpoints": [endpoints[name].model_dump(mode="json") for name in sorted(endpoints)],
+        }
 
     async def status(self) -> list[DeploymentStatus]:
         """Every deployment with its replicas and queue figures, sorted by name."""

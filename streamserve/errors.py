@@ -26,6 +26,10 @@ class NotFoundError(BadRequestError):
     """No deployment, endpoint or route by that name."""
 
 
+class ConflictError(BadRequestError):
+    """The write would break something that depends on the current state (e.g. an endpoint's traffic)."""
+
+
 # -- the wire or Redis is broken ----------------------------------------------
 
 

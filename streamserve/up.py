@@ -24,7 +24,7 @@ import redis
 
 from streamserve.config import AppConfig
 from streamserve.connection import RETRYABLE_ERRORS, async_redis, sync_redis
-from streamserve.control import Control
+from streamserve.control import Applied, Control
 from streamserve.embedded_redis import EmbeddedRedis
 from streamserve.errors import RedisUnavailableError, StreamServeError
 from streamserve.ids import ReplicaID
@@ -123,7 +123,7 @@ class Farm:
             time.sleep(0.2)
         return 0
 
-    async def _apply(self, url: str) -> dict[str, str]:
+    async def _apply(self, url: str) -> Applied:
         redis = async_redis(url)
         try:
             await redis.ping()
@@ -150,13 +150,14 @@ class Farm:
         wait_until(ready, GATEWAY_READY_TIMEOUT_S, interval_s=0.1)
         return not self._signals and self.gateway is not None and self.gateway.poll() is None
 
-    def _banner(self, gateway_url: str, redis_url: str, changed: dict[str, str]) -> None:
+    def _banner(self, gateway_url: str, redis_url: str, changed: Applied) -> None:
         deployments = self.options.config.deployments
         lines = [
             "streamserve is up",
             f"  gateway   {gateway_url}",
             f"  redis     {redis_url}" + ("  (embedded)" if self.redis else ""),
-            f"  config    {self.options.config_path}" + (f"  (updated: {', '.join(changed)})" if changed else ""),
+            f"  config    {self.options.config_path}"
+            + (f"  (updated: {', '.join([*changed.goals, *changed.endpoints])})" if changed else ""),
         ]
         for d in deployments:
             route = f"POST {gateway_url}{d.route_prefix}" if d.route_prefix else "client only"
@@ -165,6 +166,9 @@ class Farm:
             if auto is not None:
                 count = f"{auto.min_replicas}-{auto.max_replicas} replicas (autoscaled)"
             lines.append(f"  - {d.name}: {count}, {route}")
+        for e in self.options.config.endpoints:
+            route = f"POST {gateway_url}{e.route_prefix}" if e.route_prefix else "client only"
+            lines.append(f"  - {e.name}: endpoint over {', '.join(sorted(e.traffic))}, {route}")
         lines.append(f"  try: {_own_command()} status --redis-url {redis_url}")
         lines.append("Press Ctrl-C to stop.")
         print("\n".join(lines), flush=True)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections import Counter
 from typing import Any
 
 CALLS: list[Any] = []
 """Bodies seen by Recorder in this process (for in-process replicas)."""
+CALLS_BY_TAG: Counter[str] = Counter()
+"""How many calls each Recorder tag ran in this process."""
 
 
 class Recorder:
@@ -23,6 +26,7 @@ class Recorder:
 
     def __call__(self, body: Any) -> dict[str, Any]:
         CALLS.append(body)
+        CALLS_BY_TAG[self.tag] += 1
         return {"tag": self.tag, "body": body, "config": self.config}
 
     def boom(self, body: Any) -> None:
@@ -64,3 +68,14 @@ def crash_on(body: Any) -> Any:
     if body == "crash":
         os._exit(3)
     return body
+
+
+class Tally:
+    """Appends one line per call to ``path``, so a test can count calls made in replica processes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, body: Any) -> None:
+        with open(self.path, "a") as tally:
+            tally.write("call\n")

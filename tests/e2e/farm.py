@@ -101,10 +101,54 @@ class Farm:
         return result
 
     def status(self) -> dict[str, Any]:
-        return {d["name"]: d for d in orjson.loads(self.cli("status", "--json").stdout)}
+        return {d["name"]: d for d in orjson.loads(self.cli("status", "--json").stdout)["deployments"]}
 
     def post(self, path: str, body: Any = None, **kwargs: Any) -> httpx.Response:
         return httpx.post(self.base_url + path, json=body, timeout=30, **kwargs)
+
+
+class Processes:
+    """streamserve commands started by a test; ``stop_all`` kills them and everything they started, by id."""
+
+    def __init__(self, redis_url: str, log_dir: Path) -> None:
+        self.redis_url = redis_url
+        self.log_dir = log_dir
+        self.token = uuid.uuid4().hex
+        self.started: dict[str, subprocess.Popen[bytes]] = {}
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSERVE_") and k != "REDIS_URL"}
+        env.update({MARKER_VAR: self.token, "REDIS_URL": self.redis_url})
+        env.update({"STREAMSERVE_HEARTBEAT_INTERVAL_S": "0.2", "STREAMSERVE_HEARTBEAT_TIMEOUT_S": "2"})
+        return env
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        """Run ``streamserve ARGS`` in the background, logging to ``<log_dir>/<name>.log``."""
+        with self.log(name).open("wb") as log:
+            proc = subprocess.Popen(
+                [STREAMSERVE, *args], cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT
+            )
+        self.started[name] = proc
+        return proc
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run ``streamserve ARGS`` to completion; raise with its output if it fails."""
+        result = subprocess.run(
+            [STREAMSERVE, *args], cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode == 0, f"streamserve {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+        return result
+
+    def log(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def stop_all(self) -> None:
+        for pid in pids_with_marker(self.token):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for proc in self.started.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
 
 
 def wait_for(condition: Any, timeout_s: float = 20.0, message: str = "condition not met") -> None:

@@ -64,7 +64,8 @@ async def test_routes_and_health(start_replica: StartReplica, http: httpx.AsyncC
     assert (await http.get("/-/healthz")).json() == {"status": "ok"}
     assert (await http.get("/-/routes")).json() == {"/rec": "rec"}
     status = (await http.get("/-/status")).json()
-    assert status[0]["name"] == "rec"
+    assert [d["name"] for d in status["deployments"]] == ["rec"]
+    assert status["endpoints"] == []
 
 
 async def test_no_replica_and_scaled_to_zero(http: httpx.AsyncClient, settings: Settings) -> None:

@@ -157,3 +157,11 @@ async def test_timeout_when_nobody_serves(client: AsyncClient, settings: Setting
     await deploy(settings)
     with pytest.raises(RequestTimeoutError, match=r"no reply within 0\.2s"):
         await client.call("rec", 1, timeout=0.2)
+
+
+async def test_more_concurrent_calls_than_pooled_connections_all_succeed(
+    start_replica: StartReplica, client: AsyncClient
+) -> None:
+    await start_replica(max_ongoing_requests=16)
+    results = await asyncio.gather(*(client.call("rec", i) for i in range(500)))
+    assert [r["body"] for r in results] == list(range(500))

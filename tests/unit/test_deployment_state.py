@@ -33,6 +33,9 @@ class FakeLauncher:
     def is_alive(self, pid: int, replica_id: ReplicaID) -> bool:
         return self.alive.get(pid) == replica_id
 
+    def find(self, replica_id: ReplicaID) -> int | None:
+        return next((pid for pid, rid in self.alive.items() if rid == replica_id), None)
+
     def exit_code(self, pid: int) -> int | None:
         return None if pid in self.alive else 1
 
@@ -233,3 +236,20 @@ async def test_adopted_replicas_are_not_restarted(h: Harness) -> None:
     await fresh.tick(target(2))
     assert fresh.counts() == {ReplicaState.RUNNING: 2}
     assert set(h.launcher.alive) == pids_before
+
+
+async def test_a_replica_spawned_but_not_recorded_is_taken_over_not_started_twice(h: Harness) -> None:
+    # The last scheduler saved SHOULD_START, spawned the process, and died before recording STARTING.
+    await h.tick(target(0))
+    record = ReplicaRecord(
+        replica_id="echo#orphan",
+        state=ReplicaState.SHOULD_START,
+        version=target(1).version or "",
+        created_ms=1,
+        updated_ms=1,
+    )
+    orphan_pid = h.launcher.start(ReplicaID.from_str(record.replica_id))
+    h.state.adopt(record)
+    await h.tick(target(1))
+    assert h.by_state(ReplicaState.STARTING)[0].pid == orphan_pid
+    assert list(h.launcher.alive) == [orphan_pid]
