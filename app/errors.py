@@ -6,12 +6,15 @@ from typing import Any
 
 import orjson
 from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
 
 from streamserve.errors import (
     BadRequestError,
     ConflictError,
+    MethodNotAllowedError,
     NotFoundError,
     OverloadedError,
+    PayloadTooLargeError,
     ProtocolError,
     RedisUnavailableError,
     RemoteError,
@@ -23,6 +26,8 @@ from streamserve.errors import (
 
 STATUS_BY_ERROR: list[tuple[type[StreamServeError], int]] = [
     (NotFoundError, 404),
+    (MethodNotAllowedError, 405),
+    (PayloadTooLargeError, 413),
     (ConflictError, 409),
     (UnauthorizedError, 401),
     (BadRequestError, 400),
@@ -35,6 +40,13 @@ STATUS_BY_ERROR: list[tuple[type[StreamServeError], int]] = [
     (StreamServeError, 500),
 ]
 """Most specific first: the first class the error is an instance of decides the status."""
+
+
+async def handle_request_validation_error(request: Request, exc: Exception) -> Response:
+    """FastAPI's own parameter errors (e.g. ``?wait=abc``) in our shape: 400 with the field and why."""
+    assert isinstance(exc, RequestValidationError)
+    message = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+    return await handle_streamserve_error(request, BadRequestError(message))
 
 
 def json_response(body: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -59,6 +71,8 @@ async def handle_streamserve_error(request: Request, exc: Exception) -> Response
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
     if isinstance(exc, UnauthorizedError):
         headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, MethodNotAllowedError):
+        headers["Allow"] = "POST"
     if "X-Request-ID" in headers:
         body["request_id"] = headers["X-Request-ID"]
     return json_response(body, status_for(exc), headers)

@@ -5,17 +5,25 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import NoReturn
 
 import orjson
 from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 
 from app.admin import admin_router
-from app.errors import handle_streamserve_error, json_response
+from app.errors import handle_request_validation_error, handle_streamserve_error, json_response
 from app.routing import RouteTable
 from streamserve.client import AsyncClient, error_of
 from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.control import Control
-from streamserve.errors import BadRequestError, NotFoundError, StreamServeError
+from streamserve.errors import (
+    BadRequestError,
+    MethodNotAllowedError,
+    NotFoundError,
+    PayloadTooLargeError,
+    StreamServeError,
+)
 from streamserve.ids import new_request_id
 from streamserve.messages import ReplyStatus
 from streamserve.settings import Settings
@@ -38,14 +46,31 @@ class Gateway:
             self._routes = RouteTable.build(self.client.deployments(), self.client.endpoints())
         return self._routes
 
-    async def proxy(self, request: Request) -> Response:
-        request_id = request.headers.get("x-request-id") or new_request_id()
-        if not REQUEST_ID_RE.match(request_id):
-            raise BadRequestError("X-Request-ID must be 1-128 of A-Z a-z 0-9 . _ : -")
+    def _match(self, request: Request) -> str:
+        """The deployment or endpoint serving the path; sets X-Request-ID (echoed, or a new one) first."""
+        given = request.headers.get("x-request-id")
+        request_id = given if given and REQUEST_ID_RE.match(given) else new_request_id()
         request.state.reply_headers = {"X-Request-ID": request_id}
+        if given is not None and given != request_id:
+            raise BadRequestError("X-Request-ID must be 1-128 of A-Z a-z 0-9 . _ : -")
         name = self.routes().match(request.url.path)
         if name is None:
             raise NotFoundError(f"no deployment serves {request.url.path}")
+        return name
+
+    def refuse_method(self, request: Request) -> NoReturn:
+        """Anything but POST: 404 where nothing is served, else 405 with ``Allow: POST``."""
+        self._match(request)
+        raise MethodNotAllowedError(f"{request.method} {request.url.path}: deployments answer POST only")
+
+    async def proxy(self, request: Request) -> Response:
+        name = self._match(request)
+        request_id = request.state.reply_headers["X-Request-ID"]
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.settings.max_request_bytes:
+            raise PayloadTooLargeError(
+                f"request body of {length} bytes is above max_request_bytes ({self.settings.max_request_bytes})"
+            )
         body = await request.body() or b"null"
         try:
             orjson.loads(body)
@@ -90,6 +115,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="streamserve gateway", lifespan=lifespan, docs_url="/-/docs", openapi_url="/-/openapi.json")
     app.state.gateway = gateway
     app.add_exception_handler(StreamServeError, handle_streamserve_error)
+    app.add_exception_handler(RequestValidationError, handle_request_validation_error)
 
     @app.get("/-/healthz")
     async def healthz() -> Response:
@@ -112,5 +138,9 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/{path:path}")
     async def proxy(request: Request) -> Response:
         return await gateway.proxy(request)
+
+    @app.api_route("/{path:path}", methods=["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"])
+    async def other_methods(request: Request) -> Response:
+        return gateway.refuse_method(request)
 
     return app

@@ -55,6 +55,7 @@ class Scheduler:
         self._stop_replicas_on_exit = stop_replicas_on_exit
         self._states: dict[str, DeploymentState] = {}
         self._known_groups: set[str] = set()
+        self._standing_by = False
         self.should_exit = asyncio.Event()
         self.ticks = 0
 
@@ -78,7 +79,12 @@ class Scheduler:
             if was_leader:
                 logger.warning("scheduler %s: lost leadership; standing by", self._lock.holder_id)
                 self._states.clear()
+            elif not self._standing_by:
+                leader = await self._lock.current_leader()
+                logger.info("scheduler %s: standing by while scheduler %s leads", self._lock.holder_id, leader)
+            self._standing_by = True
             return
+        self._standing_by = False
         if not was_leader:
             logger.info("scheduler %s: leading", self._lock.holder_id)
             await self._adopt()

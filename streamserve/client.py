@@ -32,6 +32,7 @@ from streamserve.errors import (
     DeadLetterError,
     NotFoundError,
     OverloadedError,
+    PayloadTooLargeError,
     ProtocolError,
     RedisUnavailableError,
     RemoteError,
@@ -75,6 +76,14 @@ _WATCHED = frozenset({ConfigKey.DEPLOYMENTS, ConfigKey.ENDPOINTS, ConfigKey.DEPL
 REPLY_READ_COUNT = 1000
 REPLY_BLOCK_MS = 1000
 _READER_TASK = "streamserve-replies"
+
+
+def _encode(body: Any) -> bytes:
+    """The request body as JSON; BadRequestError (not a bare TypeError) for what JSON cannot hold."""
+    try:
+        return dumps(body)
+    except TypeError as exc:
+        raise BadRequestError(f"body is not JSON-serialisable: {exc}") from None
 
 
 def result_of(reply: Reply) -> Any:
@@ -188,7 +197,7 @@ class AsyncClient:
 
     async def call(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> Any:
         """Run deployment (or endpoint) ``name`` on ``body`` and return its result, or raise a StreamServeError."""
-        reply = await self.request(name, dumps(body), timeout=timeout, method=method)
+        reply = await self.request(name, _encode(body), timeout=timeout, method=method)
         return result_of(reply)
 
     def submit(
@@ -199,12 +208,19 @@ class AsyncClient:
 
     async def send(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
         """Enqueue without waiting for (or receiving) the result; return the request id."""
+        encoded = _encode(body)
+        self._check_size(encoded)
         route = await self.route(name)
-        request_id = new_request_id()
-        deadline_ms = now_ms() + int(1000 * (timeout or route.deployment.request_timeout_s))
-        await self._add(route.deployment, Request(request_id, "", deadline_ms, dumps(body), method))
-        self._mirror(route, Request("", "", deadline_ms, dumps(body), method))
-        return request_id
+        request = Request(
+            new_request_id(),
+            "",
+            now_ms() + int(1000 * (timeout or route.deployment.request_timeout_s)),
+            encoded,
+            method,
+        )
+        await self._add(route.deployment, request)
+        self._mirror(route, request)
+        return request.request_id
 
     async def request(
         self,
@@ -221,6 +237,7 @@ class AsyncClient:
         ``timeout`` defaults to the deployment's ``request_timeout_s``; the
         replica skips the request if this deadline passes before it starts.
         """
+        self._check_size(body)
         route = name if isinstance(name, Route) else await self.route(name)
         cfg = route.deployment
         timeout_s = cfg.request_timeout_s if timeout is None else timeout
@@ -373,6 +390,12 @@ class AsyncClient:
         self._endpoints = {**self._endpoints, name: policy}
         self._generation += 1
         return policy
+
+    def _check_size(self, body: bytes) -> None:
+        if len(body) > self._settings.max_request_bytes:
+            raise PayloadTooLargeError(
+                f"request body of {len(body)} bytes is above max_request_bytes ({self._settings.max_request_bytes})"
+            )
 
     def _mirror(self, route: Route, request: Request) -> None:
         """Send a copy of an admitted request to each shadow, without a reply stream (no one waits for it)."""

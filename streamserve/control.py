@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 from redis.exceptions import WatchError
 
+from streamserve import scripts
 from streamserve.config import (
     AppConfig,
     DeploymentConfig,
@@ -179,6 +180,7 @@ class Control:
     def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self._redis = redis
         self._keys = keys
+        self._queue_depth = redis.register_script(scripts.QUEUE_DEPTH)
 
     async def deployments(self) -> dict[str, DeploymentConfig]:
         """Every desired deployment, by name."""
@@ -212,8 +214,11 @@ class Control:
     async def scale(self, name: str, num_replicas: int) -> str | None:
         """Set a fixed replica count (turning autoscaling off); the goal id, or None if nothing changed."""
         current = await self.get(name)
-        updated = current.model_copy(update={"num_replicas": num_replicas, "autoscaling_config": None})
-        DeploymentConfig.model_validate(updated.model_dump())  # re-run the field checks
+        data = {**current.model_dump(), "num_replicas": num_replicas, "autoscaling_config": None}
+        try:
+            updated = DeploymentConfig.model_validate(data)  # re-run the field checks
+        except ValidationError as exc:
+            raise ConfigError(f"deployment {name!r}: {format_validation_error(exc, data)}") from exc
         return (await self._write(DesiredChange(deployments={name: updated}), kind="scale")).goals.get(name)
 
     async def delete(self, name: str) -> str:
@@ -368,16 +373,12 @@ class Control:
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(k.replicas(name))
             pipe.hgetall(k.heartbeats(name))
-            pipe.xlen(k.requests(name))
             pipe.xlen(k.dead_letters(name))
             pipe.hget(k.deployment_status(), name)
             pipe.hget(k.autoscaling(), name)
-            records_raw, beats_raw, length, dead, health_raw, autoscaled_raw = await pipe.execute()
-        try:
-            pending_info = await self._redis.xpending(k.requests(name), CONSUMER_GROUP)
-            in_flight = int(pending_info["pending"])
-        except aioredis.ResponseError:  # no group yet: nothing was ever read
-            in_flight = 0
+            records_raw, beats_raw, dead, health_raw, autoscaled_raw = await pipe.execute()
+        # Length and pending read in one step, as the admission check reads them (scripts.ENQUEUE).
+        length, in_flight = await self._queue_depth(keys=[k.requests(name)], args=[CONSUMER_GROUP])
         now = now_ms()
         beats = {text(rid): Heartbeat.decode(raw) for rid, raw in beats_raw.items()}
         replicas = []
@@ -412,8 +413,8 @@ class Control:
             running=count(ReplicaState.RUNNING),
             starting=count(ReplicaState.SHOULD_START, ReplicaState.STARTING),
             stopping=count(ReplicaState.SHOULD_STOP, ReplicaState.STOPPING),
-            queued=max(0, int(length) - in_flight),
-            in_flight=in_flight,
+            queued=max(0, int(length) - int(in_flight)),
+            in_flight=int(in_flight),
             dead_letters=int(dead),
             replicas=replicas,
             autoscaling=_autoscaling_status(cfg, autoscaled_raw),

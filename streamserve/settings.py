@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     start_timeout_s: float = Field(120.0, gt=0)
     """A replica still STARTING after this long is stopped and replaced."""
 
+    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1)
+    """The largest request body a caller may send (JSON bytes); larger ones are refused (HTTP 413)."""
+
     debug: bool = False
     """Send user tracebacks in error replies and log at DEBUG."""
 
@@ -66,6 +69,7 @@ class Settings(BaseSettings):
             "STREAMSERVE_HEARTBEAT_TIMEOUT_S": str(self.heartbeat_timeout_s),
             "STREAMSERVE_TICK_INTERVAL_S": str(self.tick_interval_s),
             "STREAMSERVE_START_TIMEOUT_S": str(self.start_timeout_s),
+            "STREAMSERVE_MAX_REQUEST_BYTES": str(self.max_request_bytes),
             "STREAMSERVE_DEBUG": "1" if self.debug else "0",
         }
         if self.api_key is not None:

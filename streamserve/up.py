@@ -28,11 +28,14 @@ from streamserve.control import Applied, Control
 from streamserve.embedded_redis import EmbeddedRedis
 from streamserve.errors import RedisUnavailableError, StreamServeError
 from streamserve.ids import ReplicaID
-from streamserve.messages import ReplicaRecord
+from streamserve.messages import GoalRecord, ReplicaRecord
 from streamserve.procs import die_with_parent, port_is_free, stop_group, wait_until
 from streamserve.settings import Settings
+from streamserve.states import FINAL_GOAL_STATUSES, GoalStatus
 
 GATEWAY_READY_TIMEOUT_S = 30.0
+GATEWAY_DRAIN_S = 10.0
+"""How long the gateway may take to answer what it holds after Ctrl-C (a second Ctrl-C cuts it short)."""
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 """A child that exits more than MAX_RESTARTS times within RESTART_WINDOW_S brings the farm down."""
@@ -106,7 +109,12 @@ class Farm:
                 return 130
             print("error: the gateway did not come up; see the log above", file=sys.stderr)
             return 1
-        self._banner(gateway_url, url, changed)
+        if changed.goals:
+            print(f"streamserve: starting the replicas of {', '.join(changed.goals)}", flush=True)
+        failed = self._wait_for_replicas(url, changed.goals)
+        if self._signals:
+            return 130
+        self._banner(gateway_url, url, changed, failed)
         restarts: list[float] = []
         while not self._signals:
             for name in ("scheduler", "gateway"):
@@ -150,7 +158,29 @@ class Farm:
         wait_until(ready, GATEWAY_READY_TIMEOUT_S, interval_s=0.1)
         return not self._signals and self.gateway is not None and self.gateway.poll() is None
 
-    def _banner(self, gateway_url: str, redis_url: str, changed: Applied) -> None:
+    def _wait_for_replicas(self, url: str, goal_ids: dict[str, str]) -> dict[str, str]:
+        """Wait (bounded; Ctrl-C stops it) until the config's replicas run; {deployment: why} for those that cannot."""
+        client = sync_redis(url)
+        key = self.settings.keys.goals()
+        goals: list[GoalRecord] = []
+
+        def final() -> bool:
+            raw = client.hmget(key, list(goal_ids.values())) if goal_ids else []
+            goals[:] = [GoalRecord.decode(r) for r in raw if r is not None]
+            return self._signals > 0 or all(g.status in FINAL_GOAL_STATUSES for g in goals)
+
+        try:
+            wait_until(final, self.settings.start_timeout_s, interval_s=0.1)
+        finally:
+            client.close()
+        pending = f"still starting after {self.settings.start_timeout_s:g}s"
+        return {
+            g.deployment: g.message or (pending if g.status is GoalStatus.PENDING else g.status.value)
+            for g in goals
+            if g.status is not GoalStatus.DONE
+        }
+
+    def _banner(self, gateway_url: str, redis_url: str, changed: Applied, failed: dict[str, str]) -> None:
         deployments = self.options.config.deployments
         lines = [
             "streamserve is up",
@@ -165,7 +195,8 @@ class Farm:
             count = f"{d.target_replicas} replica(s)"
             if auto is not None:
                 count = f"{auto.min_replicas}-{auto.max_replicas} replicas (autoscaled)"
-            lines.append(f"  - {d.name}: {count}, {route}")
+            trouble = f"  NOT RUNNING: {failed[d.name]}" if d.name in failed else ""
+            lines.append(f"  - {d.name}: {count}, {route}{trouble}")
         for e in self.options.config.endpoints:
             route = f"POST {gateway_url}{e.route_prefix}" if e.route_prefix else "client only"
             lines.append(f"  - {e.name}: endpoint over {', '.join(sorted(e.traffic))}, {route}")
@@ -176,19 +207,23 @@ class Farm:
     def _shutdown(self) -> None:
         """Gateway, then scheduler (it stops the replicas), then Redis; each bounded in time."""
         if self.gateway is not None:
-            stop_group(self.gateway, timeout_s=0 if self._signals > 1 else 10)
+            self._stop(self.gateway, GATEWAY_DRAIN_S)
         if self.scheduler is not None:
-            if self.scheduler.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.scheduler.pid, signal.SIGTERM)
             drain = max((d.graceful_shutdown_timeout_s for d in self.options.config.deployments), default=20)
-            wait_until(lambda: self._signals > 1 or self.scheduler.poll() is not None, drain + 15)  # type: ignore[union-attr]
-            stop_group(self.scheduler, timeout_s=0)
+            self._stop(self.scheduler, drain + 15)
         self._kill_leftover_replicas()
         if self.redis is not None:
             self.redis.stop()
         if self.gateway is not None:
             print("streamserve: stopped", flush=True)
+
+    def _stop(self, proc: subprocess.Popen[bytes], graceful_s: float) -> None:
+        """SIGTERM the child's group; wait up to ``graceful_s`` (a second Ctrl-C cuts it short); then SIGKILL it."""
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            wait_until(lambda: self._signals > 1 or proc.poll() is not None, graceful_s)
+        stop_group(proc, timeout_s=0)
 
     def _kill_leftover_replicas(self) -> None:
         """Whatever replica the scheduler could not stop (it crashed, or a second Ctrl-C) is killed here."""

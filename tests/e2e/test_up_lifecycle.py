@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
+import threading
 from pathlib import Path
 
+import httpx
 import pytest
 
 from streamserve.procs import port_is_free
@@ -20,13 +24,18 @@ def test_up_serves_the_example_and_ctrl_c_leaves_nothing_behind(tmp_path: Path) 
         log = farm.log().decode()
         assert f"gateway   {farm.base_url}" in log
         assert f"redis     redis://127.0.0.1:{farm.redis_port}/0  (embedded)" in log
+        assert {name: d["running"] for name, d in farm.status().items()} == {
+            "echo": 2,
+            "sleepy": 1,
+            "add": 1,
+            "batched": 1,
+        }
         resp = farm.post("/echo", {"x": [1, 2, 3]})
         assert resp.status_code == 200 and resp.json()["echo"] == {"x": [1, 2, 3]}
-        wait_for(lambda: farm.status()["echo"]["running"] == 2, 20, "echo replicas not running")
         started = pids_with_marker(farm.token)
-        # up, scheduler, gateway and 4 replicas; redis-server overwrites its environ with its
+        # up, scheduler, gateway and 5 replicas; redis-server overwrites its environ with its
         # process title, so it is checked by its port below.
-        assert len(started) == 1 + 2 + 4
+        assert len(started) == 1 + 2 + 5
         assert farm.proc is not None
         farm.proc.send_signal(2)  # Ctrl-C
         assert farm.proc.wait(40) == 0
@@ -44,3 +53,46 @@ def test_up_with_bad_config_names_the_field_and_starts_nothing(tmp_path: Path) -
     result = subprocess.run([STREAMSERVE, "up", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "deployment 'echo' (deployments[0]): import_path" in result.stderr
+
+
+def test_up_says_which_deployment_cannot_start_and_serves_the_rest(tmp_path: Path) -> None:
+    config = tmp_path / "mixed.yaml"
+    config.write_text(
+        "deployments:\n"
+        "  - {name: broken, import_path: 'tests.deployments:FailingConstructor', graceful_shutdown_timeout_s: 1}\n"
+        "  - {name: fine, import_path: 'examples.functions:noop', graceful_shutdown_timeout_s: 1}\n"
+    )
+    farm = Farm(config, tmp_path / "up.log")
+    farm.start()
+    try:
+        log = farm.log().decode()
+        assert "broken: 1 replica(s)" in log and "NOT RUNNING: RuntimeError: weights not found" in log
+        assert "fine: 1 replica(s), POST" in log.split("NOT RUNNING")[-1]
+        assert farm.post("/fine", [1]).json() == [1]
+    finally:
+        assert farm.stop() == 0
+
+
+def test_second_ctrl_c_stops_at_once_even_while_the_gateway_drains(tmp_path: Path) -> None:
+    farm = Farm(ROOT / "examples" / "streamserve.yaml", tmp_path / "up.log")
+    farm.start()
+    try:
+
+        def hold_a_request() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # the forced stop cuts it off
+                farm.post("/sleepy", {"seconds": 60})
+
+        held = threading.Thread(target=hold_a_request)
+        held.start()
+        wait_for(lambda: farm.status()["sleepy"]["in_flight"] == 1, 10, "the long request never reached a replica")
+        assert farm.proc is not None
+        farm.proc.send_signal(signal.SIGINT)
+        # The gateway closes its socket first, then drains what it holds: Ctrl-C again in the middle of that.
+        wait_for(lambda: port_is_free("127.0.0.1", farm.port), 10, "the gateway did not begin to stop")
+        farm.proc.send_signal(signal.SIGINT)
+        # The gateway alone may drain for 10 s after one Ctrl-C; the second ends everything without waiting.
+        assert farm.proc.wait(8) is not None
+        assert pids_with_marker(farm.token) == []
+        held.join(5)
+    finally:
+        farm.stop()

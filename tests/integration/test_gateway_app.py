@@ -110,6 +110,10 @@ async def test_admin_writes_need_the_api_key_when_one_is_set(guarded_http: httpx
     goal = await guarded_http.get(f"/-/goals/{goal_id}")  # reads stay open
     assert goal.status_code == 200 and goal.json()["status"] == "PENDING"
     assert (await guarded_http.delete("/-/deployments/adm")).status_code == 401
+    scaled = await guarded_http.post(
+        "/-/deployments/adm/scale", json={"num_replicas": 2}, headers={"Authorization": "bearer  s3cret"}
+    )
+    assert scaled.status_code == 200  # the scheme is case-insensitive (RFC 7235)
     deleted = await guarded_http.delete("/-/deployments/adm", headers={"X-API-Key": "s3cret"})
     assert deleted.status_code == 200 and deleted.json()["goal_id"]
 
@@ -126,3 +130,28 @@ async def test_admin_api_validates_input(http: httpx.AsyncClient) -> None:
     assert (await http.post("/-/deployments/nope/scale", json={"num_replicas": 1})).status_code == 404
     assert (await http.get("/-/goals/nope")).status_code == 404
     assert (await http.get("/-/goals/x?wait=100")).status_code == 400
+
+
+async def test_every_error_has_our_shape(start_replica: StartReplica, settings: Settings) -> None:
+    await start_replica(route_prefix="/rec")
+    app = create_app(settings.model_copy(update={"max_request_bytes": 1000}))
+    await app.state.gateway.client.start()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            await wait_for_routes(http)
+            wrong_method = await http.get("/rec")
+            assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+            assert wrong_method.json()["error"] == "MethodNotAllowedError"
+            assert wrong_method.json()["request_id"] == wrong_method.headers["x-request-id"]
+            nowhere = await http.delete("/nothing")
+            assert nowhere.status_code == 404 and nowhere.json()["error"] == "NotFoundError"
+            bad_id = await http.post("/rec", json=1, headers={"X-Request-ID": "a b"})
+            assert bad_id.status_code == 400 and "X-Request-ID" in bad_id.json()["message"]
+            assert bad_id.json()["request_id"] == bad_id.headers["x-request-id"] != "a b"
+            too_big = await http.post("/rec", content=b"[" + b"1," * 600 + b"1]")
+            assert too_big.status_code == 413 and "max_request_bytes (1000)" in too_big.json()["message"]
+            bad_param = await http.get("/-/goals/x?wait=abc")
+            assert bad_param.status_code == 400 and bad_param.json()["error"] == "BadRequestError"
+            assert "wait" in bad_param.json()["message"]
+    finally:
+        await app.state.gateway.client.aclose()

@@ -10,8 +10,10 @@ import redis.asyncio as aioredis
 from streamserve.client import AsyncClient
 from streamserve.errors import (
     BadRequestError,
+    ConfigError,
     NotFoundError,
     OverloadedError,
+    PayloadTooLargeError,
     RemoteError,
     RequestTimeoutError,
     UnavailableError,
@@ -165,3 +167,18 @@ async def test_more_concurrent_calls_than_pooled_connections_all_succeed(
     await start_replica(max_ongoing_requests=16)
     results = await asyncio.gather(*(client.call("rec", i) for i in range(500)))
     assert [r["body"] for r in results] == list(range(500))
+
+
+async def test_bad_input_from_python_is_a_clear_streamserve_error(
+    start_replica: StartReplica, client: AsyncClient, settings: Settings
+) -> None:
+    await start_replica()
+    with pytest.raises(BadRequestError, match="not JSON-serialisable"):
+        await client.call("rec", {"x": object()})
+    with pytest.raises(ConfigError, match="deployment 'rec': num_replicas"):
+        await client.scale("rec", -1)
+    async with AsyncClient(settings=settings.model_copy(update={"max_request_bytes": 100})) as small:
+        with pytest.raises(PayloadTooLargeError, match="above max_request_bytes"):
+            await small.call("rec", "x" * 200)
+        with pytest.raises(PayloadTooLargeError):
+            await small.send("rec", "x" * 200)
