@@ -228,7 +228,7 @@ def format_status(statuses: list[DeploymentStatus]) -> str:
         [
             s.name,
             s.health,
-            str(s.target),
+            _target_cell(s),
             str(s.running),
             str(s.starting),
             str(s.stopping),
@@ -240,7 +240,19 @@ def format_status(statuses: list[DeploymentStatus]) -> str:
     ]
     lines = _table(rows)
     lines += [f"{s.name}: {s.message}" for s in statuses if s.message]
+    lines += [
+        f"{s.name}: autoscaled to {s.target} ({s.autoscaling.reason})"
+        for s in statuses
+        if s.autoscaling and s.autoscaling.reason
+    ]
     return "\n".join(lines)
+
+
+def _target_cell(s: DeploymentStatus) -> str:
+    """The target count; for an autoscaled deployment also its bounds, e.g. "3 (auto 0-4)"."""
+    if s.autoscaling is None:
+        return str(s.target)
+    return f"{s.target} (auto {s.autoscaling.min_replicas}-{s.autoscaling.max_replicas})"
 
 
 def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
