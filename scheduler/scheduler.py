@@ -142,7 +142,7 @@ class Scheduler:
     async def _reconcile(
         self, name: str, cfg: DeploymentConfig | None, beats: dict[str, Heartbeat], ongoing: int, now: int
     ) -> None:
-        shutting_down = self.should_exit.is_set()
+        shutting_down = self._stop_replicas_on_exit and self.should_exit.is_set()
         if cfg is not None:
             await self._ensure_group(cfg)
         state = self._state(name)
