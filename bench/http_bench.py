@@ -328,7 +328,7 @@ class Farm:
         while True:
             out = subprocess.run(status_cmd, env=child_env(), capture_output=True, text=True, timeout=15, check=False)
             if out.returncode == 0:
-                deployments = json.loads(out.stdout)
+                deployments = json.loads(out.stdout)["deployments"]
                 if deployments and all(d["target"] >= 1 and d["running"] >= d["target"] for d in deployments):
                     break
             if self.proc.poll() is not None:

@@ -21,7 +21,6 @@ from typing import Any, TypeVar, cast
 import orjson
 import redis
 import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript
 from redis.typing import KeyT, StreamIdT
 
 from streamserve import scripts
@@ -55,6 +54,7 @@ from streamserve.messages import (
     now_ms,
     text,
 )
+from streamserve.pipelining import Pipeliner, Script
 from streamserve.settings import Settings
 from streamserve.states import DeploymentHealth
 from streamserve.traffic import TrafficPolicy
@@ -78,6 +78,7 @@ _WATCHED = frozenset({ConfigKey.DEPLOYMENTS, ConfigKey.ENDPOINTS, ConfigKey.DEPL
 REPLY_READ_COUNT = 1000
 REPLY_BLOCK_MS = 1000
 _READER_TASK = "streamserve-replies"
+_ENQUEUE = Script(scripts.ENQUEUE)
 
 
 def _encode(body: Any) -> bytes:
@@ -124,7 +125,7 @@ class AsyncClient:
         self._redis: aioredis.Redis | None = None
         self._jobs: JobQueue | None = None
         self._jobs_redis: redis.Redis | None = None
-        self._enqueue: AsyncScript | None = None
+        self._pipeliner: Pipeliner | None = None
         self._deployments: dict[str, DeploymentConfig] = {}
         self._endpoints: dict[str, TrafficPolicy] = {}
         self._shadow_tasks: set[asyncio.Task[None]] = set()
@@ -152,7 +153,7 @@ class AsyncClient:
             redis = async_redis(self._settings.effective_redis_url)
             try:
                 await self._create_reply_stream(redis)
-                self._enqueue = redis.register_script(scripts.ENQUEUE)
+                self._pipeliner = Pipeliner(redis)
                 self._longpoll = LongPollSubscriber(redis, self._keys, _WATCHED.__contains__, self._reloader(redis))
                 await self._longpoll.start()
             except RETRYABLE_ERRORS as exc:
@@ -184,6 +185,8 @@ class AsyncClient:
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(UnavailableError("client closed"))
+        if self._pipeliner is not None:
+            await self._pipeliner.aclose()  # shadow copies and sends in flight go out before the pool closes
         if self._redis is not None:
             with contextlib.suppress(*RETRYABLE_ERRORS):
                 await self._redis.delete(self._reply_stream)
@@ -460,13 +463,12 @@ class AsyncClient:
             logger.debug("shadow copy not sent: %s", task.exception())
 
     async def _add(self, cfg: DeploymentConfig, request: Request) -> None:
-        assert self._enqueue is not None
-        fields = request.encode()
+        assert self._pipeliner is not None
         args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP]
-        for key, value in fields.items():
+        for key, value in request.encode().items():
             args += [key, value]
         try:
-            entry_id = await self._enqueue(keys=[self._keys.requests(cfg.name)], args=args)
+            entry_id = await self._pipeliner.run_script(_ENQUEUE, [self._keys.requests(cfg.name)], args)
         except RETRYABLE_ERRORS as exc:
             raise RedisUnavailableError(f"cannot reach Redis at {self._safe_url()}: {exc}") from exc
         if entry_id == 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -29,6 +30,7 @@ from streamserve.ids import ReplicaID
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.longpoll import LongPollSubscriber
 from streamserve.messages import Fields, Heartbeat, Reply, ReplyStatus, Request, StreamBatches, dumps, now_ms
+from streamserve.pipelining import Command, Pipeliner
 from streamserve.settings import Settings
 from streamserve.states import ReplicaHealth
 from workers.batcher import Batchers, DeadlinePassed
@@ -49,6 +51,7 @@ class Replica:
         self._settings = settings
         self._redis = redis
         self._requeue = redis.register_script(scripts.REQUEUE)
+        self._pipeliner = Pipeliner(redis)
         self._keys = settings.keys
         self.replica_id = replica_id
         self._consumer = replica_id.to_str()
@@ -326,14 +329,21 @@ class Replica:
         return await result if asyncio.iscoroutine(result) else result
 
     async def _finish(self, entry_id: bytes, reply: Reply | None, reply_to: str = "") -> None:
-        """Reply, acknowledge and delete in one round trip (acknowledged entries must not pile up)."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            if reply is not None:
-                pipe.xadd(reply_to, reply.encode(), maxlen=REPLY_STREAM_MAXLEN, approximate=True, nomkstream=True)
-            pipe.xack(self._stream, CONSUMER_GROUP, entry_id)
-            pipe.xdel(self._stream, entry_id)
-            try:
-                await pipe.execute()
-            except RETRYABLE_ERRORS as exc:
-                # The entry stays pending and is claimed again later: at-least-once, never lost.
-                logger.warning("replica %s: could not finish %s: %s", self.replica_id, entry_id, exc)
+        """Reply, acknowledge and delete in one round trip (acknowledged entries must not pile up).
+
+        Requests finishing in the same loop turn share that round trip (see Pipeliner).
+        """
+        commands: list[Command] = []
+        if reply is not None:
+            fields = itertools.chain.from_iterable(reply.encode().items())
+            commands.append(("XADD", reply_to, "NOMKSTREAM", "MAXLEN", "~", REPLY_STREAM_MAXLEN, "*", *fields))
+        commands.append(("XACK", self._stream, CONSUMER_GROUP, entry_id))
+        commands.append(("XDEL", self._stream, entry_id))
+        try:
+            replies = await self._pipeliner.execute(*commands)
+        except RETRYABLE_ERRORS as exc:
+            # The entry stays pending and is claimed again later: at-least-once, never lost.
+            logger.warning("replica %s: could not finish %s: %s", self.replica_id, entry_id, exc)
+            return
+        for failed in (r for r in replies if isinstance(r, Exception)):
+            logger.warning("replica %s: finishing %s: %s", self.replica_id, entry_id, failed)
