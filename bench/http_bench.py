@@ -276,8 +276,10 @@ def kill_group_if_same(pid: int, cmdline: bytes) -> None:
 class Farm:
     """`streamserve up CONFIG --port PORT` with its embedded Redis, as a child in its own session."""
 
-    def __init__(self, config: Path, port: int) -> None:
+    def __init__(self, config: Path, port: int, redis_port: int | None = None) -> None:
         cmd = [str(BIN / "streamserve"), "up", str(config), "--port", str(port)]
+        if redis_port is not None:  # else `up` takes 6379 when it is free
+            cmd += ["--redis-port", str(redis_port)]
         self.port = port
         self.redis_url = ""
         self.log: list[str] = []
@@ -328,7 +330,8 @@ class Farm:
         while True:
             out = subprocess.run(status_cmd, env=child_env(), capture_output=True, text=True, timeout=15, check=False)
             if out.returncode == 0:
-                deployments = json.loads(out.stdout)
+                status = json.loads(out.stdout)  # {"deployments": [...], "endpoints": [...]}; a list before endpoints
+                deployments = status["deployments"] if isinstance(status, dict) else status
                 if deployments and all(d["target"] >= 1 and d["running"] >= d["target"] for d in deployments):
                     break
             if self.proc.poll() is not None:

