@@ -45,8 +45,9 @@ def _one_at_a_time(max_batch_size: int, batch_wait_timeout_s: float) -> Callable
     return decorate
 
 
+# Once streamserve.batch is merged, this guard and _one_at_a_time can go: `from streamserve import batch`.
 try:
-    from streamserve import batch  # type: ignore[attr-defined,unused-ignore]
+    from streamserve import batch
 except ImportError:  # batching is not in this streamserve yet: same answers, one sentence per forward pass
     batch = _one_at_a_time
 
