@@ -25,7 +25,8 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
         """With STREAMSERVE_API_KEY set, writes need ``Authorization: Bearer <key>`` (or ``X-API-Key``)."""
         if settings.api_key is None:
             return
-        given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
+        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+        given = request.headers.get("x-api-key") or (credentials.strip() if scheme.lower() == "bearer" else "")
         if not hmac.compare_digest(given.encode(), settings.api_key.get_secret_value().encode()):
             raise UnauthorizedError("admin writes need Authorization: Bearer <STREAMSERVE_API_KEY>")
 

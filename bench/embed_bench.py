@@ -31,7 +31,7 @@ from pathlib import Path
 
 from http_bench import Farm, cpu_model, free_ports, git_revision  # bench/ is this script's directory
 
-from examples.embed.model import BATCH_WAIT_TIMEOUT_S, BATCHING, DIMENSION, MAX_BATCH_SIZE
+from examples.embed.model import BATCH_WAIT_TIMEOUT_S, DIMENSION, MAX_BATCH_SIZE
 from streamserve import AsyncClient
 from streamserve.config import load_config
 
@@ -158,9 +158,6 @@ def report(
     on_is = (
         f"`__call__`, decorated with `@streamserve.batch(max_batch_size={MAX_BATCH_SIZE}, "
         f"batch_wait_timeout_s={BATCH_WAIT_TIMEOUT_S})`"
-        if BATCHING
-        else "`__call__`, but `streamserve.batch` is **not available in this streamserve**, so it ran one "
-        "sentence per call: the same work as off"
     )
     lines = [
         SECTION,
@@ -234,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         farm = Farm(CONFIG, port, redis_port=redis_port)
         farm.wait_ready(READY_TIMEOUT_S)
-        print(f"up (Redis {farm.redis_url}); batching {'available' if BATCHING else 'NOT available'}", flush=True)
+        print(f"up (Redis {farm.redis_url}); measuring", flush=True)
         phases = asyncio.run(measure(farm.redis_url, args))
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short

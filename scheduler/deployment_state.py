@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from scheduler.autoscaler import AutoscalePolicy
 from scheduler.replica_wrapper import Probe, ReplicaWrapper
 from streamserve.config import DeploymentConfig
 from streamserve.ids import ReplicaID
-from streamserve.messages import DeploymentHealthRecord, Heartbeat, ReplicaRecord
+from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, Heartbeat, ReplicaRecord
 from streamserve.states import ACTIVE_REPLICA_STATES, DeploymentHealth, ReplicaState
 from streamserve.types import Launcher, ReplicaStore
 
@@ -32,15 +33,22 @@ class Target:
     """What one deployment should look like; ``cfg is None`` means it was deleted.
 
     ``shutting_down`` (the scheduler stops with its replicas) asks for zero
-    replicas without treating the deployment as deleted.
+    replicas without treating the deployment as deleted. ``autoscaled`` is the
+    count the autoscaler decided; it replaces the config's count when the
+    deployment has an ``autoscaling_config``.
     """
 
     cfg: DeploymentConfig | None
     shutting_down: bool = False
+    autoscaled: int | None = None
 
     @property
     def count(self) -> int:
-        return self.cfg.target_replicas if self.cfg is not None and not self.shutting_down else 0
+        if self.cfg is None or self.shutting_down:
+            return 0
+        if self.cfg.autoscaling_config is not None and self.autoscaled is not None:
+            return self.autoscaled
+        return self.cfg.target_replicas
 
     @property
     def version(self) -> str | None:
@@ -65,6 +73,13 @@ class DeploymentState:
         self._last_failure = ""
         self._health: DeploymentHealthRecord | None = None
         self._target_version: str | None = None
+        self._autoscaler = AutoscalePolicy()
+        self.autoscaled: int | None = None
+        """The replica count autoscaling decided; None while the deployment does not autoscale."""
+
+    def restore_autoscaled(self, record: AutoscaleRecord) -> None:
+        """Resume from the count an earlier scheduler decided (the delays start over)."""
+        self.autoscaled = record.replicas
 
     def adopt(self, record: ReplicaRecord) -> None:
         """Take over a replica recorded by an earlier scheduler (it keeps running)."""
@@ -77,8 +92,8 @@ class DeploymentState:
     def is_gone(self) -> bool:
         return not self.replicas
 
-    async def update(self, target: Target, beats: dict[str, Heartbeat], now_ms: int) -> None:
-        """One reconcile step; never blocks on a process."""
+    async def update(self, target: Target, beats: dict[str, Heartbeat], now_ms: int, ongoing: int = 0) -> None:
+        """One reconcile step; never blocks on a process. ``ongoing``: queued + in-flight requests."""
         if target.version != self._target_version:
             # A new version gets a fresh start: earlier crash loops say nothing about it.
             self._target_version = target.version
@@ -87,6 +102,7 @@ class DeploymentState:
         await self._observe_running(beats, now_ms)
         await self._observe_stopping(beats, now_ms)
         await self._drop_stopped()
+        target = await self._autoscale(target, ongoing, now_ms)
         await self._scale_and_roll(target, now_ms)
         await self._start_pending(now_ms)
         await self._stop_pending(target, now_ms)
@@ -127,7 +143,35 @@ class DeploymentState:
             await self._store.remove(self.name, r.record.replica_id)
             del self.replicas[r.record.replica_id]
 
-    # 5. Compare with the target: add replicas of the target version, retire extra and old ones.
+    # 5. An autoscaled deployment's count follows its queue; each decision is persisted before it is acted on.
+    async def _autoscale(self, target: Target, ongoing: int, now_ms: int) -> Target:
+        auto = target.cfg.autoscaling_config if target.cfg is not None else None
+        if auto is None or target.shutting_down:
+            if target.cfg is not None and auto is None and self.autoscaled is not None:
+                logger.info("deployment %s: autoscaling off; %d replica(s) from now on", self.name, target.count)
+                self.autoscaled, self._autoscaler = None, AutoscalePolicy()
+                await self._store.save_autoscale(self.name, None)
+            return target
+        if self.autoscaled is None:
+            # New, or autoscaling just turned on: start from what runs, so nothing is stopped or started for it.
+            active = self.count(*ACTIVE_REPLICA_STATES)
+            start = min(max(active, auto.min_replicas), auto.max_replicas)
+            await self._set_autoscaled(start, f"autoscaling on, {active} replica(s) running", now_ms)
+        assert self.autoscaled is not None
+        decision = self._autoscaler.decide(auto, ongoing, self.autoscaled, now_ms)
+        if decision is not None:
+            await self._set_autoscaled(decision.replicas, decision.reason, now_ms)
+        return replace(target, autoscaled=self.autoscaled)
+
+    async def _set_autoscaled(self, replicas: int, reason: str, now_ms: int) -> None:
+        old = "none" if self.autoscaled is None else str(self.autoscaled)
+        await self._store.save_autoscale(
+            self.name, AutoscaleRecord(replicas=replicas, reason=reason, updated_ms=now_ms)
+        )
+        self.autoscaled = replicas
+        logger.info("deployment %s: autoscale %s -> %d (%s)", self.name, old, replicas, reason)
+
+    # 6. Compare with the target: add replicas of the target version, retire extra and old ones.
     async def _scale_and_roll(self, target: Target, now_ms: int) -> None:
         active = [r for r in self.replicas.values() if r.state in ACTIVE_REPLICA_STATES]
         current = [r for r in active if r.version == target.version]
@@ -169,7 +213,7 @@ class DeploymentState:
         logger.info("replica %s: created (SHOULD_START, version %s)", replica_id, target.version)
         self.adopt(record)
 
-    # 6. SHOULD_START replicas are spawned, unless a crash loop asks us to back off.
+    # 7. SHOULD_START replicas are spawned, unless a crash loop asks us to back off.
     async def _start_pending(self, now_ms: int) -> None:
         pending = self._in(ReplicaState.SHOULD_START)
         if not pending or now_ms < self._next_start_ms:
@@ -181,12 +225,12 @@ class DeploymentState:
                 self._note_start_failure(f"cannot start process: {exc}", now_ms)
                 await r.transition(ReplicaState.STOPPED, now_ms, message=str(exc))
 
-    # 7. SHOULD_STOP replicas get SIGTERM and a deadline.
+    # 8. SHOULD_STOP replicas get SIGTERM and a deadline.
     async def _stop_pending(self, target: Target, now_ms: int) -> None:
         for r in self._in(ReplicaState.SHOULD_STOP):
             await r.stop(now_ms, target.graceful_shutdown_timeout_s + 1.0)
 
-    # 8. The verdict, written only when it changes.
+    # 9. The verdict, written only when it changes.
     async def _record_health(self, target: Target, now_ms: int) -> None:
         if self.unhealthy:
             health, message = DeploymentHealth.UNHEALTHY, self._last_failure

@@ -13,7 +13,7 @@ from streamserve.control import GOAL_RETENTION_MS
 from streamserve.errors import ProtocolError
 from streamserve.keys import Keys
 from streamserve.messages import GoalRecord, text
-from streamserve.states import FINAL_GOAL_STATUSES, GoalStatus
+from streamserve.states import FINAL_GOAL_STATUSES, GoalStatus, ReplicaState
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +48,15 @@ class GoalTracker:
                 if now_ms - goal.updated_ms > GOAL_RETENTION_MS:
                     await self._redis.hdel(self._keys.goals(), goal.goal_id)
                 continue
-            verdict = _judge(goal, desired.get(goal.deployment), states.get(goal.deployment))
+            state = states.get(goal.deployment)
+            verdict = _judge(goal, desired.get(goal.deployment), state)
             if verdict is not None:
                 status, message = verdict
-                done = goal.model_copy(update={"status": status, "message": message, "updated_ms": now_ms})
+                update: dict[str, object] = {"status": status, "message": message, "updated_ms": now_ms}
+                if status is GoalStatus.DONE and state is not None:
+                    # What it was reached at: an autoscaled count may differ from the count asked for.
+                    update["replicas"] = state.count(ReplicaState.RUNNING)
+                done = goal.model_copy(update=update)
                 await self._redis.hset(self._keys.goals(), goal.goal_id, done.encode())
                 logger.info("goal %s (%s %s): %s %s", goal.goal_id, goal.kind, goal.deployment, status.value, message)
 
@@ -70,7 +75,8 @@ def _judge(
         return GoalStatus.CANCELLED, "superseded by a later change"
     if state is None:
         return None
-    if state.settled(Target(cfg)):
+    # An autoscaled deployment is judged against the count autoscaling keeps now (min_replicas before any decision).
+    if state.settled(Target(cfg, autoscaled=state.autoscaled)):
         return GoalStatus.DONE, ""
     if state.unhealthy:
         return GoalStatus.FAILED, state.last_failure

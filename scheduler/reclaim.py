@@ -61,7 +61,7 @@ class Reclaimer:
         return result
 
     async def _free(self, cfg: DeploymentConfig, stream: str, consumer: str, result: ReclaimResult) -> None:
-        reason = f"the replica {consumer} died while running it"
+        reason = f"its replica died while running it (the last one: {consumer})"
         while True:
             pending = await self._redis.xpending_range(stream, CONSUMER_GROUP, "-", "+", MOVE_BATCH, consumer)
             if not pending:
@@ -69,7 +69,7 @@ class Reclaimer:
             ids = [p["message_id"] for p in pending]
             dead = await self._requeue(
                 keys=[stream, self._keys.dead_letters(cfg.name)],
-                args=[CONSUMER_GROUP, cfg.max_delivery_attempts, reason, DEAD_LETTER_CAP, *ids],
+                args=[CONSUMER_GROUP, cfg.max_delivery_attempts, reason, DEAD_LETTER_CAP, 1, *ids],
             )
             result.dead_lettered += len(dead) // 3
             result.requeued += len(ids) - len(dead) // 3
@@ -87,7 +87,7 @@ class Reclaimer:
         if not reply_to:
             return
         message = (
-            f"request {request_id} was delivered {n} times and {why} each time; "
+            f"request {request_id} was delivered {n} times and each time {why}; "
             f"it was moved to {self._keys.dead_letters(cfg.name)}"
         )
         reply = Reply(request_id, ReplyStatus.DEAD_LETTER, "", error_type="DeadLetterError", error_message=message)

@@ -55,6 +55,7 @@ class Scheduler:
         self._stop_replicas_on_exit = stop_replicas_on_exit
         self._states: dict[str, DeploymentState] = {}
         self._known_groups: set[str] = set()
+        self._standing_by = False
         self.should_exit = asyncio.Event()
         self.ticks = 0
 
@@ -78,20 +79,28 @@ class Scheduler:
             if was_leader:
                 logger.warning("scheduler %s: lost leadership; standing by", self._lock.holder_id)
                 self._states.clear()
+            elif not self._standing_by:
+                leader = await self._lock.current_leader()
+                logger.info("scheduler %s: standing by while scheduler %s leads", self._lock.holder_id, leader)
+            self._standing_by = True
             return
+        self._standing_by = False
         if not was_leader:
             logger.info("scheduler %s: leading", self._lock.holder_id)
             await self._adopt()
         await self.tick()
 
     async def _adopt(self) -> None:
-        """Take over whatever replicas Redis records, instead of starting duplicates."""
+        """Take over whatever replicas Redis records, instead of starting duplicates, and the autoscaled counts."""
         self._states.clear()
         for name, records in (await self._store.load_all()).items():
             state = self._state(name)
             for record in records:
                 state.adopt(record)
             logger.info("scheduler: adopted %d replica(s) of %s", len(records), name)
+        for name, autoscaled in (await self._store.load_autoscale()).items():
+            self._state(name).restore_autoscaled(autoscaled)
+            logger.info("scheduler: %s resumes autoscaling at %d replica(s)", name, autoscaled.replicas)
 
     def _state(self, name: str) -> DeploymentState:
         state = self._states.get(name)
@@ -106,10 +115,13 @@ class Scheduler:
         desired = await self._control.deployments()
         names = sorted(set(desired) | set(self._states))
         beats_raw = await self._store.heartbeats(names)
+        autoscaled = [name for name, cfg in desired.items() if cfg.autoscaling_config is not None]
+        ongoing = await self._store.ongoing(autoscaled) if autoscaled else {}
         now = self._clock()
         for name in names:
             try:
-                await self._reconcile(name, desired.get(name), _decode_beats(beats_raw.get(name, {})), now)
+                beats = _decode_beats(beats_raw.get(name, {}))
+                await self._reconcile(name, desired.get(name), beats, ongoing.get(name, 0), now)
             except RETRYABLE_ERRORS:
                 raise
             except Exception:
@@ -117,12 +129,14 @@ class Scheduler:
                 logger.exception("deployment %s: reconcile step failed; retrying next tick", name)
         await self._goals.update(goals, desired, self._states, now)
 
-    async def _reconcile(self, name: str, cfg: DeploymentConfig | None, beats: dict[str, Heartbeat], now: int) -> None:
+    async def _reconcile(
+        self, name: str, cfg: DeploymentConfig | None, beats: dict[str, Heartbeat], ongoing: int, now: int
+    ) -> None:
         shutting_down = self.should_exit.is_set()
         if cfg is not None:
             await self._ensure_group(cfg)
         state = self._state(name)
-        await state.update(Target(cfg, shutting_down), beats, now)
+        await state.update(Target(cfg, shutting_down), beats, now, ongoing)
         if cfg is not None:
             await self._reclaimer.reclaim(cfg, self._live_consumers(state, beats, now))
         if cfg is None and state.is_gone:

@@ -1,12 +1,17 @@
-"""Where the scheduler persists replica records and deployment verdicts in Redis."""
+"""Where the scheduler persists replica records, deployment verdicts and autoscaling decisions in Redis."""
 
 from __future__ import annotations
 
+import logging
+
 import redis.asyncio as aioredis
 
+from streamserve.errors import ProtocolError
 from streamserve.keys import ConfigKey, Keys
 from streamserve.longpoll import publish_change
-from streamserve.messages import DeploymentHealthRecord, ReplicaRecord
+from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, ReplicaRecord, text
+
+logger = logging.getLogger(__name__)
 
 
 class RedisReplicaStore:
@@ -31,6 +36,36 @@ class RedisReplicaStore:
             publish_change(pipe, self._keys, ConfigKey.DEPLOYMENT_STATUS)
             await pipe.execute()
 
+    async def save_autoscale(self, deployment: str, record: AutoscaleRecord | None) -> None:
+        """Keep the autoscaled count (None: autoscaling was turned off, forget it)."""
+        if record is None:
+            await self._redis.hdel(self._keys.autoscaling(), deployment)
+        else:
+            await self._redis.hset(self._keys.autoscaling(), deployment, record.encode())
+
+    async def load_autoscale(self) -> dict[str, AutoscaleRecord]:
+        """The autoscaled counts an earlier scheduler decided, by deployment (unreadable ones are skipped)."""
+        found = {}
+        for name, raw in (await self._redis.hgetall(self._keys.autoscaling())).items():
+            try:
+                found[text(name)] = AutoscaleRecord.decode(raw)
+            except ProtocolError as exc:
+                logger.warning("ignoring unreadable autoscaling record of %s: %s", text(name), exc)
+        return found
+
+    async def ongoing(self, names: list[str]) -> dict[str, int]:
+        """Queued + in-flight requests of several deployments in one round trip.
+
+        That is the request stream's length: an entry stays in the stream
+        while a replica works on it (pending in the group) and is deleted when
+        the replica acknowledges it, so XLEN counts both without XPENDING.
+        """
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.xlen(self._keys.requests(name))
+            results = await pipe.execute()
+        return {name: int(length) for name, length in zip(names, results, strict=True)}
+
     async def load_all(self) -> dict[str, list[ReplicaRecord]]:
         """Every recorded replica of every deployment (found by SCAN, so deleted deployments too)."""
         found: dict[str, list[ReplicaRecord]] = {}
@@ -53,5 +88,6 @@ class RedisReplicaStore:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(*self._keys.deployment_keys(deployment))
             pipe.hdel(self._keys.deployment_status(), deployment)
+            pipe.hdel(self._keys.autoscaling(), deployment)
             publish_change(pipe, self._keys, ConfigKey.DEPLOYMENT_STATUS)
             await pipe.execute()

@@ -1,8 +1,10 @@
 """streamserve: queue-based model serving over Redis streams."""
 
+from streamserve.batching import batch
 from streamserve.client import AsyncClient, Client
 from streamserve.errors import (
     BadRequestError,
+    BatchOutputError,
     ConfigError,
     DeadLetterError,
     GoalFailedError,
@@ -21,6 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncClient",
     "BadRequestError",
+    "BatchOutputError",
     "Client",
     "ConfigError",
     "DeadLetterError",
@@ -33,4 +36,5 @@ __all__ = [
     "RequestTimeoutError",
     "StreamServeError",
     "UnavailableError",
+    "batch",
 ]

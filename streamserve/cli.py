@@ -17,10 +17,11 @@ from redis.exceptions import RedisError
 from streamserve.client import AsyncClient
 from streamserve.config import EndpointConfig, load_config
 from streamserve.connection import async_redis
-from streamserve.control import Control, DeploymentStatus
-from streamserve.errors import BadRequestError, ConfigError, StreamServeError
+from streamserve.control import GOAL_POLL_S, Control, DeploymentStatus
+from streamserve.errors import BadRequestError, ConfigError, GoalFailedError, RequestTimeoutError, StreamServeError
 from streamserve.messages import GoalRecord
 from streamserve.settings import Settings
+from streamserve.states import DeploymentHealth
 
 T = TypeVar("T")
 
@@ -141,7 +142,10 @@ def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
         for name in applied.endpoints:
             print(f"{name}: endpoint updated")
         if args.wait:
+            deadline = time.monotonic() + args.timeout
             await _wait_for_goals(control, list(applied.goals.values()), args.timeout)
+            unchanged = [d.name for d in config.deployments if d.name not in applied.goals]
+            await _wait_until_healthy(control, unchanged, deadline)
         return 0
 
     return _with_control(settings, deploy)
@@ -162,6 +166,26 @@ async def _wait_for_goals(control: Control, goal_ids: list[str], timeout: float)
     for goal_id in goal_ids:
         goal = await control.wait_for_goal(goal_id, max(0.0, deadline - time.monotonic()), on_progress=show)
         print(f"{goal.deployment}: done" + (f", {goal.replicas} replica(s) running" if goal.kind != "delete" else ""))
+
+
+async def _wait_until_healthy(control: Control, names: list[str], deadline: float) -> None:
+    """Deployments a write left unchanged have no goal: wait on the scheduler's verdict on them instead.
+
+    So ``deploy --wait`` of an unchanged file still fails for a deployment that cannot run.
+    """
+    pending = set(names)
+    while pending:
+        for name in sorted(pending):
+            health = await control.health(name)
+            if health is not None and health.health is DeploymentHealth.UNHEALTHY:
+                raise GoalFailedError(f"{name}: {health.message}")
+            if health is not None and health.health is DeploymentHealth.HEALTHY:
+                print(f"{name}: unchanged, {health.running} replica(s) running")
+                pending.discard(name)
+        if pending and time.monotonic() > deadline:
+            raise RequestTimeoutError(f"{', '.join(sorted(pending))}: not healthy in time")
+        if pending:
+            await asyncio.sleep(GOAL_POLL_S)
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -203,7 +227,7 @@ def format_status(statuses: list[DeploymentStatus]) -> str:
         [
             s.name,
             s.health,
-            str(s.target),
+            _target_cell(s),
             str(s.running),
             str(s.starting),
             str(s.stopping),
@@ -215,7 +239,19 @@ def format_status(statuses: list[DeploymentStatus]) -> str:
     ]
     lines = _table(rows)
     lines += [f"{s.name}: {s.message}" for s in statuses if s.message]
+    lines += [
+        f"{s.name}: autoscaled to {s.target} ({s.autoscaling.reason})"
+        for s in statuses
+        if s.autoscaling and s.autoscaling.reason
+    ]
     return "\n".join(lines)
+
+
+def _target_cell(s: DeploymentStatus) -> str:
+    """The target count; for an autoscaled deployment also its bounds, e.g. "3 (auto 0-4)"."""
+    if s.autoscaling is None:
+        return str(s.target)
+    return f"{s.target} (auto {s.autoscaling.min_replicas}-{s.autoscaling.max_replicas})"
 
 
 def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
@@ -252,9 +288,12 @@ def _parse_pairs(items: list[str], what: str) -> dict[str, float]:
         try:
             if not (name and sep):
                 raise ValueError(item)
-            pairs[name] = float(value)
+            weight = float(value)
         except ValueError:
             raise ConfigError(f"{item!r} is not NAME={what}, e.g. classify_v1=0.5") from None
+        if name in pairs:
+            raise ConfigError(f"{name!r} is given twice")
+        pairs[name] = weight
     return pairs
 
 

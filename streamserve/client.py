@@ -349,6 +349,8 @@ class AsyncClient:
 
     def _serviceable(self, name: str) -> DeploymentConfig:
         cfg = self.deployment(name)
+        # An autoscaled deployment at 0 replicas is not refused: the request queues, and the scheduler starts a
+        # replica as soon as it sees it (the group reads from id 0, so that replica finds it).
         if cfg.autoscaling_config is None and cfg.target_replicas == 0:
             raise UnavailableError(f"deployment {name!r} is scaled to 0 replicas")
         health = self._health.get(name)

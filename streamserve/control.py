@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 from redis.exceptions import WatchError
 
+from streamserve import scripts
 from streamserve.config import (
     AppConfig,
     DeploymentConfig,
@@ -35,7 +36,15 @@ from streamserve.errors import (
 from streamserve.ids import new_request_id
 from streamserve.keys import CONSUMER_GROUP, ConfigKey, Keys
 from streamserve.longpoll import publish_change
-from streamserve.messages import DeploymentHealthRecord, GoalRecord, Heartbeat, ReplicaRecord, now_ms, text
+from streamserve.messages import (
+    AutoscaleRecord,
+    DeploymentHealthRecord,
+    GoalRecord,
+    Heartbeat,
+    ReplicaRecord,
+    now_ms,
+    text,
+)
 from streamserve.states import FINAL_GOAL_STATUSES, GoalStatus, ReplicaState
 
 
@@ -54,8 +63,21 @@ class ReplicaStatus:
 
 
 @dataclass
+class AutoscalingStatus:
+    """An autoscaled deployment's bounds and the scheduler's last decision."""
+
+    min_replicas: int
+    max_replicas: int
+    target_ongoing_requests: float
+    reason: str
+    """Why the target is what it is ("" until the scheduler has decided)."""
+    decided_ms: int
+    """When the scheduler last changed the target (0 until it has decided)."""
+
+
+@dataclass
 class DeploymentStatus:
-    """One deployment as `status` shows it."""
+    """One deployment as `status` shows it; ``target`` is the autoscaled count when autoscaling is on."""
 
     name: str
     route_prefix: str | None
@@ -70,6 +92,7 @@ class DeploymentStatus:
     in_flight: int
     dead_letters: int
     replicas: list[ReplicaStatus] = field(default_factory=list)
+    autoscaling: AutoscalingStatus | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -157,6 +180,7 @@ class Control:
     def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self._redis = redis
         self._keys = keys
+        self._queue_depth = redis.register_script(scripts.QUEUE_DEPTH)
 
     async def deployments(self) -> dict[str, DeploymentConfig]:
         """Every desired deployment, by name."""
@@ -255,13 +279,18 @@ class Control:
 
     async def progress(self, goal: GoalRecord) -> str:
         """One line on how far a pending goal is, e.g. "echo: 1/2 replicas of version ab12 running"."""
-        raw = await self._redis.hgetall(self._keys.replicas(goal.deployment))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self._keys.replicas(goal.deployment))
+            pipe.hget(self._keys.autoscaling(), goal.deployment)
+            raw, autoscaled_raw = await pipe.execute()
         records = [ReplicaRecord.decode(v) for v in raw.values()]
         if goal.kind == "delete":
             return f"{goal.deployment}: {len(records)} replica(s) still stopping"
+        # Only autoscaled deployments have an autoscaling record (the scheduler drops it when autoscaling is off).
+        wanted = AutoscaleRecord.decode(autoscaled_raw).replicas if autoscaled_raw else goal.replicas
         ready = sum(1 for r in records if r.state is ReplicaState.RUNNING and r.version == goal.version)
         others = sum(1 for r in records if r.version != goal.version)
-        line = f"{goal.deployment}: {ready}/{goal.replicas} replica(s) of version {goal.version} running"
+        line = f"{goal.deployment}: {ready}/{wanted} replica(s) of version {goal.version} running"
         return line + (f", {others} of an older version still up" if others else "")
 
     async def _write(self, change: DesiredChange, kind: str) -> Applied:
@@ -324,10 +353,13 @@ class Control:
 
     async def settled(self, cfg: DeploymentConfig) -> bool:
         """True when exactly the target number of replicas of this config's version are RUNNING."""
-        raw = await self._redis.hgetall(self._keys.replicas(cfg.name))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self._keys.replicas(cfg.name))
+            pipe.hget(self._keys.autoscaling(), cfg.name)
+            raw, autoscaled_raw = await pipe.execute()
         records = [ReplicaRecord.decode(v) for v in raw.values()]
         version = cfg.code_version()
-        return len(records) == cfg.target_replicas and all(
+        return len(records) == _target(cfg, autoscaled_raw) and all(
             r.state is ReplicaState.RUNNING and r.version == version for r in records
         )
 
@@ -341,15 +373,12 @@ class Control:
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(k.replicas(name))
             pipe.hgetall(k.heartbeats(name))
-            pipe.xlen(k.requests(name))
             pipe.xlen(k.dead_letters(name))
             pipe.hget(k.deployment_status(), name)
-            records_raw, beats_raw, length, dead, health_raw = await pipe.execute()
-        try:
-            pending_info = await self._redis.xpending(k.requests(name), CONSUMER_GROUP)
-            in_flight = int(pending_info["pending"])
-        except aioredis.ResponseError:  # no group yet: nothing was ever read
-            in_flight = 0
+            pipe.hget(k.autoscaling(), name)
+            records_raw, beats_raw, dead, health_raw, autoscaled_raw = await pipe.execute()
+        # Length and pending read in one step, as the admission check reads them (scripts.ENQUEUE).
+        length, in_flight = await self._queue_depth(keys=[k.requests(name)], args=[CONSUMER_GROUP])
         now = now_ms()
         beats = {text(rid): Heartbeat.decode(raw) for rid, raw in beats_raw.items()}
         replicas = []
@@ -380,12 +409,35 @@ class Control:
             version=cfg.code_version(),
             health=health.health.value if health else "PENDING",
             message=health.message if health else "",
-            target=cfg.target_replicas,
+            target=_target(cfg, autoscaled_raw),
             running=count(ReplicaState.RUNNING),
             starting=count(ReplicaState.SHOULD_START, ReplicaState.STARTING),
             stopping=count(ReplicaState.SHOULD_STOP, ReplicaState.STOPPING),
-            queued=max(0, int(length) - in_flight),
-            in_flight=in_flight,
+            queued=max(0, int(length) - int(in_flight)),
+            in_flight=int(in_flight),
             dead_letters=int(dead),
             replicas=replicas,
+            autoscaling=_autoscaling_status(cfg, autoscaled_raw),
         )
+
+
+def _target(cfg: DeploymentConfig, autoscaled_raw: bytes | None) -> int:
+    """The replica count the scheduler keeps: its autoscaled count when autoscaling is on, else the config's."""
+    if cfg.autoscaling_config is not None and autoscaled_raw is not None:
+        replicas: int = AutoscaleRecord.decode(autoscaled_raw).replicas
+        return replicas
+    return cfg.target_replicas
+
+
+def _autoscaling_status(cfg: DeploymentConfig, autoscaled_raw: bytes | None) -> AutoscalingStatus | None:
+    auto = cfg.autoscaling_config
+    if auto is None:
+        return None
+    record = AutoscaleRecord.decode(autoscaled_raw) if autoscaled_raw is not None else None
+    return AutoscalingStatus(
+        min_replicas=auto.min_replicas,
+        max_replicas=auto.max_replicas,
+        target_ongoing_requests=auto.target_ongoing_requests,
+        reason=record.reason if record else "",
+        decided_ms=record.updated_ms if record else 0,
+    )

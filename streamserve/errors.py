@@ -88,3 +88,11 @@ class RemoteError(StreamServeError):
 
 class DeadLetterError(RemoteError):
     """The request was delivered ``max_delivery_attempts`` times and moved to the dead-letter stream."""
+
+
+class BatchOutputError(StreamServeError):
+    """A ``@batch`` handler did not return one output per input; every request of that batch fails with it.
+
+    Raised in the replica (callers see it as a RemoteError whose ``error_type`` is ``BatchOutputError``)
+    and when a decorated function is called directly.
+    """

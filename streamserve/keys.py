@@ -65,6 +65,10 @@ class Keys:
         """Hash: deployment name -> DeploymentHealthRecord JSON, written only by the scheduler."""
         return f"{self.prefix}:deployment_status"
 
+    def autoscaling(self) -> str:
+        """Hash: deployment name -> AutoscaleRecord JSON (the replica count autoscaling decided), scheduler only."""
+        return f"{self.prefix}:autoscaling"
+
     def goals(self) -> str:
         """Hash: goal id -> GoalRecord JSON; the scheduler completes and prunes them."""
         return f"{self.prefix}:goals"

@@ -217,6 +217,16 @@ class DeploymentHealthRecord(_Record):
     updated_ms: int
 
 
+class AutoscaleRecord(_Record):
+    """The scheduler's latest replica count for an autoscaled deployment, kept so a new scheduler resumes from it."""
+
+    replicas: int
+    """The count the scheduler keeps until its next decision (the TARGET that ``status`` shows)."""
+    reason: str = ""
+    """Why, as logged: e.g. "ongoing 6.0 on 1 replica(s), target 2 each, for 1.0s"."""
+    updated_ms: int
+
+
 class GoalRecord(_Record):
     """One desired-state write and whether the running system has reached it."""
 
@@ -226,6 +236,7 @@ class GoalRecord(_Record):
     """"apply", "scale" or "delete"."""
     version: str = ""
     replicas: int = 0
+    """The count asked for (num_replicas; min_replicas when autoscaled); once DONE, the count it was reached at."""
     status: GoalStatus = GoalStatus.PENDING
     message: str = ""
     created_ms: int

@@ -6,24 +6,48 @@ when those keys share a hash tag.
 
 from __future__ import annotations
 
-ENQUEUE = """
+_PENDING_COUNT = """
+-- "Queued" means the same for admission (ENQUEUE) and for status (QUEUE_DEPTH): entries of the request
+-- stream that no replica has read yet, i.e. XLEN minus the group's pending count (read, not yet acknowledged).
+-- Replicas XACK and XDEL an entry in one round trip, so finished entries count in neither figure.
+local function pending_count(stream, group)
+  local summary = redis.pcall('XPENDING', stream, group)
+  if type(summary) == 'table' and summary[1] then return tonumber(summary[1]) end
+  return 0  -- no stream or no group yet: nothing has been read
+end
+"""
+
+ENQUEUE = (
+    """
 -- Admit a request only if the deployment's queue has room (check and add are one step).
 -- KEYS[1]  the deployment's request stream
 -- ARGV[1]  max_queued_requests: entries waiting that no replica has read yet
 -- ARGV[2]  the consumer group name
 -- ARGV[3..] the request's field/value pairs
 -- Returns the new entry id, or 0 when the queue is full.
+"""
+    + _PENDING_COUNT
+    + """
 local length = redis.call('XLEN', KEYS[1])
 local limit = tonumber(ARGV[1])
-if length >= limit then
-  -- Entries stay in the stream until acknowledged, so subtract those already being worked on.
-  local pending = redis.pcall('XPENDING', KEYS[1], ARGV[2])
-  local in_flight = 0
-  if type(pending) == 'table' and pending[1] then in_flight = tonumber(pending[1]) end
-  if length - in_flight >= limit then return 0 end
-end
+-- XLEN counts the entries being worked on too: only when it alone reaches the limit is XPENDING needed.
+if length >= limit and length - pending_count(KEYS[1], ARGV[2]) >= limit then return 0 end
 return redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
 """
+)
+
+QUEUE_DEPTH = (
+    """
+-- One consistent reading of a request stream's figures (status shows queued = length - pending).
+-- KEYS[1]  the deployment's request stream
+-- ARGV[1]  the consumer group name
+-- Returns {length, pending}.
+"""
+    + _PENDING_COUNT
+    + """
+return {redis.call('XLEN', KEYS[1]), pending_count(KEYS[1], ARGV[1])}
+"""
+)
 
 RENEW_LOCK = """
 -- Extend a lock's expiry only if we still hold it.
@@ -45,19 +69,23 @@ return 0
 """
 
 REQUEUE = """
--- Give the entries a dead replica held back to the queue, or to the dead-letter stream
--- once they have been delivered max_delivery_attempts times. One entry is moved atomically.
+-- Give pending entries back to the queue as new entries at its tail: those a dead replica held
+-- (counting one more attempt, and going to the dead-letter stream once they reach
+-- max_delivery_attempts), or those a live replica hands back unrun (counting nothing).
+-- One entry is moved atomically.
 -- KEYS[1]  the deployment's request stream
 -- KEYS[2]  the deployment's dead-letter stream (capped at ARGV[4] entries, approximately)
 -- ARGV[1]  the consumer group name
 -- ARGV[2]  max_delivery_attempts
 -- ARGV[3]  why (stored with a dead-lettered entry)
 -- ARGV[4]  dead-letter stream cap
--- ARGV[5..] ids of pending entries to move
+-- ARGV[5]  attempts to add: 1 when the replica died holding them, 0 when handed back
+-- ARGV[6..] ids of pending entries to move
 -- Returns {request_id, reply_to, deliveries, ...} for every entry sent to the dead-letter stream.
 local dead = {}
 local max_deliveries = tonumber(ARGV[2])
-for i = 5, #ARGV do
+local increment = tonumber(ARGV[5])
+for i = 6, #ARGV do
   local id = ARGV[i]
   local entries = redis.call('XRANGE', KEYS[1], id, id)
   if #entries > 0 then
@@ -73,10 +101,10 @@ for i = 5, #ARGV do
       end
       if name == 'id' then request_id = value elseif name == 'reply_to' then reply_to = value end
     end
-    local deliveries = attempts + 1
+    local deliveries = attempts + increment
     kept[#kept + 1] = 'attempts'
     kept[#kept + 1] = tostring(deliveries)
-    if deliveries >= max_deliveries then
+    if increment > 0 and deliveries >= max_deliveries then
       kept[#kept + 1] = 'reason'
       kept[#kept + 1] = ARGV[3]
       redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', unpack(kept))

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from streamserve.ids import ReplicaID
-from streamserve.messages import DeploymentHealthRecord, ReplicaRecord
+from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, ReplicaRecord
 
 Clock = Callable[[], int]
 """Returns epoch milliseconds; injected so scheduler tests control time."""
@@ -27,8 +27,9 @@ class Launcher(Protocol):
 
 
 class ReplicaStore(Protocol):
-    """Persists the scheduler's replica records and deployment verdicts."""
+    """Persists the scheduler's replica records, deployment verdicts and autoscaling decisions (None: drop it)."""
 
     async def save(self, deployment: str, record: ReplicaRecord) -> None: ...
     async def remove(self, deployment: str, replica_id: str) -> None: ...
     async def save_health(self, deployment: str, record: DeploymentHealthRecord) -> None: ...
+    async def save_autoscale(self, deployment: str, record: AutoscaleRecord | None) -> None: ...

@@ -191,8 +191,12 @@ class Farm:
         ]
         for d in deployments:
             route = f"POST {gateway_url}{d.route_prefix}" if d.route_prefix else "client only"
+            auto = d.autoscaling_config
+            count = f"{d.target_replicas} replica(s)"
+            if auto is not None:
+                count = f"{auto.min_replicas}-{auto.max_replicas} replicas (autoscaled)"
             trouble = f"  NOT RUNNING: {failed[d.name]}" if d.name in failed else ""
-            lines.append(f"  - {d.name}: {d.target_replicas} replica(s), {route}{trouble}")
+            lines.append(f"  - {d.name}: {count}, {route}{trouble}")
         for e in self.options.config.endpoints:
             route = f"POST {gateway_url}{e.route_prefix}" if e.route_prefix else "client only"
             lines.append(f"  - {e.name}: endpoint over {', '.join(sorted(e.traffic))}, {route}")

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections import Counter
 from typing import Any
+
+import streamserve
 
 CALLS: list[Any] = []
 """Bodies seen by Recorder in this process (for in-process replicas)."""
@@ -53,6 +56,13 @@ async def gate(body: Any) -> Any:
     return body
 
 
+async def gated_recorder(body: Any) -> Any:
+    """Records its body in CALLS, then returns it once the test opens GATE."""
+    CALLS.append(body)
+    await GATE.wait()
+    return body
+
+
 class FailingConstructor:
     def __init__(self) -> None:
         raise RuntimeError("weights not found")
@@ -64,9 +74,17 @@ def pid(body: Any) -> int:
 
 
 def crash_on(body: Any) -> Any:
-    """Kills its own process (as a segfaulting model would) when asked to; echoes anything else."""
+    """Kills its own process (as a segfaulting model would) on "crash", or ``{"crash_after": S}`` seconds.
+
+    ``{"sleep": S, ...}`` echoes the body after S seconds; anything else is echoed at once.
+    """
     if body == "crash":
         os._exit(3)
+    if isinstance(body, dict) and "crash_after" in body:
+        time.sleep(body["crash_after"])
+        os._exit(3)
+    if isinstance(body, dict) and "sleep" in body:
+        time.sleep(body["sleep"])
     return body
 
 
@@ -79,3 +97,91 @@ class Tally:
     def __call__(self, body: Any) -> None:
         with open(self.path, "a") as tally:
             tally.write("call\n")
+
+
+# -- batching -------------------------------------------------------------------------
+
+BATCH_SIZES: list[int] = []
+"""Sizes of the batches the batched deployments below ran in this process (for in-process replicas)."""
+BATCH_BODIES: list[Any] = []
+"""Every body the batched deployments below ran in this process."""
+
+
+def _seen(bodies: list[Any]) -> None:
+    BATCH_SIZES.append(len(bodies))
+    BATCH_BODIES.extend(bodies)
+
+
+class BatchedModel:
+    """A class whose ``__call__`` (sync) and ``predict`` (async) take batches."""
+
+    @streamserve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
+    def __call__(self, bodies: list[Any]) -> list[dict[str, Any]]:
+        _seen(bodies)
+        return [{"in": body, "size": len(bodies)} for body in bodies]
+
+    @streamserve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
+    async def predict(self, bodies: list[Any]) -> list[dict[str, Any]]:
+        _seen(bodies)
+        return [{"in": body, "size": len(bodies)} for body in bodies]
+
+
+@streamserve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
+async def batched_fn(bodies: list[Any]) -> list[dict[str, Any]]:
+    """An async function that takes batches."""
+    _seen(bodies)
+    return [{"in": body, "size": len(bodies)} for body in bodies]
+
+
+@streamserve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
+def batched_short(bodies: list[Any]) -> list[Any]:
+    """A buggy batch handler: one output too few."""
+    _seen(bodies)
+    return bodies[:-1]
+
+
+@streamserve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
+def batched_boom(bodies: list[Any]) -> list[Any]:
+    """Raises for the whole batch when any body is "bad"."""
+    _seen(bodies)
+    if "bad" in bodies:
+        raise ValueError("one bad input in the batch")
+    return bodies
+
+
+@streamserve.batch(max_batch_size=8, batch_wait_timeout_s=60)
+async def batched_patient(bodies: list[Any]) -> list[Any]:
+    """Waits up to a minute for a full batch (a drain must not wait for it)."""
+    _seen(bodies)
+    return bodies
+
+
+# -- deadlines and backpressure (run as real processes by tests/e2e/test_load.py) --------
+
+
+SLOW_ECHO_S = 0.05
+
+
+async def slow_echo(body: Any) -> Any:
+    """Returns its body after ``SLOW_ECHO_S``: a slow deployment whose queue fills up."""
+    await asyncio.sleep(SLOW_ECHO_S)
+    return body
+
+
+class Ledger:
+    """Records the id of every body it runs; ``seen`` returns them. ``{"wait_for": PATH}`` holds until PATH exists."""
+
+    def __init__(self) -> None:
+        self.ran: list[Any] = []
+
+    async def __call__(self, body: dict[str, Any]) -> Any:
+        self.ran.append(body.get("id"))
+        path = body.get("wait_for")
+        for _ in range(2000):  # at most 20 s
+            if path is None or os.path.exists(path):
+                break
+            await asyncio.sleep(0.01)
+        return body.get("id")
+
+    def seen(self, body: Any) -> list[Any]:
+        return self.ran

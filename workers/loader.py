@@ -8,16 +8,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamserve.batching import BatchConfig, batch_config_of
 from streamserve.config import DeploymentConfig
 from streamserve.errors import BadRequestError, ConfigError
 
 
 @dataclass
 class Handler:
-    """One callable of the deployment, and whether it must be awaited."""
+    """One callable of the deployment, whether it must be awaited, and whether it takes batches."""
 
     fn: Callable[..., Any]
     is_async: bool
+    batch: BatchConfig | None = None
+    """Set for a ``@streamserve.batch`` handler: it takes a list of bodies (workers/batcher.py)."""
 
 
 @dataclass
@@ -43,7 +46,7 @@ class LoadedDeployment:
             raise BadRequestError(f"{type(self.target).__name__} has no public method {method!r}")
         else:
             fn = getattr(self.target, method)
-        handler = Handler(fn, _is_async(fn))
+        handler = Handler(fn, _is_async(fn), batch_config_of(fn))
         self._handlers[method] = handler
         return handler
 

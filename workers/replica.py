@@ -20,6 +20,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from streamserve import scripts
 from streamserve.config import DeploymentConfig
 from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.control import Control
@@ -27,10 +28,11 @@ from streamserve.errors import BadRequestError, ProtocolError
 from streamserve.ids import ReplicaID
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.longpoll import LongPollSubscriber
-from streamserve.messages import Heartbeat, Reply, ReplyStatus, Request, StreamBatches, dumps, now_ms
+from streamserve.messages import Fields, Heartbeat, Reply, ReplyStatus, Request, StreamBatches, dumps, now_ms
 from streamserve.settings import Settings
 from streamserve.states import ReplicaHealth
-from workers.loader import LoadedDeployment, load
+from workers.batcher import Batchers, DeadlinePassed
+from workers.loader import Handler, LoadedDeployment, load
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ class Replica:
     def __init__(self, settings: Settings, redis: aioredis.Redis, replica_id: ReplicaID) -> None:
         self._settings = settings
         self._redis = redis
+        self._requeue = redis.register_script(scripts.REQUEUE)
         self._keys = settings.keys
         self.replica_id = replica_id
         self._consumer = replica_id.to_str()
@@ -61,6 +64,9 @@ class Replica:
         self._stopping = asyncio.Event()
         self._served = 0
         self._failed = 0
+        self._batchers = Batchers(
+            self._call, lambda: self._cfg.max_ongoing_requests if self._cfg else 0, self.replica_id.to_str()
+        )
 
     # -- process lifecycle -----------------------------------------------------
 
@@ -96,6 +102,7 @@ class Replica:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+            await self._batchers.aclose()
             if loaded:
                 await self._goodbye()
             if self._executor is not None:
@@ -159,6 +166,7 @@ class Replica:
 
     async def _drain(self) -> None:
         await self._set_health(ReplicaHealth.DRAINING)
+        self._batchers.flush_now()  # nothing more will arrive: partial batches need not wait to fill
         if self._inflight:
             assert self._cfg is not None
             await asyncio.wait(set(self._inflight), timeout=self._cfg.graceful_shutdown_timeout_s)
@@ -223,11 +231,47 @@ class Replica:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
+            suspects = []
             for _stream, entries in batches or ():
                 for entry_id, fields in entries:
-                    task = asyncio.create_task(self._handle(entry_id, fields))
-                    self._inflight.add(task)
-                    task.add_done_callback(self._on_done)
+                    if b"attempts" in fields:
+                        suspects.append((entry_id, fields))
+                    else:
+                        self._start(entry_id, fields)
+            if suspects:
+                # Hand the others back first: had this replica still held them, a death would charge them too.
+                await self._hand_back([entry_id for entry_id, _ in suspects[1:]])
+                await self._run_alone(*suspects[0])
+
+    def _start(self, entry_id: bytes, fields: Fields) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._handle(entry_id, fields))
+        self._inflight.add(task)
+        task.add_done_callback(self._on_done)
+        return task
+
+    async def _run_alone(self, entry_id: bytes, fields: Fields) -> None:
+        """Run an entry that a dead replica held with nothing else in flight, and read nothing meanwhile.
+
+        Any entry a dying replica held may be what killed it, so each was
+        charged an attempt. Run side by side again, a poison request would take
+        its neighbours down with it on every delivery until they too reached the
+        dead-letter stream; alone, a death is charged to the culprit only.
+        """
+        if self._inflight:
+            await asyncio.wait(set(self._inflight))
+        await self._start(entry_id, fields)
+
+    async def _hand_back(self, entry_ids: list[bytes]) -> None:
+        """Return suspects read beside the one being run alone to the queue, unrun and uncharged."""
+        if not entry_ids:
+            return
+        assert self._cfg is not None
+        # No dead-letter stream is written with 0 attempts to add: its name and cap go unused.
+        dead_letters, unused_cap = self._keys.dead_letters(self._name), 0
+        await self._requeue(
+            keys=[self._stream, dead_letters],
+            args=[CONSUMER_GROUP, self._cfg.max_delivery_attempts, "", unused_cap, 0, *entry_ids],
+        )
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
@@ -259,14 +303,13 @@ class Replica:
         except (BadRequestError, orjson.JSONDecodeError) as exc:
             return Reply(request.request_id, ReplyStatus.BAD_REQUEST, rid, error_message=str(exc))
         try:
-            if handler.is_async:
-                result = await handler.fn(body)
+            if handler.batch is None:
+                result = await self._call(handler, body)
             else:
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._executor, handler.fn, body)
-                if asyncio.iscoroutine(result):
-                    result = await result
+                result = await self._batchers.call(request.method, handler, body, request.deadline_ms)
             return Reply(request.request_id, ReplyStatus.OK, rid, body=dumps(result))
+        except DeadlinePassed:
+            return Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, rid)
         except Exception as exc:
             message = str(exc)
             if self._settings.debug:
@@ -274,6 +317,13 @@ class Replica:
             return Reply(
                 request.request_id, ReplyStatus.USER_ERROR, rid, error_type=type(exc).__name__, error_message=message
             )
+
+    async def _call(self, handler: Handler, arg: Any) -> Any:
+        """Run a handler on one body (or a batch's list): async ones on the loop, sync ones in the thread pool."""
+        if handler.is_async:
+            return await handler.fn(arg)
+        result = await asyncio.get_running_loop().run_in_executor(self._executor, handler.fn, arg)
+        return await result if asyncio.iscoroutine(result) else result
 
     async def _finish(self, entry_id: bytes, reply: Reply | None, reply_to: str = "") -> None:
         """Reply, acknowledge and delete in one round trip (acknowledged entries must not pile up)."""

@@ -13,11 +13,11 @@ nothing is ever fetched from a model hub.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
-from collections.abc import Callable
 from typing import Any
+
+from streamserve import batch
 
 # The weights are on disk; the replica must never try the network. huggingface_hub reads these when it
 # is first imported, so they are set here, before the constructor imports sentence_transformers.
@@ -28,31 +28,6 @@ MAX_BATCH_SIZE = 32
 BATCH_WAIT_TIMEOUT_S = 0.01
 DIMENSION = 384
 EXTRA_HINT = "examples.embed needs the optional extra: pip install -e '.[embed]'"
-
-BatchMethod = Callable[[Any, list[Any]], list[Any]]
-
-
-def _one_at_a_time(max_batch_size: int, batch_wait_timeout_s: float) -> Callable[[BatchMethod], Any]:
-    """Stand-in for ``streamserve.batch`` on a streamserve without it: every request is a batch of one."""
-
-    def decorate(fn: BatchMethod) -> Callable[[Any, Any], Any]:
-        @functools.wraps(fn)
-        def one(self: Any, body: Any) -> Any:
-            return fn(self, [body])[0]
-
-        return one
-
-    return decorate
-
-
-# Once streamserve.batch is merged, this guard and _one_at_a_time can go: `from streamserve import batch`.
-try:
-    from streamserve import batch
-except ImportError:  # batching is not in this streamserve yet: same answers, one sentence per forward pass
-    batch = _one_at_a_time
-
-BATCHING = batch is not _one_at_a_time
-"""Whether ``__call__`` really batches (``streamserve.batch`` exists) or runs one sentence per call."""
 
 
 def text_of(body: Any) -> str:

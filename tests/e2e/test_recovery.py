@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
 from streamserve import Client, DeadLetterError
 from tests.e2e.farm import Farm, pids_with_marker, wait_for
@@ -19,17 +20,18 @@ REDIS_CLI = str(Path(sys.executable).with_name("redis-cli"))
 
 def test_requests_held_by_a_killed_replica_complete_elsewhere(farm: Farm) -> None:
     with Client(farm.effective_redis_url) as client:
-        futures = [client.submit("slow", {"seconds": 2}, timeout=30) for _ in range(6)]
+        futures = [client.submit("slow", {"seconds": 4}, timeout=30) for _ in range(6)]
+        busy: list[dict[str, object]] = []
 
-        def busy_replica() -> dict[str, object] | None:
+        def found_a_busy_replica() -> bool:
+            # Keep what this look saw: asking again later may find the requests already done.
             replicas = farm.status()["slow"]["replicas"]
-            return next((r for r in replicas if r["ongoing"] > 0 and r["state"] == "RUNNING"), None)
+            busy[:] = [r for r in replicas if r["ongoing"] > 0 and r["state"] == "RUNNING"]
+            return bool(busy)
 
-        wait_for(lambda: busy_replica() is not None, 10, "no replica picked up the requests")
-        victim = busy_replica()
-        assert victim is not None
-        os.kill(int(victim["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
-        assert [f.result(timeout=30) for f in futures] == [{"slept": 2}] * 6
+        wait_for(found_a_busy_replica, 10, "no replica picked up the requests")
+        os.kill(int(busy[0]["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+        assert [f.result(timeout=30) for f in futures] == [{"slept": 4}] * 6
 
 
 def test_poison_request_goes_to_dead_letters_and_others_are_served(farm: Farm) -> None:
@@ -46,6 +48,19 @@ def test_poison_request_goes_to_dead_letters_and_others_are_served(farm: Farm) -
         timeout=10,
     ).stdout
     assert '"crash"' in dead and "died while running it" in dead
+    wait_for(lambda: farm.status()["fragile"]["running"] == 2, 20, "fragile replicas not replaced")
+
+
+def test_a_poison_request_does_not_take_its_neighbours_to_the_dead_letters(farm: Farm) -> None:
+    with Client(farm.effective_redis_url) as client:
+        neighbours = [client.submit("fragile", {"sleep": 2, "i": i}, timeout=90) for i in range(6)]
+        with redis.Redis.from_url(farm.effective_redis_url) as r:
+            held = lambda: r.xpending("streamserve:{fragile}:requests", "replicas")["pending"]  # noqa: E731
+            wait_for(lambda: held() == 6, 10, "neighbours not picked up")
+        poison = client.submit("fragile", {"crash_after": 0.2}, timeout=90)  # dies beside some of them
+        assert [f.result(timeout=90) for f in neighbours] == [{"sleep": 2, "i": i} for i in range(6)]
+        with pytest.raises(DeadLetterError, match="delivered 3 times and each time its replica died"):
+            poison.result(timeout=90)
     wait_for(lambda: farm.status()["fragile"]["running"] == 2, 20, "fragile replicas not replaced")
 
 

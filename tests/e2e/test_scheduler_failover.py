@@ -49,6 +49,7 @@ def test_standby_takes_over_adopts_replicas_and_finishes_the_goal(
     wait_for(lambda: len(replicas()) == 2 and leaders(), 30, "no scheduler brought the replicas up")
     [leader] = leaders()
     [standby] = [name for name in schedulers if name != leader]
+    wait_for(lambda: b"standing by while scheduler" in processes.log(standby).read_bytes(), 10, "standby is silent")
     before = {rid: r["pid"] for rid, r in replicas().items()}
 
     with Client(redis_url) as client:

@@ -118,6 +118,9 @@ def test_deploy_wait_reports_success_and_failure(farm: Farm, tmp_path: Path) -> 
     failed = farm.cli("deploy", str(bad), "--wait", "--timeout", "60", check=False)
     assert failed.returncode == 1
     assert "broken: RuntimeError: weights not found" in failed.stderr
+    again = farm.cli("deploy", str(bad), "--wait", "--timeout", "60", check=False)  # unchanged, still broken
+    assert again.returncode == 1 and "broken: RuntimeError: weights not found" in again.stderr
+    assert "adder: unchanged, 1 replica(s) running" in farm.cli("deploy", str(good), "--wait").stdout
     assert "weights not found" in farm.cli("status").stdout
     # No replica and none can start: callers are refused at once instead of waiting for their deadline.
     wait_for(lambda: farm.post("/broken", 1).status_code == 503, 10, "gateway still queues for a broken deployment")

@@ -24,13 +24,18 @@ def test_up_serves_the_example_and_ctrl_c_leaves_nothing_behind(tmp_path: Path) 
         log = farm.log().decode()
         assert f"gateway   {farm.base_url}" in log
         assert f"redis     redis://127.0.0.1:{farm.redis_port}/0  (embedded)" in log
-        assert {name: d["running"] for name, d in farm.status().items()} == {"echo": 2, "sleepy": 1, "add": 1}
+        assert {name: d["running"] for name, d in farm.status().items()} == {
+            "echo": 2,
+            "sleepy": 1,
+            "add": 1,
+            "batched": 1,
+        }
         resp = farm.post("/echo", {"x": [1, 2, 3]})
         assert resp.status_code == 200 and resp.json()["echo"] == {"x": [1, 2, 3]}
         started = pids_with_marker(farm.token)
-        # up, scheduler, gateway and 4 replicas; redis-server overwrites its environ with its
+        # up, scheduler, gateway and 5 replicas; redis-server overwrites its environ with its
         # process title, so it is checked by its port below.
-        assert len(started) == 1 + 2 + 4
+        assert len(started) == 1 + 2 + 5
         assert farm.proc is not None
         farm.proc.send_signal(2)  # Ctrl-C
         assert farm.proc.wait(40) == 0

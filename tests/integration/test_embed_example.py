@@ -12,7 +12,12 @@ from typing import Any
 
 import pytest
 
-from examples.embed.model import DIMENSION, EXTRA_HINT, MAX_BATCH_SIZE  # sets HF_HUB_OFFLINE before the imports
+from examples.embed.model import (  # sets HF_HUB_OFFLINE before the imports below
+    DIMENSION,
+    EXTRA_HINT,
+    MAX_BATCH_SIZE,
+    Embedder,
+)
 from streamserve.client import AsyncClient
 from streamserve.errors import RemoteError
 from tests.integration.conftest import StartReplica
@@ -116,3 +121,14 @@ async def test_a_bad_body_is_a_clear_remote_error_and_the_replica_keeps_serving(
         assert info.value.error_type == "ValueError"
         assert 'expected {"text": "<sentence>"}' in info.value.message
     assert len(await client.call("embed", "still serving", timeout=TIMEOUT_S)) == DIMENSION
+
+
+def test_called_directly_the_batched_method_takes_a_list_and_names_a_bad_item(reference: Any) -> None:
+    embedder = Embedder()
+    vectors = embedder(["A man is eating food.", {"text": "The stock market fell sharply today."}])
+    assert len(vectors) == 2
+    assert_same_vector(vectors[0], alone(reference, "A man is eating food."))
+    assert_same_vector(vectors[1], alone(reference, "The stock market fell sharply today."))
+    with pytest.raises(ValueError, match=r"^request 2 of the 3 batched together: .*got int$"):
+        embedder(["fine", 7, "also fine"])
+    assert embedder.stats() == {"model_calls": 1, "sentences": 2}  # the bad batch never reached the model

@@ -110,6 +110,10 @@ async def test_admin_writes_need_the_api_key_when_one_is_set(guarded_http: httpx
     goal = await guarded_http.get(f"/-/goals/{goal_id}")  # reads stay open
     assert goal.status_code == 200 and goal.json()["status"] == "PENDING"
     assert (await guarded_http.delete("/-/deployments/adm")).status_code == 401
+    scaled = await guarded_http.post(
+        "/-/deployments/adm/scale", json={"num_replicas": 2}, headers={"Authorization": "bearer  s3cret"}
+    )
+    assert scaled.status_code == 200  # the scheme is case-insensitive (RFC 7235)
     deleted = await guarded_http.delete("/-/deployments/adm", headers={"X-API-Key": "s3cret"})
     assert deleted.status_code == 200 and deleted.json()["goal_id"]
 

@@ -10,7 +10,7 @@ import pytest
 from scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, DeploymentState, Target, Timeouts
 from streamserve.config import DeploymentConfig
 from streamserve.ids import ReplicaID
-from streamserve.messages import DeploymentHealthRecord, Heartbeat, ReplicaRecord
+from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, Heartbeat, ReplicaRecord
 from streamserve.states import DeploymentHealth, ReplicaHealth, ReplicaState
 
 HOST = "testhost"
@@ -57,6 +57,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self.records: dict[str, ReplicaRecord] = {}
         self.health: DeploymentHealthRecord | None = None
+        self.autoscale: AutoscaleRecord | None = None
 
     async def save(self, deployment: str, record: ReplicaRecord) -> None:
         self.records[record.replica_id] = record
@@ -66,6 +67,9 @@ class MemoryStore:
 
     async def save_health(self, deployment: str, record: DeploymentHealthRecord) -> None:
         self.health = record
+
+    async def save_autoscale(self, deployment: str, record: AutoscaleRecord | None) -> None:
+        self.autoscale = record
 
 
 class Harness:

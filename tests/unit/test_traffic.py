@@ -82,3 +82,5 @@ def test_cli_traffic_arguments_are_checked(capsys: pytest.CaptureFixture[str]) -
     assert "'v2' is not NAME=weight" in capsys.readouterr().err
     assert cli.main(["traffic", "classify", "v1=1", "--shadow", "v3=lots"]) == 2
     assert "'v3=lots' is not NAME=shadow fraction" in capsys.readouterr().err
+    assert cli.main(["traffic", "classify", "v1=1", "v1=2"]) == 2
+    assert "'v1' is given twice" in capsys.readouterr().err

@@ -1,0 +1,14 @@
+# `make check`: what CI checks, in one command (the tests also run ruff and mypy themselves).
+PY := .venv/bin
+CODE := streamserve app workers scheduler examples tests bench
+
+.PHONY: check format
+check:
+	$(PY)/ruff format --check $(CODE)
+	$(PY)/ruff check $(CODE)
+	$(PY)/mypy
+	$(PY)/pytest -q
+
+format:
+	$(PY)/ruff format $(CODE)
+	$(PY)/ruff check --fix $(CODE)

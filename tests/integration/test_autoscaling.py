@@ -1,0 +1,76 @@
+"""Autoscaling against a real redis-server: scale-from-zero requests wait; a new scheduler resumes the decided count."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from scheduler.scheduler import Scheduler
+from streamserve.client import AsyncClient
+from streamserve.control import Control
+from streamserve.messages import ReplicaRecord, Request, now_ms
+from streamserve.settings import Settings
+from streamserve.states import ACTIVE_REPLICA_STATES
+from tests.integration.conftest import StartReplica, deploy
+from tests.unit.test_deployment_state import FakeLauncher
+
+MIN_ZERO = {"min_replicas": 0, "max_replicas": 3, "target_ongoing_requests": 1, "upscale_delay_s": 0}
+
+
+async def wait_for(condition: object, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await condition():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_request_to_an_idle_autoscaled_deployment_waits_for_its_first_replica(
+    start_replica: StartReplica, client: AsyncClient, settings: Settings, aredis: aioredis.Redis
+) -> None:
+    fields = {"autoscaling_config": MIN_ZERO}
+    await deploy(settings, **fields)
+    call = asyncio.create_task(client.call("rec", {"x": 1}, timeout=20))  # not refused: it queues
+
+    async def queued() -> bool:
+        return int(await aredis.xlen(settings.keys.requests("rec"))) == 1
+
+    await wait_for(queued)
+    await start_replica(**fields)  # the replica that starts later finds the request already queued
+    assert (await asyncio.wait_for(call, 20))["body"] == {"x": 1}
+
+
+async def test_a_new_scheduler_resumes_the_autoscaled_count(settings: Settings, aredis: aioredis.Redis) -> None:
+    await deploy(settings, autoscaling_config={**MIN_ZERO, "downscale_delay_s": 600})
+    stream = settings.keys.requests("rec")
+    for i in range(3):
+        await aredis.xadd(stream, Request(f"r{i}", "", now_ms() + 60_000, b"null").encode())
+    clock = [1_000_000]
+    launcher = FakeLauncher()  # no process is started: the replicas are records with made-up pids
+    first = Scheduler(settings, aredis, launcher, clock=lambda: clock[0])
+    for _ in range(2):  # 0 -> 1 at once for the queued requests, then 1 -> 3 for 3 ongoing
+        clock[0] += 200
+        await first.tick()
+    status = {s.name: s for s in await Control(aredis, settings.keys).status()}["rec"]
+    assert status.target == 3 and status.starting == 3
+    assert status.autoscaling is not None and "ongoing 3.0 on 1 replica(s)" in status.autoscaling.reason
+
+    # The first scheduler is gone; one of its replicas died meanwhile and the queue drained.
+    records = [ReplicaRecord.decode(v) for v in (await aredis.hgetall(settings.keys.replicas("rec"))).values()]
+    launcher.exit(records[0].pid)
+    await aredis.xtrim(stream, maxlen=0)
+    second = Scheduler(settings, aredis, launcher, clock=lambda: clock[0])
+    running = asyncio.create_task(second.run())
+
+    async def ticked() -> bool:
+        return second.ticks >= 2
+
+    try:
+        await wait_for(ticked)
+    finally:
+        second.should_exit.set()
+        await asyncio.wait_for(running, 10)
+    records = [ReplicaRecord.decode(v) for v in (await aredis.hgetall(settings.keys.replicas("rec"))).values()]
+    assert sum(r.state in ACTIVE_REPLICA_STATES for r in records) == 3  # the dead one replaced, not dropped
+    status = {s.name: s for s in await Control(aredis, settings.keys).status()}["rec"]
+    assert status.target == 3

@@ -1,0 +1,174 @@
+"""An autoscaled deployment reconciled tick by tick: the fake launcher, the in-memory store, a fake clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fakeredis import FakeAsyncRedis
+
+from scheduler.deployment_state import DeploymentState, Target, Timeouts
+from scheduler.goals import GoalTracker
+from streamserve.config import AppConfig, DeploymentConfig
+from streamserve.control import Control
+from streamserve.keys import Keys
+from streamserve.states import DeploymentHealth, GoalStatus, ReplicaState
+from tests.unit.test_deployment_state import Harness
+
+AUTO = {
+    "min_replicas": 0,
+    "max_replicas": 4,
+    "target_ongoing_requests": 2,
+    "upscale_delay_s": 1,
+    "downscale_delay_s": 10,
+}
+
+
+def autoscaled(**auto: Any) -> Target:
+    return Target(
+        DeploymentConfig.model_validate(
+            {"name": "echo", "import_path": "examples.echo:Echo", "autoscaling_config": {**AUTO, **auto}}
+        )
+    )
+
+
+def fixed(replicas: int) -> Target:
+    cfg = {"name": "echo", "import_path": "examples.echo:Echo", "num_replicas": replicas}
+    return Target(DeploymentConfig.model_validate(cfg))
+
+
+async def tick(h: Harness, t: Target, ongoing: int = 0, advance_ms: int = 200) -> None:
+    """One scheduler tick: replicas are ready once started and exit once told to stop."""
+    h.now += advance_ms
+    h.beat_all()
+    await h.state.update(t, h.beats, h.now, ongoing)
+    for pid in h.launcher.terminated:
+        h.launcher.exit(pid)
+
+
+async def hold(h: Harness, t: Target, ongoing: int, seconds: float) -> None:
+    for _ in range(int(seconds * 5)):
+        await tick(h, t, ongoing)
+
+
+def active(h: Harness) -> int:
+    return sum(n for state, n in h.counts().items() if state in (ReplicaState.STARTING, ReplicaState.RUNNING))
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+async def test_min_zero_starts_with_nothing_and_is_healthy(h: Harness) -> None:
+    await hold(h, autoscaled(), 0, 2)
+    assert h.state.replicas == {}
+    assert h.state.autoscaled == 0
+    assert h.store.autoscale is not None and h.store.autoscale.replicas == 0
+    assert h.store.health is not None and h.store.health.health is DeploymentHealth.HEALTHY
+
+
+async def test_a_queued_request_starts_the_first_replica_in_the_same_tick(h: Harness) -> None:
+    t = autoscaled(upscale_delay_s=30)
+    await hold(h, t, 0, 2)
+    await tick(h, t, ongoing=1)
+    assert h.counts() == {ReplicaState.STARTING: 1}
+    assert h.store.autoscale is not None and h.store.autoscale.replicas == 1
+    assert "waiting and no replica" in h.store.autoscale.reason
+
+
+async def test_scales_up_under_load_and_back_to_zero_when_idle(h: Harness) -> None:
+    t = autoscaled()
+    await tick(h, t, ongoing=8)
+    assert active(h) == 1
+    await hold(h, t, 8, 0.6)
+    assert active(h) == 1  # a second replica is not yet due
+    await hold(h, t, 8, 1.0)
+    assert active(h) == 4 and h.state.autoscaled == 4
+    await hold(h, t, 0, 9)
+    assert active(h) == 4  # idle, but not for downscale_delay_s yet
+    await hold(h, t, 0, 5)
+    await tick(h, t)
+    assert h.state.replicas == {}
+    assert h.store.autoscale is not None and h.store.autoscale.replicas == 0
+
+
+async def test_persisted_count_is_resumed_by_a_new_state(h: Harness) -> None:
+    t = autoscaled()
+    await tick(h, t, ongoing=8)
+    await hold(h, t, 8, 2)
+    assert h.state.autoscaled == 4
+    fresh = DeploymentState("echo", h.launcher, h.store, Timeouts(10_000, 60_000))
+    for record in h.store.records.values():
+        fresh.adopt(record)
+    assert h.store.autoscale is not None
+    fresh.restore_autoscaled(h.store.autoscale)
+    h.state = fresh
+    await tick(h, t, ongoing=0)
+    assert active(h) == 4 and fresh.autoscaled == 4  # the delay starts over: nothing is stopped at once
+
+
+async def test_autoscaling_turned_on_starts_from_what_runs(h: Harness) -> None:
+    await hold(h, fixed(3), 0, 1)
+    assert active(h) == 3
+    await tick(h, autoscaled(min_replicas=1), ongoing=6)
+    assert active(h) == 3 and h.state.autoscaled == 3
+    assert h.launcher.terminated == []
+
+
+async def test_autoscaling_turned_off_forgets_the_count(h: Harness) -> None:
+    await tick(h, autoscaled(), ongoing=3)
+    assert h.store.autoscale is not None
+    await hold(h, fixed(2), 0, 1)
+    assert h.state.autoscaled is None and h.store.autoscale is None
+    assert active(h) == 2
+
+
+async def test_new_bounds_apply_at_once(h: Harness) -> None:
+    await tick(h, autoscaled(), ongoing=8)
+    await hold(h, autoscaled(), 8, 2)
+    assert active(h) == 4
+    await tick(h, autoscaled(max_replicas=2), ongoing=8)
+    assert active(h) == 2
+
+
+async def test_shutting_down_stops_everything_and_keeps_the_decision(h: Harness) -> None:
+    t = autoscaled()
+    await tick(h, t, ongoing=8)
+    await hold(h, t, 8, 2)
+    await hold(h, Target(t.cfg, shutting_down=True), 8, 1)
+    assert h.state.replicas == {}
+    assert h.store.autoscale is not None and h.store.autoscale.replicas == 4  # the next scheduler resumes at 4
+
+
+# -- goals of autoscaled deployments (fakeredis holds the goal records) ---------------------------------------------
+
+
+async def run_goals(h: Harness, redis: FakeAsyncRedis, cfg: DeploymentConfig) -> list[Any]:
+    tracker = GoalTracker(redis, Keys())
+    await tracker.update(await tracker.load(), {cfg.name: cfg}, {cfg.name: h.state}, h.now)
+    return await tracker.load()
+
+
+async def test_goal_of_a_min_zero_deployment_is_done_with_no_replica(h: Harness) -> None:
+    redis = FakeAsyncRedis()
+    t = autoscaled()
+    assert t.cfg is not None
+    await Control(redis, Keys()).apply(AppConfig(deployments=[t.cfg]))
+    await tick(h, t)
+    [goal] = await run_goals(h, redis, t.cfg)
+    assert goal.status is GoalStatus.DONE and goal.replicas == 0
+
+
+async def test_goal_is_judged_against_the_autoscaled_count(h: Harness) -> None:
+    redis = FakeAsyncRedis()
+    t = autoscaled(min_replicas=1, upscale_delay_s=0)
+    assert t.cfg is not None
+    await Control(redis, Keys()).apply(AppConfig(deployments=[t.cfg]))
+    await tick(h, t, ongoing=6)  # min 1, and the queue asks for 3 at once
+    assert active(h) == 3
+    [goal] = await run_goals(h, redis, t.cfg)
+    assert goal.status is GoalStatus.PENDING  # 3 starting, none running yet
+    await tick(h, t, ongoing=6)
+    [goal] = await run_goals(h, redis, t.cfg)
+    assert goal.status is GoalStatus.DONE and goal.replicas == 3
