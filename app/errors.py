@@ -22,6 +22,7 @@ from streamserve.errors import (
     StreamServeError,
     UnauthorizedError,
     UnavailableError,
+    error_fields,
 )
 
 STATUS_BY_ERROR: list[tuple[type[StreamServeError], int]] = [
@@ -61,12 +62,9 @@ async def handle_streamserve_error(request: Request, exc: Exception) -> Response
     """Render any StreamServeError as JSON ``{"error", "message", "request_id"}`` with its status."""
     assert isinstance(exc, StreamServeError)
     headers = dict(getattr(request.state, "reply_headers", {}))
-    if isinstance(exc, RemoteError):
-        body = {"error": exc.error_type, "message": exc.message}
-        if exc.replica_id:
-            headers["X-Replica"] = exc.replica_id
-    else:
-        body = {"error": type(exc).__name__, "message": str(exc)}
+    body = error_fields(exc)
+    if isinstance(exc, RemoteError) and exc.replica_id:
+        headers["X-Replica"] = exc.replica_id
     if isinstance(exc, OverloadedError):
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
     if isinstance(exc, UnauthorizedError):

@@ -1,4 +1,8 @@
-"""The gateway app: ``POST <route_prefix>`` -> enqueue -> await reply -> HTTP response."""
+"""The gateway app: ``POST <route_prefix>`` -> enqueue -> await reply -> HTTP response.
+
+With ``Prefer: respond-async`` the same POST is checked the same way, then
+queued as an asynchronous job (RQ): 202 and ``Location: /-/jobs/<id>``.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from streamserve.errors import (
 from streamserve.ids import new_request_id
 from streamserve.messages import ReplyStatus
 from streamserve.settings import Settings
+from streamserve.states import JobStatus
 
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -73,9 +78,11 @@ class Gateway:
             )
         body = await request.body() or b"null"
         try:
-            orjson.loads(body)
+            value = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise BadRequestError(f"request body is not valid JSON: {exc}") from None
+        if _prefers_async(request):
+            return await self.submit_job(request, name, value)
         route = await self.client.route(name)
         deployment = route.deployment.name
         request.state.reply_headers["X-Deployment"] = deployment
@@ -85,6 +92,29 @@ class Gateway:
             raise error_of(reply)
         headers = {"X-Request-ID": request_id, "X-Deployment": deployment, "X-Replica": reply.replica_id}
         return Response(reply.body, media_type="application/json", headers=headers)
+
+    async def submit_job(self, request: Request, name: str, value: object) -> Response:
+        """Queue the call as a job: 202 with the job's URL. The deployment is picked when the job runs."""
+        header_timeout = _header_timeout(request)
+        timeout = None
+        if header_timeout != float("inf"):  # it can only shorten the deployment's timeout, as for a direct call
+            timeout = min((await self.client.route(name)).deployment.request_timeout_s, header_timeout)
+        job_id = await self.client.submit_job(name, value, timeout=timeout)
+        headers = {
+            **request.state.reply_headers,
+            "Location": f"/-/jobs/{job_id}",
+            "Preference-Applied": "respond-async",
+        }
+        return json_response({"job_id": job_id, "status": JobStatus.QUEUED.value}, status_code=202, headers=headers)
+
+
+def _prefers_async(request: Request) -> bool:
+    """Whether a ``Prefer`` header (RFC 7240; several, comma-separated, with parameters) asks for respond-async."""
+    for header in request.headers.getlist("prefer"):
+        for preference in header.split(","):
+            if preference.split(";", 1)[0].split("=", 1)[0].strip().lower() == "respond-async":
+                return True
+    return False
 
 
 def _header_timeout(request: Request) -> float:
@@ -132,6 +162,11 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/-/status")
     async def status() -> Response:
         return json_response(await Control(gateway.client.redis, settings.keys).report())
+
+    @app.get("/-/jobs/{job_id}")
+    async def job(job_id: str) -> Response:
+        """An asynchronous job's status, with its result or error once it has one; 404 once its TTL passed."""
+        return json_response((await gateway.client.job(job_id)).to_json())
 
     app.include_router(admin_router(settings, gateway.client))
 

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 
+from scheduler.job_pool import JobWorkerPool
 from scheduler.launcher import ProcessLauncher
 from scheduler.scheduler import Scheduler
 from streamserve.connection import async_redis
@@ -30,7 +31,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def run(settings: Settings, stop_replicas_on_exit: bool) -> None:
     redis = async_redis(settings.effective_redis_url)
-    scheduler = Scheduler(settings, redis, ProcessLauncher(settings), stop_replicas_on_exit=stop_replicas_on_exit)
+    scheduler = Scheduler(
+        settings,
+        redis,
+        ProcessLauncher(settings),
+        stop_replicas_on_exit=stop_replicas_on_exit,
+        job_pool=JobWorkerPool(settings) if settings.job_workers else None,
+    )
     try:
         with on_stop_signals(scheduler.should_exit.set):
             await scheduler.run()

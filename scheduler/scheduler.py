@@ -11,6 +11,7 @@ from redis.exceptions import ResponseError
 
 from scheduler.deployment_state import DeploymentState, Target, Timeouts
 from scheduler.goals import GoalTracker
+from scheduler.job_pool import JobWorkerPool
 from scheduler.leader import LeaderLock
 from scheduler.reclaim import Reclaimer
 from scheduler.store import RedisReplicaStore
@@ -25,6 +26,9 @@ from streamserve.types import Clock, Launcher
 
 logger = logging.getLogger(__name__)
 
+JOB_WORKERS_STOP_S = 10.0
+"""How long job workers may take to finish their jobs on shutdown, before they are killed."""
+
 
 class Scheduler:
     """Owns the reconcile loop; ``should_exit`` asks for a graceful stop."""
@@ -36,6 +40,7 @@ class Scheduler:
         launcher: Launcher,
         *,
         stop_replicas_on_exit: bool = False,
+        job_pool: JobWorkerPool | None = None,
         clock: Clock = now_ms,
     ) -> None:
         self._settings = settings
@@ -53,6 +58,7 @@ class Scheduler:
         self._reclaimer = Reclaimer(redis, self._keys)
         self._goals = GoalTracker(redis, self._keys)
         self._stop_replicas_on_exit = stop_replicas_on_exit
+        self._job_pool = job_pool
         self._states: dict[str, DeploymentState] = {}
         self._known_groups: set[str] = set()
         self._standing_by = False
@@ -83,12 +89,16 @@ class Scheduler:
                 leader = await self._lock.current_leader()
                 logger.info("scheduler %s: standing by while scheduler %s leads", self._lock.holder_id, leader)
             self._standing_by = True
+            if self._job_pool is not None:
+                self._job_pool.stop()  # only the leader runs job workers: the pool's size is the farm's
             return
         self._standing_by = False
         if not was_leader:
             logger.info("scheduler %s: leading", self._lock.holder_id)
             await self._adopt()
         await self.tick()
+        if self._job_pool is not None:
+            self._job_pool.keep_running()
 
     async def _adopt(self) -> None:
         """Take over whatever replicas Redis records, instead of starting duplicates, and the autoscaled counts."""
@@ -132,7 +142,7 @@ class Scheduler:
     async def _reconcile(
         self, name: str, cfg: DeploymentConfig | None, beats: dict[str, Heartbeat], ongoing: int, now: int
     ) -> None:
-        shutting_down = self.should_exit.is_set()
+        shutting_down = self._stop_replicas_on_exit and self.should_exit.is_set()
         if cfg is not None:
             await self._ensure_group(cfg)
         state = self._state(name)
@@ -162,6 +172,7 @@ class Scheduler:
         self._known_groups.add(cfg.name)
 
     async def _shutdown(self) -> None:
+        await self._stop_job_workers()  # first, so that the jobs they run still find live replicas
         if self._lock.held and self._stop_replicas_on_exit:
             logger.info("scheduler: stopping all replicas before exit")
             try:
@@ -174,6 +185,18 @@ class Scheduler:
                 logger.warning("scheduler: Redis lost while stopping replicas: %s", exc)
         with contextlib.suppress(*RETRYABLE_ERRORS):
             await self._lock.release()
+
+    async def _stop_job_workers(self) -> None:
+        if self._job_pool is None:
+            return
+        self._job_pool.stop()
+        deadline = asyncio.get_running_loop().time() + JOB_WORKERS_STOP_S
+        while self._job_pool.pids and asyncio.get_running_loop().time() < deadline:
+            if self._lock.held:
+                with contextlib.suppress(*RETRYABLE_ERRORS):
+                    await self._lock.acquire_or_renew()
+            await asyncio.sleep(0.1)
+        self._job_pool.kill()
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

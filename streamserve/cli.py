@@ -29,6 +29,7 @@ ROLE_COMMANDS = {
     "gateway": "app.main",
     "scheduler": "scheduler.main",
     "worker": "workers.main",
+    "job-worker": "workers.job_worker",
 }
 """Commands that run one process of a role; the role package is imported only when chosen."""
 

@@ -13,19 +13,20 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import orjson
+import redis
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.typing import KeyT, StreamIdT
 
 from streamserve import scripts
 from streamserve.config import AppConfig, DeploymentConfig, EndpointConfig, load_config
-from streamserve.connection import RETRYABLE_ERRORS, async_redis
+from streamserve.connection import RETRYABLE_ERRORS, async_redis, sync_redis
 from streamserve.control import Control, DeploymentStatus
 from streamserve.errors import (
     BadRequestError,
@@ -40,6 +41,7 @@ from streamserve.errors import (
     UnavailableError,
 )
 from streamserve.ids import new_caller_id, new_request_id
+from streamserve.jobs import JobInfo, JobQueue
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.longpoll import EVERYTHING, LongPollSubscriber, OnChange
 from streamserve.messages import (
@@ -120,6 +122,8 @@ class AsyncClient:
         self.caller_id = new_caller_id()
         self._reply_stream = self._keys.reply_stream(self.caller_id)
         self._redis: aioredis.Redis | None = None
+        self._jobs: JobQueue | None = None
+        self._jobs_redis: redis.Redis | None = None
         self._enqueue: AsyncScript | None = None
         self._deployments: dict[str, DeploymentConfig] = {}
         self._endpoints: dict[str, TrafficPolicy] = {}
@@ -185,6 +189,9 @@ class AsyncClient:
                 await self._redis.delete(self._reply_stream)
             await self._redis.aclose()
             self._redis = None
+        if self._jobs_redis is not None:
+            self._jobs_redis.close()
+            self._jobs_redis = self._jobs = None
 
     async def __aenter__(self) -> AsyncClient:
         await self.start()
@@ -256,6 +263,47 @@ class AsyncClient:
         finally:
             timer.cancel()
             self._pending.pop(request_id, None)
+
+    # -- asynchronous jobs (RQ) ----------------------------------------------------
+
+    async def submit_job(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
+        """Queue a call of ``name`` as an asynchronous job; return the job id (see ``job``).
+
+        The body is checked now (JSON, size, the name exists and can be
+        served), the call runs later on a job worker, through the same request
+        stream and replicas as ``call``. ``timeout`` bounds the call once it
+        starts (default: the deployment's ``request_timeout_s``).
+        """
+        encoded = _encode(body)
+        self._check_size(encoded)
+        route = await self.route(name)
+        call_timeout_s = route.deployment.request_timeout_s if timeout is None else timeout
+        if call_timeout_s <= 0:
+            raise BadRequestError(f"timeout must be positive, got {call_timeout_s}")
+        # RQ serialises with the standard json module: hand it what orjson made of the body, plain JSON types.
+        plain = orjson.loads(encoded)
+        jobs = self._job_queue()
+        return await self._in_thread(
+            lambda: jobs.enqueue(name, plain, method=method, timeout=timeout, call_timeout_s=call_timeout_s)
+        )
+
+    async def job(self, job_id: str) -> JobInfo:
+        """A job's status, with its result once finished or its error once failed; NotFoundError after its TTL."""
+        jobs = self._job_queue()
+        return await self._in_thread(lambda: jobs.info(job_id))
+
+    def _job_queue(self) -> JobQueue:
+        """RQ is blocking: jobs get their own small blocking connection, used from worker threads."""
+        if self._jobs is None:
+            self._jobs_redis = sync_redis(self._settings.effective_redis_url)
+            self._jobs = JobQueue(self._jobs_redis, self._keys, self._settings.job_result_ttl_s)
+        return self._jobs
+
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
+        try:
+            return await asyncio.to_thread(fn)
+        except RETRYABLE_ERRORS as exc:
+            raise RedisUnavailableError(f"cannot reach Redis at {self._safe_url()}: {exc}") from exc
 
     # -- control: desired-state writes are goals ----------------------------------
 
@@ -540,6 +588,14 @@ class Client:
     def send(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
         """Enqueue without waiting for the result; return the request id."""
         return self._run(self._async.send(name, body, timeout=timeout, method=method)).result()
+
+    def submit_job(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
+        """Queue a call of ``name`` as an asynchronous job; return the job id (see ``job``)."""
+        return self._run(self._async.submit_job(name, body, timeout=timeout, method=method)).result()
+
+    def job(self, job_id: str) -> JobInfo:
+        """A job's status, with its result once finished or its error once failed; NotFoundError after its TTL."""
+        return self._run(self._async.job(job_id)).result()
 
     def deploy(self, config: AppConfig | str | Path) -> dict[str, str]:
         """Apply a config (object or YAML path); return {deployment: goal id} for what changed."""

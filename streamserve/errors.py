@@ -96,3 +96,10 @@ class BatchOutputError(StreamServeError):
     Raised in the replica (callers see it as a RemoteError whose ``error_type`` is ``BatchOutputError``)
     and when a decorated function is called directly.
     """
+
+
+def error_fields(exc: StreamServeError) -> dict[str, str]:
+    """``{"error", "message"}`` as callers see the error: the user's own type and message for a RemoteError."""
+    if isinstance(exc, RemoteError):
+        return {"error": exc.error_type, "message": exc.message}
+    return {"error": type(exc).__name__, "message": str(exc)}

@@ -85,6 +85,14 @@ class Keys:
         """Stream: replies for one caller process (a gateway or a client)."""
         return f"{self.prefix}:replies:{caller_id}"
 
+    def jobs_queue(self) -> str:
+        """The name of the RQ queue of asynchronous jobs.
+
+        RQ builds its own keys from it (``rq:queue:<this>``, ``rq:job:<id>``, ...):
+        those belong to RQ, under its fixed ``rq:`` prefix, not to this module.
+        """
+        return f"{self.prefix}:jobs"
+
     # -- per-deployment keys (all share the {name} hash tag) -----------------
 
     def _tagged(self, deployment: str, suffix: str) -> str:

@@ -44,6 +44,12 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1)
     """The largest request body a caller may send (JSON bytes); larger ones are refused (HTTP 413)."""
 
+    job_workers: int = Field(2, ge=0)
+    """How many RQ worker processes the leading scheduler keeps running for asynchronous jobs (0: none)."""
+
+    job_result_ttl_s: int = Field(3600, ge=1)
+    """How long a finished or failed job keeps its status and result in Redis."""
+
     debug: bool = False
     """Send user tracebacks in error replies and log at DEBUG."""
 
@@ -70,6 +76,8 @@ class Settings(BaseSettings):
             "STREAMSERVE_TICK_INTERVAL_S": str(self.tick_interval_s),
             "STREAMSERVE_START_TIMEOUT_S": str(self.start_timeout_s),
             "STREAMSERVE_MAX_REQUEST_BYTES": str(self.max_request_bytes),
+            "STREAMSERVE_JOB_WORKERS": str(self.job_workers),
+            "STREAMSERVE_JOB_RESULT_TTL_S": str(self.job_result_ttl_s),
             "STREAMSERVE_DEBUG": "1" if self.debug else "0",
         }
         if self.api_key is not None:

@@ -99,3 +99,19 @@ class GoalStatus(str, Enum):
 
 
 FINAL_GOAL_STATUSES = frozenset({GoalStatus.DONE, GoalStatus.FAILED, GoalStatus.CANCELLED})
+
+
+class JobStatus(str, Enum):
+    """An asynchronous job's status as callers see it (RQ keeps the job and moves it; we only read it)."""
+
+    QUEUED = "queued"
+    """Waiting for a job worker (RQ's queued, deferred or scheduled)."""
+
+    STARTED = "started"
+    """A job worker has sent the call to the deployment and waits for its reply."""
+
+    FINISHED = "finished"
+    """The deployment answered; the job holds its result until the result TTL passes."""
+
+    FAILED = "failed"
+    """The call raised (the user's error, a timeout, no replica) or the job was stopped; the job holds the error."""

@@ -189,6 +189,11 @@ class Farm:
             f"  config    {self.options.config_path}"
             + (f"  (updated: {', '.join([*changed.goals, *changed.endpoints])})" if changed else ""),
         ]
+        if self.settings.job_workers:
+            lines.append(
+                f"  jobs      {self.settings.job_workers} job worker(s): POST with 'Prefer: respond-async',"
+                " then GET /-/jobs/ID"
+            )
         for d in deployments:
             route = f"POST {gateway_url}{d.route_prefix}" if d.route_prefix else "client only"
             auto = d.autoscaling_config

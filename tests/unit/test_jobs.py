@@ -1,0 +1,72 @@
+"""Asynchronous jobs without Redis: status folding, the JSON shape, error parsing and the Prefer header."""
+
+from __future__ import annotations
+
+import pytest
+from rq.job import JobStatus as RQJobStatus
+from starlette.requests import Request
+
+from app.gateway import _prefers_async
+from streamserve.jobs import _STATUS_OF, JobInfo, error_from_traceback
+from streamserve.keys import Keys
+from streamserve.settings import Settings
+from streamserve.states import JobStatus
+
+
+def test_every_rq_status_has_a_caller_status() -> None:
+    assert set(_STATUS_OF) == set(RQJobStatus)
+    assert _STATUS_OF[RQJobStatus.STARTED] is JobStatus.STARTED
+    assert _STATUS_OF[RQJobStatus.CANCELED] is JobStatus.FAILED
+
+
+def test_job_info_json_has_result_only_when_finished_and_error_only_when_failed() -> None:
+    assert JobInfo("j", JobStatus.QUEUED).to_json() == {"job_id": "j", "status": "queued"}
+    assert JobInfo("j", JobStatus.FINISHED, result=None).to_json() == {
+        "job_id": "j",
+        "status": "finished",
+        "result": None,
+    }
+    failed = JobInfo("j", JobStatus.FAILED, error={"error": "KeyError", "message": "'b'"})
+    assert failed.to_json() == {"job_id": "j", "status": "failed", "error": {"error": "KeyError", "message": "'b'"}}
+
+
+def test_error_from_rq_traceback() -> None:
+    timeout = (
+        "Traceback (most recent call last):\n  ...\n"
+        "rq.timeouts.JobTimeoutException: Task exceeded maximum timeout value (60 seconds)\n"
+    )
+    assert error_from_traceback(timeout, "x") == {
+        "error": "JobTimeoutException",
+        "message": "Task exceeded maximum timeout value (60 seconds)",
+    }
+    assert error_from_traceback("Traceback ...\nSystemExit\n", "x") == {"error": "SystemExit", "message": ""}
+    assert error_from_traceback(None, "the job ended stopped") == {
+        "error": "JobFailed",
+        "message": "the job ended stopped",
+    }
+
+
+def test_queue_name_is_under_the_prefix_and_settings_reach_child_processes() -> None:
+    assert Keys("tenant").jobs_queue() == "tenant:jobs"
+    env = Settings(job_workers=3, job_result_ttl_s=60).to_env()
+    assert env["STREAMSERVE_JOB_WORKERS"] == "3" and env["STREAMSERVE_JOB_RESULT_TTL_S"] == "60"
+
+
+def _request(*prefer: str) -> Request:
+    headers = [(b"prefer", value.encode()) for value in prefer]
+    return Request({"type": "http", "method": "POST", "path": "/x", "headers": headers})
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ((), False),
+        (("respond-async",), True),
+        (("wait=10, Respond-Async",), True),
+        (("return=minimal", "respond-async; x=y"), True),
+        (("respond-asynchronously",), False),
+        (("return=representation",), False),
+    ],
+)
+def test_prefer_respond_async(headers: tuple[str, ...], expected: bool) -> None:
+    assert _prefers_async(_request(*headers)) is expected

@@ -1,0 +1,56 @@
+"""Entry point of a job worker: ``streamserve job-worker``, one RQ worker on the asynchronous-jobs queue.
+
+It runs jobs in its own process, one at a time (RQ's SimpleWorker, no fork per
+job), so every job of the process shares one streamserve Client: one reply
+stream, one reader, the deployments already loaded. The scheduler keeps
+``job_workers`` of these running; more can run anywhere that reaches Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+
+from rq.worker import SimpleWorker
+
+from streamserve import job_function
+from streamserve.connection import sync_redis
+from streamserve.jobs import JOB_SERIALIZER, JobQueue
+from streamserve.logs import setup_logging
+from streamserve.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="streamserve job-worker", description="Run one RQ worker for asynchronous jobs."
+    )
+    parser.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL or redis://127.0.0.1:6379/0)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = Settings(**({"redis_url": args.redis_url} if args.redis_url else {}))
+    setup_logging(settings.debug)
+    connection = sync_redis(settings.effective_redis_url)
+    queue = JobQueue(connection, settings.keys, settings.job_result_ttl_s).queue
+    job_function.configure(settings)
+    worker = SimpleWorker(
+        [queue],
+        connection=connection,
+        serializer=JOB_SERIALIZER,
+        name=f"streamserve-jobs.{socket.gethostname()}.{os.getpid()}",
+    )
+    logger.info("job worker %s: serving queue %s", worker.name, queue.name)
+    try:
+        # RQ logs every job at INFO; the farm's terminal gets its warnings only, unless debugging.
+        worker.work(logging_level="DEBUG" if settings.debug else "WARNING")
+    finally:
+        job_function.close()
+        connection.close()
+        logger.info("job worker %s: exited", worker.name)
+    return 0
