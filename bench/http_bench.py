@@ -276,8 +276,10 @@ def kill_group_if_same(pid: int, cmdline: bytes) -> None:
 class Farm:
     """`streamserve up CONFIG --port PORT` with its embedded Redis, as a child in its own session."""
 
-    def __init__(self, config: Path, port: int) -> None:
+    def __init__(self, config: Path, port: int, redis_port: int | None = None) -> None:
         cmd = [str(BIN / "streamserve"), "up", str(config), "--port", str(port)]
+        if redis_port is not None:  # else `up` takes 6379 when it is free
+            cmd += ["--redis-port", str(redis_port)]
         self.port = port
         self.redis_url = ""
         self.log: list[str] = []

@@ -32,17 +32,20 @@ async def deploy(settings: Settings, **fields: Any) -> DeploymentConfig:
 
 @pytest.fixture
 async def start_replica(settings: Settings) -> AsyncIterator[StartReplica]:
-    """create(**deployment_fields) deploys the config and runs one replica until the test ends."""
+    """create(**deployment_fields) deploys the config and runs one replica until the test ends.
+
+    It returns once the replica is ready (within ``ready_timeout_s``, 10 s by default) or has exited.
+    """
     running: list[tuple[Replica, asyncio.Task[int], aioredis.Redis]] = []
 
-    async def create(**fields: Any) -> Replica:
+    async def create(*, ready_timeout_s: float = 10.0, **fields: Any) -> Replica:
         cfg = await deploy(settings, **fields)
         redis = async_redis(settings.effective_redis_url)
         replica = Replica(settings, redis, ReplicaID.new(cfg.name))
         task = asyncio.create_task(replica.run())
         running.append((replica, task, redis))
         beats = settings.keys.heartbeats(cfg.name)
-        for _ in range(200):  # ready within 10 s
+        for _ in range(round(ready_timeout_s / 0.05)):
             raw = await redis.hget(beats, replica.replica_id.to_str())
             if raw is not None and b'"ready"' in raw:
                 return replica

@@ -1,0 +1,1 @@
+"""all-MiniLM-L6-v2 sentence embeddings served with batching (needs the ``embed`` extra)."""
