@@ -7,17 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.farm import Farm, wait_for
+from tests.e2e.farm import Farm, running_farm
 
 HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="package")
 def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
-    farm = Farm(HERE / "config.yaml", tmp_path_factory.mktemp("farm") / "up.log")
-    farm.start()
-    try:
-        wait_for(lambda: all(d["running"] == d["target"] for d in farm.status().values()), 60, "replicas not up")
+    with running_farm(HERE / "config.yaml", tmp_path_factory.mktemp("farm")) as farm:
         yield farm
-    finally:
-        farm.stop()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,18 @@ class Farm:
 
     def post(self, path: str, body: Any = None, **kwargs: Any) -> httpx.Response:
         return httpx.post(self.base_url + path, json=body, timeout=30, **kwargs)
+
+
+@contextlib.contextmanager
+def running_farm(config: Path, log_dir: Path) -> Iterator[Farm]:
+    """``streamserve up CONFIG`` with every replica running at its target; stopped (and cleaned up) on exit."""
+    farm = Farm(config, log_dir / "up.log")
+    farm.start()
+    try:
+        wait_for(lambda: all(d["running"] == d["target"] for d in farm.status().values()), 60, "replicas not up")
+        yield farm
+    finally:
+        farm.stop()
 
 
 class Processes:

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from streamserve import Client
 from streamserve.control import Control
 from streamserve.keys import CONSUMER_GROUP, Keys
-from tests.e2e.farm import Farm, wait_for
+from tests.e2e.farm import Farm, running_farm, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -34,13 +34,8 @@ HELD = 4
 
 @pytest.fixture(scope="module")
 def load_farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
-    farm = Farm(HERE / "load.yaml", tmp_path_factory.mktemp("load") / "up.log")
-    farm.start()
-    try:
-        wait_for(lambda: all(d["running"] == d["target"] for d in farm.status().values()), 60, "replicas not up")
+    with running_farm(HERE / "load.yaml", tmp_path_factory.mktemp("load")) as farm:
         yield farm
-    finally:
-        farm.stop()
 
 
 def http_client(farm: Farm, limits: httpx.Limits | None = None) -> httpx.AsyncClient:
