@@ -9,7 +9,7 @@ import uvicorn
 
 from app.gateway import create_app
 from streamserve.logs import setup_logging
-from streamserve.settings import Settings
+from streamserve.settings import Settings, add_redis_url_option
 
 UVICORN_OPTIONS: dict[str, Any] = {
     "loop": "uvloop",
@@ -27,13 +27,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="streamserve gateway", description="Run the HTTP gateway.")
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface to bind (default {DEFAULT_HOST})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to bind (default {DEFAULT_PORT})")
-    parser.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL or redis://127.0.0.1:6379/0)")
+    add_redis_url_option(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    settings = Settings(**({"redis_url": args.redis_url} if args.redis_url else {}))
+    settings = Settings.from_command_line(args)
     setup_logging(settings.debug)
     uvicorn.run(
         create_app(settings),

@@ -12,14 +12,14 @@ from scheduler.scheduler import Scheduler
 from streamserve.connection import async_redis
 from streamserve.logs import setup_logging
 from streamserve.procs import on_stop_signals
-from streamserve.settings import Settings
+from streamserve.settings import Settings, add_redis_url_option
 
 logger = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="streamserve scheduler", description="Run the scheduler (controller).")
-    parser.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL or redis://127.0.0.1:6379/0)")
+    add_redis_url_option(parser)
     parser.add_argument(
         "--stop-replicas-on-exit",
         action="store_true",
@@ -47,7 +47,7 @@ async def run(settings: Settings, stop_replicas_on_exit: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    settings = Settings(**({"redis_url": args.redis_url} if args.redis_url else {}))
+    settings = Settings.from_command_line(args)
     setup_logging(settings.debug)
     asyncio.run(run(settings, args.stop_replicas_on_exit))
     return 0

@@ -20,7 +20,7 @@ from streamserve.connection import async_redis
 from streamserve.control import GOAL_POLL_S, Control, DeploymentStatus
 from streamserve.errors import BadRequestError, ConfigError, GoalFailedError, RequestTimeoutError, StreamServeError
 from streamserve.messages import GoalRecord
-from streamserve.settings import Settings
+from streamserve.settings import Settings, add_redis_url_option
 from streamserve.states import DeploymentHealth
 
 T = TypeVar("T")
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL or redis://127.0.0.1:6379/0)")
+        add_redis_url_option(p)
         return p
 
     p = add("up", "run Redis (embedded unless --redis-url/REDIS_URL), a scheduler and a gateway on this machine")
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         return role_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
-        settings = Settings(**({"redis_url": args.redis_url} if args.redis_url else {}))
+        settings = Settings.from_command_line(args)
         return COMMANDS[args.command](args, settings)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
+
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamserve.keys import DEFAULT_PREFIX, Keys
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def add_redis_url_option(parser: argparse.ArgumentParser) -> None:
+    """The ``--redis-url`` option every streamserve command takes; read it with Settings.from_command_line."""
+    parser.add_argument("--redis-url", help=f"Redis URL (default: $REDIS_URL or {DEFAULT_REDIS_URL})")
 
 
 class Settings(BaseSettings):
@@ -57,6 +64,11 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_key_is_no_key(cls, value: object) -> object:
         return None if value == "" else value
+
+    @classmethod
+    def from_command_line(cls, args: argparse.Namespace) -> Settings:
+        """The environment's settings, with ``--redis-url`` (see add_redis_url_option) taking precedence."""
+        return cls(**({"redis_url": args.redis_url} if args.redis_url else {}))
 
     @property
     def keys(self) -> Keys:

@@ -19,7 +19,7 @@ from streamserve import job_function
 from streamserve.connection import sync_redis
 from streamserve.jobs import JOB_SERIALIZER, JobQueue
 from streamserve.logs import setup_logging
-from streamserve.settings import Settings
+from streamserve.settings import Settings, add_redis_url_option
 
 logger = logging.getLogger(__name__)
 
@@ -28,13 +28,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="streamserve job-worker", description="Run one RQ worker for asynchronous jobs."
     )
-    parser.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL or redis://127.0.0.1:6379/0)")
+    add_redis_url_option(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    settings = Settings(**({"redis_url": args.redis_url} if args.redis_url else {}))
+    settings = Settings.from_command_line(args)
     setup_logging(settings.debug)
     connection = sync_redis(settings.effective_redis_url)
     queue = JobQueue(connection, settings.keys, settings.job_result_ttl_s).queue

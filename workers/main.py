@@ -12,7 +12,7 @@ from streamserve.connection import async_redis
 from streamserve.ids import ReplicaID
 from streamserve.logs import setup_logging
 from streamserve.procs import on_stop_signals
-from streamserve.settings import Settings
+from streamserve.settings import Settings, add_redis_url_option
 from workers.replica import Replica
 
 logger = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="streamserve worker", description="Run one replica of a deployment.")
     parser.add_argument("deployment", help="the deployment's name")
     parser.add_argument("--replica-id", help="the replica's id (default: a new one)")
-    parser.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL or redis://127.0.0.1:6379/0)")
+    add_redis_url_option(parser)
     return parser.parse_args(argv)
 
 
@@ -38,8 +38,7 @@ async def serve(settings: Settings, replica_id: ReplicaID) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    overrides = {"redis_url": args.redis_url} if args.redis_url else {}
-    settings = Settings(**overrides)
+    settings = Settings.from_command_line(args)
     setup_logging(settings.debug)
     replica_id = ReplicaID.from_str(args.replica_id) if args.replica_id else ReplicaID.new(args.deployment)
     if replica_id.deployment != args.deployment:

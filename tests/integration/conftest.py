@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from app.gateway import create_app
 from streamserve.client import AsyncClient
 from streamserve.config import AppConfig, DeploymentConfig
 from streamserve.connection import async_redis
@@ -65,3 +68,21 @@ async def start_replica(settings: Settings) -> AsyncIterator[StartReplica]:
 async def client(settings: Settings) -> AsyncIterator[AsyncClient]:
     async with AsyncClient(settings=settings) as c:
         yield c
+
+
+@contextlib.asynccontextmanager
+async def gateway_http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """The gateway app in-process with its client started, behind an ASGI httpx client."""
+    app = create_app(settings)
+    await app.state.gateway.client.start()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            yield http
+    finally:
+        await app.state.gateway.client.aclose()
+
+
+@pytest.fixture
+async def http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    async with gateway_http(settings) as client:
+        yield client

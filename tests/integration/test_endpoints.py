@@ -17,7 +17,6 @@ from streamserve.errors import ConfigError, ConflictError, NotFoundError
 from streamserve.settings import Settings
 from tests import deployments
 from tests.integration.conftest import StartReplica, deploy
-from tests.integration.test_gateway_app import http  # noqa: F401 - fixture
 
 
 async def wait_for(condition: Callable[[], bool | Awaitable[bool]], timeout_s: float = 10.0) -> None:
@@ -85,7 +84,7 @@ async def test_client_splits_mirrors_and_follows_traffic_changes(
 
 async def test_gateway_routes_endpoints_and_admin_changes_traffic(
     start_replica: StartReplica,
-    http: httpx.AsyncClient,  # noqa: F811
+    http: httpx.AsyncClient,
 ) -> None:
     await start_replica(name="v1", init_kwargs={"tag": "v1"}, route_prefix=None)
     await start_replica(name="v2", init_kwargs={"tag": "v2"}, route_prefix=None)

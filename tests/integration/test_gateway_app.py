@@ -9,9 +9,8 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from app.gateway import create_app
 from streamserve.settings import Settings
-from tests.integration.conftest import StartReplica, deploy
+from tests.integration.conftest import StartReplica, deploy, gateway_http
 
 
 async def wait_for_routes(http: httpx.AsyncClient, timeout_s: float = 10.0) -> None:
@@ -20,18 +19,6 @@ async def wait_for_routes(http: httpx.AsyncClient, timeout_s: float = 10.0) -> N
     while not (await http.get("/-/routes")).json():
         assert asyncio.get_running_loop().time() < deadline, "gateway never saw the deployment"
         await asyncio.sleep(0.02)
-
-
-@pytest.fixture
-async def http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings)
-    gateway = app.state.gateway
-    await gateway.client.start()
-    try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
-            yield client
-    finally:
-        await gateway.client.aclose()
 
 
 async def test_post_returns_result_and_headers(start_replica: StartReplica, http: httpx.AsyncClient) -> None:
@@ -86,13 +73,8 @@ async def test_deadline_gives_504(http: httpx.AsyncClient, settings: Settings) -
 
 @pytest.fixture
 async def guarded_http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings.model_copy(update={"api_key": SecretStr("s3cret")}))
-    await app.state.gateway.client.start()
-    try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
-            yield client
-    finally:
-        await app.state.gateway.client.aclose()
+    async with gateway_http(settings.model_copy(update={"api_key": SecretStr("s3cret")})) as client:
+        yield client
 
 
 CONFIG = {"deployments": [{"name": "adm", "import_path": "examples.functions:noop", "num_replicas": 1}]}
@@ -134,24 +116,19 @@ async def test_admin_api_validates_input(http: httpx.AsyncClient) -> None:
 
 async def test_every_error_has_our_shape(start_replica: StartReplica, settings: Settings) -> None:
     await start_replica(route_prefix="/rec")
-    app = create_app(settings.model_copy(update={"max_request_bytes": 1000}))
-    await app.state.gateway.client.start()
-    try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
-            await wait_for_routes(http)
-            wrong_method = await http.get("/rec")
-            assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
-            assert wrong_method.json()["error"] == "MethodNotAllowedError"
-            assert wrong_method.json()["request_id"] == wrong_method.headers["x-request-id"]
-            nowhere = await http.delete("/nothing")
-            assert nowhere.status_code == 404 and nowhere.json()["error"] == "NotFoundError"
-            bad_id = await http.post("/rec", json=1, headers={"X-Request-ID": "a b"})
-            assert bad_id.status_code == 400 and "X-Request-ID" in bad_id.json()["message"]
-            assert bad_id.json()["request_id"] == bad_id.headers["x-request-id"] != "a b"
-            too_big = await http.post("/rec", content=b"[" + b"1," * 600 + b"1]")
-            assert too_big.status_code == 413 and "max_request_bytes (1000)" in too_big.json()["message"]
-            bad_param = await http.get("/-/goals/x?wait=abc")
-            assert bad_param.status_code == 400 and bad_param.json()["error"] == "BadRequestError"
-            assert "wait" in bad_param.json()["message"]
-    finally:
-        await app.state.gateway.client.aclose()
+    async with gateway_http(settings.model_copy(update={"max_request_bytes": 1000})) as http:
+        await wait_for_routes(http)
+        wrong_method = await http.get("/rec")
+        assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+        assert wrong_method.json()["error"] == "MethodNotAllowedError"
+        assert wrong_method.json()["request_id"] == wrong_method.headers["x-request-id"]
+        nowhere = await http.delete("/nothing")
+        assert nowhere.status_code == 404 and nowhere.json()["error"] == "NotFoundError"
+        bad_id = await http.post("/rec", json=1, headers={"X-Request-ID": "a b"})
+        assert bad_id.status_code == 400 and "X-Request-ID" in bad_id.json()["message"]
+        assert bad_id.json()["request_id"] == bad_id.headers["x-request-id"] != "a b"
+        too_big = await http.post("/rec", content=b"[" + b"1," * 600 + b"1]")
+        assert too_big.status_code == 413 and "max_request_bytes (1000)" in too_big.json()["message"]
+        bad_param = await http.get("/-/goals/x?wait=abc")
+        assert bad_param.status_code == 400 and bad_param.json()["error"] == "BadRequestError"
+        assert "wait" in bad_param.json()["message"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
 import pytest
@@ -15,7 +15,6 @@ from rq.job import Job
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker
 
-from app.gateway import create_app
 from streamserve import job_function
 from streamserve.client import AsyncClient
 from streamserve.errors import BadRequestError, NotFoundError
@@ -137,17 +136,6 @@ async def test_submit_job_checks_its_input_like_a_call(start_replica: StartRepli
         await client.job("no-such-job")
     with pytest.raises(NotFoundError):
         await client.job("../../etc")
-
-
-@pytest.fixture
-async def http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings)
-    await app.state.gateway.client.start()
-    try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
-            yield client
-    finally:
-        await app.state.gateway.client.aclose()
 
 
 async def test_gateway_answers_prefer_respond_async_with_202_and_the_job_url(
