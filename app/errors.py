@@ -59,9 +59,18 @@ def status_for(exc: StreamServeError) -> int:
 
 
 async def handle_streamserve_error(request: Request, exc: Exception) -> Response:
-    """Render any StreamServeError as JSON ``{"error", "message", "request_id"}`` with its status."""
+    """FastAPI's handler for any StreamServeError raised on its routes."""
     assert isinstance(exc, StreamServeError)
-    headers = dict(getattr(request.state, "reply_headers", {}))
+    return error_response(exc, {})
+
+
+def error_response(exc: StreamServeError, headers: dict[str, str]) -> Response:
+    """Render a StreamServeError as JSON ``{"error", "message"}`` with its status.
+
+    ``headers`` are the reply headers known so far; with an ``X-Request-ID``
+    among them (deployment routes), the body names the request too.
+    """
+    headers = dict(headers)
     body = error_fields(exc)
     if isinstance(exc, RemoteError) and exc.replica_id:
         headers["X-Replica"] = exc.replica_id

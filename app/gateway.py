@@ -1,4 +1,9 @@
-"""The gateway app: ``POST <route_prefix>`` -> enqueue -> await reply -> HTTP response.
+"""The gateway: ``POST <route_prefix>`` -> enqueue -> await reply -> HTTP response.
+
+Deployment POSTs, the hot path, are served by ``Gateway`` straight on ASGI;
+everything else (the admin API, ``/-/`` reads, docs, other methods) goes to
+a FastAPI app. Through FastAPI's routing, dependency solving and middleware
+stack a request cost the gateway twice the CPU (bench/README.md).
 
 With ``Prefer: respond-async`` the same POST is checked the same way, then
 queued as an asynchronous job (RQ): 202 and ``Location: /-/jobs/<id>``.
@@ -7,18 +12,19 @@ queued as an asynchronous job (RQ): 202 and ``Location: /-/jobs/<id>``.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from typing import NoReturn
 
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.admin import admin_router
-from app.errors import handle_request_validation_error, handle_streamserve_error, json_response
+from app.errors import error_response, handle_request_validation_error, handle_streamserve_error, json_response
 from app.routing import RouteTable
 from streamserve.client import AsyncClient, error_of
+from streamserve.config import RESERVED_ROUTE_PREFIXES
 from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.control import Control
 from streamserve.errors import (
@@ -34,10 +40,15 @@ from streamserve.settings import Settings
 from streamserve.states import JobStatus
 
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_JSON = (b"content-type", b"application/json")
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before its request body arrived: nobody to answer."""
 
 
 class Gateway:
-    """Holds the gateway's one client (one reply stream, one reader) and its route table."""
+    """Serves deployment routes; holds the gateway's one client (one reply stream, one reader) and route table."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -51,74 +62,135 @@ class Gateway:
             self._routes = RouteTable.build(self.client.deployments(), self.client.endpoints())
         return self._routes
 
-    def _match(self, request: Request) -> str:
-        """The deployment or endpoint serving the path; sets X-Request-ID (echoed, or a new one) first."""
-        given = request.headers.get("x-request-id")
-        request_id = given if given and REQUEST_ID_RE.match(given) else new_request_id()
-        request.state.reply_headers = {"X-Request-ID": request_id}
-        if given is not None and given != request_id:
-            raise BadRequestError("X-Request-ID must be 1-128 of A-Z a-z 0-9 . _ : -")
-        name = self.routes().match(request.url.path)
+    def match(self, path: str) -> str:
+        """The deployment or endpoint serving ``path``; NotFoundError for none (and for the gateway's own paths)."""
+        name = None if path.startswith(RESERVED_ROUTE_PREFIXES) else self.routes().match(path)
         if name is None:
-            raise NotFoundError(f"no deployment serves {request.url.path}")
+            raise NotFoundError(f"no deployment serves {path}")
         return name
 
-    def refuse_method(self, request: Request) -> NoReturn:
+    def refuse_method(self, request: Request) -> Response:
         """Anything but POST: 404 where nothing is served, else 405 with ``Allow: POST``."""
-        self._match(request)
-        raise MethodNotAllowedError(f"{request.method} {request.url.path}: deployments answer POST only")
-
-    async def proxy(self, request: Request) -> Response:
-        name = self._match(request)
-        request_id = request.state.reply_headers["X-Request-ID"]
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.settings.max_request_bytes:
-            raise PayloadTooLargeError(
-                f"request body of {length} bytes is above max_request_bytes ({self.settings.max_request_bytes})"
-            )
-        body = await request.body() or b"null"
+        given, request_id = _request_id(request.headers.get("x-request-id"))
         try:
-            value = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequestError(f"request body is not valid JSON: {exc}") from None
-        if _prefers_async(request):
-            return await self.submit_job(request, name, value)
-        route = await self.client.route(name)
-        deployment = route.deployment.name
-        request.state.reply_headers["X-Deployment"] = deployment
-        timeout = min(route.deployment.request_timeout_s, _header_timeout(request))
-        reply = await self.client.request(route, body, timeout=timeout, request_id=request_id)
-        if reply.status is not ReplyStatus.OK:
-            raise error_of(reply)
-        headers = {"X-Request-ID": request_id, "X-Deployment": deployment, "X-Replica": reply.replica_id}
-        return Response(reply.body, media_type="application/json", headers=headers)
+            _check_request_id(given, request_id)
+            self.match(request.url.path)
+            raise MethodNotAllowedError(f"{request.method} {request.url.path}: deployments answer POST only")
+        except StreamServeError as exc:
+            return error_response(exc, {"X-Request-ID": request_id})
 
-    async def submit_job(self, request: Request, name: str, value: object) -> Response:
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI: answer one ``POST <route_prefix>``, every error in the gateway's JSON shape."""
+        headers = _Headers(scope["headers"])
+        given, request_id = _request_id(headers.get(b"x-request-id"))
+        reply_headers = {"X-Request-ID": request_id}
+        try:
+            _check_request_id(given, request_id)
+            name = self.match(scope["path"])
+            body = await self._read_body(headers, receive) or b"null"
+            try:
+                value = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                raise BadRequestError(f"request body is not valid JSON: {exc}") from None
+            header_timeout = _header_timeout(headers.get(b"x-request-timeout"))
+            if _prefers_async(headers.getlist(b"prefer")):
+                response = await self._submit_job(name, value, header_timeout, reply_headers)
+                await response(scope, receive, send)
+                return
+            route = await self.client.route(name)
+            reply_headers["X-Deployment"] = deployment = route.deployment.name
+            timeout = min(route.deployment.request_timeout_s, header_timeout)
+            reply = await self.client.request(route, body, timeout=timeout, request_id=request_id)
+            if reply.status is not ReplyStatus.OK:
+                raise error_of(reply)
+        except StreamServeError as exc:
+            await error_response(exc, reply_headers)(scope, receive, send)
+            return
+        except ClientDisconnected:
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    _JSON,
+                    (b"content-length", str(len(reply.body)).encode()),
+                    (b"x-request-id", request_id.encode()),
+                    (b"x-deployment", deployment.encode()),
+                    (b"x-replica", reply.replica_id.encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": reply.body})
+
+    async def _read_body(self, headers: _Headers, receive: Receive) -> bytes:
+        """The whole body, refused with 413 as soon as it is known to pass max_request_bytes."""
+        limit = self.settings.max_request_bytes
+        length = headers.get(b"content-length") or ""
+        if length.isdigit() and int(length) > limit:
+            raise PayloadTooLargeError(f"request body of {length} bytes is above max_request_bytes ({limit})")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:  # chunked, or a Content-Length that understated it
+                raise PayloadTooLargeError(f"request body is above max_request_bytes ({limit})")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _submit_job(
+        self, name: str, value: object, header_timeout: float, reply_headers: dict[str, str]
+    ) -> Response:
         """Queue the call as a job: 202 with the job's URL. The deployment is picked when the job runs."""
-        header_timeout = _header_timeout(request)
         timeout = None
         if header_timeout != float("inf"):  # it can only shorten the deployment's timeout, as for a direct call
             timeout = min((await self.client.route(name)).deployment.request_timeout_s, header_timeout)
         job_id = await self.client.submit_job(name, value, timeout=timeout)
-        headers = {
-            **request.state.reply_headers,
-            "Location": f"/-/jobs/{job_id}",
-            "Preference-Applied": "respond-async",
-        }
+        headers = {**reply_headers, "Location": f"/-/jobs/{job_id}", "Preference-Applied": "respond-async"}
         return json_response({"job_id": job_id, "status": JobStatus.QUEUED.value}, status_code=202, headers=headers)
 
 
-def _prefers_async(request: Request) -> bool:
-    """Whether a ``Prefer`` header (RFC 7240; several, comma-separated, with parameters) asks for respond-async."""
-    for header in request.headers.getlist("prefer"):
+class _Headers:
+    """The few request headers the gateway reads, from ASGI's raw (lower-cased name, value) pairs."""
+
+    def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
+        self._raw = raw
+
+    def get(self, name: bytes) -> str | None:
+        for key, value in self._raw:
+            if key == name:
+                return value.decode("latin-1")
+        return None
+
+    def getlist(self, name: bytes) -> list[str]:
+        return [value.decode("latin-1") for key, value in self._raw if key == name]
+
+
+def _request_id(given: str | None) -> tuple[str | None, str]:
+    """The caller's X-Request-ID and the one to use: the same when it is valid, else a new one."""
+    return given, given if given is not None and REQUEST_ID_RE.match(given) else new_request_id()
+
+
+def _check_request_id(given: str | None, request_id: str) -> None:
+    if given is not None and given != request_id:
+        raise BadRequestError("X-Request-ID must be 1-128 of A-Z a-z 0-9 . _ : -")
+
+
+def _prefers_async(prefer_headers: list[str]) -> bool:
+    """Whether ``Prefer`` headers (RFC 7240; several, comma-separated, with parameters) ask for respond-async."""
+    for header in prefer_headers:
         for preference in header.split(","):
             if preference.split(";", 1)[0].split("=", 1)[0].strip().lower() == "respond-async":
                 return True
     return False
 
 
-def _header_timeout(request: Request) -> float:
-    raw = request.headers.get("x-request-timeout")
+def _header_timeout(raw: str | None) -> float:
     if raw is None:
         return float("inf")
     try:
@@ -130,8 +202,22 @@ def _header_timeout(request: Request) -> float:
     return value
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """Build the FastAPI app; the client connects at startup and closes at shutdown."""
+class GatewayApp:
+    """The gateway's ASGI app: deployment POSTs to ``Gateway.serve``, everything else to the FastAPI app."""
+
+    def __init__(self, gateway: Gateway, api: ASGIApp) -> None:
+        self.gateway = gateway
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope["path"].startswith("/-/"):
+            await self.gateway.serve(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)
+
+
+def create_app(settings: Settings) -> GatewayApp:
+    """Build the gateway; its client connects at startup (ASGI lifespan) and closes at shutdown."""
     gateway = Gateway(settings)
 
     @asynccontextmanager
@@ -142,12 +228,11 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             await gateway.client.aclose()
 
-    app = FastAPI(title="streamserve gateway", lifespan=lifespan, docs_url="/-/docs", openapi_url="/-/openapi.json")
-    app.state.gateway = gateway
-    app.add_exception_handler(StreamServeError, handle_streamserve_error)
-    app.add_exception_handler(RequestValidationError, handle_request_validation_error)
+    api = FastAPI(title="streamserve gateway", lifespan=lifespan, docs_url="/-/docs", openapi_url="/-/openapi.json")
+    api.add_exception_handler(StreamServeError, handle_streamserve_error)
+    api.add_exception_handler(RequestValidationError, handle_request_validation_error)
 
-    @app.get("/-/healthz")
+    @api.get("/-/healthz")
     async def healthz() -> Response:
         try:
             await gateway.client.ping()
@@ -155,27 +240,24 @@ def create_app(settings: Settings) -> FastAPI:
             return json_response({"status": "unavailable", "message": f"Redis: {exc}"}, status_code=503)
         return json_response({"status": "ok"})
 
-    @app.get("/-/routes")
+    @api.get("/-/routes")
     async def routes() -> dict[str, str]:
         return gateway.routes().routes
 
-    @app.get("/-/status")
+    @api.get("/-/status")
     async def status() -> Response:
         return json_response(await Control(gateway.client.redis, settings.keys).report())
 
-    @app.get("/-/jobs/{job_id}")
+    @api.get("/-/jobs/{job_id}")
     async def job(job_id: str) -> Response:
         """An asynchronous job's status, with its result or error once it has one; 404 once its TTL passed."""
         return json_response((await gateway.client.job(job_id)).to_json())
 
-    app.include_router(admin_router(settings, gateway.client))
+    api.include_router(admin_router(settings, gateway.client))
 
-    @app.post("/{path:path}")
-    async def proxy(request: Request) -> Response:
-        return await gateway.proxy(request)
-
-    @app.api_route("/{path:path}", methods=["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"])
+    @api.api_route("/{path:path}", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
     async def other_methods(request: Request) -> Response:
+        """What no route above takes: unknown ``/-/`` paths (404) and other methods than POST (404 or 405)."""
         return gateway.refuse_method(request)
 
-    return app
+    return GatewayApp(gateway, api)

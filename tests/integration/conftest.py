@@ -74,12 +74,12 @@ async def client(settings: Settings) -> AsyncIterator[AsyncClient]:
 async def gateway_http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     """The gateway app in-process with its client started, behind an ASGI httpx client."""
     app = create_app(settings)
-    await app.state.gateway.client.start()
+    await app.gateway.client.start()
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
             yield http
     finally:
-        await app.state.gateway.client.aclose()
+        await app.gateway.client.aclose()
 
 
 @pytest.fixture

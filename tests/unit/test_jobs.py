@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from rq.job import JobStatus as RQJobStatus
-from starlette.requests import Request
 
 from app.gateway import _prefers_async
 from streamserve.jobs import _STATUS_OF, JobInfo, error_from_traceback
@@ -52,11 +51,6 @@ def test_queue_name_is_under_the_prefix_and_settings_reach_child_processes() -> 
     assert env["STREAMSERVE_JOB_WORKERS"] == "3" and env["STREAMSERVE_JOB_RESULT_TTL_S"] == "60"
 
 
-def _request(*prefer: str) -> Request:
-    headers = [(b"prefer", value.encode()) for value in prefer]
-    return Request({"type": "http", "method": "POST", "path": "/x", "headers": headers})
-
-
 @pytest.mark.parametrize(
     ("headers", "expected"),
     [
@@ -69,4 +63,4 @@ def _request(*prefer: str) -> Request:
     ],
 )
 def test_prefer_respond_async(headers: tuple[str, ...], expected: bool) -> None:
-    assert _prefers_async(_request(*headers)) is expected
+    assert _prefers_async(list(headers)) is expected
