@@ -502,7 +502,9 @@ def git_revision() -> str:
         return out.stdout.strip() if out.returncode == 0 else ""
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    # RESULTS.md itself is what a run rewrites: a change there is not a change to what is measured.
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/RESULTS.md")
+    return commit + (" + uncommitted changes" if dirty else "")
 
 
 VERSIONED = {
