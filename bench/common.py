@@ -404,16 +404,22 @@ def start_redis(children: Children, name: str = "redis") -> str:
 
 
 class Farm:
-    """`streamserve up CONFIG --port PORT` with its embedded Redis, as a Child that stops with SIGINT."""
+    """`streamserve up CONFIG --port PORT --redis-port PORT` with its embedded Redis, as a Child stopped by SIGINT.
+
+    Both ports are free ones (never 6379, which `up` would otherwise take when it is free and which another
+    farm on this machine may be using). No job workers (``STREAMSERVE_JOB_WORKERS=0``): no bench submits
+    asynchronous jobs, and two idle RQ workers would only take memory and CPU from what is measured.
+    """
 
     def __init__(self, children: Children, config_text: str, name: str = "streamserve-up") -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="streamserve-bench-")
         config = Path(self._tmp.name) / "config.yaml"
         config.write_text(config_text)
         self.config_path = config
-        (self.port,) = free_ports(1)
-        cmd = [str(BIN / "streamserve"), "up", str(config), "--port", str(self.port)]
-        self.child = children.start(Child(name, cmd, stop_signal=signal.SIGINT))
+        self.port, redis_port = free_ports(2)
+        cmd = [str(BIN / "streamserve"), "up", str(config), "--port", str(self.port), "--redis-port", str(redis_port)]
+        env = child_env(STREAMSERVE_JOB_WORKERS="0")
+        self.child = children.start(Child(name, cmd, env=env, stop_signal=signal.SIGINT))
         self.redis_url = ""
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> Farm:
