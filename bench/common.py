@@ -16,6 +16,7 @@ import math
 import os
 import platform
 import queue
+import resource
 import signal
 import socket
 import statistics
@@ -57,7 +58,9 @@ class Options:
         parser.add_argument("--quick", action="store_true", help="smoke run: short phases, small counts")
         parser.add_argument("--duration", type=float, help="seconds measured per phase (default 10; quick 1.5)")
         parser.add_argument("--warmup", type=float, help="seconds of warm-up before each phase (default 2; quick 0.5)")
-        parser.add_argument("--reps", type=int, default=3, help="repetitions of every measurement (default 3, >= 3)")
+        parser.add_argument(
+            "--reps", type=int, default=3, help="repetitions of every measurement (default 3; a result needs >= 3)"
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Options:
@@ -69,7 +72,8 @@ class Options:
 
     def describe(self) -> str:
         kind = "quick smoke run" if self.quick else "full run"
-        return f"{kind}: {self.reps} repetitions, {self.warmup_s:g} s warm-up + {self.duration_s:g} s per phase"
+        reps = f"{self.reps} repetition{'s' if self.reps != 1 else ''}"
+        return f"{kind}: {reps}, {self.warmup_s:g} s warm-up + {self.duration_s:g} s per phase"
 
 
 # -- statistics --------------------------------------------------------------------------------------
@@ -177,6 +181,8 @@ class Section:
     body: list[str] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
+    skipped: bool = False
+    """Nothing was measured (e.g. an optional extra is missing): RESULTS.md keeps this section from an earlier run."""
 
     def markdown(self) -> str:
         lines = [f"## {self.title}", ""]
@@ -548,6 +554,43 @@ def loadavg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def machine_busy_s() -> float:
+    """CPU seconds every process on the machine has spent, all cores together (from /proc/stat)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process and of every child it has reaped (and theirs): the bench's own work."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+class RunLoad:
+    """How busy the machine was with other work while a run measured.
+
+    The load average after a run mostly shows the run itself (it keeps both cores busy), so the verdict
+    "busy machine" comes from the load average before the run and from the CPU that processes other than
+    the bench's own used during it: all CPU time of the machine less this process's and its reaped
+    children's. (A grandchild orphaned on the way out is not counted as ours: a small overestimate.)
+    """
+
+    def __init__(self) -> None:
+        self.before = loadavg()
+        self._t0, self._busy0, self._own0 = time.monotonic(), machine_busy_s(), own_cpu_s()
+        self.after = ""
+        self.other_cores = math.nan
+        """Cores used by other work, on average over the run."""
+
+    def finish(self) -> RunLoad:
+        wall = time.monotonic() - self._t0
+        other = (machine_busy_s() - self._busy0) - (own_cpu_s() - self._own0)
+        self.after = loadavg()
+        self.other_cores = max(0.0, other) / wall if wall > 0 else math.nan
+        return self
+
+
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
@@ -585,7 +628,7 @@ def standalone(run: Callable[[Options], Section], description: str, argv: list[s
     args = parser.parse_args(argv)
     stop_on_sigterm()
     opts = Options.from_args(args)
-    load_before = loadavg()
+    load = RunLoad()
     try:
         section = run(opts)
     except KeyboardInterrupt:
@@ -597,6 +640,7 @@ def standalone(run: Callable[[Options], Section], description: str, argv: list[s
     if args.out is not None:
         from bench.report import render
 
-        args.out.write_text(render([section], opts, load_before, loadavg(), [section.key]))
+        previous = args.out.read_text() if args.out.exists() else None
+        args.out.write_text(render([section], opts, load.finish(), [section.key], previous))
         print(f"written to {args.out}")
     return 0

@@ -1,6 +1,9 @@
 """`bench/run`: every bench (or a subset) in one run, then RESULTS.md with the run's facts and every table.
 
 bench/run [--quick] [--only http,client] [--skip memory] [--reps 3] [--out bench/RESULTS.md]
+
+``embed`` runs only where the ``embed`` extra (torch) is installed; elsewhere it is skipped and the
+embedding figures already in the file are kept (bench/report.py).
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import client_bench, control_bench, http_bench, memory_bench, scaling_bench
-from bench.common import ROOT, Options, Section, loadavg, stop_on_sigterm, timed
+from bench import client_bench, control_bench, embed_bench, http_bench, memory_bench, scaling_bench
+from bench.common import ROOT, Options, RunLoad, Section, stop_on_sigterm, timed
 from bench.report import ALL, render
 
 BENCHES: dict[str, Callable[[Options], Section]] = {
@@ -22,6 +25,7 @@ BENCHES: dict[str, Callable[[Options], Section]] = {
     "scaling": scaling_bench.run,
     "control": control_bench.run,
     "memory": memory_bench.run,
+    "embed": embed_bench.run,
 }
 assert tuple(BENCHES) == ALL
 
@@ -44,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_sigterm()
     opts = Options.from_args(args)
     chosen = [n for n in (args.only or list(BENCHES)) if n not in args.skip]
-    load_before = loadavg()
+    load = RunLoad()
     sections: list[Section] = []
     failed = []
     t0 = time.monotonic()
@@ -64,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bench: interrupted; what it started is stopped; RESULTS.md left as it was", file=sys.stderr)
         return 130
-    text = render(sections, opts, load_before, loadavg(), chosen)
+    previous = args.out.read_text() if args.out.exists() else None
+    text = render(sections, opts, load.finish(), chosen, previous)
     args.out.write_text(text)
     print(f"\nall done in {time.monotonic() - t0:.0f} s; written to {args.out}")
     if failed:
