@@ -105,7 +105,7 @@ def render(
         if opts.quick:
             why.append("`--quick` phases are too short to compare")
         if opts.reps < 3:
-            why.append(f"{opts.reps} repetition{'s' if opts.reps != 1 else ''} give no median of 3")
+            why.append(f"{opts.reps} repetition{'s give' if opts.reps != 1 else ' gives'} no median of 3")
         lines += [
             f"> **Smoke run{' on a loaded machine' if loaded else ''}, not a result**: {'; '.join(why)}.",
             "> It shows that the harness works. Run `bench/run` (no `--quick`) on a quiet machine for figures.",
