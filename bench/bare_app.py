@@ -1,9 +1,10 @@
-"""The baseline for bench/http_bench.py: the Echo deployment's work in a plain FastAPI app, no queue.
+"""The ceiling of the HTTP path: the noop in a plain FastAPI app, no queue.
 
-It parses the JSON body (the gateway validates it too) and answers what ``examples.echo:Echo``
-answers, on uvicorn with the gateway's settings (app/main.py): uvloop, httptools, one process.
+It parses the JSON body (the gateway validates it too) and answers it unchanged, as
+``examples.functions:noop`` does, on uvicorn with the gateway's settings (app/main.py): uvloop,
+httptools, one process.
 
-    .venv/bin/python bench/bare_app.py --port 8001
+    .venv/bin/python -m bench.bare_app --port 8001
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from fastapi import FastAPI, Request, Response
 
 from app.main import UVICORN_OPTIONS
 
-app = FastAPI(title="bare echo")
+app = FastAPI(title="bare noop")
 
 
-@app.post("/echo")
-async def echo(request: Request) -> Response:
+@app.post("/noop")
+async def noop(request: Request) -> Response:
     body: Any = orjson.loads(await request.body() or b"null")
-    return Response(orjson.dumps({"echo": body, "greeting": "hello"}), media_type="application/json")
+    return Response(orjson.dumps(body), media_type="application/json")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,13 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        workers=1,
-        **UVICORN_OPTIONS,
-    )
+    uvicorn.run(app, host=args.host, port=args.port, workers=1, **UVICORN_OPTIONS)
     return 0
 
 

