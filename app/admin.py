@@ -78,7 +78,7 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
         with_control = control()
         try:
             record = await asyncio.wait_for(with_control.wait_for_goal(goal_id), wait) if wait else None
-        except (asyncio.TimeoutError, GoalFailedError, RequestTimeoutError):
+        except (TimeoutError, GoalFailedError, RequestTimeoutError):
             record = None
         if record is None or record.status not in FINAL_GOAL_STATUSES:
             record = await with_control.goal(goal_id)

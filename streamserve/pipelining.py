@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
 Command = tuple[EncodableT, ...]
@@ -88,8 +90,14 @@ class Pipeliner:
         connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
 
         async def exchange() -> list[Any]:
-            await connection.send_packed_command(packed)
-            return [await _read_reply(connection) for _ in commands]
+            # One socket timeout for the whole exchange: redis-py would open a timeout context per reply.
+            try:
+                async with asyncio.timeout(connection.socket_timeout):
+                    await connection.send_packed_command(packed)
+                    return [await _read_reply(connection) for _ in commands]
+            except TimeoutError as exc:
+                await connection.disconnect(nowait=True)
+                raise RedisTimeoutError(f"no reply from Redis within {connection.socket_timeout}s") from exc
 
         async def reset(_error: Exception) -> None:
             await connection.disconnect()
@@ -109,7 +117,7 @@ class Pipeliner:
 async def _read_reply(connection: AbstractConnection) -> Any:
     """One reply; an error reply (the command failed in Redis) is returned, not raised."""
     try:
-        return await connection.read_response()
+        return await connection.read_response(timeout=math.inf)  # bounded by exchange()'s timeout
     except ResponseError as exc:
         return exc
 
