@@ -40,6 +40,8 @@ from streamserve.settings import Settings
 from streamserve.states import JobStatus
 
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+SECONDS_RE = re.compile(r"^(\d+\.?\d*|\.\d+)$")
+"""X-Request-Timeout: plain decimal seconds (float() would also take "1_0", "+2", "1e3" and "inf")."""
 _JSON = (b"content-type", b"application/json")
 
 
@@ -193,11 +195,8 @@ def _prefers_async(prefer_headers: list[str]) -> bool:
 def _header_timeout(raw: str | None) -> float:
     if raw is None:
         return float("inf")
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
+    value = float(raw) if SECONDS_RE.match(raw.strip()) else 0.0
+    if not 0 < value < float("inf"):
         raise BadRequestError(f"X-Request-Timeout must be a positive number of seconds, got {raw!r}")
     return value
 

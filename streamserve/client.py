@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import math
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -87,6 +88,14 @@ def _encode(body: Any) -> bytes:
         return dumps(body)
     except TypeError as exc:
         raise BadRequestError(f"body is not JSON-serialisable: {exc}") from None
+
+
+def _timeout_s(timeout: float | None, cfg: DeploymentConfig) -> float:
+    """The caller's timeout, else the deployment's; BadRequestError unless it is a positive finite number."""
+    timeout_s = cfg.request_timeout_s if timeout is None else timeout
+    if not 0 < timeout_s < math.inf:  # also false for NaN
+        raise BadRequestError(f"timeout must be a positive number of seconds, got {timeout_s}")
+    return timeout_s
 
 
 def result_of(reply: Reply) -> Any:
@@ -224,7 +233,7 @@ class AsyncClient:
         request = Request(
             new_request_id(),
             "",
-            now_ms() + int(1000 * (timeout or route.deployment.request_timeout_s)),
+            now_ms() + int(1000 * _timeout_s(timeout, route.deployment)),
             encoded,
             method,
         )
@@ -250,9 +259,7 @@ class AsyncClient:
         self._check_size(body)
         route = name if isinstance(name, Route) else await self.route(name)
         cfg = route.deployment
-        timeout_s = cfg.request_timeout_s if timeout is None else timeout
-        if timeout_s <= 0:
-            raise BadRequestError(f"timeout must be positive, got {timeout_s}")
+        timeout_s = _timeout_s(timeout, cfg)
         request_id = request_id or new_request_id()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Reply] = loop.create_future()
@@ -280,9 +287,7 @@ class AsyncClient:
         encoded = _encode(body)
         self._check_size(encoded)
         route = await self.route(name)
-        call_timeout_s = route.deployment.request_timeout_s if timeout is None else timeout
-        if call_timeout_s <= 0:
-            raise BadRequestError(f"timeout must be positive, got {call_timeout_s}")
+        call_timeout_s = _timeout_s(timeout, route.deployment)
         # RQ serialises with the standard json module: hand it what orjson made of the body, plain JSON types.
         plain = orjson.loads(encoded)
         jobs = self._job_queue()

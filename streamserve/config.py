@@ -13,14 +13,15 @@ import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from streamserve.errors import ConfigError
+from streamserve.errors import ConfigError, ProtocolError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 RESERVED_ROUTE_PREFIXES = ("/-/", "/metrics")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Infinity and NaN have no JSON form (they would be stored as null and fail to load back).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _check_name(value: str) -> str:
@@ -120,7 +121,11 @@ class DeploymentConfig(_Strict):
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> DeploymentConfig:
-        return cls.model_validate(orjson.loads(raw))
+        """A stored config; ProtocolError if it is not one (written by hand, or by another version)."""
+        try:
+            return cls.model_validate(orjson.loads(raw))
+        except ValueError as exc:
+            raise ProtocolError(f"stored deployment config is unreadable: {exc}") from exc
 
 
 class EndpointConfig(_Strict):
@@ -170,7 +175,11 @@ class EndpointConfig(_Strict):
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> EndpointConfig:
-        return cls.model_validate(orjson.loads(raw))
+        """A stored endpoint; ProtocolError if it is not one."""
+        try:
+            return cls.model_validate(orjson.loads(raw))
+        except ValueError as exc:
+            raise ProtocolError(f"stored endpoint config is unreadable: {exc}") from exc
 
 
 class AppConfig(_Strict):

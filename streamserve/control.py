@@ -30,7 +30,6 @@ from streamserve.errors import (
     ConflictError,
     GoalFailedError,
     NotFoundError,
-    ProtocolError,
     RequestTimeoutError,
 )
 from streamserve.ids import new_request_id
@@ -185,10 +184,7 @@ class Control:
     async def deployments(self) -> dict[str, DeploymentConfig]:
         """Every desired deployment, by name."""
         raw = await self._redis.hgetall(self._keys.deployments())
-        try:
-            return {text(k): DeploymentConfig.from_json(v) for k, v in raw.items()}
-        except ValueError as exc:
-            raise ProtocolError(f"stored deployment config is unreadable: {exc}") from exc
+        return {text(k): DeploymentConfig.from_json(v) for k, v in raw.items()}
 
     async def get(self, name: str) -> DeploymentConfig:
         raw = await self._redis.hget(self._keys.deployments(), name)
@@ -199,10 +195,7 @@ class Control:
     async def endpoints(self) -> dict[str, EndpointConfig]:
         """Every endpoint, by name."""
         raw = await self._redis.hgetall(self._keys.endpoints())
-        try:
-            return {text(k): EndpointConfig.from_json(v) for k, v in raw.items()}
-        except ValueError as exc:
-            raise ProtocolError(f"stored endpoint config is unreadable: {exc}") from exc
+        return {text(k): EndpointConfig.from_json(v) for k, v in raw.items()}
 
     async def apply(self, app: AppConfig) -> Applied:
         """Upsert every deployment and endpoint in ``app``; goals for the deployments whose config changed."""
@@ -290,6 +283,8 @@ class Control:
         wanted = AutoscaleRecord.decode(autoscaled_raw).replicas if autoscaled_raw else goal.replicas
         ready = sum(1 for r in records if r.state is ReplicaState.RUNNING and r.version == goal.version)
         others = sum(1 for r in records if r.version != goal.version)
+        if ready > wanted:  # scaling down: what counts is how many are still to stop
+            return f"{goal.deployment}: {ready} replica(s) running, scaling down to {wanted}"
         line = f"{goal.deployment}: {ready}/{wanted} replica(s) of version {goal.version} running"
         return line + (f", {others} of an older version still up" if others else "")
 

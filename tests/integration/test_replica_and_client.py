@@ -175,6 +175,11 @@ async def test_bad_input_from_python_is_a_clear_streamserve_error(
     await start_replica()
     with pytest.raises(BadRequestError, match="not JSON-serialisable"):
         await client.call("rec", {"x": object()})
+    for timeout in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(BadRequestError, match="timeout must be a positive number of seconds"):
+            await client.call("rec", 1, timeout=timeout)
+        with pytest.raises(BadRequestError, match="timeout must be a positive number of seconds"):
+            await client.send("rec", 1, timeout=timeout)
     with pytest.raises(ConfigError, match="deployment 'rec': num_replicas"):
         await client.scale("rec", -1)
     async with AsyncClient(settings=settings.model_copy(update={"max_request_bytes": 100})) as small:

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from streamserve import cli
-from streamserve.config import AppConfig, DeploymentConfig, load_config, parse_config
-from streamserve.errors import ConfigError
+from streamserve.config import AppConfig, DeploymentConfig, EndpointConfig, load_config, parse_config
+from streamserve.errors import ConfigError, ProtocolError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,6 +43,10 @@ def test_defaults() -> None:
         ({"route_prefix": "/-/admin"}, "is reserved for the gateway's own routes"),
         ({"num_replicas": 1, "autoscaling_config": {"max_replicas": 2}}, "set num_replicas or autoscaling_config"),
         ({"autoscaling_config": {"min_replicas": 3, "max_replicas": 2}}, "min_replicas (3) is above max_replicas (2)"),
+        # YAML's .inf has no JSON form: accepted, it was stored as null and broke every reader of the config.
+        ({"request_timeout_s": float("inf")}, "request_timeout_s: Input should be a finite number"),
+        ({"autoscaling_config": {"downscale_delay_s": float("inf")}}, "downscale_delay_s: Input should be a finite"),
+        ({"autoscaling_config": {"target_ongoing_requests": float("nan")}}, "target_ongoing_requests: Input should"),
     ],
 )
 def test_errors_name_the_deployment_and_field(fields: dict[str, object], expected: str) -> None:
@@ -76,6 +80,13 @@ def test_code_version_ignores_live_fields() -> None:
     assert base.code_version() == DeploymentConfig.model_validate(dep(max_ongoing_requests=3)).code_version()
     assert base.code_version() != DeploymentConfig.model_validate(dep(version="2")).code_version()
     assert base.code_version() != DeploymentConfig.model_validate(dep(init_kwargs={"greeting": "x"})).code_version()
+
+
+def test_an_unreadable_stored_config_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError, match="stored deployment config is unreadable"):
+        DeploymentConfig.from_json(b'{"name": "echo", "import_path": "examples.echo:Echo", "request_timeout_s": null}')
+    with pytest.raises(ProtocolError, match="stored endpoint config is unreadable"):
+        EndpointConfig.from_json(b"not json")
 
 
 def test_json_round_trip() -> None:

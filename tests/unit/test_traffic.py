@@ -47,7 +47,7 @@ def test_endpoint_route_defaults_to_its_name_and_null_means_client_only() -> Non
         ({"traffic": {}}, "needs at least one deployment"),
         ({"traffic": {"v1": 0}}, "add up to more than 0"),
         ({"traffic": {"v1": -1, "v2": 2}}, "must be finite, >= 0"),
-        ({"traffic": {"v1": float("nan")}}, "must be finite"),
+        ({"traffic": {"v1": float("nan")}}, "traffic.v1: Input should be a finite number"),
         ({"traffic": {"Bad Name": 1}}, "'Bad Name' is not a valid name"),
         ({"shadow": {"v3": 1.5}}, "between 0 and 1"),
         ({"weights": {"v1": 1}}, "weights: unknown field"),
