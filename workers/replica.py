@@ -64,6 +64,9 @@ class Replica:
         self._health = ReplicaHealth.STARTING
         self._message = ""
         self._inflight: set[asyncio.Task[None]] = set()
+        """Requests held, from their read until their reply is written (drain waits for these)."""
+        self._executing: set[asyncio.Task[None]] = set()
+        """Requests holding a slot of max_ongoing_requests: read, handler not yet returned."""
         self._capacity = asyncio.Event()
         self._stopping = asyncio.Event()
         self._served = 0
@@ -214,7 +217,7 @@ class Replica:
         backoff = 0.1
         while not self._stopping.is_set():
             assert self._cfg is not None
-            free = self._cfg.max_ongoing_requests - len(self._inflight)
+            free = self._cfg.max_ongoing_requests - len(self._executing)
             if free <= 0:
                 self._capacity.clear()
                 await self._capacity.wait()
@@ -250,6 +253,7 @@ class Replica:
     def _start(self, entry_id: bytes, fields: Fields) -> asyncio.Task[None]:
         task = asyncio.create_task(self._handle(entry_id, fields))
         self._inflight.add(task)
+        self._executing.add(task)
         task.add_done_callback(self._on_done)
         return task
 
@@ -279,18 +283,28 @@ class Replica:
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
-        self._capacity.set()
+        self._free_slot(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("replica %s: request task failed", self.replica_id, exc_info=task.exception())
 
+    def _free_slot(self, task: asyncio.Task[None]) -> None:
+        if task in self._executing:
+            self._executing.discard(task)
+            self._capacity.set()
+
     async def _handle(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        task = asyncio.current_task()
+        assert task is not None
         try:
             request = Request.decode(fields)
         except ProtocolError as exc:
             logger.warning("replica %s: dropping malformed entry %s: %s", self.replica_id, entry_id, exc)
+            self._free_slot(task)
             await self._finish(entry_id, None)
             return
         reply = await self._execute(request)
+        # The handler is done: the next read may start while the reply goes out (one round trip less per slot).
+        self._free_slot(task)
         self._served += 1
         if reply.status is not ReplyStatus.OK:
             self._failed += 1
