@@ -1,38 +1,52 @@
-"""CPU time per request of the Python client and of one noop replica process.
+"""CPU time per request of each process on the path: the steadier signal when tuning the hot path.
 
-A steadier signal than req/s on a busy machine: it counts the CPU each side
-spends, not how long it waited for a core. Starts its own embedded Redis and
-one replica (``examples.functions:noop``), sends N calls with 256 outstanding
-after 2,000 warm-up calls, prints one line, and stops what it started.
+req/s on a 2-core machine moves with whatever else runs; the CPU each process
+spends per request barely does, so it is the figure to compare before and
+after a change (run the two versions alternately). Starts its own embedded
+Redis, one replica and, with ``--http``, one gateway process; sends N requests
+after a warm-up; prints one line; stops what it started.
 
-    .venv/bin/python bench/cpu_probe.py [N]
+- client path (default): ``AsyncClient`` with 256 calls outstanding to a noop
+  function replica (``examples.functions:noop``, max_ongoing_requests 64).
+- ``--http``: ``POST /echo`` on 32 keep-alive connections to a gateway, one
+  ``examples.echo:Echo`` replica (max_ongoing_requests 32); also the p50/p99
+  of 2,000 sequential requests.
+
+    .venv/bin/python bench/cpu_probe.py [N] [--http]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import resource
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import uvloop
 
+from bench.common import percentile
+from bench.loadgen import Connection, http_probe, post_request
 from streamserve.client import AsyncClient
 from streamserve.config import parse_config
 from streamserve.connection import async_redis
 from streamserve.control import Control
 from streamserve.embedded_redis import EmbeddedRedis
 from streamserve.errors import StreamServeError
-from streamserve.procs import free_port
+from streamserve.procs import free_port, stop_group
 from streamserve.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
-OUTSTANDING = 256
 WARMUP = 2000
-CONFIG = {"deployments": [{"name": "noop", "import_path": "examples.functions:noop", "max_ongoing_requests": 64}]}
+READY_TRIES = 400
+"""Tries 50 ms apart while the replica imports and reports ready: at most 20 s."""
+CLIENT = {"name": "noop", "import_path": "examples.functions:noop", "max_ongoing_requests": 64}
+HTTP = {"name": "echo", "import_path": "examples.echo:Echo", "max_ongoing_requests": 32, "route_prefix": "/echo"}
+BODY = b'{"x":[1,2,3]}'
 
 
 def cpu_seconds(pid: int) -> float:
@@ -41,50 +55,118 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def probe(n: int) -> str:
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def measure(pids: dict[str, int], n: int, send: Callable[[int], Awaitable[object]]) -> str:
+    """Warm up, then send n requests; req/s and CPU us per request of each process and of this one."""
+    await send(WARMUP)
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    own, wall = own_cpu_seconds(), time.perf_counter()
+    await send(n)
+    wall = time.perf_counter() - wall
+    used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    used["load generator"] = own_cpu_seconds() - own
+    per_request = "   ".join(f"{name} {seconds / n * 1e6:5.1f}" for name, seconds in used.items())
+    return f"{n / wall:7.0f} req/s   CPU us/req: {per_request}   total {sum(used.values()) / n * 1e6:5.1f}"
+
+
+async def client_path(settings: Settings, pids: dict[str, int], n: int) -> str:
+    async with AsyncClient(settings=settings) as client:
+        for _ in range(READY_TRIES):
+            try:
+                await client.call("noop", 1, timeout=1)
+                break
+            except StreamServeError:
+                await asyncio.sleep(0.05)
+        gate = asyncio.Semaphore(256)
+
+        async def one(i: int) -> object:
+            async with gate:
+                return await client.call("noop", {"i": i})
+
+        async def send(count: int) -> None:
+            await asyncio.gather(*(one(i) for i in range(count)))
+
+        return "client path, 256 outstanding: " + await measure(pids, n, send)
+
+
+async def http_path(port: int, pids: dict[str, int], n: int) -> str:
+    for _ in range(READY_TRIES):
+        try:
+            if (await http_probe(port, "/echo", BODY))[0] == 200:
+                break
+        except OSError:
+            pass
+        await asyncio.sleep(0.05)
+    request = post_request(port, "/echo", BODY)
+    latencies: list[float] = []
+
+    async def send_on(conns: list[Connection], count: int) -> None:
+        left = count
+
+        async def worker(conn: Connection) -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                t0 = time.perf_counter()
+                status, answer, _ = await conn.send(request)
+                if status != 200:
+                    raise RuntimeError(f"HTTP {status}: {answer!r}")
+                latencies.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(worker(conn) for conn in conns))
+
+    conns = [await Connection.open(port) for _ in range(32)]
+    try:
+        line = "HTTP c=32: " + await measure(pids, n, lambda count: send_on(conns, count))
+        latencies.clear()
+        await send_on(conns[:1], 2000)
+    finally:
+        for conn in conns:
+            conn.close()
+    ordered = sorted(latencies)
+    p50, p99 = percentile(ordered, 0.5) * 1e3, percentile(ordered, 0.99) * 1e3
+    return f"{line}\nHTTP c=1: p50 {p50:.3f} ms   p99 {p99:.3f} ms"
+
+
+async def probe(n: int, http: bool) -> str:
+    deployment = HTTP if http else CLIENT
     with EmbeddedRedis(port=free_port()) as server:
         settings = Settings(redis_url=server.url)
         redis = async_redis(server.url)
-        await Control(redis, settings.keys).apply(parse_config(CONFIG))
+        await Control(redis, settings.keys).apply(parse_config({"deployments": [deployment]}))
         await redis.aclose()
         env = {**os.environ, **settings.to_env()}
-        replica = subprocess.Popen([sys.executable, "-m", "workers", "noop"], env=env, cwd=ROOT)
+        started: list[subprocess.Popen[bytes]] = []
         try:
-            async with AsyncClient(settings=settings) as client:
-                for _ in range(400):  # the replica imports and reports ready: at most 20 s
-                    try:
-                        await client.call("noop", 1, timeout=1)
-                        break
-                    except StreamServeError:
-                        await asyncio.sleep(0.05)
-                gate = asyncio.Semaphore(OUTSTANDING)
-
-                async def one(i: int) -> object:
-                    async with gate:
-                        return await client.call("noop", {"i": i})
-
-                await asyncio.gather(*(one(i) for i in range(WARMUP)))
-                replica0, self0, wall0 = (
-                    cpu_seconds(replica.pid),
-                    resource.getrusage(resource.RUSAGE_SELF),
-                    time.perf_counter(),
-                )
-                await asyncio.gather(*(one(i) for i in range(n)))
-                wall = time.perf_counter() - wall0
-                replica1, self1 = cpu_seconds(replica.pid), resource.getrusage(resource.RUSAGE_SELF)
+            replica = subprocess.Popen(
+                [sys.executable, "-m", "workers", str(deployment["name"])], env=env, cwd=ROOT, start_new_session=True
+            )
+            started.append(replica)
+            assert server.proc is not None
+            pids = {"replica": replica.pid, "redis": server.proc.pid}
+            if not http:
+                return await client_path(settings, pids, n)
+            port = free_port()
+            gateway = subprocess.Popen(
+                [sys.executable, "-m", "app", "--port", str(port)], env=env, cwd=ROOT, start_new_session=True
+            )
+            started.append(gateway)
+            return await http_path(port, {"gateway": gateway.pid, **pids}, n)
         finally:
-            replica.terminate()
-            replica.wait(15)
-    client_s = (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime)
-    return (
-        f"{n / wall:8.0f} req/s   client {client_s / n * 1e6:6.1f} us/req   "
-        f"replica {(replica1 - replica0) / n * 1e6:6.1f} us/req   load {os.getloadavg()[0]:.1f}"
-    )
+            for proc in reversed(started):
+                stop_group(proc, 15)
 
 
 def main() -> int:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
-    print(uvloop.run(probe(n)))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("n", nargs="?", type=int, default=20_000, help="measured requests (default 20000)")
+    parser.add_argument("--http", action="store_true", help="through a gateway over HTTP, not the Python client")
+    args = parser.parse_args()
+    print(uvloop.run(probe(args.n, args.http)), f"  (load average {os.getloadavg()[0]:.1f})")
     return 0
 
 
