@@ -41,7 +41,7 @@ from bench.common import (
     stop_on_sigterm,
     utc_now,
 )
-from bench.report import LOADED, OTHER_CORES
+from bench.report import OTHER_CORES
 from examples.embed.model import BATCH_WAIT_TIMEOUT_S, DIMENSION, MAX_BATCH_SIZE
 from streamserve import AsyncClient
 from streamserve.config import load_config
@@ -233,7 +233,7 @@ def section(phases: list[Phase], args: EmbedRun) -> Section:
 def report(phases: list[Phase], args: EmbedRun, load: RunLoad) -> list[str]:
     """The section as `python -m bench.embed_bench` writes it alone: with the run's own facts."""
     found = section(phases, args)
-    busy = float(load.before.split()[0]) > LOADED or load.other_cores > OTHER_CORES
+    busy = load.other_cores > OTHER_CORES
     found.setup = [
         f"Machine: {machine()}; load average {load.before} before, {load.after} after; other work used "
         f"{load.other_cores:.2f} cores on average during the run"
