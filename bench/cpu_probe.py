@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
@@ -37,7 +38,7 @@ from streamserve.connection import async_redis
 from streamserve.control import Control
 from streamserve.embedded_redis import EmbeddedRedis
 from streamserve.errors import StreamServeError
-from streamserve.procs import free_port, stop_group
+from streamserve.procs import die_with_parent, free_port, stop_group
 from streamserve.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,6 +133,11 @@ async def http_path(port: int, pids: dict[str, int], n: int) -> str:
     return f"{line}\nHTTP c=1: p50 {p50:.3f} ms   p99 {p99:.3f} ms"
 
 
+def _child_options(env: dict[str, str]) -> dict[str, Any]:
+    """Own process group (stopped as one), and a SIGTERM from the kernel if this probe dies first."""
+    return {"env": env, "cwd": ROOT, "start_new_session": True, "preexec_fn": die_with_parent}
+
+
 async def probe(n: int, http: bool) -> str:
     deployment = HTTP if http else CLIENT
     with EmbeddedRedis(port=free_port()) as server:
@@ -143,7 +149,7 @@ async def probe(n: int, http: bool) -> str:
         started: list[subprocess.Popen[bytes]] = []
         try:
             replica = subprocess.Popen(
-                [sys.executable, "-m", "workers", str(deployment["name"])], env=env, cwd=ROOT, start_new_session=True
+                [sys.executable, "-m", "workers", str(deployment["name"])], **_child_options(env)
             )
             started.append(replica)
             assert server.proc is not None
@@ -151,9 +157,7 @@ async def probe(n: int, http: bool) -> str:
             if not http:
                 return await client_path(settings, pids, n)
             port = free_port()
-            gateway = subprocess.Popen(
-                [sys.executable, "-m", "app", "--port", str(port)], env=env, cwd=ROOT, start_new_session=True
-            )
+            gateway = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port)], **_child_options(env))
             started.append(gateway)
             return await http_path(port, {"gateway": gateway.pid, **pids}, n)
         finally:

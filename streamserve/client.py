@@ -12,20 +12,18 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import math
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import orjson
 import redis
 import redis.asyncio as aioredis
-from redis.typing import KeyT, StreamIdT
 
 from streamserve import scripts
-from streamserve.config import AppConfig, DeploymentConfig, EndpointConfig, load_config
+from streamserve.config import MAX_TIMEOUT_S, AppConfig, DeploymentConfig, EndpointConfig, load_config
 from streamserve.connection import RETRYABLE_ERRORS, async_redis, sync_redis
 from streamserve.control import Control, DeploymentStatus
 from streamserve.errors import (
@@ -50,12 +48,11 @@ from streamserve.messages import (
     Reply,
     ReplyStatus,
     Request,
-    StreamBatches,
     dumps,
     now_ms,
     text,
 )
-from streamserve.pipelining import Pipeliner, Script
+from streamserve.pipelining import BlockingReader, Pipeliner, Script
 from streamserve.settings import Settings
 from streamserve.states import DeploymentHealth
 from streamserve.traffic import TrafficPolicy
@@ -79,6 +76,7 @@ _WATCHED = frozenset({ConfigKey.DEPLOYMENTS, ConfigKey.ENDPOINTS, ConfigKey.DEPL
 REPLY_READ_COUNT = 1000
 REPLY_BLOCK_MS = 1000
 _READER_TASK = "streamserve-replies"
+_READ_REPLIES = ("XREAD", "COUNT", REPLY_READ_COUNT, "BLOCK", REPLY_BLOCK_MS, "STREAMS")
 _ENQUEUE = Script(scripts.ENQUEUE)
 
 
@@ -93,8 +91,10 @@ def _encode(body: Any) -> bytes:
 def _timeout_s(timeout: float | None, cfg: DeploymentConfig) -> float:
     """The caller's timeout, else the deployment's; BadRequestError unless it is a positive finite number."""
     timeout_s = cfg.request_timeout_s if timeout is None else timeout
-    if not 0 < timeout_s < math.inf:  # also false for NaN
-        raise BadRequestError(f"timeout must be a positive number of seconds, got {timeout_s}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # also false for NaN
+        raise BadRequestError(
+            f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, got {timeout_s}"
+        )
     return timeout_s
 
 
@@ -524,23 +524,25 @@ class AsyncClient:
 
     async def _read_replies(self) -> None:
         assert self._redis is not None
-        streams: dict[KeyT, StreamIdT] = {self._reply_stream: self._last_reply_id}
+        reader = BlockingReader(self._redis)
         backoff = 0.1
-        while not self._closing:
-            try:
-                streams[self._reply_stream] = self._last_reply_id
-                raw = await self._redis.xread(streams, count=REPLY_READ_COUNT, block=REPLY_BLOCK_MS)
-                batches = cast(StreamBatches, raw)
-            except RETRYABLE_ERRORS as exc:
-                logger.warning("reply reader lost Redis (%s); retrying in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
-            backoff = 0.1
-            for _stream, entries in batches:
-                for entry_id, fields in entries:
-                    self._last_reply_id = entry_id
-                    self._resolve_reply(fields)
+        try:
+            while not self._closing:
+                try:
+                    command = (*_READ_REPLIES, self._reply_stream, self._last_reply_id)
+                    batches = await reader.read(command, REPLY_BLOCK_MS)
+                except RETRYABLE_ERRORS as exc:
+                    logger.warning("reply reader lost Redis (%s); retrying in %.1fs", exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                backoff = 0.1
+                for _stream, entries in batches:
+                    for entry_id, fields in entries:
+                        self._last_reply_id = entry_id
+                        self._resolve_reply(fields)
+        finally:
+            await reader.aclose()
 
     def _resolve_reply(self, fields: dict[bytes, bytes]) -> None:
         if b"hello" in fields or b"wake" in fields:

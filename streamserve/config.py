@@ -17,6 +17,8 @@ from streamserve.errors import ConfigError, ProtocolError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 RESERVED_ROUTE_PREFIXES = ("/-/", "/metrics")
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""The longest request timeout (a week): past any call's sensible bound, and within what RQ's job timer holds."""
 
 
 class _Strict(BaseModel):
@@ -80,7 +82,7 @@ class DeploymentConfig(_Strict):
     user_config: Any = None
     version: str | None = None
     route_prefix: str | None = None
-    request_timeout_s: float = Field(30.0, gt=0)
+    request_timeout_s: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S)
     graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
     health_check_period_s: float = Field(10.0, gt=0)
 

@@ -27,6 +27,8 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
+from streamserve.messages import Fields, StreamBatches
+
 Command = tuple[EncodableT, ...]
 """One raw Redis command, e.g. ``("XACK", stream, group, entry_id)``."""
 
@@ -120,6 +122,55 @@ async def _read_reply(connection: AbstractConnection) -> Any:
         return await connection.read_response(timeout=math.inf)  # bounded by exchange()'s timeout
     except ResponseError as exc:
         return exc
+
+
+class BlockingReader:
+    """Runs one blocking stream read at a time (XREAD or XREADGROUP with BLOCK) on a connection it keeps.
+
+    Each caller process has one reply reader and each replica one request
+    reader, looping on such reads: a kept connection saves a pool checkout per
+    read, and the raw hiredis reply skips redis-py's per-entry parsing.
+    """
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._pool = redis.connection_pool
+        self._connection: AbstractConnection | None = None
+
+    async def read(self, command: Command, block_ms: int) -> StreamBatches:
+        """The read's entries, by stream (empty when BLOCK passed with none); a failed connection is dropped."""
+        if self._connection is None:
+            self._connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        connection = self._connection
+        # The reply is due within BLOCK; the socket timeout on top, as redis-py would allow a blocking read.
+        limit_s = block_ms / 1000 + (connection.socket_timeout or 0)
+        try:
+            async with asyncio.timeout(limit_s):
+                await connection.send_packed_command(hiredis.pack_command(command))  # type: ignore[arg-type]
+                reply = await connection.read_response(timeout=math.inf)
+        except ResponseError:
+            raise  # the command failed (e.g. NOGROUP); the connection is fine
+        except BaseException as exc:
+            await self.aclose()
+            if isinstance(exc, TimeoutError):
+                raise RedisTimeoutError(f"no reply from Redis within {limit_s:g}s") from exc
+            raise
+        by_stream = reply.items() if isinstance(reply, dict) else reply or ()  # RESP3: a map; RESP2: pairs
+        return [(stream, [(entry_id, _pairs(fields)) for entry_id, fields in entries]) for stream, entries in by_stream]
+
+    async def aclose(self) -> None:
+        """Give the connection back (disconnected: a read may still be running on it)."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.disconnect(nowait=True)
+            await self._pool.release(connection)
+
+
+def _pairs(flat: list[bytes] | None) -> Fields:
+    """An entry's ``[field, value, field, value, ...]`` as a dict (None: the entry was deleted)."""
+    if not flat:
+        return {}
+    items = iter(flat)
+    return dict(zip(items, items, strict=True))
 
 
 class Script:

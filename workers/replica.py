@@ -16,7 +16,7 @@ import os
 import socket
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
@@ -30,8 +30,8 @@ from streamserve.errors import BadRequestError, ProtocolError
 from streamserve.ids import ReplicaID
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.longpoll import LongPollSubscriber
-from streamserve.messages import Fields, Heartbeat, Reply, ReplyStatus, Request, StreamBatches, dumps, now_ms
-from streamserve.pipelining import Command, Pipeliner
+from streamserve.messages import Fields, Heartbeat, Reply, ReplyStatus, Request, dumps, now_ms
+from streamserve.pipelining import BlockingReader, Command, Pipeliner
 from streamserve.settings import Settings
 from streamserve.states import ReplicaHealth
 from workers.batcher import Batchers, DeadlinePassed
@@ -53,6 +53,7 @@ class Replica:
         self._redis = redis
         self._requeue = redis.register_script(scripts.REQUEUE)
         self._pipeliner = Pipeliner(redis)
+        self._reader = BlockingReader(redis)
         self._keys = settings.keys
         self.replica_id = replica_id
         self._consumer = replica_id.to_str()
@@ -100,7 +101,10 @@ class Replica:
             await longpoll.start()
             await self._set_health(ReplicaHealth.READY)
             logger.info("replica %s: ready (pid %d)", self.replica_id, os.getpid())
-            await self._read_loop()
+            try:
+                await self._read_loop()
+            finally:
+                await self._reader.aclose()
             await self._drain()
             return 0
         finally:
@@ -223,10 +227,8 @@ class Replica:
                 await self._capacity.wait()
                 continue
             try:
-                raw = await self._redis.xreadgroup(
-                    CONSUMER_GROUP, self._consumer, {self._stream: ">"}, count=free, block=READ_BLOCK_MS
-                )
-                batches = cast(StreamBatches, raw)
+                read = ("XREADGROUP", "GROUP", CONSUMER_GROUP, self._consumer, "COUNT", free, "BLOCK", READ_BLOCK_MS)
+                batches = await self._reader.read((*read, "STREAMS", self._stream, ">"), READ_BLOCK_MS)
                 backoff = 0.1
             except ResponseError as exc:
                 if "NOGROUP" not in str(exc):

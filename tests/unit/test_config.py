@@ -45,6 +45,7 @@ def test_defaults() -> None:
         ({"autoscaling_config": {"min_replicas": 3, "max_replicas": 2}}, "min_replicas (3) is above max_replicas (2)"),
         # YAML's .inf has no JSON form: accepted, it was stored as null and broke every reader of the config.
         ({"request_timeout_s": float("inf")}, "request_timeout_s: Input should be a finite number"),
+        ({"request_timeout_s": 1e300}, "request_timeout_s: Input should be less than or equal to 604800"),
         ({"autoscaling_config": {"downscale_delay_s": float("inf")}}, "downscale_delay_s: Input should be a finite"),
         ({"autoscaling_config": {"target_ongoing_requests": float("nan")}}, "target_ongoing_requests: Input should"),
     ],
