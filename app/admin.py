@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 
+from app.bodies import read_body
 from app.errors import json_response
 from streamserve.client import AsyncClient
 from streamserve.config import parse_config
@@ -39,14 +40,14 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
     @router.post("/deploy", dependencies=guarded)
     async def deploy(request: Request) -> Response:
         """Body: a config as JSON (the YAML file's shape). Answers {"goals": {deployment: goal id}}."""
-        config = parse_config(await _json_body(request), "request body")
+        config = parse_config(await _json_body(request, settings.max_request_bytes), "request body")
         applied = await control().apply(config)
         return json_response({"goals": applied.goals, "endpoints": applied.endpoints})
 
     @router.post("/deployments/{name}/scale", dependencies=guarded)
     async def scale(name: str, request: Request) -> Response:
         """Body: {"num_replicas": N}. Answers {"goal_id": id or null when nothing changed}."""
-        body = await _json_body(request)
+        body = await _json_body(request, settings.max_request_bytes)
         replicas = body.get("num_replicas") if isinstance(body, dict) else None
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise BadRequestError('body must be {"num_replicas": N} with N >= 0')
@@ -59,7 +60,7 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
     @router.post("/endpoints/{name}/traffic", dependencies=guarded)
     async def traffic(name: str, request: Request) -> Response:
         """Body: {"traffic": {deployment: weight}, "shadow": {deployment: fraction}} (shadow optional: kept)."""
-        body = await _json_body(request)
+        body = await _json_body(request, settings.max_request_bytes)
         if not isinstance(body, dict) or not isinstance(body.get("traffic"), dict) or set(body) - {"traffic", "shadow"}:
             raise BadRequestError('body must be {"traffic": {deployment: weight}, "shadow": {deployment: fraction}}')
         endpoint = await control().set_traffic(name, body["traffic"], body.get("shadow"))
@@ -87,8 +88,9 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
     return router
 
 
-async def _json_body(request: Request) -> Any:
+async def _json_body(request: Request, limit: int) -> Any:
+    body = await read_body(request.receive, request.headers.get("content-length"), limit)
     try:
-        return orjson.loads(await request.body() or b"null")
+        return orjson.loads(body or b"null")
     except orjson.JSONDecodeError as exc:
         raise BadRequestError(f"request body is not valid JSON: {exc}") from None

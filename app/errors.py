@@ -50,6 +50,11 @@ async def handle_request_validation_error(request: Request, exc: Exception) -> R
     return await handle_streamserve_error(request, BadRequestError(message))
 
 
+async def handle_client_disconnected(request: Request, exc: Exception) -> Response:
+    """The client left mid-body: answer nothing it could read, and log no traceback."""
+    return Response(status_code=400)
+
+
 def json_response(body: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(body), status_code=status_code, headers=headers, media_type="application/json")
 

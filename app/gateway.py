@@ -21,7 +21,14 @@ from fastapi.exceptions import RequestValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.admin import admin_router
-from app.errors import error_response, handle_request_validation_error, handle_streamserve_error, json_response
+from app.bodies import ClientDisconnected, read_body
+from app.errors import (
+    error_response,
+    handle_client_disconnected,
+    handle_request_validation_error,
+    handle_streamserve_error,
+    json_response,
+)
 from app.routing import RouteTable
 from streamserve.client import AsyncClient, error_of
 from streamserve.config import RESERVED_ROUTE_PREFIXES
@@ -31,7 +38,6 @@ from streamserve.errors import (
     BadRequestError,
     MethodNotAllowedError,
     NotFoundError,
-    PayloadTooLargeError,
     StreamServeError,
 )
 from streamserve.ids import new_request_id
@@ -43,10 +49,6 @@ REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 SECONDS_RE = re.compile(r"^(\d+\.?\d*|\.\d+)$")
 """X-Request-Timeout: plain decimal seconds (float() would also take "1_0", "+2", "1e3" and "inf")."""
 _JSON = (b"content-type", b"application/json")
-
-
-class ClientDisconnected(Exception):
-    """The HTTP client went away before its request body arrived: nobody to answer."""
 
 
 class Gateway:
@@ -89,7 +91,8 @@ class Gateway:
         try:
             _check_request_id(given, request_id)
             name = self.match(scope["path"])
-            body = await self._read_body(headers, receive) or b"null"
+            limit = self.settings.max_request_bytes
+            body = await read_body(receive, headers.get(b"content-length"), limit) or b"null"
             try:
                 value = orjson.loads(body)
             except orjson.JSONDecodeError as exc:
@@ -124,26 +127,6 @@ class Gateway:
             }
         )
         await send({"type": "http.response.body", "body": reply.body})
-
-    async def _read_body(self, headers: _Headers, receive: Receive) -> bytes:
-        """The whole body, refused with 413 as soon as it is known to pass max_request_bytes."""
-        limit = self.settings.max_request_bytes
-        length = headers.get(b"content-length") or ""
-        if length.isdigit() and int(length) > limit:
-            raise PayloadTooLargeError(f"request body of {length} bytes is above max_request_bytes ({limit})")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientDisconnected
-            chunk: bytes = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:  # chunked, or a Content-Length that understated it
-                raise PayloadTooLargeError(f"request body is above max_request_bytes ({limit})")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _submit_job(
         self, name: str, value: object, header_timeout: float, reply_headers: dict[str, str]
@@ -230,6 +213,7 @@ def create_app(settings: Settings) -> GatewayApp:
     api = FastAPI(title="streamserve gateway", lifespan=lifespan, docs_url="/-/docs", openapi_url="/-/openapi.json")
     api.add_exception_handler(StreamServeError, handle_streamserve_error)
     api.add_exception_handler(RequestValidationError, handle_request_validation_error)
+    api.add_exception_handler(ClientDisconnected, handle_client_disconnected)
 
     @api.get("/-/healthz")
     async def healthz() -> Response:

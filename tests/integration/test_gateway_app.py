@@ -130,6 +130,15 @@ async def test_every_error_has_our_shape(start_replica: StartReplica, settings: 
         assert bad_id.json()["request_id"] == bad_id.headers["x-request-id"] != "a b"
         too_big = await http.post("/rec", content=b"[" + b"1," * 600 + b"1]")
         assert too_big.status_code == 413 and "max_request_bytes (1000)" in too_big.json()["message"]
+
+        async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: the limit holds while it streams
+            for _ in range(20):
+                yield b" " * 100
+
+        streamed = await http.post("/rec", content=chunked())
+        assert streamed.status_code == 413 and "max_request_bytes (1000)" in streamed.json()["message"]
+        admin_too_big = await http.post("/-/deploy", content=b" " * 2000 + b"{}")
+        assert admin_too_big.status_code == 413 and admin_too_big.json()["error"] == "PayloadTooLargeError"
         bad_param = await http.get("/-/goals/x?wait=abc")
         assert bad_param.status_code == 400 and bad_param.json()["error"] == "BadRequestError"
         assert "wait" in bad_param.json()["message"]
