@@ -15,7 +15,6 @@ import logging
 import os
 import socket
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -36,6 +35,7 @@ from streamserve.settings import Settings
 from streamserve.states import ReplicaHealth
 from workers.batcher import Batchers, DeadlinePassed
 from workers.loader import Handler, LoadedDeployment, load
+from workers.threads import HandlerThreads
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,8 @@ class Replica:
         self._stream = self._keys.requests(self._name)
         self._cfg: DeploymentConfig | None = None
         self._deployment: LoadedDeployment | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._threads: HandlerThreads | None = None
+        """Where sync handlers run (max_ongoing_requests threads at most)."""
         self._health = ReplicaHealth.STARTING
         self._message = ""
         self._inflight: set[asyncio.Task[None]] = set()
@@ -116,14 +117,14 @@ class Replica:
             await self._batchers.aclose()
             if loaded:
                 await self._goodbye()
-            if self._executor is not None:
-                self._executor.shutdown(wait=False, cancel_futures=True)
+            if self._threads is not None:
+                self._threads.close()
             logger.info("replica %s: exited after %d requests (%d failed)", self.replica_id, self._served, self._failed)
 
     async def _load(self) -> bool:
         try:
             self._cfg = await Control(self._redis, self._keys).get(self._name)
-            self._executor = ThreadPoolExecutor(self._cfg.max_ongoing_requests, thread_name_prefix="handler")
+            self._threads = HandlerThreads(self._cfg.max_ongoing_requests)
             # Import and constructor may block for a long time (model weights): keep the loop free for heartbeats.
             self._deployment = await asyncio.to_thread(load, self._cfg)
             await self._reconfigure(self._cfg.user_config)
@@ -160,12 +161,8 @@ class Replica:
                 logger.error("replica %s: reconfigure failed: %s: %s", self.replica_id, type(exc).__name__, exc)
         if new.max_ongoing_requests != old.max_ongoing_requests:
             logger.info("replica %s: max_ongoing_requests %d", self.replica_id, new.max_ongoing_requests)
-            old_executor, self._executor = (
-                self._executor,
-                ThreadPoolExecutor(new.max_ongoing_requests, thread_name_prefix="handler"),
-            )
-            if old_executor is not None:
-                old_executor.shutdown(wait=False)
+            assert self._threads is not None
+            self._threads.resize(new.max_ongoing_requests)
             self._capacity.set()
 
     async def _ensure_group(self) -> None:
@@ -339,10 +336,11 @@ class Replica:
             )
 
     async def _call(self, handler: Handler, arg: Any) -> Any:
-        """Run a handler on one body (or a batch's list): async ones on the loop, sync ones in the thread pool."""
+        """Run a handler on one body (or a batch's list): async ones on the loop, sync ones on a handler thread."""
         if handler.is_async:
             return await handler.fn(arg)
-        result = await asyncio.get_running_loop().run_in_executor(self._executor, handler.fn, arg)
+        assert self._threads is not None
+        result = await self._threads.run(handler.fn, arg)
         return await result if inspect.iscoroutine(result) else result  # asyncio's check is slow on a non-coroutine
 
     async def _finish(self, entry_id: bytes, reply: Reply | None, reply_to: str = "") -> None:
