@@ -36,6 +36,28 @@ class Recorder:
         raise ValueError(f"boom: {body}")
 
 
+class Awkward:
+    """Handlers whose outcome is not a plain return value; ``__call__`` echoes."""
+
+    def __call__(self, body: Any) -> Any:
+        return body
+
+    def not_json(self, body: Any) -> Any:
+        return {body}  # a set
+
+    async def no_body(self) -> None:
+        """Declared without the body parameter: calling it raises TypeError before it can be awaited."""
+
+    def lazy(self, body: Any) -> Any:
+        """A sync method that hands back a coroutine (as a partial of an async function would)."""
+
+        async def later() -> Any:
+            await asyncio.sleep(0)
+            return {"later": body}
+
+        return later()
+
+
 class Rendezvous:
     """Sync handler that only returns once ``parties`` calls run at the same time (else it times out)."""
 

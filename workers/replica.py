@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
-import itertools
 import logging
 import os
 import socket
@@ -30,10 +30,11 @@ from streamserve.ids import ReplicaID
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.longpoll import LongPollSubscriber
 from streamserve.messages import Fields, Heartbeat, Reply, ReplyStatus, Request, dumps, now_ms
-from streamserve.pipelining import BlockingReader, Command, Pipeliner
+from streamserve.pipelining import BlockingReader, Pipeliner
 from streamserve.settings import Settings
 from streamserve.states import ReplicaHealth
 from workers.batcher import Batchers, DeadlinePassed
+from workers.finisher import Finisher
 from workers.loader import Handler, LoadedDeployment, load
 from workers.threads import HandlerThreads
 
@@ -41,8 +42,6 @@ logger = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 500
 """How long one XREADGROUP waits; also the longest a stop request waits for the read to return."""
-REPLY_STREAM_MAXLEN = 100_000
-"""Approximate cap on a caller's reply stream; its reader drains and trims it continuously."""
 
 
 class Replica:
@@ -65,10 +64,14 @@ class Replica:
         """Where sync handlers run (max_ongoing_requests threads at most)."""
         self._health = ReplicaHealth.STARTING
         self._message = ""
-        self._inflight: set[asyncio.Task[None]] = set()
+        self._inflight = 0
         """Requests held, from their read until their reply is written (drain waits for these)."""
-        self._executing: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()
+        """Set whenever nothing is in flight."""
+        self._idle.set()
+        self._executing = 0
         """Requests holding a slot of max_ongoing_requests: read, handler not yet returned."""
+        self._finisher = Finisher(self._pipeliner, self._stream, self._on_finished, self._consumer)
         self._capacity = asyncio.Event()
         self._stopping = asyncio.Event()
         self._served = 0
@@ -82,7 +85,7 @@ class Replica:
     def request_stop(self) -> None:
         """Stop reading new requests and drain (safe to call from a signal handler)."""
         if not self._stopping.is_set():
-            logger.info("replica %s: stop requested, draining %d in flight", self.replica_id, len(self._inflight))
+            logger.info("replica %s: stop requested, draining %d in flight", self.replica_id, self._inflight)
         self._stopping.set()
         self._capacity.set()
 
@@ -175,9 +178,10 @@ class Replica:
     async def _drain(self) -> None:
         await self._set_health(ReplicaHealth.DRAINING)
         self._batchers.flush_now()  # nothing more will arrive: partial batches need not wait to fill
-        if self._inflight:
-            assert self._cfg is not None
-            await asyncio.wait(set(self._inflight), timeout=self._cfg.graceful_shutdown_timeout_s)
+        assert self._cfg is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._cfg.graceful_shutdown_timeout_s):
+                await self._idle.wait()
 
     async def _goodbye(self) -> None:
         """Leave no trace: drop the heartbeat, and the consumer if it holds no pending entries."""
@@ -199,7 +203,7 @@ class Replica:
             health=self._health,
             pid=os.getpid(),
             host=socket.gethostname(),
-            ongoing=len(self._inflight),
+            ongoing=self._inflight,
             message=self._message,
         )
         await self._redis.hset(self._keys.heartbeats(self._name), self._consumer, beat.encode())
@@ -218,7 +222,7 @@ class Replica:
         backoff = 0.1
         while not self._stopping.is_set():
             assert self._cfg is not None
-            free = self._cfg.max_ongoing_requests - len(self._executing)
+            free = self._cfg.max_ongoing_requests - self._executing
             if free <= 0:
                 self._capacity.clear()
                 await self._capacity.wait()
@@ -249,12 +253,23 @@ class Replica:
                 await self._hand_back([entry_id for entry_id, _ in suspects[1:]])
                 await self._run_alone(*suspects[0])
 
-    def _start(self, entry_id: bytes, fields: Fields) -> asyncio.Task[None]:
-        task = asyncio.create_task(self._handle(entry_id, fields))
-        self._inflight.add(task)
-        self._executing.add(task)
-        task.add_done_callback(self._on_done)
-        return task
+    def _start(self, entry_id: bytes, fields: Fields) -> None:
+        """Take a slot and start the handler; what follows runs in callbacks, with no task of the request's own."""
+        self._inflight += 1
+        self._idle.clear()
+        self._executing += 1
+        try:
+            request = Request.decode(fields)
+        except ProtocolError as exc:
+            logger.warning("replica %s: dropping malformed entry %s: %s", self.replica_id, entry_id, exc)
+            self._free_slot()
+            self._finisher.finish(entry_id)
+            return
+        started = self._begin(request)
+        if isinstance(started, Reply):
+            self._ran(entry_id, request, started)
+        else:
+            started.add_done_callback(functools.partial(self._ran, entry_id, request))
 
     async def _run_alone(self, entry_id: bytes, fields: Fields) -> None:
         """Run an entry that a dead replica held with nothing else in flight, and read nothing meanwhile.
@@ -264,9 +279,9 @@ class Replica:
         its neighbours down with it on every delivery until they too reached the
         dead-letter stream; alone, a death is charged to the culprit only.
         """
-        if self._inflight:
-            await asyncio.wait(set(self._inflight))
-        await self._start(entry_id, fields)
+        await self._idle.wait()
+        self._start(entry_id, fields)
+        await self._idle.wait()
 
     async def _hand_back(self, entry_ids: list[bytes]) -> None:
         """Return suspects read beside the one being run alone to the queue, unrun and uncharged."""
@@ -280,60 +295,83 @@ class Replica:
             args=[CONSUMER_GROUP, self._cfg.max_delivery_attempts, "", unused_cap, 0, *entry_ids],
         )
 
-    def _on_done(self, task: asyncio.Task[None]) -> None:
-        self._inflight.discard(task)
-        self._free_slot(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("replica %s: request task failed", self.replica_id, exc_info=task.exception())
+    def _free_slot(self) -> None:
+        """The handler returned: the next read may start while the reply goes out (one round trip less per slot)."""
+        self._executing -= 1
+        self._capacity.set()
 
-    def _free_slot(self, task: asyncio.Task[None]) -> None:
-        if task in self._executing:
-            self._executing.discard(task)
-            self._capacity.set()
+    def _on_finished(self, count: int) -> None:
+        """The Finisher settled ``count`` requests (or gave up on them: they stay pending, to be claimed again)."""
+        self._inflight -= count
+        if not self._inflight:
+            self._idle.set()
 
-    async def _handle(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        try:
-            request = Request.decode(fields)
-        except ProtocolError as exc:
-            logger.warning("replica %s: dropping malformed entry %s: %s", self.replica_id, entry_id, exc)
-            self._free_slot(task)
-            await self._finish(entry_id, None)
-            return
-        reply = await self._execute(request)
-        # The handler is done: the next read may start while the reply goes out (one round trip less per slot).
-        self._free_slot(task)
-        self._served += 1
-        if reply.status is not ReplyStatus.OK:
-            self._failed += 1
-        await self._finish(entry_id, reply if request.reply_to else None, request.reply_to)
-
-    async def _execute(self, request: Request) -> Reply:
-        rid = self.replica_id.to_str()
+    def _begin(self, request: Request) -> Reply | asyncio.Future[Any]:
+        """Start the handler on the request; a Reply instead when there is nothing to run."""
+        rid = self._consumer
         if request.deadline_ms and now_ms() > request.deadline_ms:
             return Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, rid)
-        assert self._deployment is not None
+        assert self._deployment is not None and self._threads is not None
         try:
             handler = self._deployment.handler(request.method)
             body = orjson.loads(request.body) if request.body else None
         except (BadRequestError, orjson.JSONDecodeError) as exc:
             return Reply(request.request_id, ReplyStatus.BAD_REQUEST, rid, error_message=str(exc))
         try:
-            if handler.batch is None:
-                result = await self._call(handler, body)
-            else:
-                result = await self._batchers.call(request.method, handler, body, request.deadline_ms)
-            return Reply(request.request_id, ReplyStatus.OK, rid, body=dumps(result))
-        except DeadlinePassed:
-            return Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, rid)
+            if handler.batch is not None:
+                return asyncio.ensure_future(self._batchers.call(request.method, handler, body, request.deadline_ms))
+            if handler.is_async:
+                running: asyncio.Future[Any] = asyncio.ensure_future(handler.fn(body))  # TypeError: takes no body
+                return running
+            return self._threads.run(handler.fn, body)
         except Exception as exc:
-            message = str(exc)
-            if self._settings.debug:
-                message += "\n" + traceback.format_exc()
-            return Reply(
-                request.request_id, ReplyStatus.USER_ERROR, rid, error_type=type(exc).__name__, error_message=message
-            )
+            return self._user_error(request, exc)
+
+    def _ran(self, entry_id: bytes, request: Request, outcome: Reply | asyncio.Future[Any]) -> None:
+        """The handler is done (or never ran): free its slot and hand the reply to the Finisher."""
+        if isinstance(outcome, asyncio.Future):
+            if outcome.cancelled():  # stopping: the entry stays pending, to be claimed again
+                self._free_slot()
+                self._on_finished(1)
+                return
+            if outcome.exception() is None and inspect.iscoroutine(outcome.result()):
+                # A sync callable that returned a coroutine (e.g. a partial of an async function): run it too.
+                asyncio.ensure_future(outcome.result()).add_done_callback(
+                    functools.partial(self._ran, entry_id, request)
+                )
+                return
+            reply = self._reply(request, outcome)
+        else:
+            reply = outcome
+        self._free_slot()
+        self._served += 1
+        if reply.status is not ReplyStatus.OK:
+            self._failed += 1
+        self._finisher.finish(entry_id, reply if request.reply_to else None, request.reply_to)
+
+    def _reply(self, request: Request, done: asyncio.Future[Any]) -> Reply:
+        raised = done.exception()
+        if isinstance(raised, DeadlinePassed):
+            return Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, self._consumer)
+        if raised is not None:
+            return self._user_error(request, raised)
+        try:
+            body = dumps(done.result())
+        except Exception as exc:  # the result is not JSON
+            return self._user_error(request, exc)
+        return Reply(request.request_id, ReplyStatus.OK, self._consumer, body=body)
+
+    def _user_error(self, request: Request, exc: BaseException) -> Reply:
+        message = str(exc)
+        if self._settings.debug:
+            message += "\n" + "".join(traceback.format_exception(exc))
+        return Reply(
+            request.request_id,
+            ReplyStatus.USER_ERROR,
+            self._consumer,
+            error_type=type(exc).__name__,
+            error_message=message,
+        )
 
     async def _call(self, handler: Handler, arg: Any) -> Any:
         """Run a handler on one body (or a batch's list): async ones on the loop, sync ones on a handler thread."""
@@ -342,23 +380,3 @@ class Replica:
         assert self._threads is not None
         result = await self._threads.run(handler.fn, arg)
         return await result if inspect.iscoroutine(result) else result  # asyncio's check is slow on a non-coroutine
-
-    async def _finish(self, entry_id: bytes, reply: Reply | None, reply_to: str = "") -> None:
-        """Reply, acknowledge and delete in one round trip (acknowledged entries must not pile up).
-
-        Requests finishing in the same loop turn share that round trip (see Pipeliner).
-        """
-        commands: list[Command] = []
-        if reply is not None:
-            fields = itertools.chain.from_iterable(reply.encode().items())
-            commands.append(("XADD", reply_to, "NOMKSTREAM", "MAXLEN", "~", REPLY_STREAM_MAXLEN, "*", *fields))
-        commands.append(("XACK", self._stream, CONSUMER_GROUP, entry_id))
-        commands.append(("XDEL", self._stream, entry_id))
-        try:
-            replies = await self._pipeliner.execute(*commands)
-        except RETRYABLE_ERRORS as exc:
-            # The entry stays pending and is claimed again later: at-least-once, never lost.
-            logger.warning("replica %s: could not finish %s: %s", self.replica_id, entry_id, exc)
-            return
-        for failed in (r for r in replies if isinstance(r, Exception)):
-            logger.warning("replica %s: finishing %s: %s", self.replica_id, entry_id, failed)

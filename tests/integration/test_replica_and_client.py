@@ -49,6 +49,21 @@ async def test_user_exception_becomes_remote_error_and_replica_keeps_serving(
     assert (await client.call("rec", 1))["body"] == 1
 
 
+async def test_awkward_handler_outcomes_are_clear_answers_and_serving_goes_on(
+    start_replica: StartReplica, client: AsyncClient
+) -> None:
+    await start_replica(import_path="tests.deployments:Awkward")
+    with pytest.raises(RemoteError) as info:
+        await client.call("rec", 1, method="not_json")
+    assert info.value.error_type == "TypeError"
+    with pytest.raises(RemoteError) as info:
+        await client.call("rec", 1, method="no_body")
+    assert info.value.error_type == "TypeError"
+    assert "argument" in info.value.message
+    assert await client.call("rec", 5, method="lazy") == {"later": 5}
+    assert await client.call("rec", "still serving") == "still serving"
+
+
 async def test_unknown_method_and_private_method_are_bad_requests(
     start_replica: StartReplica, client: AsyncClient
 ) -> None:

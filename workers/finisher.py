@@ -1,0 +1,74 @@
+"""Finishing requests: the replies of one loop turn, then one XACK and one XDEL for all their entries.
+
+An entry is acknowledged and deleted only after its reply, in the same
+pipelined round trip (Redis runs a pipeline's commands in order), so a
+replica that dies in between leaves it pending, to be claimed again:
+at-least-once, never lost. Acknowledged entries are deleted at once so that
+the request stream holds only what is queued or being worked on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from streamserve.connection import RETRYABLE_ERRORS
+from streamserve.keys import CONSUMER_GROUP
+from streamserve.messages import Reply
+from streamserve.pipelining import Command, Pipeliner
+
+logger = logging.getLogger(__name__)
+
+REPLY_STREAM_MAXLEN = 100_000
+"""Approximate cap on a caller's reply stream; its reader drains and trims it continuously."""
+
+
+class Finisher:
+    """Collects the requests finished during one loop turn and finishes them in one round trip."""
+
+    def __init__(self, pipeliner: Pipeliner, stream: str, on_finished: Callable[[int], None], who: str) -> None:
+        self._pipeliner = pipeliner
+        self._stream = stream
+        self._on_finished = on_finished
+        """Called with how many entries a round trip settled, whether it succeeded or not."""
+        self._who = who
+        self._replies: list[Command] = []
+        self._entry_ids: list[bytes] = []
+
+    def finish(self, entry_id: bytes, reply: Reply | None = None, reply_to: str = "") -> None:
+        """Reply (unless ``reply`` is None: nobody waits for it) and acknowledge ``entry_id`` this turn."""
+        if reply is not None:
+            fields = itertools.chain.from_iterable(reply.encode().items())
+            self._replies.append(("XADD", reply_to, "NOMKSTREAM", "MAXLEN", "~", REPLY_STREAM_MAXLEN, "*", *fields))
+        if not self._entry_ids:
+            asyncio.get_running_loop().call_soon(self._flush)  # after the rest of this turn's requests
+        self._entry_ids.append(entry_id)
+
+    def _flush(self) -> None:
+        replies, entry_ids = self._replies, self._entry_ids
+        self._replies, self._entry_ids = [], []
+        commands: list[Command] = [
+            *replies,
+            ("XACK", self._stream, CONSUMER_GROUP, *entry_ids),
+            ("XDEL", self._stream, *entry_ids),
+        ]
+        sent = self._pipeliner.execute(*commands)
+        sent.add_done_callback(functools.partial(self._sent, len(entry_ids)))
+
+    def _sent(self, count: int, sent: asyncio.Future[list[Any]]) -> None:
+        try:
+            if sent.cancelled():
+                return
+            if (exc := sent.exception()) is not None:
+                # The entries stay pending and are claimed again later: at-least-once, never lost.
+                level = logging.WARNING if isinstance(exc, RETRYABLE_ERRORS) else logging.ERROR
+                logger.log(level, "replica %s: could not finish %d request(s): %s", self._who, count, exc)
+                return
+            for failed in (r for r in sent.result() if isinstance(r, Exception)):
+                logger.warning("replica %s: finishing requests: %s", self._who, failed)
+        finally:
+            self._on_finished(count)
