@@ -8,6 +8,7 @@ from typing import Any
 import uvicorn
 
 from app.gateway import create_app
+from streamserve.heap import freeze_startup_objects
 from streamserve.logs import setup_logging
 from streamserve.settings import Settings, add_redis_url_option
 
@@ -35,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = Settings.from_command_line(args)
     setup_logging(settings.debug)
+    app = create_app(settings)
+    freeze_startup_objects()
     uvicorn.run(
-        create_app(settings),
+        app,
         host=args.host,
         port=args.port,
         timeout_graceful_shutdown=30,

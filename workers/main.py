@@ -9,6 +9,7 @@ import os
 import sys
 
 from streamserve.connection import async_redis
+from streamserve.heap import freeze_startup_objects
 from streamserve.ids import ReplicaID
 from streamserve.logs import setup_logging
 from streamserve.procs import on_stop_signals
@@ -28,7 +29,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def serve(settings: Settings, replica_id: ReplicaID) -> int:
     redis = async_redis(settings.effective_redis_url)
-    replica = Replica(settings, redis, replica_id)
+    replica = Replica(settings, redis, replica_id, after_load=freeze_startup_objects)
     try:
         with on_stop_signals(replica.request_stop):
             return await replica.run()

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -47,8 +48,16 @@ READ_BLOCK_MS = 500
 class Replica:
     """Serves one deployment until asked to stop."""
 
-    def __init__(self, settings: Settings, redis: aioredis.Redis, replica_id: ReplicaID) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        redis: aioredis.Redis,
+        replica_id: ReplicaID,
+        after_load: Callable[[], None] | None = None,
+    ) -> None:
+        """``after_load`` runs once the deployment is loaded, before serving (the process freezes its heap)."""
         self._settings = settings
+        self._after_load = after_load
         self._redis = redis
         self._requeue = redis.register_script(scripts.REQUEUE)
         self._pipeliner = Pipeliner(redis)
@@ -131,6 +140,8 @@ class Replica:
             # Import and constructor may block for a long time (model weights): keep the loop free for heartbeats.
             self._deployment = await asyncio.to_thread(load, self._cfg)
             await self._reconfigure(self._cfg.user_config)
+            if self._after_load is not None:
+                self._after_load()
             return True
         except Exception as exc:
             self._message = f"{type(exc).__name__}: {exc}"
