@@ -135,15 +135,17 @@ class Reply:
     error_message: str = ""
 
     def encode(self) -> WireFields:
-        return {
+        fields: WireFields = {
             "v": _V,
             "id": self.request_id,
             "status": self.status.value,
             "replica": self.replica_id,
             "body": self.body,
-            "error_type": self.error_type,
-            "error_message": self.error_message,
         }
+        if self.error_type or self.error_message:  # an answer that went well carries no empty error fields
+            fields["error_type"] = self.error_type
+            fields["error_message"] = self.error_message
+        return fields
 
     @classmethod
     def decode(cls, fields: Fields) -> Reply:

@@ -170,7 +170,7 @@ def _pairs(flat: list[bytes] | None) -> Fields:
     if not flat:
         return {}
     items = iter(flat)
-    return dict(zip(items, items, strict=True))
+    return dict(zip(items, items, strict=False))  # Redis sends whole pairs; strict=True doubled this line
 
 
 class Script:
