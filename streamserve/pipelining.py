@@ -46,6 +46,10 @@ class Pipeliner:
         self._redis = redis
         self._queued: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]] = []
         self._sending: set[asyncio.Task[None]] = set()
+        self._kept: AbstractConnection | None = None
+        """A connection between round trips, kept out of the pool: checking one out and back costs
+        redis-py a lock, a timeout context and its metrics hooks each time. A round trip that starts
+        while another holds it takes one from the pool."""
 
     def execute(self, *commands: Command) -> asyncio.Future[list[Any]]:
         """Queue ``commands`` for this turn's round trip; the future holds their replies."""
@@ -89,7 +93,9 @@ class Pipeliner:
         # hiredis's stub types its argument as a 1-tuple; it takes a command of any length.
         packed = b"".join(hiredis.pack_command(command) for command in commands)  # type: ignore[arg-type]
         pool = self._redis.connection_pool
-        connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        connection, self._kept = self._kept, None
+        if connection is None:
+            connection = await pool.get_connection()  # type: ignore[no-untyped-call]
 
         async def exchange() -> list[Any]:
             # One socket timeout for the whole exchange: redis-py would open a timeout context per reply.
@@ -108,12 +114,18 @@ class Pipeliner:
             replies: list[Any] = await connection.retry.call_with_retry(exchange, reset)
             return replies
         finally:
-            await pool.release(connection)
+            if self._kept is None:
+                self._kept = connection  # a failed one stays disconnected: redis-py reconnects it on its next use
+            else:
+                await pool.release(connection)
 
     async def aclose(self) -> None:
-        """Wait for what is being sent."""
+        """Wait for what is being sent, then give the kept connection back to the pool."""
         if self._sending:
             await asyncio.wait(set(self._sending))
+        connection, self._kept = self._kept, None
+        if connection is not None:
+            await self._redis.connection_pool.release(connection)
 
 
 async def _read_reply(connection: AbstractConnection) -> Any:

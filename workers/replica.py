@@ -127,6 +127,7 @@ class Replica:
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
             await self._batchers.aclose()
+            await self._pipeliner.aclose()
             if loaded:
                 await self._goodbye()
             if self._threads is not None:
