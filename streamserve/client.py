@@ -91,9 +91,10 @@ def _encode(body: Any) -> bytes:
 def _timeout_s(timeout: float | None, cfg: DeploymentConfig) -> float:
     """The caller's timeout, else the deployment's; BadRequestError unless it is a positive finite number."""
     timeout_s = cfg.request_timeout_s if timeout is None else timeout
-    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # also false for NaN
+    is_number = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
+    if not is_number or not 0 < timeout_s <= MAX_TIMEOUT_S:  # the range test is false for NaN too
         raise BadRequestError(
-            f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, got {timeout_s}"
+            f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, got {timeout_s!r}"
         )
     return timeout_s
 

@@ -190,11 +190,12 @@ async def test_bad_input_from_python_is_a_clear_streamserve_error(
     await start_replica()
     with pytest.raises(BadRequestError, match="not JSON-serialisable"):
         await client.call("rec", {"x": object()})
-    for timeout in (0, -1, float("nan"), float("inf"), 1e16):  # 1e16 s once crashed a job worker
+    bad_timeouts: tuple[object, ...] = (0, -1, float("nan"), float("inf"), 1e16, "5", True, [1])
+    for timeout in bad_timeouts:  # 1e16 s once crashed a job worker; "5" was a bare TypeError
         with pytest.raises(BadRequestError, match="timeout must be a positive number of seconds"):
-            await client.call("rec", 1, timeout=timeout)
+            await client.call("rec", 1, timeout=timeout)  # type: ignore[arg-type]
         with pytest.raises(BadRequestError, match="timeout must be a positive number of seconds"):
-            await client.send("rec", 1, timeout=timeout)
+            await client.send("rec", 1, timeout=timeout)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="deployment 'rec': num_replicas"):
         await client.scale("rec", -1)
     async with AsyncClient(settings=settings.model_copy(update={"max_request_bytes": 100})) as small:
