@@ -127,11 +127,11 @@ class Replica:
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
             await self._batchers.aclose()
+            if self._threads is not None:
+                self._threads.close()  # a handler still running past the drain's grace period is not answered
             await self._pipeliner.aclose()
             if loaded:
                 await self._goodbye()
-            if self._threads is not None:
-                self._threads.close()
             logger.info("replica %s: exited after %d requests (%d failed)", self.replica_id, self._served, self._failed)
 
     async def _load(self) -> bool:

@@ -72,7 +72,8 @@ class HandlerThreads:
     def close(self) -> None:
         """Take no more jobs; idle threads exit now, busy ones after their job; queued jobs are cancelled.
 
-        Call it from the event loop's thread.
+        The outcome of a job still running is dropped: its request stays pending in Redis, for the
+        scheduler to hand to another replica. Call it from the event loop's thread.
         """
         with self._lock:
             self._closed = True
@@ -145,6 +146,9 @@ class HandlerThreads:
     def _settle(self) -> None:
         with self._lock:
             self._wake_due = False
+            if self._closed:
+                self._done.clear()
+                return
         while self._done:
             future, ok, value = self._done.popleft()
             if future.done():
