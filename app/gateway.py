@@ -31,7 +31,7 @@ from app.errors import (
 )
 from app.routing import RouteTable
 from streamserve.client import AsyncClient, error_of
-from streamserve.config import RESERVED_ROUTE_PREFIXES
+from streamserve.config import GATEWAY_PREFIX, RESERVED_ROUTE_PREFIXES
 from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.control import Control
 from streamserve.errors import (
@@ -192,7 +192,7 @@ class GatewayApp:
         self.api = api
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope["path"].startswith("/-/"):
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope["path"].startswith(GATEWAY_PREFIX):
             await self.gateway.serve(scope, receive, send)
         else:
             await self.api(scope, receive, send)

@@ -112,12 +112,16 @@ class Pipeliner:
 
         try:
             replies: list[Any] = await connection.retry.call_with_retry(exchange, reset)
-            return replies
-        finally:
-            if self._kept is None:
-                self._kept = connection  # a failed one stays disconnected: redis-py reconnects it on its next use
-            else:
-                await pool.release(connection)
+        except BaseException:
+            # Replies may be left unread on it: never keep it; the pool reconnects it before its next use.
+            await connection.disconnect(nowait=True)
+            await pool.release(connection)
+            raise
+        if self._kept is None:
+            self._kept = connection
+        else:
+            await pool.release(connection)
+        return replies
 
     async def aclose(self) -> None:
         """Wait for what is being sent, then give the kept connection back to the pool."""

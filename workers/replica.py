@@ -333,9 +333,8 @@ class Replica:
             if handler.batch is not None:
                 return asyncio.ensure_future(self._batchers.call(request.method, handler, body, request.deadline_ms))
             if handler.is_async:
-                running: asyncio.Future[Any] = asyncio.ensure_future(handler.fn(body))  # TypeError: takes no body
-                return running
-            return self._threads.run(handler.fn, body)
+                return asyncio.ensure_future(self._call(handler, body))
+            return self._threads.run(handler.fn, body)  # no task: a sync request runs on callbacks alone
         except Exception as exc:
             return self._user_error(request, exc)
 
