@@ -1,6 +1,6 @@
 # `make check`: what CI checks, in one command (the tests also run ruff and mypy themselves).
 PY := .venv/bin
-CODE := streamserve app workers scheduler examples tests bench
+CODE := streamserve examples tests bench
 
 .PHONY: check format
 check:

@@ -16,7 +16,7 @@ import orjson
 import uvicorn
 from fastapi import FastAPI, Request, Response
 
-from app.main import UVICORN_OPTIONS
+from streamserve.app.main import UVICORN_OPTIONS
 
 app = FastAPI(title="bare noop")
 

@@ -460,9 +460,8 @@ class Farm:
         for pid, cmdline in descendants(self.child.pid).items():
             argv = cmdline.split(b"\0")
             role = None
-            if b"-m" in argv:
-                module = argv[argv.index(b"-m") + 1] if argv.index(b"-m") + 1 < len(argv) else b""
-                role = {b"app": "gateway", b"scheduler": "scheduler", b"workers": "replica"}.get(module)
+            if argv[1:3] == [b"-m", b"streamserve"] and len(argv) > 3:
+                role = {b"gateway": "gateway", b"scheduler": "scheduler", b"worker": "replica"}.get(argv[3])
             elif argv and b"redis-server" in argv[0]:
                 role = "redis"
             if role:

@@ -131,7 +131,7 @@ def config_changes(farm: Farm, report_url: str, opts: Options) -> tuple[Spread, 
 
 def autoscale_step(farm: Farm, opts: Options, tmp: Path) -> Spread | str:
     """From 0 to LOAD_STEP calls outstanding on an autoscaled deployment: the time until a 2nd replica is RUNNING."""
-    if not installed("scheduler.autoscaler"):
+    if not installed("streamserve.scheduler.autoscaler"):
         return (
             "skipped: the scheduler in this tree does not autoscale yet (no `scheduler.autoscaler`); "
             "this row fills in once autoscaling is merged"

@@ -22,7 +22,6 @@ import asyncio
 import os
 import resource
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -38,7 +37,7 @@ from streamserve.connection import async_redis
 from streamserve.control import Control
 from streamserve.embedded_redis import EmbeddedRedis
 from streamserve.errors import StreamServeError
-from streamserve.procs import die_with_parent, free_port, stop_group
+from streamserve.procs import die_with_parent, free_port, role_command, stop_group
 from streamserve.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,16 +147,14 @@ async def probe(n: int, http: bool) -> str:
         env = {**os.environ, **settings.to_env()}
         started: list[subprocess.Popen[bytes]] = []
         try:
-            replica = subprocess.Popen(
-                [sys.executable, "-m", "workers", str(deployment["name"])], **_child_options(env)
-            )
+            replica = subprocess.Popen(role_command("worker", str(deployment["name"])), **_child_options(env))
             started.append(replica)
             assert server.proc is not None
             pids = {"replica": replica.pid, "redis": server.proc.pid}
             if not http:
                 return await client_path(settings, pids, n)
             port = free_port()
-            gateway = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port)], **_child_options(env))
+            gateway = subprocess.Popen(role_command("gateway", "--port", str(port)), **_child_options(env))
             started.append(gateway)
             return await http_path(port, {"gateway": gateway.pid, **pids}, n)
         finally:

@@ -31,8 +31,8 @@ PROFILE_NOTE = """\
 ## Where the time goes
 
 To fill in from a profile taken on a quiet machine where a target above is missed: record the gateway
-(`python -m app`) and the noop replica (`python -m workers noop ...`) while the HTTP c=32 phase runs, see
-bench/README.md, "Profiling". A run does not fill this in by itself.
+(`python -m streamserve gateway`) and the noop replica (`python -m streamserve worker noop ...`) while the HTTP
+c=32 phase runs, see bench/README.md, "Profiling". A run does not fill this in by itself.
 """
 
 

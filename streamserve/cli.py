@@ -14,6 +14,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from streamserve import __version__
 from streamserve.client import AsyncClient
 from streamserve.config import EndpointConfig, load_config
 from streamserve.connection import async_redis
@@ -26,16 +27,17 @@ from streamserve.states import DeploymentHealth
 T = TypeVar("T")
 
 ROLE_COMMANDS = {
-    "gateway": "app.main",
-    "scheduler": "scheduler.main",
-    "worker": "workers.main",
-    "job-worker": "workers.job_worker",
+    "gateway": "streamserve.app.main",
+    "scheduler": "streamserve.scheduler.main",
+    "worker": "streamserve.workers.main",
+    "job-worker": "streamserve.workers.job_worker",
 }
 """Commands that run one process of a role; the role package is imported only when chosen."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamserve", description="Queue-based model serving over Redis streams.")
+    parser.add_argument("--version", action="version", version=f"streamserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:

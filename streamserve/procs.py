@@ -9,10 +9,19 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from streamserve.ids import ReplicaID
 
 _PR_SET_PDEATHSIG = 1
+
+
+def role_command(role: str, *args: str) -> list[str]:
+    """How every farm process starts: ``python -m streamserve ROLE ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "streamserve", role, *args]
 
 
 def die_with_parent() -> None:
@@ -78,3 +87,12 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: floa
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval_s)
+
+
+def runs_replica(pid: int, replica_id: ReplicaID) -> bool:
+    """Whether ``pid`` is a live replica process with this id (its command line says so; guards against pid reuse)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"\0--replica-id\0" + replica_id.to_str().encode() + b"\0" in cmdline

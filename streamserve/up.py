@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ from streamserve.embedded_redis import EmbeddedRedis
 from streamserve.errors import RedisUnavailableError, StreamServeError
 from streamserve.ids import ReplicaID
 from streamserve.messages import GoalRecord, ReplicaRecord
-from streamserve.procs import die_with_parent, port_is_free, stop_group, wait_until
+from streamserve.procs import die_with_parent, port_is_free, role_command, runs_replica, stop_group, wait_until
 from streamserve.settings import Settings
 from streamserve.states import FINAL_GOAL_STATUSES, GoalStatus
 
@@ -101,8 +102,8 @@ class Farm:
         url = self.settings.effective_redis_url
         changed = asyncio.run(self._apply(url))
         env = {**os.environ, **self.settings.to_env()}
-        self.scheduler = self._spawn([sys.executable, "-m", "scheduler", "--stop-replicas-on-exit"], env)
-        self.gateway = self._spawn([sys.executable, "-m", "app", "--host", opts.host, "--port", str(opts.port)], env)
+        self.scheduler = self._spawn(role_command("scheduler", "--stop-replicas-on-exit"), env)
+        self.gateway = self._spawn(role_command("gateway", "--host", opts.host, "--port", str(opts.port)), env)
         gateway_url = f"http://{opts.host}:{opts.port}"
         if not self._wait_for_gateway(gateway_url):
             if self._signals:
@@ -232,9 +233,7 @@ class Farm:
 
     def _kill_leftover_replicas(self) -> None:
         """Whatever replica the scheduler could not stop (it crashed, or a second Ctrl-C) is killed here."""
-        from scheduler.launcher import ProcessLauncher  # the role package, only in the command that needs it
-
-        launcher = ProcessLauncher(self.settings)
+        host = socket.gethostname()
         keys = self.settings.keys
         try:
             client = sync_redis(self.settings.effective_redis_url)
@@ -246,5 +245,6 @@ class Farm:
             return
 
         for record in records:
-            if record.pid and record.host == launcher.host:
-                launcher.kill(record.pid, ReplicaID.from_str(record.replica_id))
+            if record.pid and record.host == host and runs_replica(record.pid, ReplicaID.from_str(record.replica_id)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(record.pid, signal.SIGKILL)

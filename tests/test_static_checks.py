@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-CODE = [p for p in ("streamserve", "app", "workers", "scheduler", "examples", "tests", "bench") if (ROOT / p).exists()]
+CODE = [p for p in ("streamserve", "examples", "tests", "bench") if (ROOT / p).exists()]
 
 
 @pytest.mark.parametrize(

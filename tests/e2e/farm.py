@@ -38,8 +38,12 @@ def pids_with_marker(token: str) -> list[int]:
 class Farm:
     """``streamserve up CONFIG`` on a free port; ``redis_url`` None means the embedded Redis."""
 
-    def __init__(self, config: Path, log_path: Path, redis_url: str | None = None) -> None:
+    def __init__(
+        self, config: Path, log_path: Path, redis_url: str | None = None, command: str = STREAMSERVE, cwd: Path = ROOT
+    ) -> None:
         self.config = config
+        self.command = command
+        self.cwd = cwd
         self.port = free_port()
         self.redis_url = redis_url
         self.redis_port = None if redis_url else free_port()
@@ -59,11 +63,11 @@ class Farm:
         return env
 
     def start(self, timeout_s: float = 60.0) -> Farm:
-        cmd = [STREAMSERVE, "up", str(self.config), "--port", str(self.port)]
+        cmd = [self.command, "up", str(self.config), "--port", str(self.port)]
         cmd += ["--redis-url", self.redis_url] if self.redis_url else ["--redis-port", str(self.redis_port)]
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, cwd=self.cwd, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
         up = wait_until(lambda: b"streamserve is up" in self.log() or self.proc.poll() is not None, timeout_s)  # type: ignore[union-attr]
@@ -95,7 +99,7 @@ class Farm:
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = {**self.env(), "REDIS_URL": self.effective_redis_url}
         result = subprocess.run(
-            [STREAMSERVE, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+            [self.command, *args], cwd=self.cwd, env=env, capture_output=True, text=True, timeout=60, check=False
         )
         if check and result.returncode != 0:
             raise AssertionError(f"streamserve {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")

@@ -68,7 +68,7 @@ def scheduler_pids(farm: Farm) -> list[int]:
     pids = []
     for pid in pids_with_marker(farm.token):
         try:
-            if b"-m\0scheduler" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"-m\0streamserve\0scheduler" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 pids.append(pid)
         except OSError:
             pass

@@ -11,14 +11,14 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from app.gateway import create_app
+from streamserve.app.gateway import create_app
 from streamserve.client import AsyncClient
 from streamserve.config import AppConfig, DeploymentConfig
 from streamserve.connection import async_redis
 from streamserve.control import Control
 from streamserve.ids import ReplicaID
 from streamserve.settings import Settings
-from workers.replica import Replica
+from streamserve.workers.replica import Replica
 
 StartReplica = Callable[..., Awaitable[Replica]]
 

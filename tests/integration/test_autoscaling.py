@@ -6,10 +6,10 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from scheduler.scheduler import Scheduler
 from streamserve.client import AsyncClient
 from streamserve.control import Control
 from streamserve.messages import ReplicaRecord, Request, now_ms
+from streamserve.scheduler.scheduler import Scheduler
 from streamserve.settings import Settings
 from streamserve.states import ACTIVE_REPLICA_STATES
 from tests.integration.conftest import StartReplica, deploy

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from scheduler.scheduler import Scheduler
 from streamserve.messages import ReplicaRecord
+from streamserve.scheduler.scheduler import Scheduler
 from streamserve.settings import Settings
 from streamserve.states import ACTIVE_REPLICA_STATES
 from tests.integration.conftest import deploy

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 import pytest
 
-from scheduler.autoscaler import AutoscalePolicy, Decision
 from streamserve.config import AutoscalingConfig
+from streamserve.scheduler.autoscaler import AutoscalePolicy, Decision
 
 TICK_MS = 200
 

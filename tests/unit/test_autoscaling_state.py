@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 from fakeredis import FakeAsyncRedis
 
-from scheduler.deployment_state import DeploymentState, Target, Timeouts
-from scheduler.goals import GoalTracker
 from streamserve.config import AppConfig, DeploymentConfig
 from streamserve.control import Control
 from streamserve.keys import Keys
+from streamserve.scheduler.deployment_state import DeploymentState, Target, Timeouts
+from streamserve.scheduler.goals import GoalTracker
 from streamserve.states import DeploymentHealth, GoalStatus, ReplicaState
 from tests.unit.test_deployment_state import Harness
 

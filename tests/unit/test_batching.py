@@ -12,8 +12,8 @@ import streamserve
 from streamserve.batching import BatchConfig, batch_config_of
 from streamserve.errors import BatchOutputError, ConfigError
 from streamserve.messages import now_ms
-from workers.batcher import Batcher, DeadlinePassed
-from workers.loader import LoadedDeployment
+from streamserve.workers.batcher import Batcher, DeadlinePassed
+from streamserve.workers.loader import LoadedDeployment
 
 
 @streamserve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)

@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, DeploymentState, Target, Timeouts
 from streamserve.config import DeploymentConfig
 from streamserve.ids import ReplicaID
 from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, Heartbeat, ReplicaRecord
+from streamserve.scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, DeploymentState, Target, Timeouts
 from streamserve.states import DeploymentHealth, ReplicaHealth, ReplicaState
 
 HOST = "testhost"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from workers.threads import HandlerThreads
+from streamserve.workers.threads import HandlerThreads
 
 WAIT_S = 10.0
 """Bound on every wait below: a hand-off that never happens fails the test instead of hanging it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rq.job import JobStatus as RQJobStatus
 
-from app.gateway import _prefers_async
+from streamserve.app.gateway import _prefers_async
 from streamserve.jobs import _STATUS_OF, JobInfo, error_from_traceback
 from streamserve.keys import Keys
 from streamserve.settings import Settings

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.errors import status_for
-from app.routing import RouteTable
+from streamserve.app.errors import status_for
+from streamserve.app.routing import RouteTable
 from streamserve.errors import (
     BadRequestError,
     DeadLetterError,

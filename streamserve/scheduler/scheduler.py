@@ -9,18 +9,18 @@ import logging
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from scheduler.deployment_state import DeploymentState, Target, Timeouts
-from scheduler.goals import GoalTracker
-from scheduler.job_pool import JobWorkerPool
-from scheduler.leader import LeaderLock
-from scheduler.reclaim import Reclaimer
-from scheduler.store import RedisReplicaStore
 from streamserve.config import DeploymentConfig
 from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.control import Control
 from streamserve.errors import ProtocolError
 from streamserve.keys import CONSUMER_GROUP
 from streamserve.messages import Heartbeat, now_ms
+from streamserve.scheduler.deployment_state import DeploymentState, Target, Timeouts
+from streamserve.scheduler.goals import GoalTracker
+from streamserve.scheduler.job_pool import JobWorkerPool
+from streamserve.scheduler.leader import LeaderLock
+from streamserve.scheduler.reclaim import Reclaimer
+from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.settings import Settings
 from streamserve.types import Clock, Launcher
 

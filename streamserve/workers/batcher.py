@@ -24,7 +24,7 @@ from typing import Any
 
 from streamserve.batching import BatchConfig, check_outputs
 from streamserve.messages import now_ms
-from workers.loader import Handler
+from streamserve.workers.loader import Handler
 
 logger = logging.getLogger(__name__)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from scheduler.autoscaler import AutoscalePolicy
-from scheduler.replica_wrapper import Probe, ReplicaWrapper
 from streamserve.config import DeploymentConfig
 from streamserve.ids import ReplicaID
 from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, Heartbeat, ReplicaRecord
+from streamserve.scheduler.autoscaler import AutoscalePolicy
+from streamserve.scheduler.replica_wrapper import Probe, ReplicaWrapper
 from streamserve.states import ACTIVE_REPLICA_STATES, DeploymentHealth, ReplicaState
 from streamserve.types import Launcher, ReplicaStore
 

@@ -20,16 +20,16 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.admin import admin_router
-from app.bodies import ClientDisconnected, read_body
-from app.errors import (
+from streamserve.app.admin import admin_router
+from streamserve.app.bodies import ClientDisconnected, read_body
+from streamserve.app.errors import (
     error_response,
     handle_client_disconnected,
     handle_request_validation_error,
     handle_streamserve_error,
     json_response,
 )
-from app.routing import RouteTable
+from streamserve.app.routing import RouteTable
 from streamserve.client import AsyncClient, error_of
 from streamserve.config import GATEWAY_PREFIX, RESERVED_ROUTE_PREFIXES
 from streamserve.connection import RETRYABLE_ERRORS

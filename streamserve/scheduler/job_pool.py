@@ -21,10 +21,9 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 
-from streamserve.procs import die_with_parent
+from streamserve.procs import die_with_parent, role_command
 from streamserve.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -61,7 +60,7 @@ class JobWorkerPool:
         if now < self._not_before:
             return
         while len(self._procs) - len(self._signalled) < self.size:
-            cmd = [sys.executable, "-m", "streamserve", "job-worker"]
+            cmd = role_command("job-worker")
             proc = subprocess.Popen(cmd, env=self._env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
             self._procs.append(proc)
             logger.info("job worker started (pid %d)", proc.pid)

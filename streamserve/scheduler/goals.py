@@ -7,12 +7,12 @@ from collections.abc import Mapping
 
 import redis.asyncio as aioredis
 
-from scheduler.deployment_state import DeploymentState, Target
 from streamserve.config import DeploymentConfig
 from streamserve.control import GOAL_RETENTION_MS
 from streamserve.errors import ProtocolError
 from streamserve.keys import Keys
 from streamserve.messages import GoalRecord, text
+from streamserve.scheduler.deployment_state import DeploymentState, Target
 from streamserve.states import FINAL_GOAL_STATUSES, GoalStatus, ReplicaState
 
 logger = logging.getLogger(__name__)

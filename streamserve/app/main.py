@@ -1,4 +1,4 @@
-"""Entry point of the gateway process: ``python -m app``."""
+"""Entry point of the gateway process: ``python -m streamserve gateway``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import uvicorn
 
-from app.gateway import create_app
+from streamserve.app.gateway import create_app
 from streamserve.heap import freeze_startup_objects
 from streamserve.logs import setup_logging
 from streamserve.settings import Settings, add_redis_url_option

@@ -13,17 +13,17 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 from streamserve.ids import ReplicaID
+from streamserve.procs import role_command, runs_replica
 from streamserve.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 
 class ProcessLauncher:
-    """Starts ``python -m workers`` processes and tells whether they live."""
+    """Starts ``python -m streamserve worker`` processes and tells whether they live."""
 
     def __init__(self, settings: Settings) -> None:
         self._env = {**os.environ, **settings.to_env()}
@@ -32,7 +32,7 @@ class ProcessLauncher:
 
     def start(self, replica_id: ReplicaID) -> int:
         """Spawn the replica in a new session; return its pid (also its process group id)."""
-        cmd = [sys.executable, "-m", "workers", replica_id.deployment, "--replica-id", replica_id.to_str()]
+        cmd = role_command("worker", replica_id.deployment, "--replica-id", replica_id.to_str())
         proc = subprocess.Popen(cmd, env=self._env, stdin=subprocess.DEVNULL, start_new_session=True)
         self._children[proc.pid] = proc
         return proc.pid
@@ -42,7 +42,7 @@ class ProcessLauncher:
         child = self._children.get(pid)
         if child is not None:
             return child.poll() is None
-        return _runs_replica(Path(f"/proc/{pid}"), replica_id)
+        return runs_replica(pid, replica_id)
 
     def find(self, replica_id: ReplicaID) -> int | None:
         """The pid of a process already running this replica, if any.
@@ -52,7 +52,7 @@ class ProcessLauncher:
         takes that process over instead of starting a second one.
         """
         for proc in Path("/proc").iterdir():
-            if proc.name.isdigit() and _runs_replica(proc, replica_id):
+            if proc.name.isdigit() and runs_replica(int(proc.name), replica_id):
                 return int(proc.name)
         return None
 
@@ -79,12 +79,3 @@ class ProcessLauncher:
         child = self._children.pop(pid, None)
         if child is not None:
             child.poll()
-
-
-def _runs_replica(proc: Path, replica_id: ReplicaID) -> bool:
-    """Whether /proc/<pid> is a live replica process with this id (its command line says so)."""
-    try:
-        cmdline = (proc / "cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"\0--replica-id\0" + replica_id.to_str().encode() + b"\0" in cmdline

@@ -1,4 +1,4 @@
-"""Entry point of a replica process: ``python -m workers --deployment NAME [--replica-id ID]``."""
+"""Entry point of a replica process: ``python -m streamserve worker NAME [--replica-id ID]``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from streamserve.ids import ReplicaID
 from streamserve.logs import setup_logging
 from streamserve.procs import on_stop_signals
 from streamserve.settings import Settings, add_redis_url_option
-from workers.replica import Replica
+from streamserve.workers.replica import Replica
 
 logger = logging.getLogger(__name__)
 

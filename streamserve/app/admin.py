@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 
-from app.bodies import read_body
-from app.errors import json_response
+from streamserve.app.bodies import read_body
+from streamserve.app.errors import json_response
 from streamserve.client import AsyncClient
 from streamserve.config import parse_config
 from streamserve.control import Control

@@ -1,4 +1,4 @@
-"""Entry point of the scheduler process: ``python -m scheduler``."""
+"""Entry point of the scheduler process: ``python -m streamserve scheduler``."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import argparse
 import asyncio
 import logging
 
-from scheduler.job_pool import JobWorkerPool
-from scheduler.launcher import ProcessLauncher
-from scheduler.scheduler import Scheduler
 from streamserve.connection import async_redis
 from streamserve.logs import setup_logging
 from streamserve.procs import on_stop_signals
+from streamserve.scheduler.job_pool import JobWorkerPool
+from streamserve.scheduler.launcher import ProcessLauncher
+from streamserve.scheduler.scheduler import Scheduler
 from streamserve.settings import Settings, add_redis_url_option
 
 logger = logging.getLogger(__name__)

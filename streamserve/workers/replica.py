@@ -34,10 +34,10 @@ from streamserve.messages import Fields, Heartbeat, Reply, ReplyStatus, Request,
 from streamserve.pipelining import BlockingReader, Pipeliner
 from streamserve.settings import Settings
 from streamserve.states import ReplicaHealth
-from workers.batcher import Batchers, DeadlinePassed
-from workers.finisher import Finisher
-from workers.loader import Handler, LoadedDeployment, load
-from workers.threads import HandlerThreads
+from streamserve.workers.batcher import Batchers, DeadlinePassed
+from streamserve.workers.finisher import Finisher
+from streamserve.workers.loader import Handler, LoadedDeployment, load
+from streamserve.workers.threads import HandlerThreads
 
 logger = logging.getLogger(__name__)
 

@@ -1,3 +1,0 @@
-from app.main import main
-
-raise SystemExit(main())

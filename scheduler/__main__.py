@@ -1,3 +1,0 @@
-from scheduler.main import main
-
-raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""The wheel, installed (not editable) into a fresh venv, beside a user project with generic package names.
+
+streamserve must install one import name and start every process as ``python -m streamserve <role>``: a user's
+own ``app/``, ``workers/``, ``scheduler/`` or ``examples/`` package is exactly what the farm runs next to.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streamserve import __version__
+from tests.e2e.farm import ROOT, Farm, pids_with_marker, wait_for
+
+pytestmark = pytest.mark.e2e
+
+USER_PACKAGES = ("app", "workers", "scheduler", "examples")
+
+
+def run(cmd: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel built from this checkout, installed as a user would (deps from the index)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(ROOT)], tmp)
+    (wheel,) = tmp.glob("streamserve-*.whl")
+    venv = tmp / "venv"
+    run([sys.executable, "-m", "venv", str(venv)], tmp)
+    run([str(venv / "bin" / "pip"), "install", "--disable-pip-version-check", "-q", str(wheel)], tmp)
+    return venv
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A user project whose own packages are called app, workers, scheduler and examples."""
+    for name in USER_PACKAGES:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"WHO = 'the user project {name}'\n")
+    (tmp_path / "app" / "model.py").write_text(
+        "from workers import WHO\n\ndef predict(body):\n    return {'ok': body, 'workers': WHO}\n"
+    )
+    (tmp_path / "cfg.yaml").write_text(
+        "deployments:\n  - name: predict\n    import_path: app.model:predict\n    num_replicas: 1\n"
+    )
+    return tmp_path
+
+
+def test_the_wheel_installs_one_import_name(venv: Path, tmp_path: Path) -> None:
+    python = str(venv / "bin" / "python")
+    for name in USER_PACKAGES:
+        result = subprocess.run([python, "-c", f"import {name}"], cwd=tmp_path, capture_output=True, text=True)
+        assert result.returncode == 1 and f"No module named '{name}'" in result.stderr, result.stderr
+    top_level = run([python, "-c", "import streamserve.app, streamserve.workers, streamserve.scheduler"], tmp_path)
+    assert top_level.returncode == 0
+    files = run([str(venv / "bin" / "pip"), "show", "-f", "streamserve"], tmp_path).stdout
+    roots = {line.strip().split("/")[0] for line in files.split("Files:")[1].splitlines() if line.strip()}
+    # ".." is the console script in the venv's bin/, outside site-packages.
+    assert {r for r in roots if not r.endswith(".dist-info")} - {".."} == {"streamserve"}, roots
+
+
+def test_version_and_usage_exit_codes(venv: Path, tmp_path: Path) -> None:
+    streamserve = str(venv / "bin" / "streamserve")
+    version = run([streamserve, "--version"], tmp_path)
+    assert version.stdout.strip() == f"streamserve {__version__}"
+    usage = subprocess.run([streamserve, "no-such-command"], cwd=tmp_path, capture_output=True, text=True)
+    assert usage.returncode == 2 and "invalid choice" in usage.stderr
+    module = run([str(venv / "bin" / "python"), "-m", "streamserve", "--version"], tmp_path)
+    assert module.stdout.strip() == f"streamserve {__version__}"
+
+
+@pytest.fixture
+def user_farm(venv: Path, project: Path) -> Iterator[Farm]:
+    farm = Farm(project / "cfg.yaml", project / "up.log", command=str(venv / "bin" / "streamserve"), cwd=project)
+    farm.start()
+    try:
+        yield farm
+    finally:
+        farm.stop()
+
+
+def test_up_serves_a_user_app_package(user_farm: Farm) -> None:
+    wait_for(lambda: user_farm.status()["predict"]["running"] == 1, 60, "the replica did not start")
+    response = user_farm.post("/predict", {"x": 1})
+    assert response.status_code == 200, response.text
+    assert response.json() == {"ok": {"x": 1}, "workers": "the user project workers"}
+    commands = _command_lines(user_farm)
+    for role in ("gateway", "scheduler", "worker predict"):
+        assert any(f" -m streamserve {role}" in c for c in commands), commands
+    assert user_farm.stop() == 0
+
+
+def _command_lines(farm: Farm) -> list[str]:
+    """The command lines of every process the farm started."""
+    lines = []
+    for pid in pids_with_marker(farm.token):
+        try:
+            lines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return lines

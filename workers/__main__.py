@@ -1,3 +1,0 @@
-from workers.main import main
-
-raise SystemExit(main())
