@@ -23,6 +23,7 @@ import redis
 import redis.asyncio as aioredis
 
 from streamserve import scripts
+from streamserve.backoff import Backoff
 from streamserve.config import MAX_TIMEOUT_S, AppConfig, DeploymentConfig, EndpointConfig, load_config
 from streamserve.connection import RETRYABLE_ERRORS, async_redis, sync_redis
 from streamserve.control import Control, DeploymentStatus
@@ -526,18 +527,18 @@ class AsyncClient:
     async def _read_replies(self) -> None:
         assert self._redis is not None
         reader = BlockingReader(self._redis)
-        backoff = 0.1
+        backoff = Backoff()
         try:
             while not self._closing:
                 try:
                     command = (*_READ_REPLIES, self._reply_stream, self._last_reply_id)
                     batches = await reader.read(command, REPLY_BLOCK_MS)
                 except RETRYABLE_ERRORS as exc:
-                    logger.warning("reply reader lost Redis (%s); retrying in %.1fs", exc, backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    delay = backoff.next()
+                    logger.warning("reply reader lost Redis (%s); retrying in %.1fs", exc, delay)
+                    await asyncio.sleep(delay)
                     continue
-                backoff = 0.1
+                backoff.reset()
                 for _stream, entries in batches:
                     for entry_id, fields in entries:
                         self._last_reply_id = entry_id

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
+from streamserve.backoff import Backoff
 from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.keys import Keys
 from streamserve.messages import text
@@ -80,7 +81,7 @@ class LongPollSubscriber:
         self._seen = current
 
     async def _run(self) -> None:
-        backoff = 0.1
+        backoff = Backoff()
         while not self._closing:
             pubsub = self._redis.pubsub()
             try:
@@ -92,11 +93,11 @@ class LongPollSubscriber:
                     # None (quiet period), a (re)subscribe confirmation, or a change: all mean "compare ids".
                     if message is None or message["type"] != "message" or self._watched(text(message["data"])):
                         await self.sync()
-                    backoff = 0.1
+                    backoff.reset()
             except RETRYABLE_ERRORS as exc:
-                logger.warning("config subscription lost (%s); reconnecting in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                delay = backoff.next()
+                logger.warning("config subscription lost (%s); reconnecting in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
             finally:
                 with contextlib.suppress(*RETRYABLE_ERRORS):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]

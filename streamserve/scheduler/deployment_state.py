@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
+from streamserve.backoff import Backoff
 from streamserve.config import DeploymentConfig
 from streamserve.ids import ReplicaID
 from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, Heartbeat, ReplicaRecord
@@ -17,7 +18,9 @@ logger = logging.getLogger(__name__)
 
 UNHEALTHY_AFTER_FAILURES = 3
 """Consecutive failed starts after which a deployment is reported UNHEALTHY."""
-MAX_START_BACKOFF_MS = 30_000
+FIRST_START_BACKOFF_S = 0.5
+MAX_START_BACKOFF_S = 30.0
+"""After each failed start in a row the next start waits twice as long, from FIRST_ up to MAX_START_BACKOFF_S."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class DeploymentState:
         self._store = store
         self._timeouts = timeouts
         self.replicas: dict[str, ReplicaWrapper] = {}
-        self.consecutive_failures = 0
+        self._start_backoff = Backoff(FIRST_START_BACKOFF_S, MAX_START_BACKOFF_S)
         self._next_start_ms = 0
         self._last_failure = ""
         self._health: DeploymentHealthRecord | None = None
@@ -97,7 +100,8 @@ class DeploymentState:
         if target.version != self._target_version:
             # A new version gets a fresh start: earlier crash loops say nothing about it.
             self._target_version = target.version
-            self.consecutive_failures, self._next_start_ms, self._last_failure = 0, 0, ""
+            self._start_backoff.reset()
+            self._next_start_ms, self._last_failure = 0, ""
         await self._observe_starting(beats, now_ms)
         await self._observe_running(beats, now_ms)
         await self._observe_stopping(beats, now_ms)
@@ -114,7 +118,7 @@ class DeploymentState:
             probe = r.check_started(beats.get(r.record.replica_id), now_ms, self._timeouts.start_timeout_ms)
             if probe is Probe.OK:
                 await r.transition(ReplicaState.RUNNING, now_ms)
-                self.consecutive_failures = 0
+                self._start_backoff.reset()
                 self._last_failure = ""
             elif probe is Probe.FAILED:
                 self._note_start_failure(r.failure, now_ms)
@@ -257,6 +261,11 @@ class DeploymentState:
         return self.consecutive_failures >= UNHEALTHY_AFTER_FAILURES
 
     @property
+    def consecutive_failures(self) -> int:
+        """Failed starts in a row (of the target version, since the last replica that came up)."""
+        return self._start_backoff.failures
+
+    @property
     def last_failure(self) -> str:
         return self._last_failure
 
@@ -266,16 +275,15 @@ class DeploymentState:
         return len(running) == len(self.replicas) == target.count and all(r.version == target.version for r in running)
 
     def _note_start_failure(self, reason: str, now_ms: int) -> None:
-        self.consecutive_failures += 1
         self._last_failure = reason
-        backoff = min(MAX_START_BACKOFF_MS, 250 * 2**self.consecutive_failures)
-        self._next_start_ms = now_ms + backoff
+        backoff_s = self._start_backoff.next()
+        self._next_start_ms = now_ms + int(backoff_s * 1000)
         logger.warning(
             "deployment %s: replica failed to start (%s); %d in a row, next start in %.1fs",
             self.name,
             reason,
             self.consecutive_failures,
-            backoff / 1000,
+            backoff_s,
         )
 
     def _in(self, state: ReplicaState) -> list[ReplicaWrapper]:

@@ -23,11 +23,13 @@ import signal
 import subprocess
 import time
 
+from streamserve.backoff import Backoff
 from streamserve.procs import die_with_parent, role_command
 from streamserve.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 """A worker that keeps dying (Redis gone, a broken install) is restarted at most this rarely."""
 CALM_AFTER_S = 60.0
@@ -42,7 +44,7 @@ class JobWorkerPool:
         self._env = {**os.environ, **settings.to_env()}
         self._procs: list[subprocess.Popen[bytes]] = []
         self._signalled: set[int] = set()
-        self._backoff_s = 0.0
+        self._backoff = Backoff(FIRST_BACKOFF_S, MAX_BACKOFF_S)
         self._not_before = 0.0
         self._last_death = 0.0
 
@@ -56,7 +58,7 @@ class JobWorkerPool:
         self._reap()
         now = time.monotonic()
         if now - self._last_death > CALM_AFTER_S:
-            self._backoff_s = 0.0
+            self._backoff.reset()
         if now < self._not_before:
             return
         while len(self._procs) - len(self._signalled) < self.size:
@@ -92,11 +94,8 @@ class JobWorkerPool:
                 self._signalled.discard(proc.pid)
                 continue
             self._last_death = time.monotonic()
-            self._backoff_s = min(MAX_BACKOFF_S, max(1.0, 2 * self._backoff_s))
-            self._not_before = self._last_death + self._backoff_s
+            delay = self._backoff.next()
+            self._not_before = self._last_death + delay
             logger.warning(
-                "job worker (pid %d) exited with code %s; restarting in %.0fs",
-                proc.pid,
-                proc.returncode,
-                self._backoff_s,
+                "job worker (pid %d) exited with code %s; restarting in %.0fs", proc.pid, proc.returncode, delay
             )

@@ -9,15 +9,13 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from streamserve import scripts
 from streamserve.config import DeploymentConfig
 from streamserve.keys import CONSUMER_GROUP, Keys
 from streamserve.messages import Reply, ReplyStatus, text
+from streamserve.streams import DeadLetter, Requeuer, send_reply
 
 logger = logging.getLogger(__name__)
 
-DEAD_LETTER_CAP = 10_000
-"""Approximate bound of each dead-letter stream; the REQUEUE script enforces it."""
 MOVE_BATCH = 100
 
 
@@ -40,7 +38,7 @@ class Reclaimer:
     def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self._redis = redis
         self._keys = keys
-        self._requeue = redis.register_script(scripts.REQUEUE)
+        self._requeuer = Requeuer(redis)
 
     async def reclaim(self, cfg: DeploymentConfig, live: Set[str]) -> ReclaimResult:
         """Free everything held by consumers not in ``live`` (replica ids still running or draining)."""
@@ -67,28 +65,34 @@ class Reclaimer:
             if not pending:
                 return
             ids = [p["message_id"] for p in pending]
-            dead = await self._requeue(
-                keys=[stream, self._keys.dead_letters(cfg.name)],
-                args=[CONSUMER_GROUP, cfg.max_delivery_attempts, reason, DEAD_LETTER_CAP, 1, *ids],
+            dead = await self._requeuer.requeue(
+                stream,
+                self._keys.dead_letters(cfg.name),
+                ids,
+                charge=True,
+                max_delivery_attempts=cfg.max_delivery_attempts,
+                reason=reason,
             )
-            result.dead_lettered += len(dead) // 3
-            result.requeued += len(ids) - len(dead) // 3
-            for i in range(0, len(dead), 3):
-                await self._tell_caller(cfg, text(dead[i]), text(dead[i + 1]), int(dead[i + 2]), reason)
+            result.dead_lettered += len(dead)
+            result.requeued += len(ids) - len(dead)
+            for letter in dead:
+                await self._tell_caller(cfg, letter, reason)
             logger.warning(
                 "deployment %s: freed %d request(s) of dead replica %s (%d to the dead-letter stream)",
                 cfg.name,
                 len(ids),
                 consumer,
-                len(dead) // 3,
+                len(dead),
             )
 
-    async def _tell_caller(self, cfg: DeploymentConfig, request_id: str, reply_to: str, n: int, why: str) -> None:
-        if not reply_to:
+    async def _tell_caller(self, cfg: DeploymentConfig, letter: DeadLetter, why: str) -> None:
+        if not letter.reply_to:
             return
         message = (
-            f"request {request_id} was delivered {n} times and each time {why}; "
+            f"request {letter.request_id} was delivered {letter.deliveries} times and each time {why}; "
             f"it was moved to {self._keys.dead_letters(cfg.name)}"
         )
-        reply = Reply(request_id, ReplyStatus.DEAD_LETTER, "", error_type="DeadLetterError", error_message=message)
-        await self._redis.xadd(reply_to, reply.encode(), nomkstream=True)
+        reply = Reply(
+            letter.request_id, ReplyStatus.DEAD_LETTER, "", error_type="DeadLetterError", error_message=message
+        )
+        await send_reply(self._redis, letter.reply_to, reply)

@@ -7,13 +7,11 @@ import contextlib
 import logging
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
 
 from streamserve.config import DeploymentConfig
 from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.control import Control
 from streamserve.errors import ProtocolError
-from streamserve.keys import CONSUMER_GROUP
 from streamserve.messages import Heartbeat, now_ms
 from streamserve.scheduler.deployment_state import DeploymentState, Target, Timeouts
 from streamserve.scheduler.goals import GoalTracker
@@ -22,6 +20,7 @@ from streamserve.scheduler.leader import LeaderLock
 from streamserve.scheduler.reclaim import Reclaimer
 from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.settings import Settings
+from streamserve.streams import ensure_group
 from streamserve.types import Clock, Launcher
 
 logger = logging.getLogger(__name__)
@@ -144,7 +143,7 @@ class Scheduler:
     ) -> None:
         shutting_down = self._stop_replicas_on_exit and self.should_exit.is_set()
         if cfg is not None:
-            await self._ensure_group(cfg)
+            await self._ensure_group_once(cfg)
         state = self._state(name)
         await state.update(Target(cfg, shutting_down), beats, now, ongoing)
         if cfg is not None:
@@ -160,15 +159,11 @@ class Scheduler:
         fresh = {rid for rid, beat in beats.items() if now - beat.ts_ms <= self._timeouts.heartbeat_timeout_ms}
         return set(state.replicas) | fresh
 
-    async def _ensure_group(self, cfg: DeploymentConfig) -> None:
+    async def _ensure_group_once(self, cfg: DeploymentConfig) -> None:
         """Create the consumer group at id 0 so requests queued before any replica are still served."""
         if cfg.name in self._known_groups:
             return
-        try:
-            await self._redis.xgroup_create(self._keys.requests(cfg.name), CONSUMER_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        await ensure_group(self._redis, self._keys.requests(cfg.name))
         self._known_groups.add(cfg.name)
 
     async def _shutdown(self) -> None:

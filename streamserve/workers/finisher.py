@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -20,11 +19,9 @@ from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.keys import CONSUMER_GROUP
 from streamserve.messages import Reply
 from streamserve.pipelining import Command, Pipeliner
+from streamserve.streams import reply_command
 
 logger = logging.getLogger(__name__)
-
-REPLY_STREAM_MAXLEN = 100_000
-"""Approximate cap on a caller's reply stream; its reader drains and trims it continuously."""
 
 
 class Finisher:
@@ -42,8 +39,7 @@ class Finisher:
     def finish(self, entry_id: bytes, reply: Reply | None = None, reply_to: str = "") -> None:
         """Reply (unless ``reply`` is None: nobody waits for it) and acknowledge ``entry_id`` this turn."""
         if reply is not None:
-            fields = itertools.chain.from_iterable(reply.encode().items())
-            self._replies.append(("XADD", reply_to, "NOMKSTREAM", "MAXLEN", "~", REPLY_STREAM_MAXLEN, "*", *fields))
+            self._replies.append(reply_command(reply_to, reply))
         if not self._entry_ids:
             asyncio.get_running_loop().call_soon(self._flush)  # after the rest of this turn's requests
         self._entry_ids.append(entry_id)

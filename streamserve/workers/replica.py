@@ -22,7 +22,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from streamserve import scripts
+from streamserve.backoff import Backoff
 from streamserve.config import DeploymentConfig
 from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.control import Control
@@ -34,6 +34,7 @@ from streamserve.messages import Fields, Heartbeat, Reply, ReplyStatus, Request,
 from streamserve.pipelining import BlockingReader, Pipeliner
 from streamserve.settings import Settings
 from streamserve.states import ReplicaHealth
+from streamserve.streams import Requeuer, ensure_group
 from streamserve.workers.batcher import Batchers, DeadlinePassed
 from streamserve.workers.finisher import Finisher
 from streamserve.workers.loader import Handler, LoadedDeployment, load
@@ -59,7 +60,7 @@ class Replica:
         self._settings = settings
         self._after_load = after_load
         self._redis = redis
-        self._requeue = redis.register_script(scripts.REQUEUE)
+        self._requeuer = Requeuer(redis)
         self._pipeliner = Pipeliner(redis)
         self._reader = BlockingReader(redis)
         self._keys = settings.keys
@@ -107,7 +108,7 @@ class Replica:
             loaded = await self._load()
             if not loaded:
                 return 1  # the FAILED heartbeat stays: it tells the scheduler why
-            await self._ensure_group()
+            await ensure_group(self._redis, self._stream)
             longpoll = LongPollSubscriber(
                 self._redis, self._keys, lambda k: k == ConfigKey.DEPLOYMENTS, self._on_config_change
             )
@@ -180,13 +181,6 @@ class Replica:
             self._threads.resize(new.max_ongoing_requests)
             self._capacity.set()
 
-    async def _ensure_group(self) -> None:
-        try:
-            await self._redis.xgroup_create(self._stream, CONSUMER_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-
     async def _drain(self) -> None:
         await self._set_health(ReplicaHealth.DRAINING)
         self._batchers.flush_now()  # nothing more will arrive: partial batches need not wait to fill
@@ -231,7 +225,7 @@ class Replica:
     # -- serving ----------------------------------------------------------------
 
     async def _read_loop(self) -> None:
-        backoff = 0.1
+        backoff = Backoff()
         while not self._stopping.is_set():
             assert self._cfg is not None
             free = self._cfg.max_ongoing_requests - self._executing
@@ -242,16 +236,16 @@ class Replica:
             try:
                 read = ("XREADGROUP", "GROUP", CONSUMER_GROUP, self._consumer, "COUNT", free, "BLOCK", READ_BLOCK_MS)
                 batches = await self._reader.read((*read, "STREAMS", self._stream, ">"), READ_BLOCK_MS)
-                backoff = 0.1
+                backoff.reset()
             except ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
-                await self._ensure_group()  # the stream was deleted and made again
+                await ensure_group(self._redis, self._stream)  # the stream was deleted and made again
                 continue
             except RETRYABLE_ERRORS as exc:
-                logger.warning("replica %s: read failed (%s); retrying in %.1fs", self.replica_id, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                delay = backoff.next()
+                logger.warning("replica %s: read failed (%s); retrying in %.1fs", self.replica_id, exc, delay)
+                await asyncio.sleep(delay)
                 continue
             suspects = []
             for _stream, entries in batches or ():
@@ -300,11 +294,12 @@ class Replica:
         if not entry_ids:
             return
         assert self._cfg is not None
-        # No dead-letter stream is written with 0 attempts to add: its name and cap go unused.
-        dead_letters, unused_cap = self._keys.dead_letters(self._name), 0
-        await self._requeue(
-            keys=[self._stream, dead_letters],
-            args=[CONSUMER_GROUP, self._cfg.max_delivery_attempts, "", unused_cap, 0, *entry_ids],
+        await self._requeuer.requeue(
+            self._stream,
+            self._keys.dead_letters(self._name),
+            entry_ids,
+            charge=False,
+            max_delivery_attempts=self._cfg.max_delivery_attempts,
         )
 
     def _free_slot(self) -> None:

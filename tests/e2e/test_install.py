@@ -6,6 +6,7 @@ own ``app/``, ``workers/``, ``scheduler/`` or ``examples/`` package is exactly w
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,7 +32,11 @@ def run(cmd: list[str], cwd: Path, timeout: float = 600) -> subprocess.Completed
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with the wheel built from this checkout, installed as a user would (deps from the index)."""
     tmp = tmp_path_factory.mktemp("wheel")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(ROOT)], tmp)
+    source = tmp / "source"  # a copy: building in the checkout would leave build/ behind in it
+    shutil.copytree(ROOT / "streamserve", source / "streamserve", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(source)], tmp)
     (wheel,) = tmp.glob("streamserve-*.whl")
     venv = tmp / "venv"
     run([sys.executable, "-m", "venv", str(venv)], tmp)
