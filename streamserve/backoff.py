@@ -24,4 +24,3 @@ class Backoff:
     def reset(self) -> None:
         self._next = self._first
         self.failures = 0
-

@@ -7,22 +7,24 @@ import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from streamserve import __version__
 from streamserve.client import AsyncClient
 from streamserve.config import EndpointConfig, load_config
 from streamserve.connection import async_redis
-from streamserve.control import GOAL_POLL_S, Control, DeploymentStatus
+from streamserve.desired import DesiredState
 from streamserve.errors import BadRequestError, ConfigError, GoalFailedError, RequestTimeoutError, StreamServeError
+from streamserve.goals import GOAL_POLL_S, GoalStore
 from streamserve.messages import GoalRecord
 from streamserve.settings import Settings, add_redis_url_option
 from streamserve.states import DeploymentHealth
+from streamserve.status import DeploymentStatus, StatusReader
 
 T = TypeVar("T")
 
@@ -115,11 +117,21 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _with_control(settings: Settings, fn: Callable[[Control, aioredis.Redis], Awaitable[T]]) -> T:
+@dataclass(frozen=True)
+class Farm:
+    """What the commands read and write, on one connection."""
+
+    desired: DesiredState
+    goals: GoalStore
+    status: StatusReader
+
+
+def _with_farm(settings: Settings, fn: Callable[[Farm], Awaitable[T]]) -> T:
     async def run() -> T:
         redis = async_redis(settings.effective_redis_url)
         try:
-            return await fn(Control(redis, settings.keys), redis)
+            keys = settings.keys
+            return await fn(Farm(DesiredState(redis, keys), GoalStore(redis, keys), StatusReader(redis, keys)))
         finally:
             await redis.aclose()
 
@@ -136,8 +148,8 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
     config = load_config(args.config)
 
-    async def deploy(control: Control, _redis: aioredis.Redis) -> int:
-        applied = await control.apply(config)
+    async def deploy(farm: Farm) -> int:
+        applied = await farm.desired.apply(config)
         if not applied:
             print("no change")
         for name, goal_id in applied.goals.items():
@@ -146,32 +158,32 @@ def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
             print(f"{name}: endpoint updated")
         if args.wait:
             deadline = time.monotonic() + args.timeout
-            await _wait_for_goals(control, list(applied.goals.values()), args.timeout)
+            await _wait_for_goals(farm, list(applied.goals.values()), args.timeout)
             unchanged = [d.name for d in config.deployments if d.name not in applied.goals]
-            await _wait_until_healthy(control, unchanged, deadline)
+            await _wait_until_healthy(farm, unchanged, deadline)
         return 0
 
-    return _with_control(settings, deploy)
+    return _with_farm(settings, deploy)
 
 
-async def _wait_for_goals(control: Control, goal_ids: list[str], timeout: float) -> None:
+async def _wait_for_goals(farm: Farm, goal_ids: list[str], timeout: float) -> None:
     """Wait for each goal in turn, printing progress when it changes; GoalFailedError says why one failed."""
     deadline = time.monotonic() + timeout
     last_line = ""
 
     async def show(goal: GoalRecord) -> None:
         nonlocal last_line
-        line = await control.progress(goal)
+        line = await farm.status.progress(goal)
         if line != last_line:
             print(f"  {line}", flush=True)
             last_line = line
 
     for goal_id in goal_ids:
-        goal = await control.wait_for_goal(goal_id, max(0.0, deadline - time.monotonic()), on_progress=show)
+        goal = await farm.goals.wait(goal_id, max(0.0, deadline - time.monotonic()), on_progress=show)
         print(f"{goal.deployment}: done" + (f", {goal.replicas} replica(s) running" if goal.kind != "delete" else ""))
 
 
-async def _wait_until_healthy(control: Control, names: list[str], deadline: float) -> None:
+async def _wait_until_healthy(farm: Farm, names: list[str], deadline: float) -> None:
     """Deployments a write left unchanged have no goal: wait on the scheduler's verdict on them instead.
 
     So ``deploy --wait`` of an unchanged file still fails for a deployment that cannot run.
@@ -179,7 +191,7 @@ async def _wait_until_healthy(control: Control, names: list[str], deadline: floa
     pending = set(names)
     while pending:
         for name in sorted(pending):
-            health = await control.health(name)
+            health = await farm.status.health(name)
             if health is not None and health.health is DeploymentHealth.UNHEALTHY:
                 raise GoalFailedError(f"{name}: {health.message}")
             if health is not None and health.health is DeploymentHealth.HEALTHY:
@@ -192,18 +204,18 @@ async def _wait_until_healthy(control: Control, names: list[str], deadline: floa
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    async def report(control: Control, _redis: aioredis.Redis) -> dict[str, Any]:
-        return await control.report()
+    async def report(farm: Farm) -> dict[str, Any]:
+        return await farm.status.report()
 
-    async def tables(control: Control, _redis: aioredis.Redis) -> str:
-        endpoints = await control.endpoints()
-        text = format_status(await control.status())
+    async def tables(farm: Farm) -> str:
+        endpoints = await farm.desired.endpoints()
+        text = format_status(await farm.status.status())
         return text + ("\n\n" + format_endpoints([endpoints[n] for n in sorted(endpoints)]) if endpoints else "")
 
     if args.json:
-        sys.stdout.write(orjson.dumps(_with_control(settings, report), option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(orjson.dumps(_with_farm(settings, report), option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        print(_with_control(settings, tables))
+        print(_with_farm(settings, tables))
     return 0
 
 
@@ -261,13 +273,13 @@ def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
     if args.replicas < 0:
         raise ConfigError(f"replicas must be >= 0, got {args.replicas}")
 
-    async def scale(control: Control, _redis: aioredis.Redis) -> None:
-        goal_id = await control.scale(args.name, args.replicas)
+    async def scale(farm: Farm) -> None:
+        goal_id = await farm.desired.scale(args.name, args.replicas)
         print(f"{args.name}: {args.replicas} replica(s)" + (f" (goal {goal_id})" if goal_id else " (no change)"))
         if goal_id and args.wait:
-            await _wait_for_goals(control, [goal_id], args.timeout)
+            await _wait_for_goals(farm, [goal_id], args.timeout)
 
-    _with_control(settings, scale)
+    _with_farm(settings, scale)
     return 0
 
 
@@ -275,10 +287,10 @@ def cmd_traffic(args: argparse.Namespace, settings: Settings) -> int:
     traffic = _parse_pairs(args.weights, "weight")
     shadow = None if args.shadow is None else _parse_pairs(args.shadow, "shadow fraction")
 
-    async def set_traffic(control: Control, _redis: aioredis.Redis) -> EndpointConfig:
-        return await control.set_traffic(args.endpoint, traffic, shadow)
+    async def set_traffic(farm: Farm) -> EndpointConfig:
+        return await farm.desired.set_traffic(args.endpoint, traffic, shadow)
 
-    endpoint = _with_control(settings, set_traffic)
+    endpoint = _with_farm(settings, set_traffic)
     print(format_endpoints([endpoint]))
     return 0
 
@@ -301,17 +313,17 @@ def _parse_pairs(items: list[str], what: str) -> dict[str, float]:
 
 
 def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
-    async def delete(control: Control, _redis: aioredis.Redis) -> None:
-        if args.name in await control.endpoints():
-            await control.delete_endpoint(args.name)
+    async def delete(farm: Farm) -> None:
+        if args.name in await farm.desired.endpoints():
+            await farm.desired.delete_endpoint(args.name)
             print(f"{args.name}: endpoint deleted")
             return
-        goal_id = await control.delete(args.name)
+        goal_id = await farm.desired.delete(args.name)
         print(f"{args.name}: deleting (goal {goal_id})")
         if args.wait:
-            await _wait_for_goals(control, [goal_id], args.timeout)
+            await _wait_for_goals(farm, [goal_id], args.timeout)
 
-    _with_control(settings, delete)
+    _with_farm(settings, delete)
     return 0
 
 

@@ -26,7 +26,7 @@ from streamserve import scripts
 from streamserve.backoff import Backoff
 from streamserve.config import MAX_TIMEOUT_S, AppConfig, DeploymentConfig, EndpointConfig, load_config
 from streamserve.connection import RETRYABLE_ERRORS, async_redis, sync_redis
-from streamserve.control import Control, DeploymentStatus
+from streamserve.desired import DesiredState
 from streamserve.errors import (
     BadRequestError,
     DeadLetterError,
@@ -39,6 +39,7 @@ from streamserve.errors import (
     RequestTimeoutError,
     UnavailableError,
 )
+from streamserve.goals import GoalStore
 from streamserve.ids import new_caller_id, new_request_id
 from streamserve.jobs import JobInfo, JobQueue
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
@@ -56,6 +57,7 @@ from streamserve.messages import (
 from streamserve.pipelining import BlockingReader, Pipeliner, Script
 from streamserve.settings import Settings
 from streamserve.states import DeploymentHealth
+from streamserve.status import DeploymentStatus, StatusReader
 from streamserve.traffic import TrafficPolicy
 
 logger = logging.getLogger(__name__)
@@ -324,37 +326,37 @@ class AsyncClient:
         """
         app = config if isinstance(config, AppConfig) else load_config(config)
         await self.start()
-        return (await self._control().apply(app)).goals
+        return (await self._desired().apply(app)).goals
 
     async def set_traffic(
         self, endpoint: str, traffic: dict[str, float], shadow: dict[str, float] | None = None
     ) -> EndpointConfig:
         """Create or change an endpoint's traffic weights (and shadows, unless None); every caller follows."""
         await self.start()
-        return await self._control().set_traffic(endpoint, traffic, shadow)
+        return await self._desired().set_traffic(endpoint, traffic, shadow)
 
     async def scale(self, name: str, num_replicas: int) -> str | None:
         """Set a deployment's replica count; the goal id, or None if it already had that."""
         await self.start()
-        return await self._control().scale(name, num_replicas)
+        return await self._desired().scale(name, num_replicas)
 
     async def delete(self, name: str) -> str:
         """Delete a deployment; the goal id."""
         await self.start()
-        return await self._control().delete(name)
+        return await self._desired().delete(name)
 
     async def wait_for_goal(self, goal_id: str, timeout: float | None = None) -> GoalRecord:
         """Block until the goal is done; GoalFailedError says why it failed, RequestTimeoutError if it took too long."""
         await self.start()
-        return await self._control().wait_for_goal(goal_id, timeout)
+        return await GoalStore(self.redis, self._keys).wait(goal_id, timeout)
 
     async def status(self) -> list[DeploymentStatus]:
         """Every deployment with its replicas and queue figures."""
         await self.start()
-        return await self._control().status()
+        return await StatusReader(self.redis, self._keys).status()
 
-    def _control(self) -> Control:
-        return Control(self.redis, self._keys)
+    def _desired(self) -> DesiredState:
+        return DesiredState(self.redis, self._keys)
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -409,7 +411,7 @@ class AsyncClient:
         cfg = self.deployment(name)
         # An autoscaled deployment at 0 replicas is not refused: the request queues, and the scheduler starts a
         # replica as soon as it sees it (the group reads from id 0, so that replica finds it).
-        if cfg.autoscaling_config is None and cfg.target_replicas == 0:
+        if cfg.autoscaling_config is None and cfg.wanted_replicas() == 0:
             raise UnavailableError(f"deployment {name!r} is scaled to 0 replicas")
         health = self._health.get(name)
         if health is not None and health.health is DeploymentHealth.UNHEALTHY and health.running == 0:

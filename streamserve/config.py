@@ -106,11 +106,16 @@ class DeploymentConfig(_Strict):
             raise ValueError("set num_replicas or autoscaling_config, not both")
         return self
 
-    @property
-    def target_replicas(self) -> int:
-        """The replica count to keep when not autoscaling (num_replicas, default 1)."""
+    def wanted_replicas(self, autoscaled: int | None = None) -> int:
+        """How many replicas to keep: the one place this rule is written.
+
+        Autoscaled: the autoscaler's latest count (``autoscaled``), or
+        ``min_replicas`` before it has decided. Otherwise ``num_replicas``
+        (default 1); ``autoscaled`` is ignored then, since a stale autoscaling
+        record may outlive a switch to a fixed count.
+        """
         if self.autoscaling_config is not None:
-            return self.autoscaling_config.min_replicas
+            return self.autoscaling_config.min_replicas if autoscaled is None else autoscaled
         return 1 if self.num_replicas is None else self.num_replicas
 
     def code_version(self) -> str:

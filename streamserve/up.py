@@ -25,9 +25,10 @@ import redis
 
 from streamserve.config import AppConfig
 from streamserve.connection import RETRYABLE_ERRORS, async_redis, sync_redis
-from streamserve.control import Applied, Control
+from streamserve.desired import Applied, DesiredState
 from streamserve.embedded_redis import EmbeddedRedis
 from streamserve.errors import RedisUnavailableError, StreamServeError
+from streamserve.goals import GoalStore
 from streamserve.ids import ReplicaID
 from streamserve.messages import GoalRecord, ReplicaRecord
 from streamserve.procs import die_with_parent, port_is_free, role_command, runs_replica, stop_group, wait_until
@@ -136,7 +137,7 @@ class Farm:
         redis = async_redis(url)
         try:
             await redis.ping()
-            return await Control(redis, self.settings.keys).apply(self.options.config)
+            return await DesiredState(redis, self.settings.keys).apply(self.options.config)
         except RETRYABLE_ERRORS as exc:
             raise RedisUnavailableError(f"cannot reach Redis at {url}: {exc}") from exc
         finally:
@@ -161,25 +162,29 @@ class Farm:
 
     def _wait_for_replicas(self, url: str, goal_ids: dict[str, str]) -> dict[str, str]:
         """Wait (bounded; Ctrl-C stops it) until the config's replicas run; {deployment: why} for those that cannot."""
-        client = sync_redis(url)
-        key = self.settings.keys.goals()
-        goals: list[GoalRecord] = []
-
-        def final() -> bool:
-            raw = client.hmget(key, list(goal_ids.values())) if goal_ids else []
-            goals[:] = [GoalRecord.decode(r) for r in raw if r is not None]
-            return self._signals > 0 or all(g.status in FINAL_GOAL_STATUSES for g in goals)
-
-        try:
-            wait_until(final, self.settings.start_timeout_s, interval_s=0.1)
-        finally:
-            client.close()
+        goals = asyncio.run(self._final_goals(url, list(goal_ids.values())))
         pending = f"still starting after {self.settings.start_timeout_s:g}s"
         return {
             g.deployment: g.message or (pending if g.status is GoalStatus.PENDING else g.status.value)
             for g in goals
             if g.status is not GoalStatus.DONE
         }
+
+    async def _final_goals(self, url: str, goal_ids: list[str]) -> list[GoalRecord]:
+        """The goals once all are final, or as they stand at the start timeout or Ctrl-C."""
+        redis = async_redis(url)
+        try:
+            store = GoalStore(redis, self.settings.keys)
+            deadline = time.monotonic() + self.settings.start_timeout_s
+            while True:
+                goals = await store.many(goal_ids)
+                if self._signals or time.monotonic() > deadline:
+                    return goals
+                if all(g.status in FINAL_GOAL_STATUSES for g in goals):
+                    return goals
+                await asyncio.sleep(0.1)
+        finally:
+            await redis.aclose()
 
     def _banner(self, gateway_url: str, redis_url: str, changed: Applied, failed: dict[str, str]) -> None:
         deployments = self.options.config.deployments
@@ -198,7 +203,7 @@ class Farm:
         for d in deployments:
             route = f"POST {gateway_url}{d.route_prefix}" if d.route_prefix else "client only"
             auto = d.autoscaling_config
-            count = f"{d.target_replicas} replica(s)"
+            count = f"{d.wanted_replicas()} replica(s)"
             if auto is not None:
                 count = f"{auto.min_replicas}-{auto.max_replicas} replicas (autoscaled)"
             trouble = f"  NOT RUNNING: {failed[d.name]}" if d.name in failed else ""

@@ -13,8 +13,9 @@ from streamserve.app.bodies import read_body
 from streamserve.app.errors import json_response
 from streamserve.client import AsyncClient
 from streamserve.config import parse_config
-from streamserve.control import Control
+from streamserve.desired import DesiredState
 from streamserve.errors import BadRequestError, GoalFailedError, RequestTimeoutError, UnauthorizedError
+from streamserve.goals import GoalStore
 from streamserve.settings import Settings
 from streamserve.states import FINAL_GOAL_STATUSES
 
@@ -31,8 +32,8 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
         if not hmac.compare_digest(given.encode(), settings.api_key.get_secret_value().encode()):
             raise UnauthorizedError("admin writes need Authorization: Bearer <STREAMSERVE_API_KEY>")
 
-    def control() -> Control:
-        return Control(client.redis, settings.keys)
+    def desired() -> DesiredState:
+        return DesiredState(client.redis, settings.keys)
 
     router = APIRouter(prefix="/-")
     guarded = [Depends(require_api_key)]
@@ -41,7 +42,7 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
     async def deploy(request: Request) -> Response:
         """Body: a config as JSON (the YAML file's shape). Answers {"goals": {deployment: goal id}}."""
         config = parse_config(await _json_body(request, settings.max_request_bytes), "request body")
-        applied = await control().apply(config)
+        applied = await desired().apply(config)
         return json_response({"goals": applied.goals, "endpoints": applied.endpoints})
 
     @router.post("/deployments/{name}/scale", dependencies=guarded)
@@ -51,11 +52,11 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
         replicas = body.get("num_replicas") if isinstance(body, dict) else None
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise BadRequestError('body must be {"num_replicas": N} with N >= 0')
-        return json_response({"goal_id": await control().scale(name, replicas)})
+        return json_response({"goal_id": await desired().scale(name, replicas)})
 
     @router.delete("/deployments/{name}", dependencies=guarded)
     async def delete(name: str) -> Response:
-        return json_response({"goal_id": await control().delete(name)})
+        return json_response({"goal_id": await desired().delete(name)})
 
     @router.post("/endpoints/{name}/traffic", dependencies=guarded)
     async def traffic(name: str, request: Request) -> Response:
@@ -63,12 +64,12 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
         body = await _json_body(request, settings.max_request_bytes)
         if not isinstance(body, dict) or not isinstance(body.get("traffic"), dict) or set(body) - {"traffic", "shadow"}:
             raise BadRequestError('body must be {"traffic": {deployment: weight}, "shadow": {deployment: fraction}}')
-        endpoint = await control().set_traffic(name, body["traffic"], body.get("shadow"))
+        endpoint = await desired().set_traffic(name, body["traffic"], body.get("shadow"))
         return json_response(endpoint.model_dump(mode="json"))
 
     @router.delete("/endpoints/{name}", dependencies=guarded)
     async def delete_endpoint(name: str) -> Response:
-        await control().delete_endpoint(name)
+        await desired().delete_endpoint(name)
         return json_response({"deleted": name})
 
     @router.get("/goals/{goal_id}")
@@ -76,13 +77,13 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
         """A goal's record; ``?wait=S`` holds the answer up to S seconds (at most 60) until it is final."""
         if not 0 <= wait <= MAX_GOAL_WAIT_S:
             raise BadRequestError(f"wait must be between 0 and {MAX_GOAL_WAIT_S:g} seconds")
-        with_control = control()
+        goals = GoalStore(client.redis, settings.keys)
         try:
-            record = await asyncio.wait_for(with_control.wait_for_goal(goal_id), wait) if wait else None
+            record = await asyncio.wait_for(goals.wait(goal_id), wait) if wait else None
         except (TimeoutError, GoalFailedError, RequestTimeoutError):
             record = None
         if record is None or record.status not in FINAL_GOAL_STATUSES:
-            record = await with_control.goal(goal_id)
+            record = await goals.get(goal_id)
         return json_response(record.model_dump(mode="json"))
 
     return router

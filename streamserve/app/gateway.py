@@ -33,17 +33,18 @@ from streamserve.app.routing import RouteTable
 from streamserve.client import AsyncClient, error_of
 from streamserve.config import GATEWAY_PREFIX, RESERVED_ROUTE_PREFIXES
 from streamserve.connection import RETRYABLE_ERRORS
-from streamserve.control import Control
 from streamserve.errors import (
     BadRequestError,
     MethodNotAllowedError,
     NotFoundError,
+    RedisUnavailableError,
     StreamServeError,
 )
 from streamserve.ids import new_request_id
 from streamserve.messages import ReplyStatus
 from streamserve.settings import Settings
 from streamserve.states import JobStatus
+from streamserve.status import StatusReader
 
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 SECONDS_RE = re.compile(r"^(\d+\.?\d*|\.\d+)$")
@@ -220,7 +221,7 @@ def create_app(settings: Settings) -> GatewayApp:
         try:
             await gateway.client.ping()
         except RETRYABLE_ERRORS as exc:
-            return json_response({"status": "unavailable", "message": f"Redis: {exc}"}, status_code=503)
+            return error_response(RedisUnavailableError(f"cannot reach Redis: {exc}"), {})
         return json_response({"status": "ok"})
 
     @api.get("/-/routes")
@@ -229,7 +230,7 @@ def create_app(settings: Settings) -> GatewayApp:
 
     @api.get("/-/status")
     async def status() -> Response:
-        return json_response(await Control(gateway.client.redis, settings.keys).report())
+        return json_response(await StatusReader(gateway.client.redis, settings.keys).report())
 
     @api.get("/-/jobs/{job_id}")
     async def job(job_id: str) -> Response:

@@ -49,9 +49,7 @@ class Target:
     def count(self) -> int:
         if self.cfg is None or self.shutting_down:
             return 0
-        if self.cfg.autoscaling_config is not None and self.autoscaled is not None:
-            return self.autoscaled
-        return self.cfg.target_replicas
+        return self.cfg.wanted_replicas(self.autoscaled)
 
     @property
     def version(self) -> str | None:

@@ -8,33 +8,26 @@ from collections.abc import Mapping
 import redis.asyncio as aioredis
 
 from streamserve.config import DeploymentConfig
-from streamserve.control import GOAL_RETENTION_MS
-from streamserve.errors import ProtocolError
+from streamserve.goals import GoalStore
 from streamserve.keys import Keys
-from streamserve.messages import GoalRecord, text
+from streamserve.messages import GoalRecord
 from streamserve.scheduler.deployment_state import DeploymentState, Target
 from streamserve.states import FINAL_GOAL_STATUSES, GoalStatus, ReplicaState
 
 logger = logging.getLogger(__name__)
+
+GOAL_RETENTION_MS = 3_600_000  # finished goals are pruned this long after they finish
 
 
 class GoalTracker:
     """Reads the goals, compares each with the reconciled state, writes the verdicts."""
 
     def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
-        self._redis = redis
-        self._keys = keys
+        self._store = GoalStore(redis, keys)
 
     async def load(self) -> list[GoalRecord]:
         """Read before the desired state: a goal and its config are written together, so its config is then visible."""
-        goals = []
-        for goal_id, raw in (await self._redis.hgetall(self._keys.goals())).items():
-            try:
-                goals.append(GoalRecord.decode(raw))
-            except ProtocolError as exc:
-                logger.warning("dropping unreadable goal %s: %s", text(goal_id), exc)
-                await self._redis.hdel(self._keys.goals(), goal_id)
-        return goals
+        return await self._store.all()
 
     async def update(
         self,
@@ -46,7 +39,7 @@ class GoalTracker:
         for goal in goals:
             if goal.status in FINAL_GOAL_STATUSES:
                 if now_ms - goal.updated_ms > GOAL_RETENTION_MS:
-                    await self._redis.hdel(self._keys.goals(), goal.goal_id)
+                    await self._store.remove(goal.goal_id)
                 continue
             state = states.get(goal.deployment)
             verdict = _judge(goal, desired.get(goal.deployment), state)
@@ -57,7 +50,7 @@ class GoalTracker:
                     # What it was reached at: an autoscaled count may differ from the count asked for.
                     update["replicas"] = state.count(ReplicaState.RUNNING)
                 done = goal.model_copy(update=update)
-                await self._redis.hset(self._keys.goals(), goal.goal_id, done.encode())
+                await self._store.save(done)
                 logger.info("goal %s (%s %s): %s %s", goal.goal_id, goal.kind, goal.deployment, status.value, message)
 
 
@@ -71,7 +64,7 @@ def _judge(
         return (GoalStatus.DONE, "") if state is None else None
     if cfg is None:
         return GoalStatus.CANCELLED, "the deployment was deleted"
-    if (cfg.code_version(), cfg.target_replicas) != (goal.version, goal.replicas):
+    if (cfg.code_version(), cfg.wanted_replicas()) != (goal.version, goal.replicas):
         return GoalStatus.CANCELLED, "superseded by a later change"
     if state is None:
         return None

@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 from streamserve.config import DeploymentConfig
 from streamserve.connection import RETRYABLE_ERRORS
-from streamserve.control import Control
+from streamserve.desired import DesiredState
 from streamserve.errors import ProtocolError
 from streamserve.messages import Heartbeat, now_ms
 from streamserve.scheduler.deployment_state import DeploymentState, Target, Timeouts
@@ -48,7 +48,7 @@ class Scheduler:
         self._launcher = launcher
         self._clock = clock
         self._store = RedisReplicaStore(redis, self._keys)
-        self._control = Control(redis, self._keys)
+        self._desired = DesiredState(redis, self._keys)
         self._timeouts = Timeouts(
             heartbeat_timeout_ms=int(settings.heartbeat_timeout_s * 1000),
             start_timeout_ms=int(settings.start_timeout_s * 1000),
@@ -121,7 +121,7 @@ class Scheduler:
         """One reconcile pass over every deployment, desired or still winding down."""
         self.ticks += 1
         goals = await self._goals.load()  # before the desired state: see GoalTracker.load
-        desired = await self._control.deployments()
+        desired = await self._desired.deployments()
         names = sorted(set(desired) | set(self._states))
         beats_raw = await self._store.heartbeats(names)
         autoscaled = [name for name, cfg in desired.items() if cfg.autoscaling_config is not None]

@@ -25,7 +25,7 @@ from redis.exceptions import ResponseError
 from streamserve.backoff import Backoff
 from streamserve.config import DeploymentConfig
 from streamserve.connection import RETRYABLE_ERRORS
-from streamserve.control import Control
+from streamserve.desired import DesiredState
 from streamserve.errors import BadRequestError, ProtocolError
 from streamserve.ids import ReplicaID
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
@@ -137,7 +137,7 @@ class Replica:
 
     async def _load(self) -> bool:
         try:
-            self._cfg = await Control(self._redis, self._keys).get(self._name)
+            self._cfg = await DesiredState(self._redis, self._keys).get(self._name)
             self._threads = HandlerThreads(self._cfg.max_ongoing_requests)
             # Import and constructor may block for a long time (model weights): keep the loop free for heartbeats.
             self._deployment = await asyncio.to_thread(load, self._cfg)

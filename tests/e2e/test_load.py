@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,8 +15,8 @@ import redis
 import redis.asyncio as aioredis
 
 from streamserve import Client
-from streamserve.control import Control
 from streamserve.keys import CONSUMER_GROUP, Keys
+from streamserve.status import StatusReader
 from tests.e2e.farm import Farm, running_farm, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -63,9 +64,9 @@ async def burst(farm: Farm) -> tuple[list[httpx.Response], list[tuple[int, int]]
             return list(await asyncio.gather(*(post(https[i % CLIENTS], i) for i in range(BURST))))
 
     async def sample(r: aioredis.Redis) -> None:
-        control = Control(r, KEYS)
+        status = StatusReader(r, KEYS)
         while not done.is_set():
-            bounded = next(s for s in await control.status() if s.name == "bounded")
+            bounded = next(s for s in await status.status() if s.name == "bounded")
             samples.append((bounded.queued, bounded.queued + bounded.in_flight))
             await asyncio.sleep(0.05)
 
@@ -136,4 +137,7 @@ def test_the_batched_example_answers_every_caller_with_its_own_item(load_farm: F
     assert [r.json()["y"] for r in responses] == [2.0 * i for i in range(40)]
     sizes = [r.json()["batch_size"] for r in responses]
     assert all(1 <= size <= 16 for size in sizes)
+    # Each batch of N answered N of these callers, each reporting N; and 40 callers at once did share a batch.
+    assert all(count % size == 0 for size, count in Counter(sizes).items()), sorted(sizes)
+    assert max(sizes) > 1, "40 concurrent callers never shared a batch"
     print(f"batch sizes seen: {sorted(sizes)}")

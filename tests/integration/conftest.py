@@ -15,7 +15,7 @@ from streamserve.app.gateway import create_app
 from streamserve.client import AsyncClient
 from streamserve.config import AppConfig, DeploymentConfig
 from streamserve.connection import async_redis
-from streamserve.control import Control
+from streamserve.desired import DesiredState
 from streamserve.ids import ReplicaID
 from streamserve.settings import Settings
 from streamserve.workers.replica import Replica
@@ -27,7 +27,7 @@ async def deploy(settings: Settings, **fields: Any) -> DeploymentConfig:
     cfg = DeploymentConfig.model_validate({"name": "rec", "import_path": "tests.deployments:Recorder", **fields})
     redis = async_redis(settings.effective_redis_url)
     try:
-        await Control(redis, settings.keys).apply(AppConfig(deployments=[cfg]))
+        await DesiredState(redis, settings.keys).apply(AppConfig(deployments=[cfg]))
     finally:
         await redis.aclose()
     return cfg

@@ -7,11 +7,11 @@ import asyncio
 import redis.asyncio as aioredis
 
 from streamserve.client import AsyncClient
-from streamserve.control import Control
 from streamserve.messages import ReplicaRecord, Request, now_ms
 from streamserve.scheduler.scheduler import Scheduler
 from streamserve.settings import Settings
 from streamserve.states import ACTIVE_REPLICA_STATES
+from streamserve.status import StatusReader
 from tests.integration.conftest import StartReplica, deploy
 from tests.unit.test_deployment_state import FakeLauncher
 
@@ -51,7 +51,7 @@ async def test_a_new_scheduler_resumes_the_autoscaled_count(settings: Settings, 
     for _ in range(2):  # 0 -> 1 at once for the queued requests, then 1 -> 3 for 3 ongoing
         clock[0] += 200
         await first.tick()
-    status = {s.name: s for s in await Control(aredis, settings.keys).status()}["rec"]
+    status = {s.name: s for s in await StatusReader(aredis, settings.keys).status()}["rec"]
     assert status.target == 3 and status.starting == 3
     assert status.autoscaling is not None and "ongoing 3.0 on 1 replica(s)" in status.autoscaling.reason
 
@@ -72,5 +72,5 @@ async def test_a_new_scheduler_resumes_the_autoscaled_count(settings: Settings, 
         await asyncio.wait_for(running, 10)
     records = [ReplicaRecord.decode(v) for v in (await aredis.hgetall(settings.keys.replicas("rec"))).values()]
     assert sum(r.state in ACTIVE_REPLICA_STATES for r in records) == 3  # the dead one replaced, not dropped
-    status = {s.name: s for s in await Control(aredis, settings.keys).status()}["rec"]
+    status = {s.name: s for s in await StatusReader(aredis, settings.keys).status()}["rec"]
     assert status.target == 3

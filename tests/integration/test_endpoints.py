@@ -12,7 +12,7 @@ import pytest
 
 from streamserve.client import AsyncClient
 from streamserve.config import AppConfig, EndpointConfig
-from streamserve.control import Control
+from streamserve.desired import DesiredState
 from streamserve.errors import ConfigError, ConflictError, NotFoundError
 from streamserve.settings import Settings
 from tests import deployments
@@ -32,22 +32,22 @@ async def wait_for(condition: Callable[[], bool | Awaitable[bool]], timeout_s: f
 
 async def test_writes_keep_endpoints_consistent(client: AsyncClient, settings: Settings) -> None:
     await deploy(settings, name="v1", route_prefix=None)
-    control = Control(client.redis, settings.keys)
+    desired = DesiredState(client.redis, settings.keys)
     with pytest.raises(ConfigError, match="sends to 'v9', which is not a deployment"):
-        await control.set_traffic("classify", {"v1": 1, "v9": 1})
-    created = await control.set_traffic("classify", {"v1": 1})
+        await desired.set_traffic("classify", {"v1": 1, "v9": 1})
+    created = await desired.set_traffic("classify", {"v1": 1})
     assert created.route_prefix == "/classify"
     with pytest.raises(ConflictError, match="endpoint 'classify' still sends traffic to it"):
-        await control.delete("v1")
+        await desired.delete("v1")
     with pytest.raises(ConfigError, match="route_prefix /classify is used by deployment 'other' and endpoint"):
         await deploy(settings, name="other", route_prefix="/classify")
     with pytest.raises(ConfigError, match="'classify' names both a deployment and an endpoint"):
         await deploy(settings, name="classify", route_prefix=None)
-    assert not await control.apply(AppConfig(endpoints=[created]))  # the same again: no change
-    await control.delete_endpoint("classify")
+    assert not await desired.apply(AppConfig(endpoints=[created]))  # the same again: no change
+    await desired.delete_endpoint("classify")
     with pytest.raises(NotFoundError):
-        await control.delete_endpoint("classify")
-    assert await control.delete("v1")  # nothing routes to it any more
+        await desired.delete_endpoint("classify")
+    assert await desired.delete("v1")  # nothing routes to it any more
 
 
 async def test_client_splits_mirrors_and_follows_traffic_changes(

@@ -8,7 +8,7 @@ import pytest
 from fakeredis import FakeAsyncRedis
 
 from streamserve.config import AppConfig, DeploymentConfig
-from streamserve.control import Control
+from streamserve.desired import DesiredState
 from streamserve.keys import Keys
 from streamserve.scheduler.deployment_state import DeploymentState, Target, Timeouts
 from streamserve.scheduler.goals import GoalTracker
@@ -154,7 +154,7 @@ async def test_goal_of_a_min_zero_deployment_is_done_with_no_replica(h: Harness)
     redis = FakeAsyncRedis()
     t = autoscaled()
     assert t.cfg is not None
-    await Control(redis, Keys()).apply(AppConfig(deployments=[t.cfg]))
+    await DesiredState(redis, Keys()).apply(AppConfig(deployments=[t.cfg]))
     await tick(h, t)
     [goal] = await run_goals(h, redis, t.cfg)
     assert goal.status is GoalStatus.DONE and goal.replicas == 0
@@ -164,7 +164,7 @@ async def test_goal_is_judged_against_the_autoscaled_count(h: Harness) -> None:
     redis = FakeAsyncRedis()
     t = autoscaled(min_replicas=1, upscale_delay_s=0)
     assert t.cfg is not None
-    await Control(redis, Keys()).apply(AppConfig(deployments=[t.cfg]))
+    await DesiredState(redis, Keys()).apply(AppConfig(deployments=[t.cfg]))
     await tick(h, t, ongoing=6)  # min 1, and the queue asks for 3 at once
     assert active(h) == 3
     [goal] = await run_goals(h, redis, t.cfg)

@@ -21,13 +21,13 @@ def test_example_config_loads() -> None:
     assert "echo" in names
     echo = next(d for d in app.deployments if d.name == "echo")
     assert echo.route_prefix == "/echo"
-    assert echo.target_replicas == 2
+    assert echo.wanted_replicas() == 2
 
 
 def test_defaults() -> None:
     cfg = DeploymentConfig.model_validate(dep())
     assert cfg.route_prefix == "/echo"  # absent means /<name>
-    assert cfg.target_replicas == 1
+    assert cfg.wanted_replicas() == 1
     assert DeploymentConfig.model_validate(dep(route_prefix=None)).route_prefix is None  # explicit null: client only
 
 
