@@ -14,7 +14,6 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,9 +22,8 @@ import redis
 import redis.asyncio as aioredis
 
 from streamserve import scripts
-from streamserve.backoff import Backoff
 from streamserve.config import MAX_TIMEOUT_S, AppConfig, DeploymentConfig, EndpointConfig, load_config
-from streamserve.connection import RETRYABLE_ERRORS, async_redis, sync_redis
+from streamserve.connection import UnreachableAsUnavailable, async_redis, sync_redis
 from streamserve.desired import DesiredState
 from streamserve.errors import (
     BadRequestError,
@@ -33,8 +31,6 @@ from streamserve.errors import (
     NotFoundError,
     OverloadedError,
     PayloadTooLargeError,
-    ProtocolError,
-    RedisUnavailableError,
     RemoteError,
     RequestTimeoutError,
     UnavailableError,
@@ -42,44 +38,26 @@ from streamserve.errors import (
 from streamserve.goals import GoalStore
 from streamserve.ids import new_caller_id, new_request_id
 from streamserve.jobs import JobInfo, JobQueue
-from streamserve.keys import CONSUMER_GROUP, ConfigKey
-from streamserve.longpoll import EVERYTHING, LongPollSubscriber, OnChange
+from streamserve.keys import CONSUMER_GROUP
 from streamserve.messages import (
-    DeploymentHealthRecord,
     GoalRecord,
     Reply,
     ReplyStatus,
     Request,
     dumps,
     now_ms,
-    text,
 )
-from streamserve.pipelining import BlockingReader, Pipeliner, Script
+from streamserve.pipelining import Pipeliner, Script
+from streamserve.reply_stream import ReplyStream
+from streamserve.routes import Route, RouteCache
 from streamserve.settings import Settings
-from streamserve.states import DeploymentHealth
 from streamserve.status import DeploymentStatus, StatusReader
-from streamserve.traffic import TrafficPolicy
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Route:
-    """Where one request goes: the deployment that answers it, and the shadows that get a copy."""
-
-    deployment: DeploymentConfig
-    shadows: tuple[DeploymentConfig, ...] = ()
-
-
-REPLY_STREAM_TTL_S = 60
-"""A caller's reply stream expires this long after its caller stops refreshing it (it died)."""
-_WATCHED = frozenset({ConfigKey.DEPLOYMENTS, ConfigKey.ENDPOINTS, ConfigKey.DEPLOYMENT_STATUS})
-REPLY_READ_COUNT = 1000
-REPLY_BLOCK_MS = 1000
-_READER_TASK = "streamserve-replies"
-_READ_REPLIES = ("XREAD", "COUNT", REPLY_READ_COUNT, "BLOCK", REPLY_BLOCK_MS, "STREAMS")
 _ENQUEUE = Script(scripts.ENQUEUE)
 
 
@@ -134,23 +112,15 @@ class AsyncClient:
         self._settings = settings
         self._keys = settings.keys
         self.caller_id = new_caller_id()
-        self._reply_stream = self._keys.reply_stream(self.caller_id)
+        self._unreachable = UnreachableAsUnavailable(settings.effective_redis_url)
         self._redis: aioredis.Redis | None = None
+        self._replies: ReplyStream | None = None
+        self._routes: RouteCache | None = None
+        self._pipeliner: Pipeliner | None = None
         self._jobs: JobQueue | None = None
         self._jobs_redis: redis.Redis | None = None
-        self._pipeliner: Pipeliner | None = None
-        self._deployments: dict[str, DeploymentConfig] = {}
-        self._endpoints: dict[str, TrafficPolicy] = {}
         self._shadow_tasks: set[asyncio.Task[None]] = set()
-        self._lookups: dict[str, asyncio.Future[TrafficPolicy | None]] = {}
-        self._health: dict[str, DeploymentHealthRecord] = {}
-        self._pending: dict[str, asyncio.Future[Reply]] = {}
-        self._tasks: list[asyncio.Task[None]] = []
-        self._longpoll: LongPollSubscriber | None = None
         self._start_lock: asyncio.Lock | None = None
-        self._last_reply_id = b"0-0"
-        self._generation = 0
-        self._closing = False
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -164,45 +134,28 @@ class AsyncClient:
             if self._redis is not None:
                 return
             redis = async_redis(self._settings.effective_redis_url)
+            replies = ReplyStream(redis, self._keys.reply_stream(self.caller_id), self.caller_id)
+            routes = RouteCache(redis, self._keys)
             try:
-                await self._create_reply_stream(redis)
-                self._pipeliner = Pipeliner(redis)
-                self._longpoll = LongPollSubscriber(redis, self._keys, _WATCHED.__contains__, self._reloader(redis))
-                await self._longpoll.start()
-            except RETRYABLE_ERRORS as exc:
+                with self._unreachable:
+                    await replies.create()
+                    await routes.start()
+            except BaseException:
                 await redis.aclose()
-                raise RedisUnavailableError(f"cannot reach Redis at {self._safe_url()}: {exc}") from exc
-            self._redis = redis
-            self._tasks = [
-                asyncio.create_task(self._read_replies(), name=_READER_TASK),
-                asyncio.create_task(self._keep_reply_stream(), name="streamserve-reply-keeper"),
-            ]
+                raise
+            self._pipeliner = Pipeliner(redis)
+            self._redis, self._replies, self._routes = redis, replies, routes
+            replies.start()
 
     async def aclose(self) -> None:
         """Stop the reader, fail what is still waiting, drop the reply stream and disconnect."""
-        self._closing = True
-        if self._redis is not None:
-            # Cancelling a blocked XREAD inside redis-py can stall; wake the reader with an entry instead.
-            with contextlib.suppress(*RETRYABLE_ERRORS):
-                await self._redis.xadd(self._reply_stream, {"wake": b""}, nomkstream=True)
-        for task in self._tasks:
-            if task.get_name() != _READER_TASK:
-                task.cancel()
-        if self._tasks:
-            _done, stuck = await asyncio.wait(self._tasks, timeout=REPLY_BLOCK_MS / 1000 + 1)
-            for task in stuck:
-                task.cancel()
-        self._tasks = []
-        if self._longpoll is not None:
-            await self._longpoll.close()
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(UnavailableError("client closed"))
+        if self._routes is not None:
+            await self._routes.close()
+        if self._replies is not None:
+            await self._replies.close(UnavailableError("client closed"))
         if self._pipeliner is not None:
             await self._pipeliner.aclose()  # shadow copies and sends in flight go out before the pool closes
         if self._redis is not None:
-            with contextlib.suppress(*RETRYABLE_ERRORS):
-                await self._redis.delete(self._reply_stream)
             await self._redis.aclose()
             self._redis = None
         if self._jobs_redis is not None:
@@ -265,18 +218,18 @@ class AsyncClient:
         cfg = route.deployment
         timeout_s = _timeout_s(timeout, cfg)
         request_id = request_id or new_request_id()
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Reply] = loop.create_future()
-        self._pending[request_id] = fut
-        timer = loop.call_later(timeout_s, self._expire, request_id, timeout_s)
+        replies = self._replies
+        assert replies is not None
+        fut = replies.expect(request_id)
+        timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, request_id, timeout_s)
         try:
-            request = Request(request_id, self._reply_stream, now_ms() + int(timeout_s * 1000), body, method)
+            request = Request(request_id, replies.name, now_ms() + int(timeout_s * 1000), body, method)
             await self._add(cfg, request)
             self._mirror(route, request)
             return await fut
         finally:
             timer.cancel()
-            self._pending.pop(request_id, None)
+            replies.forget(request_id)
 
     # -- asynchronous jobs (RQ) ----------------------------------------------------
 
@@ -312,10 +265,8 @@ class AsyncClient:
         return self._jobs
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
-        try:
+        with self._unreachable:
             return await asyncio.to_thread(fn)
-        except RETRYABLE_ERRORS as exc:
-            raise RedisUnavailableError(f"cannot reach Redis at {self._safe_url()}: {exc}") from exc
 
     # -- control: desired-state writes are goals ----------------------------------
 
@@ -368,88 +319,35 @@ class AsyncClient:
     @property
     def generation(self) -> int:
         """Bumped each time the deployments are reloaded (cheap change detection for caches)."""
-        return self._generation
+        return 0 if self._routes is None else self._routes.generation
 
     async def ping(self) -> None:
         """Raise unless Redis answers."""
         await self.start()
-        await self.redis.ping()
+        with self._unreachable:
+            await self.redis.ping()
 
     def deployment(self, name: str) -> DeploymentConfig:
         """The deployment's config as this client last saw it (long-polled)."""
-        try:
-            return self._deployments[name]
-        except KeyError:
-            raise NotFoundError(f"no deployment named {name!r}") from None
+        if self._routes is None:
+            raise NotFoundError(f"no deployment named {name!r}")
+        return self._routes.deployment(name)
 
     def deployments(self) -> dict[str, DeploymentConfig]:
         """Every deployment this client knows of, by name."""
-        return dict(self._deployments)
+        return {} if self._routes is None else self._routes.deployments()
 
     def endpoints(self) -> dict[str, EndpointConfig]:
         """Every endpoint this client knows of, by name."""
-        return {name: policy.endpoint for name, policy in self._endpoints.items()}
+        return {} if self._routes is None else self._routes.endpoints()
 
     # -- internals ------------------------------------------------------------
 
     async def route(self, name: str) -> Route:
-        """Where a request to ``name`` goes now: the deployment itself, or an endpoint's pick by weight.
-
-        Raises NotFoundError for an unknown name and UnavailableError when the
-        deployment has no replica and cannot get one.
-        """
+        """Where a request to ``name`` goes now (see RouteCache.route)."""
         await self.start()
-        policy = self._endpoints.get(name)
-        if policy is None and name not in self._deployments:
-            policy = await self._fetch(name)
-        if policy is None:
-            return Route(self._serviceable(name))
-        shadows = tuple(self._deployments[s] for s in policy.shadows() if s in self._deployments)
-        return Route(self._serviceable(policy.pick()), shadows)
-
-    def _serviceable(self, name: str) -> DeploymentConfig:
-        cfg = self.deployment(name)
-        # An autoscaled deployment at 0 replicas is not refused: the request queues, and the scheduler starts a
-        # replica as soon as it sees it (the group reads from id 0, so that replica finds it).
-        if cfg.autoscaling_config is None and cfg.wanted_replicas() == 0:
-            raise UnavailableError(f"deployment {name!r} is scaled to 0 replicas")
-        health = self._health.get(name)
-        if health is not None and health.health is DeploymentHealth.UNHEALTHY and health.running == 0:
-            raise UnavailableError(f"deployment {name!r} has no running replica: {health.message}")
-        return cfg
-
-    async def _fetch(self, name: str) -> TrafficPolicy | None:
-        """A cache miss may just be news the long poll has not brought yet: ask Redis before saying no.
-
-        Caches what it finds; returns the endpoint's policy, or None for a deployment.
-        Concurrent misses on one name share a single look-up.
-        """
-        lookup = self._lookups.get(name)
-        if lookup is None:
-            lookup = self._lookups[name] = asyncio.ensure_future(self._look_up(name))
-            lookup.add_done_callback(lambda _: self._lookups.pop(name, None))
-        return await asyncio.shield(lookup)
-
-    async def _look_up(self, name: str) -> TrafficPolicy | None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hget(self._keys.deployments(), name)
-            pipe.hget(self._keys.endpoints(), name)
-            raw_deployment, raw_endpoint = await pipe.execute()
-        if raw_deployment is not None:
-            self._deployments = {**self._deployments, name: DeploymentConfig.from_json(raw_deployment)}
-            self._generation += 1
-            return None
-        if raw_endpoint is None:
-            raise NotFoundError(f"no deployment or endpoint named {name!r}")
-        policy = TrafficPolicy(EndpointConfig.from_json(raw_endpoint))
-        missing = sorted(policy.endpoint.deployments - set(self._deployments))
-        if missing:
-            found = await self.redis.hmget(self._keys.deployments(), missing)
-            fresh = {d: DeploymentConfig.from_json(raw) for d, raw in zip(missing, found, strict=True) if raw}
-            self._deployments = {**self._deployments, **fresh}
-        self._endpoints = {**self._endpoints, name: policy}
-        self._generation += 1
-        return policy
+        assert self._routes is not None
+        return await self._routes.route(name)
 
     def _check_size(self, body: bytes) -> None:
         if len(body) > self._settings.max_request_bytes:
@@ -476,96 +374,17 @@ class AsyncClient:
         args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP]
         for key, value in request.encode().items():
             args += [key, value]
-        try:
+        with self._unreachable:
             entry_id = await self._pipeliner.run_script(_ENQUEUE, [self._keys.requests(cfg.name)], args)
-        except RETRYABLE_ERRORS as exc:
-            raise RedisUnavailableError(f"cannot reach Redis at {self._safe_url()}: {exc}") from exc
         if entry_id == 0:
             raise OverloadedError(
                 f"deployment {cfg.name!r} has {cfg.max_queued_requests} requests queued (max_queued_requests)"
             )
 
     def _expire(self, request_id: str, timeout_s: float) -> None:
-        fut = self._pending.get(request_id)
-        if fut is not None and not fut.done():
-            fut.set_exception(RequestTimeoutError(f"no reply within {timeout_s:g}s (request {request_id})"))
-
-    def _reloader(self, redis: aioredis.Redis) -> OnChange:
-        async def reload(changed: set[str]) -> None:
-            everything = EVERYTHING in changed
-            if everything or ConfigKey.DEPLOYMENTS in changed:
-                raw = await redis.hgetall(self._keys.deployments())
-                self._deployments = {text(k): DeploymentConfig.from_json(v) for k, v in raw.items()}
-                self._generation += 1
-            if everything or ConfigKey.ENDPOINTS in changed:
-                raw = await redis.hgetall(self._keys.endpoints())
-                self._endpoints = {text(k): TrafficPolicy(EndpointConfig.from_json(v)) for k, v in raw.items()}
-                self._generation += 1
-            if everything or ConfigKey.DEPLOYMENT_STATUS in changed:
-                raw = await redis.hgetall(self._keys.deployment_status())
-                self._health = {text(k): DeploymentHealthRecord.decode(v) for k, v in raw.items()}
-
-        return reload
-
-    async def _create_reply_stream(self, redis: aioredis.Redis) -> None:
-        # Replicas add replies with NOMKSTREAM, so a dead caller's expired stream is never recreated.
-        entry_id = await redis.xadd(self._reply_stream, {"hello": self.caller_id})
-        await redis.expire(self._reply_stream, REPLY_STREAM_TTL_S)
-        self._last_reply_id = entry_id if isinstance(entry_id, bytes) else entry_id.encode()
-
-    async def _keep_reply_stream(self) -> None:
-        """Refresh the reply stream's expiry and trim what was read; recreate it after a Redis restart."""
-        assert self._redis is not None
-        while True:
-            await asyncio.sleep(REPLY_STREAM_TTL_S / 3)
-            try:
-                if not await self._redis.expire(self._reply_stream, REPLY_STREAM_TTL_S):
-                    await self._create_reply_stream(self._redis)
-                else:
-                    await self._redis.xtrim(self._reply_stream, minid=self._last_reply_id)
-            except RETRYABLE_ERRORS as exc:
-                logger.warning("reply stream upkeep failed: %s", exc)
-
-    async def _read_replies(self) -> None:
-        assert self._redis is not None
-        reader = BlockingReader(self._redis)
-        backoff = Backoff()
-        try:
-            while not self._closing:
-                try:
-                    command = (*_READ_REPLIES, self._reply_stream, self._last_reply_id)
-                    batches = await reader.read(command, REPLY_BLOCK_MS)
-                except RETRYABLE_ERRORS as exc:
-                    delay = backoff.next()
-                    logger.warning("reply reader lost Redis (%s); retrying in %.1fs", exc, delay)
-                    await asyncio.sleep(delay)
-                    continue
-                backoff.reset()
-                for _stream, entries in batches:
-                    for entry_id, fields in entries:
-                        self._last_reply_id = entry_id
-                        self._resolve_reply(fields)
-        finally:
-            await reader.aclose()
-
-    def _resolve_reply(self, fields: dict[bytes, bytes]) -> None:
-        if b"hello" in fields or b"wake" in fields:
-            return
-        try:
-            reply = Reply.decode(fields)
-        except ProtocolError as exc:
-            logger.warning("dropping unreadable reply: %s", exc)
-            return
-        fut = self._pending.get(reply.request_id)
-        if fut is not None and not fut.done():
-            fut.set_result(reply)
-
-    def _safe_url(self) -> str:
-        url = self._settings.effective_redis_url
-        scheme, sep, rest = url.partition("://")
-        if "@" in rest:
-            rest = "***@" + rest.split("@", 1)[1]
-        return f"{scheme}{sep}{rest}"
+        if self._replies is not None:
+            error = RequestTimeoutError(f"no reply within {timeout_s:g}s (request {request_id})")
+            self._replies.fail(request_id, error)
 
 
 class Client:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import TracebackType
+
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -9,6 +11,8 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+
+from streamserve.errors import RedisUnavailableError
 
 RETRYABLE_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, ConnectionResetError)
 """Errors worth retrying: the connection, not the command, failed."""
@@ -52,3 +56,31 @@ def sync_redis(url: str) -> redis.Redis:
         retry_on_error=list(RETRYABLE_ERRORS),
         health_check_interval=30,
     )
+
+
+def redacted(url: str) -> str:
+    """The URL with any user and password replaced by ``***``, for messages and logs."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
+
+
+class UnreachableAsUnavailable:
+    """``with`` block: a lost connection to Redis becomes RedisUnavailableError naming the (redacted) URL.
+
+    A class, not a generator-based context manager: one instance is reused on
+    the hot path (every enqueue), where a generator frame per call would show.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = redacted(url)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is not None and isinstance(exc, RETRYABLE_ERRORS):
+            raise RedisUnavailableError(f"cannot reach Redis at {self._url}: {exc}") from exc

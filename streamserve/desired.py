@@ -145,6 +145,22 @@ class DesiredState:
         raw = await self._redis.hgetall(self._keys.endpoints())
         return {text(k): EndpointConfig.from_json(v) for k, v in raw.items()}
 
+    async def find(self, name: str) -> tuple[DeploymentConfig | None, EndpointConfig | None]:
+        """The deployment and the endpoint called ``name`` (either may be None), in one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hget(self._keys.deployments(), name)
+            pipe.hget(self._keys.endpoints(), name)
+            deployment, endpoint = await pipe.execute()
+        return (
+            None if deployment is None else DeploymentConfig.from_json(deployment),
+            None if endpoint is None else EndpointConfig.from_json(endpoint),
+        )
+
+    async def get_many(self, names: list[str]) -> dict[str, DeploymentConfig]:
+        """The deployments that exist among ``names``."""
+        found = await self._redis.hmget(self._keys.deployments(), names) if names else []
+        return {n: DeploymentConfig.from_json(raw) for n, raw in zip(names, found, strict=True) if raw is not None}
+
     async def apply(self, app: AppConfig) -> Applied:
         """Upsert every deployment and endpoint in ``app``; goals for the deployments whose config changed."""
         change = DesiredChange(

@@ -121,6 +121,11 @@ class StatusReader:
         line = f"{goal.deployment}: {ready}/{wanted} replica(s) of version {goal.version} running"
         return line + (f", {others} of an older version still up" if others else "")
 
+    async def health_of_all(self) -> dict[str, DeploymentHealthRecord]:
+        """The scheduler's last verdict on every deployment it has judged."""
+        raw = await self._redis.hgetall(self._keys.deployment_status())
+        return {text(k): DeploymentHealthRecord.decode(v) for k, v in raw.items()}
+
     async def health(self, name: str) -> DeploymentHealthRecord | None:
         """The scheduler's last verdict on a deployment, if it gave one."""
         raw = await self._redis.hget(self._keys.deployment_status(), name)

@@ -24,10 +24,10 @@ import httpx
 import redis
 
 from streamserve.config import AppConfig
-from streamserve.connection import RETRYABLE_ERRORS, async_redis, sync_redis
+from streamserve.connection import UnreachableAsUnavailable, async_redis, sync_redis
 from streamserve.desired import Applied, DesiredState
 from streamserve.embedded_redis import EmbeddedRedis
-from streamserve.errors import RedisUnavailableError, StreamServeError
+from streamserve.errors import StreamServeError
 from streamserve.goals import GoalStore
 from streamserve.ids import ReplicaID
 from streamserve.messages import GoalRecord, ReplicaRecord
@@ -136,10 +136,9 @@ class Farm:
     async def _apply(self, url: str) -> Applied:
         redis = async_redis(url)
         try:
-            await redis.ping()
-            return await DesiredState(redis, self.settings.keys).apply(self.options.config)
-        except RETRYABLE_ERRORS as exc:
-            raise RedisUnavailableError(f"cannot reach Redis at {url}: {exc}") from exc
+            with UnreachableAsUnavailable(url):
+                await redis.ping()
+                return await DesiredState(redis, self.settings.keys).apply(self.options.config)
         finally:
             await redis.aclose()
 

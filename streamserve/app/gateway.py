@@ -32,7 +32,6 @@ from streamserve.app.errors import (
 from streamserve.app.routing import RouteTable
 from streamserve.client import AsyncClient, error_of
 from streamserve.config import GATEWAY_PREFIX, RESERVED_ROUTE_PREFIXES
-from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.errors import (
     BadRequestError,
     MethodNotAllowedError,
@@ -220,8 +219,8 @@ def create_app(settings: Settings) -> GatewayApp:
     async def healthz() -> Response:
         try:
             await gateway.client.ping()
-        except RETRYABLE_ERRORS as exc:
-            return error_response(RedisUnavailableError(f"cannot reach Redis: {exc}"), {})
+        except RedisUnavailableError as exc:
+            return error_response(exc, {})
         return json_response({"status": "ok"})
 
     @api.get("/-/routes")

@@ -1,0 +1,134 @@
+"""A caller's reply stream: one per client process, one reader task that resolves every in-flight request.
+
+Bound and owner: replicas add replies with an approximate MAXLEN
+(``streams.reply_command``) and NOMKSTREAM, so a dead caller's expired stream
+is never recreated; this class trims what it has read and keeps the stream's
+expiry fresh while the caller lives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import redis.asyncio as aioredis
+
+from streamserve.backoff import Backoff
+from streamserve.connection import RETRYABLE_ERRORS
+from streamserve.errors import ProtocolError, StreamServeError
+from streamserve.messages import Reply
+from streamserve.pipelining import BlockingReader
+
+logger = logging.getLogger(__name__)
+
+REPLY_STREAM_TTL_S = 60  # a caller's reply stream expires this long after its caller stops refreshing it (it died)
+REPLY_READ_COUNT = 1000
+REPLY_BLOCK_MS = 1000
+_READ_REPLIES = ("XREAD", "COUNT", REPLY_READ_COUNT, "BLOCK", REPLY_BLOCK_MS, "STREAMS")
+_READER_TASK = "streamserve-replies"
+
+
+class ReplyStream:
+    """Creates, reads, trims and finally deletes one caller's reply stream."""
+
+    def __init__(self, redis: aioredis.Redis, name: str, caller_id: str) -> None:
+        self._redis = redis
+        self.name = name
+        self._caller_id = caller_id
+        self._pending: dict[str, asyncio.Future[Reply]] = {}
+        self._last_id = b"0-0"
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    async def create(self) -> None:
+        """Make the stream (a first entry) with its expiry; reads start after that entry."""
+        entry_id = await self._redis.xadd(self.name, {"hello": self._caller_id})
+        await self._redis.expire(self.name, REPLY_STREAM_TTL_S)
+        self._last_id = entry_id if isinstance(entry_id, bytes) else entry_id.encode()
+
+    def start(self) -> None:
+        """Start the reader and the upkeep tasks."""
+        self._tasks = [
+            asyncio.create_task(self._read(), name=_READER_TASK),
+            asyncio.create_task(self._keep(), name="streamserve-reply-keeper"),
+        ]
+
+    def expect(self, request_id: str) -> asyncio.Future[Reply]:
+        """A future that the reply to ``request_id`` resolves; ``forget`` it once done with it."""
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = fut
+        return fut
+
+    def forget(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
+
+    def fail(self, request_id: str, exc: StreamServeError) -> None:
+        """Resolve a request that is still waiting with an error (its deadline passed)."""
+        fut = self._pending.get(request_id)
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+
+    async def close(self, error: StreamServeError) -> None:
+        """Stop reading, fail every request still waiting with ``error``, delete the stream."""
+        self._closing = True
+        # Cancelling a blocked XREAD inside redis-py can stall; wake the reader with an entry instead.
+        with contextlib.suppress(*RETRYABLE_ERRORS):
+            await self._redis.xadd(self.name, {"wake": b""}, nomkstream=True)
+        for task in self._tasks:
+            if task.get_name() != _READER_TASK:
+                task.cancel()
+        if self._tasks:
+            _done, stuck = await asyncio.wait(self._tasks, timeout=REPLY_BLOCK_MS / 1000 + 1)
+            for task in stuck:
+                task.cancel()
+        self._tasks = []
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(error)
+        with contextlib.suppress(*RETRYABLE_ERRORS):
+            await self._redis.delete(self.name)
+
+    async def _keep(self) -> None:
+        """Refresh the expiry and trim what was read; recreate the stream after a Redis restart."""
+        while True:
+            await asyncio.sleep(REPLY_STREAM_TTL_S / 3)
+            try:
+                if not await self._redis.expire(self.name, REPLY_STREAM_TTL_S):
+                    await self.create()
+                else:
+                    await self._redis.xtrim(self.name, minid=self._last_id)
+            except RETRYABLE_ERRORS as exc:
+                logger.warning("reply stream upkeep failed: %s", exc)
+
+    async def _read(self) -> None:
+        reader = BlockingReader(self._redis)
+        backoff = Backoff()
+        try:
+            while not self._closing:
+                try:
+                    batches = await reader.read((*_READ_REPLIES, self.name, self._last_id), REPLY_BLOCK_MS)
+                except RETRYABLE_ERRORS as exc:
+                    delay = backoff.next()
+                    logger.warning("reply reader lost Redis (%s); retrying in %.1fs", exc, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                backoff.reset()
+                for _stream, entries in batches:
+                    for entry_id, fields in entries:
+                        self._last_id = entry_id
+                        self._resolve(fields)
+        finally:
+            await reader.aclose()
+
+    def _resolve(self, fields: dict[bytes, bytes]) -> None:
+        if b"hello" in fields or b"wake" in fields:
+            return
+        try:
+            reply = Reply.decode(fields)
+        except ProtocolError as exc:
+            logger.warning("dropping unreadable reply: %s", exc)
+            return
+        fut = self._pending.get(reply.request_id)
+        if fut is not None and not fut.done():
+            fut.set_result(reply)
