@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import inspect
 import logging
 import os
 import socket
@@ -38,6 +37,7 @@ from streamserve.streams import Requeuer, ensure_group
 from streamserve.workers.batcher import Batchers, DeadlinePassed
 from streamserve.workers.finisher import Finisher
 from streamserve.workers.loader import Handler, LoadedDeployment, load
+from streamserve.workers.slots import Slots
 from streamserve.workers.threads import HandlerThreads
 
 logger = logging.getLogger(__name__)
@@ -70,24 +70,16 @@ class Replica:
         self._stream = self._keys.requests(self._name)
         self._cfg: DeploymentConfig | None = None
         self._deployment: LoadedDeployment | None = None
-        self._threads: HandlerThreads | None = None
-        """Where sync handlers run (max_ongoing_requests threads at most)."""
+        self._threads: HandlerThreads | None = None  # where sync handlers run, max_ongoing_requests at most
         self._health = ReplicaHealth.STARTING
         self._message = ""
-        self._inflight = 0
-        """Requests held, from their read until their reply is written (drain waits for these)."""
-        self._idle = asyncio.Event()
-        """Set whenever nothing is in flight."""
-        self._idle.set()
-        self._executing = 0
-        """Requests holding a slot of max_ongoing_requests: read, handler not yet returned."""
-        self._finisher = Finisher(self._pipeliner, self._stream, self._on_finished, self._consumer)
-        self._capacity = asyncio.Event()
+        self._slots = Slots()
+        self._finisher = Finisher(self._pipeliner, self._stream, self._slots.finished, self._consumer)
         self._stopping = asyncio.Event()
         self._served = 0
         self._failed = 0
         self._batchers = Batchers(
-            self._call, lambda: self._cfg.max_ongoing_requests if self._cfg else 0, self.replica_id.to_str()
+            self._invoke, lambda: self._cfg.max_ongoing_requests if self._cfg else 0, self.replica_id.to_str()
         )
 
     # -- process lifecycle -----------------------------------------------------
@@ -95,9 +87,9 @@ class Replica:
     def request_stop(self) -> None:
         """Stop reading new requests and drain (safe to call from a signal handler)."""
         if not self._stopping.is_set():
-            logger.info("replica %s: stop requested, draining %d in flight", self.replica_id, self._inflight)
+            logger.info("replica %s: stop requested, draining %d in flight", self.replica_id, self._slots.held)
         self._stopping.set()
-        self._capacity.set()
+        self._slots.wake()
 
     async def run(self) -> int:
         """Load, serve until stopped, drain; return the process exit code."""
@@ -158,9 +150,8 @@ class Replica:
         fn = self._deployment.reconfigure
         if fn is None or user_config is None:
             return
-        result = await asyncio.to_thread(fn, user_config)
-        if asyncio.iscoroutine(result):
-            await result
+        assert self._threads is not None
+        await self._threads.run(fn, user_config)
 
     async def _on_config_change(self, _changed: set[str]) -> None:
         """Apply live changes: user_config (reconfigure) and max_ongoing_requests."""
@@ -179,7 +170,7 @@ class Replica:
             logger.info("replica %s: max_ongoing_requests %d", self.replica_id, new.max_ongoing_requests)
             assert self._threads is not None
             self._threads.resize(new.max_ongoing_requests)
-            self._capacity.set()
+            self._slots.wake()
 
     async def _drain(self) -> None:
         await self._set_health(ReplicaHealth.DRAINING)
@@ -187,7 +178,7 @@ class Replica:
         assert self._cfg is not None
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._cfg.graceful_shutdown_timeout_s):
-                await self._idle.wait()
+                await self._slots.wait_idle()
 
     async def _goodbye(self) -> None:
         """Leave no trace: drop the heartbeat, and the consumer if it holds no pending entries."""
@@ -209,7 +200,7 @@ class Replica:
             health=self._health,
             pid=os.getpid(),
             host=socket.gethostname(),
-            ongoing=self._inflight,
+            ongoing=self._slots.held,
             message=self._message,
         )
         await self._redis.hset(self._keys.heartbeats(self._name), self._consumer, beat.encode())
@@ -228,10 +219,9 @@ class Replica:
         backoff = Backoff()
         while not self._stopping.is_set():
             assert self._cfg is not None
-            free = self._cfg.max_ongoing_requests - self._executing
+            free = self._slots.free(self._cfg.max_ongoing_requests)
             if free <= 0:
-                self._capacity.clear()
-                await self._capacity.wait()
+                await self._slots.wait_for_room()
                 continue
             try:
                 read = ("XREADGROUP", "GROUP", CONSUMER_GROUP, self._consumer, "COUNT", free, "BLOCK", READ_BLOCK_MS)
@@ -253,29 +243,27 @@ class Replica:
                     if b"attempts" in fields:
                         suspects.append((entry_id, fields))
                     else:
-                        self._start(entry_id, fields)
+                        self._accept(entry_id, fields)
             if suspects:
                 # Hand the others back first: had this replica still held them, a death would charge them too.
                 await self._hand_back([entry_id for entry_id, _ in suspects[1:]])
                 await self._run_alone(*suspects[0])
 
-    def _start(self, entry_id: bytes, fields: Fields) -> None:
-        """Take a slot and start the handler; what follows runs in callbacks, with no task of the request's own."""
-        self._inflight += 1
-        self._idle.clear()
-        self._executing += 1
+    def _accept(self, entry_id: bytes, fields: Fields) -> None:
+        """Take a slot for a request read and start its handler; the rest runs in callbacks, with no task."""
+        self._slots.take()
         try:
             request = Request.decode(fields)
         except ProtocolError as exc:
             logger.warning("replica %s: dropping malformed entry %s: %s", self.replica_id, entry_id, exc)
-            self._free_slot()
+            self._slots.handler_returned()
             self._finisher.finish(entry_id)
             return
-        started = self._begin(request)
+        started = self._start_handler(request)
         if isinstance(started, Reply):
-            self._ran(entry_id, request, started)
+            self._finish(entry_id, request, started)
         else:
-            started.add_done_callback(functools.partial(self._ran, entry_id, request))
+            started.add_done_callback(functools.partial(self._on_handler_done, entry_id, request))
 
     async def _run_alone(self, entry_id: bytes, fields: Fields) -> None:
         """Run an entry that a dead replica held with nothing else in flight, and read nothing meanwhile.
@@ -285,9 +273,9 @@ class Replica:
         its neighbours down with it on every delivery until they too reached the
         dead-letter stream; alone, a death is charged to the culprit only.
         """
-        await self._idle.wait()
-        self._start(entry_id, fields)
-        await self._idle.wait()
+        await self._slots.wait_idle()
+        self._accept(entry_id, fields)
+        await self._slots.wait_idle()
 
     async def _hand_back(self, entry_ids: list[bytes]) -> None:
         """Return suspects read beside the one being run alone to the queue, unrun and uncharged."""
@@ -302,23 +290,12 @@ class Replica:
             max_delivery_attempts=self._cfg.max_delivery_attempts,
         )
 
-    def _free_slot(self) -> None:
-        """The handler returned: the next read may start while the reply goes out (one round trip less per slot)."""
-        self._executing -= 1
-        self._capacity.set()
-
-    def _on_finished(self, count: int) -> None:
-        """The Finisher settled ``count`` requests (or gave up on them: they stay pending, to be claimed again)."""
-        self._inflight -= count
-        if not self._inflight:
-            self._idle.set()
-
-    def _begin(self, request: Request) -> Reply | asyncio.Future[Any]:
+    def _start_handler(self, request: Request) -> Reply | asyncio.Future[Any]:
         """Start the handler on the request; a Reply instead when there is nothing to run."""
         rid = self._consumer
         if request.deadline_ms and now_ms() > request.deadline_ms:
             return Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, rid)
-        assert self._deployment is not None and self._threads is not None
+        assert self._deployment is not None
         try:
             handler = self._deployment.handler(request.method)
             body = orjson.loads(request.body) if request.body else None
@@ -327,35 +304,38 @@ class Replica:
         try:
             if handler.batch is not None:
                 return asyncio.ensure_future(self._batchers.call(request.method, handler, body, request.deadline_ms))
-            if handler.is_async:
-                return asyncio.ensure_future(self._call(handler, body))
-            return self._threads.run(handler.fn, body)  # no task: a sync request runs on callbacks alone
+            return self._invoke(handler, body)
         except Exception as exc:
             return self._user_error(request, exc)
 
-    def _ran(self, entry_id: bytes, request: Request, outcome: Reply | asyncio.Future[Any]) -> None:
-        """The handler is done (or never ran): free its slot and hand the reply to the Finisher."""
-        if isinstance(outcome, asyncio.Future):
-            if outcome.cancelled():  # stopping: the entry stays pending, to be claimed again
-                self._free_slot()
-                self._on_finished(1)
-                return
-            if outcome.exception() is None and inspect.iscoroutine(outcome.result()):
-                # A sync callable that returned a coroutine (e.g. a partial of an async function): run it too.
-                asyncio.ensure_future(outcome.result()).add_done_callback(
-                    functools.partial(self._ran, entry_id, request)
-                )
-                return
-            reply = self._reply(request, outcome)
-        else:
-            reply = outcome
-        self._free_slot()
+    def _invoke(self, handler: Handler, arg: Any) -> asyncio.Future[Any]:
+        """Run a handler on one body (or a batch's list): the one place that tells sync from async.
+
+        Async handlers get a task on the loop; sync ones run on a handler thread with no task at all
+        (a sync callable that returns a coroutine has it run on the loop: HandlerThreads sees to that).
+        """
+        if handler.is_async:
+            task: asyncio.Future[Any] = asyncio.ensure_future(handler.fn(arg))
+            return task
+        assert self._threads is not None
+        return self._threads.run(handler.fn, arg)
+
+    def _on_handler_done(self, entry_id: bytes, request: Request, done: asyncio.Future[Any]) -> None:
+        if done.cancelled():  # stopping: the entry stays pending, to be claimed again
+            self._slots.handler_returned()
+            self._slots.finished(1)
+            return
+        self._finish(entry_id, request, self._reply_for(request, done))
+
+    def _finish(self, entry_id: bytes, request: Request, reply: Reply) -> None:
+        """Free the request's slot and hand its reply to the Finisher (no reply when nobody waits for one)."""
+        self._slots.handler_returned()
         self._served += 1
         if reply.status is not ReplyStatus.OK:
             self._failed += 1
         self._finisher.finish(entry_id, reply if request.reply_to else None, request.reply_to)
 
-    def _reply(self, request: Request, done: asyncio.Future[Any]) -> Reply:
+    def _reply_for(self, request: Request, done: asyncio.Future[Any]) -> Reply:
         raised = done.exception()
         if isinstance(raised, DeadlinePassed):
             return Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, self._consumer)
@@ -378,11 +358,3 @@ class Replica:
             error_type=type(exc).__name__,
             error_message=message,
         )
-
-    async def _call(self, handler: Handler, arg: Any) -> Any:
-        """Run a handler on one body (or a batch's list): async ones on the loop, sync ones on a handler thread."""
-        if handler.is_async:
-            return await handler.fn(arg)
-        assert self._threads is not None
-        result = await self._threads.run(handler.fn, arg)
-        return await result if inspect.iscoroutine(result) else result  # asyncio's check is slow on a non-coroutine

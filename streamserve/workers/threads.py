@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -153,9 +155,23 @@ class HandlerThreads:
             future, ok, value = self._done.popleft()
             if future.done():
                 continue  # the request was cancelled
-            if ok:
+            if ok and inspect.iscoroutine(value):
+                # A sync callable that returned a coroutine (a partial of an async function, say): run it too.
+                asyncio.ensure_future(value).add_done_callback(functools.partial(_copy_outcome, future))
+            elif ok:
                 future.set_result(value)
             elif isinstance(value, StopIteration):  # a future refuses StopIteration: it means something to generators
                 future.set_exception(RuntimeError(f"handler raised StopIteration: {value}"))
             else:
                 future.set_exception(value)
+
+
+def _copy_outcome(future: asyncio.Future[Any], task: asyncio.Future[Any]) -> None:
+    if future.done():
+        return
+    if task.cancelled():
+        future.cancel()
+    elif (exc := task.exception()) is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(task.result())
