@@ -29,15 +29,31 @@ class ReplicaState(str, Enum):
     """The process is gone; the record is about to be removed."""
 
 
-REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
-    ReplicaState.SHOULD_START: frozenset({ReplicaState.STARTING, ReplicaState.STOPPED}),
-    ReplicaState.STARTING: frozenset({ReplicaState.RUNNING, ReplicaState.SHOULD_STOP, ReplicaState.STOPPED}),
-    ReplicaState.RUNNING: frozenset({ReplicaState.SHOULD_STOP, ReplicaState.STOPPED}),
-    ReplicaState.SHOULD_STOP: frozenset({ReplicaState.STOPPING, ReplicaState.STOPPED}),
-    ReplicaState.STOPPING: frozenset({ReplicaState.STOPPED}),
-    ReplicaState.STOPPED: frozenset(),
+_S = ReplicaState
+REPLICA_TRANSITIONS: dict[ReplicaState, dict[ReplicaState, str]] = {
+    _S.SHOULD_START: {
+        _S.STARTING: "the scheduler spawned its process, or took over one that a killed scheduler had spawned",
+        _S.STOPPED: "retired before it was spawned (scaled down, new version), or its process could not be spawned",
+    },
+    _S.STARTING: {
+        _S.RUNNING: "its heartbeat says ready: the import and the constructor are done",
+        _S.SHOULD_STOP: "retired while still starting (scaled down, or a newer version is wanted)",
+        _S.STOPPED: "it failed to start: it reported the error, its process exited, or start_timeout_s passed",
+    },
+    _S.RUNNING: {
+        _S.SHOULD_STOP: "retired: scaled down, rolled to a new version, deleted, or the scheduler shuts down",
+        _S.STOPPED: "its process died or its heartbeat expired; its pending requests are re-queued",
+    },
+    _S.SHOULD_STOP: {
+        _S.STOPPING: "the scheduler sent SIGTERM and set the drain deadline (graceful_shutdown_timeout_s)",
+    },
+    _S.STOPPING: {
+        _S.STOPPED: "its process exited after draining, or was killed at the deadline",
+    },
+    _S.STOPPED: {},
 }
-"""Every allowed move; a STOPPED replica is never revived (a new one is started)."""
+"""Every allowed move, and what triggers it. A STOPPED replica is never revived (a new one is started);
+a replica told to stop is always signalled (STOPPING) before it counts as stopped."""
 
 ACTIVE_REPLICA_STATES = frozenset({ReplicaState.SHOULD_START, ReplicaState.STARTING, ReplicaState.RUNNING})
 """States that count towards a deployment's target number of replicas."""

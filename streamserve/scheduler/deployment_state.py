@@ -10,7 +10,7 @@ from streamserve.config import DeploymentConfig
 from streamserve.ids import ReplicaID
 from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, Heartbeat, ReplicaRecord
 from streamserve.scheduler.autoscaler import AutoscalePolicy
-from streamserve.scheduler.replica_wrapper import Probe, ReplicaWrapper
+from streamserve.scheduler.replica_wrapper import Alive, ReplicaWrapper, Started, Stopped
 from streamserve.states import ACTIVE_REPLICA_STATES, DeploymentHealth, ReplicaState
 from streamserve.types import Launcher, ReplicaStore
 
@@ -114,11 +114,11 @@ class DeploymentState:
     async def _observe_starting(self, beats: dict[str, Heartbeat], now_ms: int) -> None:
         for r in self._in(ReplicaState.STARTING):
             probe = r.check_started(beats.get(r.record.replica_id), now_ms, self._timeouts.start_timeout_ms)
-            if probe is Probe.OK:
+            if probe is Started.READY:
                 await r.transition(ReplicaState.RUNNING, now_ms)
                 self._start_backoff.reset()
                 self._last_failure = ""
-            elif probe is Probe.FAILED:
+            elif probe is Started.FAILED:
                 self._note_start_failure(r.failure, now_ms)
                 r.force_kill()
                 await r.transition(ReplicaState.STOPPED, now_ms, message=r.failure)
@@ -127,7 +127,7 @@ class DeploymentState:
     async def _observe_running(self, beats: dict[str, Heartbeat], now_ms: int) -> None:
         for r in self._in(ReplicaState.RUNNING):
             probe = r.check_alive(beats.get(r.record.replica_id), now_ms, self._timeouts.heartbeat_timeout_ms)
-            if probe is Probe.FAILED:
+            if probe is Alive.DEAD:
                 logger.warning("replica %s is dead: %s", r.id, r.failure)
                 r.force_kill()  # a hung process must not come back and serve twice
                 await r.transition(ReplicaState.STOPPED, now_ms, message=r.failure)
@@ -135,7 +135,7 @@ class DeploymentState:
     # 3. STOPPING replicas finish draining (or are killed at their deadline).
     async def _observe_stopping(self, beats: dict[str, Heartbeat], now_ms: int) -> None:
         for r in self._in(ReplicaState.STOPPING):
-            if r.check_stopped(beats.get(r.record.replica_id), now_ms) is Probe.OK:
+            if r.check_stopped(beats.get(r.record.replica_id), now_ms) is Stopped.GONE:
                 await r.transition(ReplicaState.STOPPED, now_ms)
 
     # 4. STOPPED records are removed, with their heartbeats.

@@ -18,15 +18,26 @@ from streamserve.types import Launcher, ReplicaStore
 logger = logging.getLogger(__name__)
 
 
-class Probe(str, Enum):
-    """What a look at a replica found."""
+class Started(str, Enum):
+    """What a look at a STARTING replica found."""
 
-    PENDING = "pending"
-    """Nothing decided yet (still starting, still draining)."""
-    OK = "ok"
-    """Ready (when starting) or alive (when running) or gone (when stopping)."""
-    FAILED = "failed"
-    """It failed to start, died, or stopped answering."""
+    READY = "ready"  # it reported ready: the import and the constructor are done
+    STARTING = "starting"  # not decided yet
+    FAILED = "failed"  # it reported an error, its process exited, or it took too long; ``failure`` says which
+
+
+class Alive(str, Enum):
+    """What a look at a RUNNING replica found."""
+
+    ALIVE = "alive"  # its process lives (where we can see it) and its heartbeat is fresh
+    DEAD = "dead"  # its process exited or its heartbeat expired; ``failure`` says which
+
+
+class Stopped(str, Enum):
+    """What a look at a STOPPING replica found."""
+
+    GONE = "gone"  # its process has exited (or, on another host, its heartbeat is gone)
+    DRAINING = "draining"  # still finishing what it holds (killed once its deadline passes)
 
 
 class ReplicaWrapper:
@@ -91,39 +102,39 @@ class ReplicaWrapper:
             return None
         return self._launcher.is_alive(self.record.pid, self.id)
 
-    def check_started(self, beat: Heartbeat | None, now_ms: int, start_timeout_ms: int) -> Probe:
+    def check_started(self, beat: Heartbeat | None, now_ms: int, start_timeout_ms: int) -> Started:
         """For a STARTING replica: ready, still starting, or failed (and why, in ``failure``)."""
         if beat is not None and beat.health is ReplicaHealth.READY:
-            return Probe.OK
+            return Started.READY
         if beat is not None and beat.health is ReplicaHealth.FAILED:
             self.failure = beat.message or "failed to start"
-            return Probe.FAILED
+            return Started.FAILED
         if self._process_alive() is False:
             code = self._launcher.exit_code(self.record.pid)
             self.failure = f"process exited with code {code} while starting" if code is not None else "process died"
-            return Probe.FAILED
+            return Started.FAILED
         if now_ms - self.record.updated_ms > start_timeout_ms:
             self.failure = f"not ready after {start_timeout_ms / 1000:g}s"
-            return Probe.FAILED
-        return Probe.PENDING
+            return Started.FAILED
+        return Started.STARTING
 
-    def check_alive(self, beat: Heartbeat | None, now_ms: int, heartbeat_timeout_ms: int) -> Probe:
+    def check_alive(self, beat: Heartbeat | None, now_ms: int, heartbeat_timeout_ms: int) -> Alive:
         """For a RUNNING replica: OK while its process lives and its heartbeat is fresh."""
         if self._process_alive() is False:
             code = self._launcher.exit_code(self.record.pid)
             self.failure = f"process exited with code {code}" if code is not None else "process died"
-            return Probe.FAILED
+            return Alive.DEAD
         last = beat.ts_ms if beat is not None else self.record.updated_ms
         if now_ms - last > heartbeat_timeout_ms:
             self.failure = f"no heartbeat for {(now_ms - last) / 1000:.1f}s"
-            return Probe.FAILED
-        return Probe.OK
+            return Alive.DEAD
+        return Alive.ALIVE
 
-    def check_stopped(self, beat: Heartbeat | None, now_ms: int) -> Probe:
+    def check_stopped(self, beat: Heartbeat | None, now_ms: int) -> Stopped:
         """For a STOPPING replica: OK once the process is gone; kills it past the deadline."""
         alive = self._process_alive()
         if alive is False or (alive is None and beat is None):
-            return Probe.OK
+            return Stopped.GONE
         if now_ms >= self.record.stop_deadline_ms:
             self.force_kill()
-        return Probe.PENDING
+        return Stopped.DRAINING
