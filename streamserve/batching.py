@@ -22,8 +22,8 @@ from streamserve.errors import BatchOutputError, ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# The attribute of a decorated function that holds its BatchConfig.
 BATCH_ATTR = "__streamserve_batch__"
-"""The attribute of a decorated function that holds its BatchConfig."""
 
 DEFAULT_MAX_BATCH_SIZE = 10
 DEFAULT_BATCH_WAIT_TIMEOUT_S = 0.01
@@ -33,11 +33,11 @@ DEFAULT_BATCH_WAIT_TIMEOUT_S = 0.01
 class BatchConfig:
     """How a replica batches the requests of one handler."""
 
+    # The most requests passed to one call of the handler.
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
-    """The most requests passed to one call of the handler."""
 
+    # How long a batch waits for more requests after its first arrived before it runs anyway.
     batch_wait_timeout_s: float = DEFAULT_BATCH_WAIT_TIMEOUT_S
-    """How long a batch waits for more requests after its first arrived before it runs anyway."""
 
     def __post_init__(self) -> None:
         size = self.max_batch_size

@@ -28,13 +28,13 @@ from streamserve.status import DeploymentStatus, StatusReader
 
 T = TypeVar("T")
 
+# Commands that run one process of a role; the role package is imported only when chosen.
 ROLE_COMMANDS = {
     "gateway": "streamserve.app.main",
     "scheduler": "streamserve.scheduler.main",
     "worker": "streamserve.workers.main",
     "job-worker": "streamserve.workers.job_worker",
 }
-"""Commands that run one process of a role; the role package is imported only when chosen."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,11 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from streamserve.errors import ConfigError, ProtocolError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+# The gateway's own paths: admin API, status, jobs, docs.
 GATEWAY_PREFIX = "/-/"
-"""The gateway's own paths: admin API, status, jobs, docs."""
 RESERVED_ROUTE_PREFIXES = (GATEWAY_PREFIX, "/metrics")
+# The longest request timeout (a week): past any call's sensible bound, and within what RQ's job timer holds.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
-"""The longest request timeout (a week): past any call's sensible bound, and within what RQ's job timer holds."""
 
 
 class _Strict(BaseModel):

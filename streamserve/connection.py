@@ -14,18 +14,18 @@ from redis.retry import Retry
 
 from streamserve.errors import RedisUnavailableError
 
+# Errors worth retrying: the connection, not the command, failed.
 RETRYABLE_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, ConnectionResetError)
-"""Errors worth retrying: the connection, not the command, failed."""
 
 RETRY_ATTEMPTS = 5
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 1.0
 
 
+# Connections one asyncio client opens at most; more concurrent commands wait for a free one.
 POOL_SIZE = 64
-"""Connections one asyncio client opens at most; more concurrent commands wait for a free one."""
+# How long a command waits for a free connection before it counts as Redis being unavailable.
 POOL_WAIT_S = 20.0
-"""How long a command waits for a free connection before it counts as Redis being unavailable."""
 
 
 def async_redis(url: str, *, max_connections: int = POOL_SIZE) -> aioredis.Redis:

@@ -26,20 +26,21 @@ from streamserve.errors import NotFoundError, ProtocolError
 from streamserve.keys import Keys
 from streamserve.states import JobStatus
 
+# What RQ workers import and run, by dotted path (a string, so enqueueing imports no client code).
 JOB_FUNCTION = "streamserve.job_function.run"
-"""What RQ workers import and run, by dotted path (a string, so enqueueing imports no client code)."""
 
+# The serializer of every job, on both sides: the queue here and the workers' (``rq worker -S``).
 JOB_SERIALIZER = JSONSerializer
-"""The serializer of every job, on both sides: the queue here and the workers' (``rq worker -S``)."""
 
+# RQ's hard limit on a job is the call's own timeout plus this: the call normally ends first, with its own error.
 JOB_TIMEOUT_MARGIN_S = 30
-"""RQ's hard limit on a job is the call's own timeout plus this: the call normally ends first, with its own error."""
 
+# The job-meta field where the job function leaves ``{"error", "message"}`` before it fails the job.
 ERROR_META = "error"
-"""The job-meta field where the job function leaves ``{"error", "message"}`` before it fails the job."""
 
 _JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
+# RQ's statuses, folded into the four a caller needs to tell apart.
 _STATUS_OF: dict[str, JobStatus] = {
     RQJobStatus.CREATED: JobStatus.QUEUED,
     RQJobStatus.QUEUED: JobStatus.QUEUED,
@@ -53,7 +54,6 @@ _STATUS_OF: dict[str, JobStatus] = {
     RQJobStatus.STOPPED: JobStatus.FAILED,
     RQJobStatus.CANCELED: JobStatus.FAILED,
 }
-"""RQ's statuses, folded into the four a caller needs to tell apart."""
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,10 @@ class JobInfo:
 
     job_id: str
     status: JobStatus
+    # The deployment's JSON result, once FINISHED.
     result: Any = None
-    """The deployment's JSON result, once FINISHED."""
+    # ``{"error": type, "message": ...}`` once FAILED.
     error: dict[str, str] | None = field(default=None)
-    """``{"error": type, "message": ...}`` once FAILED."""
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"job_id": self.job_id, "status": self.status.value}

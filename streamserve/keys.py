@@ -11,21 +11,21 @@ from dataclasses import dataclass
 
 DEFAULT_PREFIX = "streamserve"
 
+# The one consumer group on every request stream; its consumers are replica ids.
 CONSUMER_GROUP = "replicas"
-"""The one consumer group on every request stream; its consumers are replica ids."""
 
 
 class ConfigKey:
     """Names of the long-polled config values in the snapshot-id hash."""
 
+    # The desired deployments (any change to any deployment bumps it).
     DEPLOYMENTS = "deployments"
-    """The desired deployments (any change to any deployment bumps it)."""
 
+    # The endpoints and their traffic weights.
     ENDPOINTS = "endpoints"
-    """The endpoints and their traffic weights."""
 
+    # The scheduler's verdicts (health, running replicas) on the deployments.
     DEPLOYMENT_STATUS = "deployment_status"
-    """The scheduler's verdicts (health, running replicas) on the deployments."""
 
     @staticmethod
     def replicas(deployment: str) -> str:

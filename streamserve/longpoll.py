@@ -27,8 +27,8 @@ logger = logging.getLogger(__name__)
 
 OnChange = Callable[[set[str]], Awaitable[None]]
 
+# Included in the changed set on the first sync: the listener should load everything it watches.
 EVERYTHING = "*"
-"""Included in the changed set on the first sync: the listener should load everything it watches."""
 
 
 def publish_change(pipe: Pipeline, keys: Keys, config_key: str) -> None:

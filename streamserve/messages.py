@@ -23,14 +23,14 @@ from streamserve.states import DeploymentHealth, GoalStatus, ReplicaHealth, Repl
 SCHEMA_VERSION = 1
 _V = str(SCHEMA_VERSION).encode()
 
+# A stream entry as redis-py returns it (decode_responses=False).
 Fields = dict[bytes, bytes]
-"""A stream entry as redis-py returns it (decode_responses=False)."""
 
+# What XREAD/XREADGROUP return: per stream, its entries (id, fields).
 StreamBatches = list[tuple[bytes, list[tuple[bytes, Fields]]]]
-"""What XREAD/XREADGROUP return: per stream, its entries (id, fields)."""
 
+# A stream entry as handed to XADD.
 WireFields = dict[FieldT, EncodableT]
-"""A stream entry as handed to XADD."""
 
 
 def text(value: bytes | str) -> str:
@@ -66,15 +66,15 @@ class Request:
     """One call of a deployment, as queued on its request stream."""
 
     request_id: str
+    # The caller's reply stream, or "" for fire-and-forget.
     reply_to: str
-    """The caller's reply stream, or "" for fire-and-forget."""
     deadline_ms: int
+    # The JSON-encoded argument of the handler.
     body: bytes
-    """The JSON-encoded argument of the handler."""
+    # A method of the deployment's class to call instead of ``__call__``.
     method: str = ""
-    """A method of the deployment's class to call instead of ``__call__``."""
+    # Deliveries that ended with the replica dying (set when the scheduler re-queues it).
     attempts: int = 0
-    """Deliveries that ended with the replica dying (set when the scheduler re-queues it)."""
 
     def encode(self) -> WireFields:
         fields: WireFields = {
@@ -108,16 +108,16 @@ class Request:
 class ReplyStatus(str, Enum):
     """How a request ended, as its reply says."""
 
+    # The handler returned; ``body`` is its JSON result.
     OK = "ok"
-    """The handler returned; ``body`` is its JSON result."""
+    # The handler raised; ``error_type``/``error_message`` say what.
     USER_ERROR = "user_error"
-    """The handler raised; ``error_type``/``error_message`` say what."""
+    # The deadline passed before a replica ran it; user code did not run.
     DEADLINE_EXCEEDED = "deadline_exceeded"
-    """The deadline passed before a replica ran it; user code did not run."""
+    # The replica could not run it as sent (body not JSON, no such method).
     BAD_REQUEST = "bad_request"
-    """The replica could not run it as sent (body not JSON, no such method)."""
+    # Delivered too many times; moved to the dead-letter stream.
     DEAD_LETTER = "dead_letter"
-    """Delivered too many times; moved to the dead-letter stream."""
 
 
 _STATUS_BY_BYTES = {status.value.encode(): status for status in ReplyStatus}
@@ -214,18 +214,18 @@ class DeploymentHealthRecord(_Record):
     health: DeploymentHealth
     message: str = ""
     consecutive_failures: int = 0
+    # RUNNING replicas of any version: callers refuse at once when this is 0 and health is UNHEALTHY.
     running: int = 0
-    """RUNNING replicas of any version: callers refuse at once when this is 0 and health is UNHEALTHY."""
     updated_ms: int
 
 
 class AutoscaleRecord(_Record):
     """The scheduler's latest replica count for an autoscaled deployment, kept so a new scheduler resumes from it."""
 
+    # The count the scheduler keeps until its next decision (the TARGET that ``status`` shows).
     replicas: int
-    """The count the scheduler keeps until its next decision (the TARGET that ``status`` shows)."""
+    # Why, as logged: e.g. "ongoing 6.0 on 1 replica(s), target 2 each, for 1.0s".
     reason: str = ""
-    """Why, as logged: e.g. "ongoing 6.0 on 1 replica(s), target 2 each, for 1.0s"."""
     updated_ms: int
 
 
@@ -234,11 +234,11 @@ class GoalRecord(_Record):
 
     goal_id: str
     deployment: str
+    # "apply", "scale" or "delete".
     kind: str
-    """"apply", "scale" or "delete"."""
     version: str = ""
+    # The count asked for (num_replicas; min_replicas when autoscaled); once DONE, the count it was reached at.
     replicas: int = 0
-    """The count asked for (num_replicas; min_replicas when autoscaled); once DONE, the count it was reached at."""
     status: GoalStatus = GoalStatus.PENDING
     message: str = ""
     created_ms: int

@@ -29,8 +29,8 @@ from redis.typing import EncodableT
 
 from streamserve.messages import Fields, StreamBatches
 
+# One raw Redis command, e.g. ``("XACK", stream, group, entry_id)``.
 Command = tuple[EncodableT, ...]
-"""One raw Redis command, e.g. ``("XACK", stream, group, entry_id)``."""
 
 
 class Pipeliner:
@@ -46,10 +46,10 @@ class Pipeliner:
         self._redis = redis
         self._queued: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]] = []
         self._sending: set[asyncio.Task[None]] = set()
+        # A connection between round trips, kept out of the pool: checking one out and back costs redis-py a lock, a
+        # timeout context and its metrics hooks each time. A round trip that starts while another holds it takes one
+        # from the pool.
         self._kept: AbstractConnection | None = None
-        """A connection between round trips, kept out of the pool: checking one out and back costs
-        redis-py a lock, a timeout context and its metrics hooks each time. A round trip that starts
-        while another holds it takes one from the pool."""
 
     def execute(self, *commands: Command) -> asyncio.Future[list[Any]]:
         """Queue ``commands`` for this turn's round trip; the future holds their replies."""

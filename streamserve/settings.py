@@ -27,38 +27,38 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="STREAMSERVE_", frozen=True, extra="forbid", populate_by_name=True)
 
+    # redis://, rediss:// (TLS) or unix:// URL, with password if any; None: the default local one.
     redis_url: str | None = Field(None, validation_alias=AliasChoices("STREAMSERVE_REDIS_URL", "REDIS_URL"))
-    """redis://, rediss:// (TLS) or unix:// URL, with password if any; None: the default local one."""
 
+    # Every Redis key starts with this and a colon.
     key_prefix: str = Field(DEFAULT_PREFIX, pattern=r"^[A-Za-z0-9_.-]+$")
-    """Every Redis key starts with this and a colon."""
 
+    # When set, admin writes on the gateway need ``Authorization: Bearer <key>``.
     api_key: SecretStr | None = None
-    """When set, admin writes on the gateway need ``Authorization: Bearer <key>``."""
 
+    # How often a replica refreshes its heartbeat.
     heartbeat_interval_s: float = Field(1.0, gt=0)
-    """How often a replica refreshes its heartbeat."""
 
+    # A replica whose heartbeat is older than this is considered dead.
     heartbeat_timeout_s: float = Field(5.0, gt=0)
-    """A replica whose heartbeat is older than this is considered dead."""
 
+    # The scheduler's reconcile period.
     tick_interval_s: float = Field(0.2, gt=0)
-    """The scheduler's reconcile period."""
 
+    # A replica still STARTING after this long is stopped and replaced.
     start_timeout_s: float = Field(120.0, gt=0)
-    """A replica still STARTING after this long is stopped and replaced."""
 
+    # The largest request body a caller may send (JSON bytes); larger ones are refused (HTTP 413).
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1)
-    """The largest request body a caller may send (JSON bytes); larger ones are refused (HTTP 413)."""
 
+    # How many RQ worker processes the leading scheduler keeps running for asynchronous jobs (0: none).
     job_workers: int = Field(2, ge=0)
-    """How many RQ worker processes the leading scheduler keeps running for asynchronous jobs (0: none)."""
 
+    # How long a finished or failed job keeps its status and result in Redis.
     job_result_ttl_s: int = Field(3600, ge=1)
-    """How long a finished or failed job keeps its status and result in Redis."""
 
+    # Send user tracebacks in error replies and log at DEBUG.
     debug: bool = False
-    """Send user tracebacks in error replies and log at DEBUG."""
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -10,26 +10,28 @@ from streamserve.errors import StreamServeError
 class ReplicaState(str, Enum):
     """Where a replica is in its life, as the scheduler records it."""
 
+    # The scheduler decided to start it; no process exists yet.
     SHOULD_START = "SHOULD_START"
-    """The scheduler decided to start it; no process exists yet."""
 
+    # The process runs and is importing the deployment or running its constructor.
     STARTING = "STARTING"
-    """The process runs and is importing the deployment or running its constructor."""
 
+    # The replica reported ready and reads requests.
     RUNNING = "RUNNING"
-    """The replica reported ready and reads requests."""
 
+    # The scheduler decided to stop it; it has not been signalled yet.
     SHOULD_STOP = "SHOULD_STOP"
-    """The scheduler decided to stop it; it has not been signalled yet."""
 
+    # SIGTERM was sent; the replica drains its in-flight requests.
     STOPPING = "STOPPING"
-    """SIGTERM was sent; the replica drains its in-flight requests."""
 
+    # The process is gone; the record is about to be removed.
     STOPPED = "STOPPED"
-    """The process is gone; the record is about to be removed."""
 
 
 _S = ReplicaState
+# Every allowed move, and what triggers it. A STOPPED replica is never revived (a new one is started); a replica told to
+# stop is always signalled (STOPPING) before it counts as stopped.
 REPLICA_TRANSITIONS: dict[ReplicaState, dict[ReplicaState, str]] = {
     _S.SHOULD_START: {
         _S.STARTING: "the scheduler spawned its process, or took over one that a killed scheduler had spawned",
@@ -52,11 +54,9 @@ REPLICA_TRANSITIONS: dict[ReplicaState, dict[ReplicaState, str]] = {
     },
     _S.STOPPED: {},
 }
-"""Every allowed move, and what triggers it. A STOPPED replica is never revived (a new one is started);
-a replica told to stop is always signalled (STOPPING) before it counts as stopped."""
 
+# States that count towards a deployment's target number of replicas.
 ACTIVE_REPLICA_STATES = frozenset({ReplicaState.SHOULD_START, ReplicaState.STARTING, ReplicaState.RUNNING})
-"""States that count towards a deployment's target number of replicas."""
 
 
 class InvalidTransitionError(StreamServeError):
@@ -72,46 +72,46 @@ def check_replica_transition(old: ReplicaState, new: ReplicaState) -> None:
 class ReplicaHealth(str, Enum):
     """What a replica says about itself in its heartbeat."""
 
+    # Importing the deployment and running its constructor.
     STARTING = "starting"
-    """Importing the deployment and running its constructor."""
 
+    # Serving requests.
     READY = "ready"
-    """Serving requests."""
 
+    # Got SIGTERM: reads nothing new, finishes what it holds.
     DRAINING = "draining"
-    """Got SIGTERM: reads nothing new, finishes what it holds."""
 
+    # Could not start (import error, constructor raised); the message says why.
     FAILED = "failed"
-    """Could not start (import error, constructor raised); the message says why."""
 
 
 class DeploymentHealth(str, Enum):
     """How a deployment is doing, as the scheduler sees it."""
 
+    # Replicas are starting, stopping or rolling towards the target.
     UPDATING = "UPDATING"
-    """Replicas are starting, stopping or rolling towards the target."""
 
+    # The target number of replicas of the current version are RUNNING.
     HEALTHY = "HEALTHY"
-    """The target number of replicas of the current version are RUNNING."""
 
+    # Replicas keep failing to start; the message says why. Retried with backoff.
     UNHEALTHY = "UNHEALTHY"
-    """Replicas keep failing to start; the message says why. Retried with backoff."""
 
 
 class GoalStatus(str, Enum):
     """Where a goal (one desired-state write) stands."""
 
+    # The scheduler is working towards it.
     PENDING = "PENDING"
-    """The scheduler is working towards it."""
 
+    # The deployment runs the target count of the target version (or is gone, for a delete).
     DONE = "DONE"
-    """The deployment runs the target count of the target version (or is gone, for a delete)."""
 
+    # Replicas of the target keep failing to start; the message says why.
     FAILED = "FAILED"
-    """Replicas of the target keep failing to start; the message says why."""
 
+    # A later write to the same deployment replaced it before it was reached.
     CANCELLED = "CANCELLED"
-    """A later write to the same deployment replaced it before it was reached."""
 
 
 FINAL_GOAL_STATUSES = frozenset({GoalStatus.DONE, GoalStatus.FAILED, GoalStatus.CANCELLED})
@@ -120,14 +120,14 @@ FINAL_GOAL_STATUSES = frozenset({GoalStatus.DONE, GoalStatus.FAILED, GoalStatus.
 class JobStatus(str, Enum):
     """An asynchronous job's status as callers see it (RQ keeps the job and moves it; we only read it)."""
 
+    # Waiting for a job worker (RQ's queued, deferred or scheduled).
     QUEUED = "queued"
-    """Waiting for a job worker (RQ's queued, deferred or scheduled)."""
 
+    # A job worker has sent the call to the deployment and waits for its reply.
     STARTED = "started"
-    """A job worker has sent the call to the deployment and waits for its reply."""
 
+    # The deployment answered; the job holds its result until the result TTL passes.
     FINISHED = "finished"
-    """The deployment answered; the job holds its result until the result TTL passes."""
 
+    # The call raised (the user's error, a timeout, no replica) or the job was stopped; the job holds the error.
     FAILED = "failed"
-    """The call raised (the user's error, a timeout, no replica) or the job was stopped; the job holds the error."""

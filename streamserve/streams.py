@@ -21,10 +21,10 @@ from streamserve.keys import CONSUMER_GROUP
 from streamserve.messages import Reply, text
 from streamserve.pipelining import Command
 
+# Approximate cap on a caller's reply stream; its reader drains and trims it continuously.
 REPLY_STREAM_MAXLEN = 100_000
-"""Approximate cap on a caller's reply stream; its reader drains and trims it continuously."""
+# Approximate bound of each dead-letter stream; the REQUEUE script enforces it.
 DEAD_LETTER_CAP = 10_000
-"""Approximate bound of each dead-letter stream; the REQUEUE script enforces it."""
 
 
 def reply_command(reply_to: str, reply: Reply) -> Command:

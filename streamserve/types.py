@@ -8,8 +8,8 @@ from typing import Protocol
 from streamserve.ids import ReplicaID
 from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, ReplicaRecord
 
+# Returns epoch milliseconds; injected so scheduler tests control time.
 Clock = Callable[[], int]
-"""Returns epoch milliseconds; injected so scheduler tests control time."""
 
 
 class Launcher(Protocol):

@@ -36,11 +36,11 @@ from streamserve.settings import Settings
 from streamserve.states import FINAL_GOAL_STATUSES, GoalStatus
 
 GATEWAY_READY_TIMEOUT_S = 30.0
+# How long the gateway may take to answer what it holds after Ctrl-C (a second Ctrl-C cuts it short).
 GATEWAY_DRAIN_S = 10.0
-"""How long the gateway may take to answer what it holds after Ctrl-C (a second Ctrl-C cuts it short)."""
 MAX_RESTARTS = 5
+# A child that exits more than MAX_RESTARTS times within RESTART_WINDOW_S brings the farm down.
 RESTART_WINDOW_S = 60.0
-"""A child that exits more than MAX_RESTARTS times within RESTART_WINDOW_S brings the farm down."""
 
 
 @dataclass

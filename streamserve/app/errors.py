@@ -25,6 +25,7 @@ from streamserve.errors import (
     error_fields,
 )
 
+# Most specific first: the first class the error is an instance of decides the status.
 STATUS_BY_ERROR: list[tuple[type[StreamServeError], int]] = [
     (NotFoundError, 404),
     (MethodNotAllowedError, 405),
@@ -40,7 +41,6 @@ STATUS_BY_ERROR: list[tuple[type[StreamServeError], int]] = [
     (ProtocolError, 502),
     (StreamServeError, 500),
 ]
-"""Most specific first: the first class the error is an instance of decides the status."""
 
 
 async def handle_request_validation_error(request: Request, exc: Exception) -> Response:

@@ -46,8 +46,8 @@ from streamserve.states import JobStatus
 from streamserve.status import StatusReader
 
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# X-Request-Timeout: plain decimal seconds (float() would also take "1_0", "+2", "1e3" and "inf").
 SECONDS_RE = re.compile(r"^(\d+\.?\d*|\.\d+)$")
-"""X-Request-Timeout: plain decimal seconds (float() would also take "1_0", "+2", "1e3" and "inf")."""
 _JSON = (b"content-type", b"application/json")
 
 

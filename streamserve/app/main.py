@@ -12,13 +12,13 @@ from streamserve.heap import freeze_startup_objects
 from streamserve.logs import setup_logging
 from streamserve.settings import Settings, add_redis_url_option
 
+# The server settings of the gateway (the benchmark's bare app uses the same).
 UVICORN_OPTIONS: dict[str, Any] = {
     "loop": "uvloop",
     "http": "httptools",
     "log_level": "warning",
     "access_log": False,
 }
-"""The server settings of the gateway (the benchmark's bare app uses the same)."""
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000

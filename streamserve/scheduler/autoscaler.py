@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from streamserve.config import AutoscalingConfig
 
+# The signal is the mean of the observations of this last window: one tick's spike or dip decides nothing.
 LOOK_BACK_MS = 2_000
-"""The signal is the mean of the observations of this last window: one tick's spike or dip decides nothing."""
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,10 @@ class AutoscalePolicy:
     def __init__(self, look_back_ms: int = LOOK_BACK_MS) -> None:
         self._look_back_ms = look_back_ms
         self._samples: deque[tuple[int, int]] = deque()
+        # When the current wish (a count other than the current one) started; None when there is none.
         self._since_ms: int | None = None
-        """When the current wish (a count other than the current one) started; None when there is none."""
+        # The direction of that wish.
         self._rising = False
-        """The direction of that wish."""
 
     @property
     def mean(self) -> float:

@@ -16,11 +16,11 @@ from streamserve.types import Launcher, ReplicaStore
 
 logger = logging.getLogger(__name__)
 
+# Consecutive failed starts after which a deployment is reported UNHEALTHY.
 UNHEALTHY_AFTER_FAILURES = 3
-"""Consecutive failed starts after which a deployment is reported UNHEALTHY."""
 FIRST_START_BACKOFF_S = 0.5
+# After each failed start in a row the next start waits twice as long, from FIRST_ up to MAX_START_BACKOFF_S.
 MAX_START_BACKOFF_S = 30.0
-"""After each failed start in a row the next start waits twice as long, from FIRST_ up to MAX_START_BACKOFF_S."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,8 @@ class DeploymentState:
         self._health: DeploymentHealthRecord | None = None
         self._target_version: str | None = None
         self._autoscaler = AutoscalePolicy()
+        # The replica count autoscaling decided; None while the deployment does not autoscale.
         self.autoscaled: int | None = None
-        """The replica count autoscaling decided; None while the deployment does not autoscale."""
 
     def restore_autoscaled(self, record: AutoscaleRecord) -> None:
         """Resume from the count an earlier scheduler decided (the delays start over)."""

@@ -30,10 +30,10 @@ from streamserve.settings import Settings
 logger = logging.getLogger(__name__)
 
 FIRST_BACKOFF_S = 1.0
+# A worker that keeps dying (Redis gone, a broken install) is restarted at most this rarely.
 MAX_BACKOFF_S = 30.0
-"""A worker that keeps dying (Redis gone, a broken install) is restarted at most this rarely."""
+# A pool with no death for this long starts restarting without delay again.
 CALM_AFTER_S = 60.0
-"""A pool with no death for this long starts restarting without delay again."""
 
 
 class JobWorkerPool:

@@ -25,8 +25,8 @@ from streamserve.types import Clock, Launcher
 
 logger = logging.getLogger(__name__)
 
+# How long job workers may take to finish their jobs on shutdown, before they are killed.
 JOB_WORKERS_STOP_S = 10.0
-"""How long job workers may take to finish their jobs on shutdown, before they are killed."""
 
 
 class Scheduler:

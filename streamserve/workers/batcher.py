@@ -28,8 +28,8 @@ from streamserve.workers.loader import Handler
 
 logger = logging.getLogger(__name__)
 
+# Runs the handler on a list of bodies (the replica's executor or loop decides how).
 RunBatch = Callable[[list[Any]], Awaitable[Any]]
-"""Runs the handler on a list of bodies (the replica's executor or loop decides how)."""
 RunHandler = Callable[[Handler, Any], Awaitable[Any]]
 
 
@@ -42,8 +42,8 @@ class _Waiting:
     body: Any
     deadline_ms: int
     future: asyncio.Future[Any]
+    # Event-loop time it arrived: its batch runs at the latest batch_wait_timeout_s after.
     arrived: float
-    """Event-loop time it arrived: its batch runs at the latest batch_wait_timeout_s after."""
 
 
 class Batcher:
@@ -53,8 +53,8 @@ class Batcher:
         self.name = name
         self._config = config
         self._run_batch = run
+        # The replica's max_ongoing_requests: a batch that holds them all is full, as no more can be read.
         self._slots = slots
-        """The replica's max_ongoing_requests: a batch that holds them all is full, as no more can be read."""
         self._waiting: list[_Waiting] = []
         self._more = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

@@ -30,8 +30,8 @@ class Finisher:
     def __init__(self, pipeliner: Pipeliner, stream: str, on_finished: Callable[[int], None], who: str) -> None:
         self._pipeliner = pipeliner
         self._stream = stream
+        # Called with how many entries a round trip settled, whether it succeeded or not.
         self._on_finished = on_finished
-        """Called with how many entries a round trip settled, whether it succeeded or not."""
         self._who = who
         self._replies: list[Command] = []
         self._entry_ids: list[bytes] = []

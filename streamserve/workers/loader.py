@@ -19,8 +19,8 @@ class Handler:
 
     fn: Callable[..., Any]
     is_async: bool
+    # Set for a ``@streamserve.batch`` handler: it takes a list of bodies (workers/batcher.py).
     batch: BatchConfig | None = None
-    """Set for a ``@streamserve.batch`` handler: it takes a list of bodies (workers/batcher.py)."""
 
 
 @dataclass

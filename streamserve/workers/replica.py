@@ -42,8 +42,8 @@ from streamserve.workers.threads import HandlerThreads
 
 logger = logging.getLogger(__name__)
 
+# How long one XREADGROUP waits; also the longest a stop request waits for the read to return.
 READ_BLOCK_MS = 500
-"""How long one XREADGROUP waits; also the longest a stop request waits for the read to return."""
 
 
 class Replica:

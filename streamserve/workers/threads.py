@@ -42,10 +42,10 @@ class HandlerThreads:
         self._loop = asyncio.get_running_loop()
         self._lock = threading.Lock()
         self._jobs: deque[tuple[Callable[[Any], Any], Any, asyncio.Future[Any]]] = deque()
+        # Idle threads, each blocked on acquiring its own (held) lock; releasing it wakes that thread.
         self._parked: list[threading.Lock] = []
-        """Idle threads, each blocked on acquiring its own (held) lock; releasing it wakes that thread."""
+        # Threads woken (or started) that have not yet looked at the queue.
         self._waking = 0
-        """Threads woken (or started) that have not yet looked at the queue."""
         self._threads = 0
         self._closed = False
         self._done: deque[tuple[asyncio.Future[Any], bool, Any]] = deque()
