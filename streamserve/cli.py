@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, TypeVar
 
 import orjson
@@ -103,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         role_main: Callable[[list[str]], int] = importlib.import_module(ROLE_COMMANDS[argv[0]]).main
         return role_main(argv[1:])
     args = build_parser().parse_args(argv)
+    # Ctrl-C raises at once. asyncio.run's own handler only cancels the main task, and a cancellation that
+    # lands inside redis-py's pool wait can be swallowed (asyncio.wait_for before 3.12), leaving --wait hanging.
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         settings = Settings.from_command_line(args)
         return COMMANDS[args.command](args, settings)
@@ -115,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     except RedisError as exc:
         print(f"error: Redis: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 @dataclass(frozen=True)
@@ -124,6 +132,10 @@ class Farm:
     desired: DesiredState
     goals: GoalStore
     status: StatusReader
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def _with_farm(settings: Settings, fn: Callable[[Farm], Awaitable[T]]) -> T:

@@ -11,10 +11,8 @@ from typing import Any
 
 import streamserve
 
-CALLS: list[Any] = []
-"""Bodies seen by Recorder in this process (for in-process replicas)."""
-CALLS_BY_TAG: Counter[str] = Counter()
-"""How many calls each Recorder tag ran in this process."""
+CALLS: list[Any] = []  # bodies seen by Recorder in this process (for in-process replicas)
+CALLS_BY_TAG: Counter[str] = Counter()  # how many calls each Recorder tag ran in this process
 
 
 class Recorder:
@@ -68,8 +66,7 @@ class Rendezvous:
         return self.barrier.wait()
 
 
-GATE = asyncio.Event()
-"""Opened by a test (in the same process as an in-process replica) to let Gate handlers return."""
+GATE = asyncio.Event()  # opened by a test (in the same process as an in-process replica) to let Gate handlers return
 
 
 async def gate(body: Any) -> Any:
@@ -123,10 +120,9 @@ class Tally:
 
 # -- batching -------------------------------------------------------------------------
 
+# Sizes of the batches the batched deployments below ran in this process (for in-process replicas).
 BATCH_SIZES: list[int] = []
-"""Sizes of the batches the batched deployments below ran in this process (for in-process replicas)."""
-BATCH_BODIES: list[Any] = []
-"""Every body the batched deployments below ran in this process."""
+BATCH_BODIES: list[Any] = []  # every body the batched deployments below ran in this process
 
 
 def _seen(bodies: list[Any]) -> None:
@@ -207,3 +203,21 @@ class Ledger:
 
     def seen(self, body: Any) -> list[Any]:
         return self.ran
+
+
+class Stopwatch:
+    """A sync handler that sleeps ``{"sleep": S}`` seconds and says when it ran; ``user_config`` sets its greeting.
+
+    Returns ``{"greeting", "pid", "started", "ended"}`` (``time.time()``), so a test can see which calls overlapped.
+    """
+
+    def __init__(self) -> None:
+        self.greeting = ""
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        self.greeting = user_config.get("greeting", "")
+
+    def __call__(self, body: Any) -> dict[str, Any]:
+        started = time.time()
+        time.sleep(float(body.get("sleep", 0)) if isinstance(body, dict) else 0)
+        return {"greeting": self.greeting, "pid": os.getpid(), "started": started, "ended": time.time()}

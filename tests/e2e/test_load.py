@@ -24,13 +24,10 @@ pytestmark = pytest.mark.e2e
 HERE = Path(__file__).parent
 KEYS = Keys()  # the farm runs with the default key prefix
 BURST = 1000
-CONCURRENCY = 250
-"""Requests in flight at once: well above what `bounded` can hold, so its queue fills."""
-CLIENTS = 10
-"""httpx clients sharing the burst (one client's pool gets slow with hundreds of connections)."""
+CONCURRENCY = 250  # requests in flight at once: well above what `bounded` can hold, so its queue fills
+CLIENTS = 10  # httpx clients sharing the burst (one client's pool gets slow with hundreds of connections)
 MAX_QUEUED = 100
-HELD = 4
-"""max_ongoing_requests x num_replicas of `bounded`: entries read but not yet acknowledged."""
+HELD = 4  # max_ongoing_requests x num_replicas of `bounded`: entries read but not yet acknowledged
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,13 @@ def test_python_client_call_submit_send(farm: Farm) -> None:
         assert client.call("echo", {"x": 1}, timeout=5) == {"echo": {"x": 1}, "greeting": "hi"}
         future = client.submit("add", {"a": 2, "b": 3})
         assert future.result(timeout=10) == {"sum": 5}
-        assert isinstance(client.send("echo", {"fire": "forget"}), str)
+        sent = client.send("ledger", {"id": "fire-and-forget"})
+        assert isinstance(sent, str) and sent
+        wait_for(
+            lambda: "fire-and-forget" in client.call("ledger", None, method="seen", timeout=5),
+            10,
+            "a request sent fire-and-forget never ran",
+        )
         with pytest.raises(RemoteError) as info:
             client.call("add", {"a": 1}, timeout=5)
         assert info.value.error_type == "KeyError"

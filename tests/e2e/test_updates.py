@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,12 +15,21 @@ from tests.e2e.farm import Farm, wait_for
 pytestmark = pytest.mark.e2e
 
 
-def write_config(path: Path, name: str, *, version: str, greeting: str, max_ongoing: int = 8) -> Path:
+def write_config(
+    path: Path,
+    name: str,
+    *,
+    version: str,
+    greeting: str,
+    max_ongoing: int = 8,
+    import_path: str = "examples.echo:Echo",
+    replicas: int = 2,
+) -> Path:
     path.write_text(
         f"deployments:\n"
         f"  - name: {name}\n"
-        f"    import_path: examples.echo:Echo\n"
-        f"    num_replicas: 2\n"
+        f"    import_path: {import_path}\n"
+        f"    num_replicas: {replicas}\n"
         f"    version: '{version}'\n"
         f"    max_ongoing_requests: {max_ongoing}\n"
         f"    user_config: {{greeting: {greeting}}}\n"
@@ -31,21 +42,41 @@ def replica_ids(farm: Farm, name: str) -> set[str]:
     return {r["replica_id"] for r in farm.status()[name]["replicas"]}
 
 
+STOPWATCH: dict[str, Any] = {"import_path": "tests.deployments:Stopwatch", "replicas": 1}
+CONCURRENT = 3
+# How long each of the CONCURRENT calls holds its slot (a blocking sleep in a sync handler).
+HOLD_S = 1.0
+
+
+def run_at_once(client: Client, name: str) -> list[dict[str, Any]]:
+    """CONCURRENT calls queued together; each result says when the replica ran it."""
+    futures = [client.submit(name, {"sleep": HOLD_S}, timeout=30) for _ in range(CONCURRENT)]
+    return sorted((f.result(timeout=60) for f in futures), key=lambda ran: float(ran["started"]))
+
+
 def test_user_config_and_max_ongoing_change_live_without_restarts(farm: Farm, tmp_path: Path) -> None:
-    cfg = tmp_path / "live.yaml"
-    farm.cli("deploy", str(write_config(cfg, "live", version="1", greeting="hello")), "--wait", "--timeout", "60")
+    def live(greeting: str, max_ongoing: int) -> str:
+        path = tmp_path / "live.yaml"
+        return str(write_config(path, "live", version="1", greeting=greeting, max_ongoing=max_ongoing, **STOPWATCH))
+
+    farm.cli("deploy", live("hello", max_ongoing=1), "--wait", "--timeout", "60")
     before = replica_ids(farm, "live")
     with Client(farm.effective_redis_url) as client:
-        assert client.call("live", 1)["greeting"] == "hello"
-        farm.cli("deploy", str(write_config(cfg, "live", version="1", greeting="howdy", max_ongoing=3)))
+        assert client.call("live", None)["greeting"] == "hello"
+        one_slot = run_at_once(client, "live")
+        assert len({ran["pid"] for ran in one_slot}) == 1
+        # max_ongoing_requests 1: the replica runs them one after another, never two at once.
+        for earlier, later in itertools.pairwise(one_slot):
+            assert later["started"] >= earlier["ended"], one_slot
 
-        def both_replicas_say_howdy() -> bool:
-            replies = [client.call("live", i) for i in range(8)]
-            return all(r["greeting"] == "howdy" for r in replies)
-
-        wait_for(both_replicas_say_howdy, 5, "new user_config not visible in replies")
-    assert replica_ids(farm, "live") == before  # reconfigured in place: same replicas
-    assert farm.status()["live"]["running"] == 2
+        farm.cli("deploy", live("howdy", max_ongoing=CONCURRENT))
+        wait_for(lambda: client.call("live", None)["greeting"] == "howdy", 5, "new user_config not visible")
+        more_slots = run_at_once(client, "live")
+        assert {ran["pid"] for ran in more_slots} == {ran["pid"] for ran in one_slot}  # the same process
+        # Raised live to CONCURRENT: all of them run at the same time on that one replica.
+        assert max(ran["started"] for ran in more_slots) < min(ran["ended"] for ran in more_slots), more_slots
+    assert replica_ids(farm, "live") == before  # reconfigured in place: same replica
+    assert farm.status()["live"]["running"] == 1
     farm.cli("delete", "live")
 
 

@@ -19,6 +19,7 @@ from streamserve import job_function
 from streamserve.client import AsyncClient
 from streamserve.errors import BadRequestError, NotFoundError
 from streamserve.jobs import JOB_FUNCTION, JOB_SERIALIZER, JobInfo
+from streamserve.keys import CONSUMER_GROUP
 from streamserve.settings import Settings
 from streamserve.states import JobStatus
 from tests import deployments
@@ -77,17 +78,23 @@ def test_the_job_function_is_importable_by_its_dotted_path() -> None:
 async def test_job_calls_the_replica_and_keeps_its_result_for_the_ttl(
     start_replica: StartReplica, client: AsyncClient, run_jobs: RunJobs, settings: Settings
 ) -> None:
-    replica = await start_replica()
+    await start_replica()
+    runs_before = deployments.CALLS.count({"x": [1, 2]})
     job_id = await client.submit_job("rec", {"x": [1, 2]})
     assert await client.job(job_id) == JobInfo(job_id, JobStatus.QUEUED)
+    assert deployments.CALLS.count({"x": [1, 2]}) == runs_before  # queued: the replica has not run it yet
     await run_jobs()
     info = await client.job(job_id)
     assert info.status is JobStatus.FINISHED
     assert info.result == {"tag": "rec", "body": {"x": [1, 2]}, "config": None}
     assert info.to_json() == {"job_id": job_id, "status": "finished", "result": info.result}
-    assert replica.replica_id  # served by the replica, through its request stream
+    # The replica's handler ran the job's call exactly once, through the request stream (which it left empty).
+    assert deployments.CALLS.count({"x": [1, 2]}) == runs_before + 1
     connection = redis.Redis.from_url(settings.effective_redis_url)
     try:
+        stream = connection.xinfo_stream(settings.keys.requests("rec"))
+        assert stream["last-generated-id"] != b"0-0" and stream["length"] == 0  # went through it, then deleted
+        assert connection.xpending(settings.keys.requests("rec"), CONSUMER_GROUP)["pending"] == 0
         job = Job.fetch(job_id, connection=connection, serializer=JOB_SERIALIZER)
         assert job.result_ttl == JOB_TTL_S
         assert 0 < connection.ttl(job.key) <= JOB_TTL_S

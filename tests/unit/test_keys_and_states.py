@@ -44,6 +44,7 @@ def test_transition_table_covers_every_state() -> None:
 
 
 S = ReplicaState
+# The replica lifecycle, spelled out here so that any change to REPLICA_TRANSITIONS shows up as a failure.
 ALLOWED_REPLICA_MOVES: frozenset[tuple[ReplicaState, ReplicaState]] = frozenset(
     {
         (S.SHOULD_START, S.STARTING),
@@ -57,7 +58,6 @@ ALLOWED_REPLICA_MOVES: frozenset[tuple[ReplicaState, ReplicaState]] = frozenset(
         (S.STOPPING, S.STOPPED),
     }
 )
-"""The replica lifecycle, spelled out here so that any change to REPLICA_TRANSITIONS shows up as a failure."""
 
 
 @pytest.mark.parametrize("new", list(ReplicaState), ids=lambda s: s.value)

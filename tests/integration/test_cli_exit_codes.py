@@ -1,0 +1,47 @@
+"""The CLI's exit codes, as scripts see them: 2 for bad usage, 1 for a failure, 130 for Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([STREAMSERVE, *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_bad_usage_is_2_and_a_failure_is_1(redis_url: str, tmp_path: Path) -> None:
+    usage = run("scale", "echo", "not-a-number", "--redis-url", redis_url)
+    assert usage.returncode == 2 and "invalid int value" in usage.stderr
+    bad_config = tmp_path / "bad.yaml"
+    bad_config.write_text("deployments:\n  - name: Bad Name\n    import_path: x:y\n")
+    assert run("deploy", str(bad_config), "--redis-url", redis_url).returncode == 2
+    missing = run("scale", "nothing-here", "2", "--redis-url", redis_url)
+    assert missing.returncode == 1 and "no deployment named 'nothing-here'" in missing.stderr
+
+
+def test_ctrl_c_is_130_without_a_traceback(redis_url: str, tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"  # no scheduler runs: the goal is never reached, --wait waits
+    config.write_text("deployments:\n  - name: never\n    import_path: examples.echo:Echo\n")
+    proc = subprocess.Popen(
+        [STREAMSERVE, "deploy", str(config), "--wait", "--timeout", "60", "--redis-url", redis_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the write is done and the wait has begun
+        assert "never: updated" in first
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    assert proc.returncode == 130
+    assert "interrupted" in err and "Traceback" not in err

@@ -1,0 +1,148 @@
+"""The REQUEUE script through ``Requeuer``, on a real redis-server: what a dead or handing-back replica leaves."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import cast
+
+import pytest
+import redis.asyncio as aioredis
+
+from streamserve.keys import CONSUMER_GROUP
+from streamserve.messages import Request, now_ms
+from streamserve.settings import Settings
+from streamserve.streams import DeadLetter, Requeuer, ensure_group
+
+REASON = "replica rec#dead died holding it"
+Entry = tuple[bytes, dict[bytes, bytes]]
+
+
+class Queue:
+    """One deployment's request and dead-letter streams, and a consumer that takes entries off the queue."""
+
+    def __init__(self, redis: aioredis.Redis, settings: Settings) -> None:
+        self.redis = redis
+        self.stream = settings.keys.requests("rec")
+        self.dead = settings.keys.dead_letters("rec")
+        self.requeuer = Requeuer(redis)
+
+    async def add(self, request_id: str, attempts: int = 0) -> bytes:
+        request = Request(request_id, "streamserve:replies:caller1", now_ms() + 60_000, b'{"x":1}', "m", attempts)
+        return cast(bytes, await self.redis.xadd(self.stream, dict(request.encode())))
+
+    async def take(self, count: int = 100) -> list[bytes]:
+        """Read (as a replica does) whatever is queued: the entries become pending in the group."""
+        read = cast(
+            list[tuple[bytes, list[Entry]]],
+            await self.redis.xreadgroup(CONSUMER_GROUP, "rec#r1", {self.stream: ">"}, count=count),
+        )
+        return [entry_id for _stream, entries in read for entry_id, _fields in entries]
+
+    async def entries(self) -> list[Entry]:
+        return cast(list[Entry], await self.redis.xrange(self.stream))
+
+    async def dead_letters(self) -> list[Entry]:
+        return cast(list[Entry], await self.redis.xrange(self.dead))
+
+    async def pending(self) -> int:
+        return int((await self.redis.xpending(self.stream, CONSUMER_GROUP))["pending"])
+
+    async def requeue(self, entry_ids: Sequence[bytes], *, charge: bool, max_attempts: int = 3) -> list[DeadLetter]:
+        return await self.requeuer.requeue(
+            self.stream, self.dead, entry_ids, charge=charge, max_delivery_attempts=max_attempts, reason=REASON
+        )
+
+
+@pytest.fixture
+async def queue(aredis: aioredis.Redis, settings: Settings) -> Queue:
+    q = Queue(aredis, settings)
+    await ensure_group(aredis, q.stream)
+    return q
+
+
+def without_attempts(fields: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    return {k: v for k, v in fields.items() if k != b"attempts"}
+
+
+async def test_a_charged_requeue_counts_one_attempt_and_moves_the_entry_to_the_tail(queue: Queue) -> None:
+    first = await queue.add("req-1")
+    await queue.add("req-2")
+    [(_, original), _] = await queue.entries()
+    await queue.take(count=1)  # only req-1 is pending; req-2 still waits
+
+    assert await queue.requeue([first], charge=True) == []
+
+    entries = await queue.entries()
+    assert [fields[b"id"] for _, fields in entries] == [b"req-2", b"req-1"]  # a new entry, behind req-2
+    new_id, fields = entries[1]
+    assert new_id != first and new_id > entries[0][0]
+    assert fields[b"attempts"] == b"1"
+    assert without_attempts(fields) == original  # every other field as it was
+    assert await queue.pending() == 0  # the old one is acknowledged ...
+    assert await queue.redis.xrange(queue.stream, first, first) == []  # ... and deleted
+    assert await queue.dead_letters() == []
+    assert Request.decode(fields).attempts == 1
+
+
+async def test_an_uncharged_requeue_counts_nothing(queue: Queue) -> None:
+    await queue.add("fresh")
+    await queue.add("again", attempts=2)
+    taken = await queue.take()
+
+    assert await queue.requeue(taken, charge=False, max_attempts=1) == []  # even at the limit: nothing counted
+
+    entries = await queue.entries()
+    assert [fields[b"id"] for _, fields in entries] == [b"fresh", b"again"]
+    assert [Request.decode(fields).attempts for _, fields in entries] == [0, 2]
+    assert not set(taken) & {entry_id for entry_id, _ in entries}  # both are new entries
+    assert await queue.pending() == 0
+    assert await queue.dead_letters() == []
+
+
+async def test_with_one_attempt_allowed_a_charged_entry_goes_straight_to_the_dead_letters(queue: Queue) -> None:
+    await queue.add("poison")
+    [(_, original)] = await queue.entries()
+    taken = await queue.take()
+
+    dead = await queue.requeue(taken, charge=True, max_attempts=1)
+
+    assert dead == [DeadLetter(request_id="poison", reply_to="streamserve:replies:caller1", deliveries=1)]
+    assert await queue.entries() == []
+    assert await queue.pending() == 0
+    [(_, lettered)] = await queue.dead_letters()
+    assert lettered[b"reason"] == REASON.encode()
+    assert lettered[b"attempts"] == b"1"
+    assert {k: v for k, v in lettered.items() if k not in (b"attempts", b"reason")} == original
+
+
+async def test_an_entry_is_dead_lettered_exactly_at_its_last_allowed_attempt(queue: Queue) -> None:
+    max_attempts = 4
+    await queue.add("crashes-every-time")
+    for attempt in range(1, max_attempts):
+        dead = await queue.requeue(await queue.take(), charge=True, max_attempts=max_attempts)
+        assert dead == [], f"dead-lettered after {attempt} of {max_attempts} attempts"
+        [(_, fields)] = await queue.entries()
+        assert fields[b"attempts"] == str(attempt).encode()
+        assert await queue.dead_letters() == []
+
+    dead = await queue.requeue(await queue.take(), charge=True, max_attempts=max_attempts)
+
+    assert [d.deliveries for d in dead] == [max_attempts]
+    assert [d.request_id for d in dead] == ["crashes-every-time"]
+    assert await queue.entries() == []
+    [(_, lettered)] = await queue.dead_letters()
+    assert lettered[b"attempts"] == str(max_attempts).encode()
+
+
+async def test_an_id_no_longer_in_the_stream_is_only_acknowledged(queue: Queue) -> None:
+    gone = await queue.add("answered")
+    await queue.add("still-queued")
+    await queue.take(count=1)
+    await queue.redis.xdel(queue.stream, gone)  # answered meanwhile: deleted, but still pending in the group
+    assert await queue.pending() == 1
+
+    assert await queue.requeue([gone], charge=True, max_attempts=1) == []
+
+    assert [fields[b"id"] for _, fields in await queue.entries()] == [b"still-queued"]  # nothing added
+    assert await queue.pending() == 0
+    assert await queue.dead_letters() == []
