@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+
+from streamserve.settings import Settings, add_redis_url_option
 
 
 def setup_logging(debug: bool = False) -> None:
@@ -12,3 +15,13 @@ def setup_logging(debug: bool = False) -> None:
         level=logging.DEBUG if debug else logging.INFO,
         format=f"%(asctime)s %(levelname)-7s [%(name)s {os.getpid()}] %(message)s",
     )
+
+
+def start_process(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
+    """What every role's entry point does first: parse its command line (with ``--redis-url``), build its
+    settings from that and the environment, set up logging."""
+    add_redis_url_option(parser)
+    args = parser.parse_args(argv)
+    settings = Settings.from_command_line(args)
+    setup_logging(settings.debug)
+    return args, settings

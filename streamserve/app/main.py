@@ -9,8 +9,7 @@ import uvicorn
 
 from streamserve.app.gateway import create_app
 from streamserve.heap import freeze_startup_objects
-from streamserve.logs import setup_logging
-from streamserve.settings import Settings, add_redis_url_option
+from streamserve.logs import start_process
 
 # The server settings of the gateway (the benchmark's bare app uses the same).
 UVICORN_OPTIONS: dict[str, Any] = {
@@ -24,18 +23,15 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamserve gateway", description="Run the HTTP gateway.")
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface to bind (default {DEFAULT_HOST})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to bind (default {DEFAULT_PORT})")
-    add_redis_url_option(parser)
-    return parser.parse_args(argv)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    settings = Settings.from_command_line(args)
-    setup_logging(settings.debug)
+    args, settings = start_process(build_parser(), argv)
     app = create_app(settings)
     freeze_startup_objects()
     uvicorn.run(

@@ -7,26 +7,25 @@ import asyncio
 import logging
 
 from streamserve.connection import async_redis
-from streamserve.logs import setup_logging
+from streamserve.logs import start_process
 from streamserve.procs import on_stop_signals
 from streamserve.scheduler.job_pool import JobWorkerPool
 from streamserve.scheduler.launcher import ProcessLauncher
 from streamserve.scheduler.scheduler import Scheduler
-from streamserve.settings import Settings, add_redis_url_option
+from streamserve.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamserve scheduler", description="Run the scheduler (controller).")
-    add_redis_url_option(parser)
     parser.add_argument(
         "--stop-replicas-on-exit",
         action="store_true",
         help="stop every replica when this scheduler exits (what `streamserve up` does); "
         "by default replicas keep serving and the next scheduler adopts them",
     )
-    return parser.parse_args(argv)
+    return parser
 
 
 async def run(settings: Settings, stop_replicas_on_exit: bool) -> None:
@@ -46,8 +45,6 @@ async def run(settings: Settings, stop_replicas_on_exit: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    settings = Settings.from_command_line(args)
-    setup_logging(settings.debug)
+    args, settings = start_process(build_parser(), argv)
     asyncio.run(run(settings, args.stop_replicas_on_exit))
     return 0

@@ -18,24 +18,20 @@ from rq.worker import SimpleWorker
 from streamserve import job_function
 from streamserve.connection import sync_redis
 from streamserve.jobs import JOB_SERIALIZER, JobQueue
-from streamserve.logs import setup_logging
-from streamserve.settings import Settings, add_redis_url_option
+from streamserve.logs import start_process
 
 logger = logging.getLogger(__name__)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streamserve job-worker", description="Run one RQ worker for asynchronous jobs."
     )
-    add_redis_url_option(parser)
-    return parser.parse_args(argv)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    settings = Settings.from_command_line(args)
-    setup_logging(settings.debug)
+    _args, settings = start_process(build_parser(), argv)
     connection = sync_redis(settings.effective_redis_url)
     queue = JobQueue(connection, settings.keys, settings.job_result_ttl_s).queue
     job_function.configure(settings)

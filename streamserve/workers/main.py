@@ -11,20 +11,19 @@ import sys
 from streamserve.connection import async_redis
 from streamserve.heap import freeze_startup_objects
 from streamserve.ids import ReplicaID
-from streamserve.logs import setup_logging
+from streamserve.logs import start_process
 from streamserve.procs import on_stop_signals
-from streamserve.settings import Settings, add_redis_url_option
+from streamserve.settings import Settings
 from streamserve.workers.replica import Replica
 
 logger = logging.getLogger(__name__)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamserve worker", description="Run one replica of a deployment.")
     parser.add_argument("deployment", help="the deployment's name")
     parser.add_argument("--replica-id", help="the replica's id (default: a new one)")
-    add_redis_url_option(parser)
-    return parser.parse_args(argv)
+    return parser
 
 
 async def serve(settings: Settings, replica_id: ReplicaID) -> int:
@@ -38,9 +37,7 @@ async def serve(settings: Settings, replica_id: ReplicaID) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    settings = Settings.from_command_line(args)
-    setup_logging(settings.debug)
+    args, settings = start_process(build_parser(), argv)
     replica_id = ReplicaID.from_str(args.replica_id) if args.replica_id else ReplicaID.new(args.deployment)
     if replica_id.deployment != args.deployment:
         print(f"replica id {replica_id} does not belong to deployment {args.deployment!r}", file=sys.stderr)
