@@ -9,9 +9,14 @@ minimal raw Redis streams round trip (the ceiling; plain and with pipelined XADD
 
 from __future__ import annotations
 
-from bench.common import Children, Options, Section, Summary, installed, md_table, ratio, verdict
+from bench.children import Children
 from bench.driver import run_driver
+from bench.options import Options
+from bench.section import Section, md_table, verdict
 from bench.servers import CLIENT_SERVERS, NEEDS, NOOP_CONCURRENCY
+from bench.standalone import standalone
+from bench.stats import Summary, ratio
+from bench.versions import installed
 
 OUTSTANDING = 256
 TARGETS = ("streamserve", "raw", "raw-pipelined", "celery", "rq", "arq")
@@ -112,8 +117,6 @@ def run(opts: Options, targets: tuple[str, ...] = TARGETS) -> Section:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.common import standalone
-
     return standalone(run, "client path: streamserve vs raw streams, Celery, RQ, arq", argv)
 
 

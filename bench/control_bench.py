@@ -6,8 +6,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -16,22 +14,15 @@ from typing import Any
 import orjson
 import redis
 
-from bench.common import (
-    BIN,
-    NOOP_BODY,
-    Children,
-    Farm,
-    Options,
-    Section,
-    Spread,
-    child_env,
-    installed,
-    md_table,
-    percentile,
-    start_redis,
-    status_of,
-    verdict,
-)
+from bench.children import Children, start_redis
+from bench.farm import start_farm, status_of
+from bench.loadgen import NOOP_BODY
+from bench.options import Options
+from bench.section import Section, md_table, verdict
+from bench.standalone import standalone
+from bench.stats import Spread, percentile
+from bench.versions import installed
+from tests.e2e.farm import Farm
 
 CONF_REPLICAS = 4
 REPORT_KEY = "bench:reconfigured"
@@ -55,14 +46,10 @@ def conf_deployment(report_url: str, gen: int) -> dict[str, Any]:
 
 
 def cli(farm: Farm, *args: str, timeout: float = 200) -> float:
-    """Run `streamserve ARGS --redis-url URL`; the seconds it took."""
-    cmd = [str(BIN / "streamserve"), *args, "--redis-url", farm.redis_url]
+    """Run `streamserve ARGS` on the farm's Redis; the seconds it took."""
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout, check=False)
-    elapsed = time.perf_counter() - t0
-    if out.returncode != 0:
-        raise farm.child.fail(f"{' '.join(args)} failed: {out.stdout}{out.stderr}")
-    return elapsed
+    farm.cli(*args, timeout_s=timeout)
+    return time.perf_counter() - t0
 
 
 def deploy_to_first_answer(farm: Farm, opts: Options, tmp: Path) -> dict[str, Spread]:
@@ -70,7 +57,7 @@ def deploy_to_first_answer(farm: Farm, opts: Options, tmp: Path) -> dict[str, Sp
     from streamserve import Client
 
     waits, answers, cli_start = [], [], []
-    with Client(farm.redis_url) as client:
+    with Client(farm.effective_redis_url) as client:
         for rep in range(opts.reps):
             cli_start.append(cli(farm, "status"))
             name = f"fresh{rep}"
@@ -99,7 +86,7 @@ def config_changes(farm: Farm, report_url: str, opts: Options) -> tuple[Spread, 
     changes = QUICK_CHANGES if opts.quick else CHANGES
     p50s, p99s, lost = [], [], 0
     gen = 0
-    with Client(farm.redis_url) as client:
+    with Client(farm.effective_redis_url) as client:
         for rep in range(opts.reps):
             latencies = []
             for _ in range(changes):
@@ -152,7 +139,7 @@ def autoscale_step(farm: Farm, opts: Options, tmp: Path) -> Spread | str:
         stop = threading.Event()
 
         async def load(deployment: str = name, stop: threading.Event = stop) -> None:
-            async with AsyncClient(farm.redis_url) as client:
+            async with AsyncClient(farm.effective_redis_url) as client:
 
                 async def worker() -> None:
                     while not stop.is_set():
@@ -169,7 +156,7 @@ def autoscale_step(farm: Farm, opts: Options, tmp: Path) -> Spread | str:
         elapsed = None
         try:
             while time.perf_counter() - t0 < AUTOSCALE_TIMEOUT_S:
-                running = {d["name"]: d["running"] for d in status_of(farm.redis_url)}
+                running = {d["name"]: d["running"] for d in status_of(farm.effective_redis_url)}
                 if running.get(name, 0) >= 2:
                     elapsed = time.perf_counter() - t0
                     break
@@ -187,11 +174,11 @@ def autoscale_step(farm: Farm, opts: Options, tmp: Path) -> Spread | str:
 
 def run(opts: Options) -> Section:
     section = Section("control", "Control plane")
-    with Children() as children, tempfile.TemporaryDirectory(prefix="streamserve-bench-") as tmp_name:
-        tmp = Path(tmp_name)
+    with Children() as children:
+        tmp = children.temporary_directory()
         report_url = start_redis(children, "report-redis")
         base = orjson.dumps({"deployments": [conf_deployment(report_url, 0)]}).decode()
-        farm = Farm(children, base).wait_ready()
+        farm = start_farm(children, base)
         deploy = deploy_to_first_answer(farm, opts, tmp)
         p50, p99, lost = config_changes(farm, report_url, opts)
         auto = autoscale_step(farm, opts, tmp)
@@ -229,8 +216,6 @@ def run(opts: Options) -> Section:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.common import standalone
-
     return standalone(run, "control plane: deploy, user_config, autoscaling", argv)
 
 

@@ -29,21 +29,20 @@ from typing import Any
 
 import uvloop
 
-from bench.common import percentile
 from bench.loadgen import Connection, http_probe, post_request
+from bench.stats import percentile
 from streamserve.client import AsyncClient
 from streamserve.config import parse_config
 from streamserve.connection import async_redis
-from streamserve.control import Control
+from streamserve.desired import DesiredState
 from streamserve.embedded_redis import EmbeddedRedis
 from streamserve.errors import StreamServeError
 from streamserve.procs import die_with_parent, free_port, role_command, stop_group
 from streamserve.settings import Settings
+from tests.e2e.farm import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 WARMUP = 2000
-READY_TRIES = 400
-"""Tries 50 ms apart while the replica imports and reports ready: at most 20 s."""
+READY_TRIES = 400  # tries 50 ms apart while the replica imports and reports ready: at most 20 s
 CLIENT = {"name": "noop", "import_path": "examples.functions:noop", "max_ongoing_requests": 64}
 HTTP = {"name": "echo", "import_path": "examples.echo:Echo", "max_ongoing_requests": 32, "route_prefix": "/echo"}
 BODY = b'{"x":[1,2,3]}'
@@ -142,7 +141,7 @@ async def probe(n: int, http: bool) -> str:
     with EmbeddedRedis(port=free_port()) as server:
         settings = Settings(redis_url=server.url)
         redis = async_redis(server.url)
-        await Control(redis, settings.keys).apply(parse_config({"deployments": [deployment]}))
+        await DesiredState(redis, settings.keys).apply(parse_config({"deployments": [deployment]}))
         await redis.aclose()
         env = {**os.environ, **settings.to_env()}
         started: list[subprocess.Popen[bytes]] = []

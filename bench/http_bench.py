@@ -14,22 +14,16 @@ from collections.abc import Callable
 import orjson
 import uvloop
 
-from bench.common import (
-    NOOP_BODY,
-    Child,
-    Children,
-    Farm,
-    Options,
-    Section,
-    Summary,
-    free_ports,
-    installed,
-    md_table,
-    ratio,
-    verdict,
-)
-from bench.loadgen import http_measure, http_probe
+from bench.children import Child, Children
+from bench.farm import start_farm
+from bench.loadgen import NOOP_BODY, http_measure, http_probe
+from bench.options import Options
+from bench.section import Section, md_table, verdict
 from bench.servers import NOOP_CONCURRENCY, NOOP_CONFIG, celery_worker, py
+from bench.standalone import standalone
+from bench.stats import Summary, ratio
+from bench.versions import installed
+from streamserve.procs import free_port
 
 PATH = "/noop"
 BODY = orjson.dumps(NOOP_BODY)
@@ -42,18 +36,18 @@ LABELS = {
 
 
 def start_streamserve(children: Children) -> int:
-    return Farm(children, NOOP_CONFIG).wait_ready().port
+    return start_farm(children, NOOP_CONFIG).port
 
 
 def start_bare(children: Children) -> int:
-    (port,) = free_ports(1)
+    port = free_port()
     children.start(Child("bare-app", py("bench.bare_app", "--port", str(port)))).wait_listening(port)
     return port
 
 
 def start_celery(children: Children) -> int:
     url = celery_worker(children)
-    (port,) = free_ports(1)
+    port = free_port()
     app = children.start(
         Child("celery-http", py("bench.compare.celery_app", "http", "--redis-url", url, "--port", str(port)))
     )
@@ -148,8 +142,6 @@ def run(opts: Options) -> Section:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.common import standalone
-
     return standalone(run, "HTTP noop: streamserve vs bare FastAPI vs FastAPI + Celery", argv)
 
 

@@ -3,6 +3,9 @@
 Closed loop: each of ``concurrency`` workers sends its next request when the previous answer arrived.
 Every phase is bounded twice, by a deadline and by a request count; a phase that has not ended
 ``PHASE_GRACE_S`` after its deadline is cancelled and what was in flight counts as errors.
+
+The HTTP ``Connection`` costs roughly 50-100 us of CPU per request, less than the cheapest server
+measured, which matters on a 2-core machine where the load generator shares the CPU with the servers.
 """
 
 from __future__ import annotations
@@ -12,21 +15,21 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-from bench.common import HOST, Sample
+from bench.children import HOST
+from bench.stats import Sample
 
 PHASE_GRACE_S = 10.0
+# The payload of every noop request, on every path and every system compared.
+NOOP_BODY: dict[str, Any] = {"x": [1, 2, 3], "s": "hello"}
 
 
 # -- HTTP --------------------------------------------------------------------------------------------------
 
 
 class Connection:
-    """One keep-alive HTTP/1.1 connection that sends a fixed request and reads Content-Length responses.
-
-    It costs roughly 50-100 us of CPU per request, less than the cheapest server measured, which matters
-    on a 2-core machine where the load generator shares the CPU with the servers.
-    """
+    """One keep-alive HTTP/1.1 connection that sends a fixed request and reads Content-Length responses."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader

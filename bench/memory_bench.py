@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
 import redis
 import uvloop
 
-from bench.common import NOOP_BODY, Children, Farm, Options, Section, md_table, rss_bytes, verdict
-from bench.loadgen import http_measure
+from bench.children import Children
+from bench.farm import start_farm
+from bench.loadgen import NOOP_BODY, http_measure
+from bench.options import Options
+from bench.section import Section, md_table, verdict
+from bench.standalone import standalone
+from tests.e2e.farm import Farm
 
 REQUESTS = 100_000
 QUICK_REQUESTS = 5_000
@@ -23,8 +29,7 @@ CHECKPOINTS = 10
 QUEUED = 10_000
 QUICK_QUEUED = 1_000
 CONCURRENCY = 32
-GROWTH_BOUND_MIB = 4.0
-"""What "flat" allows: RSS growth from the first checkpoint (warm) to the last."""
+GROWTH_BOUND_MIB = 4.0  # what "flat" allows: RSS growth from the first checkpoint (warm) to the last
 PARK_BODY = {"seconds": 120, **NOOP_BODY}
 CONFIG = f"""\
 deployments:
@@ -46,19 +51,25 @@ MIB = 1024 * 1024
 
 
 def role_pids(farm: Farm) -> dict[str, int]:
-    """gateway, scheduler, replica (noop) -> pid."""
-    from bench.common import descendants
-
-    found = {}
-    roles = farm.role_pids()
-    found["gateway"] = roles["gateway"][0]
-    found["scheduler"] = roles["scheduler"][0]
-    family = descendants(farm.child.pid)
-    for pid in roles.get("replica", []):
-        if b"\0noop\0" in family.get(pid, b""):
+    """gateway, scheduler, noop replica, redis-server -> pid."""
+    processes, roles = farm.processes(), farm.role_pids()
+    found = {"gateway": roles["gateway"][0], "scheduler": roles["scheduler"][0]}
+    for pid in roles.get("worker", []):
+        if processes.get(pid, [])[4:5] == ["noop"]:  # python -m streamserve worker noop --replica-id ...
             found["noop replica"] = pid
-    found["redis-server"] = roles["redis"][0]
+    found["redis-server"] = roles["redis-server"][0]
     return found
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process, from /proc (0 if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def used_memory(client: redis.Redis) -> int:
@@ -84,7 +95,7 @@ def rss_through_requests(farm: Farm, total: int, client: redis.Redis) -> tuple[l
         chunk = total // CHECKPOINTS
         sample = uvloop.run(http_measure(farm.port, "/noop", body, CONCURRENCY, 0.0, 600.0, chunk))
         if sample.errors:
-            raise farm.child.fail(f"{sample.errors} errors during the memory run: {sample.first_error}")
+            raise farm.fail(f"{sample.errors} errors during the memory run: {sample.first_error}")
         done += sample.ok
         time.sleep(0.5)  # let in-flight upkeep settle
         marks.append(done)
@@ -105,14 +116,14 @@ def per_queued_request(farm: Farm, queued: int, client: redis.Redis) -> tuple[fl
     from streamserve import AsyncClient
     from streamserve.settings import Settings
 
-    stream = Settings(redis_url=farm.redis_url).keys.requests("parked")
+    stream = Settings(redis_url=farm.effective_redis_url).keys.requests("parked")
 
     def stream_bytes() -> int:
         usage: Any = client.memory_usage(stream, samples=0)
         return int(usage or 0)
 
     async def fill() -> tuple[float, float]:
-        async with AsyncClient(farm.redis_url) as caller:
+        async with AsyncClient(farm.effective_redis_url) as caller:
             first = caller.submit("parked", PARK_BODY, timeout=600)  # takes the replica's only slot
             await asyncio.sleep(1.0)
             before, stream_before = data_memory(client), stream_bytes()
@@ -139,8 +150,8 @@ def run(opts: Options) -> Section:
     total = QUICK_REQUESTS if opts.quick else REQUESTS
     queued = QUICK_QUEUED if opts.quick else QUEUED
     with Children() as children:
-        farm = Farm(children, CONFIG).wait_ready()
-        client = redis.Redis.from_url(farm.redis_url)
+        farm = start_farm(children, CONFIG)
+        client = redis.Redis.from_url(farm.effective_redis_url)
         time.sleep(2.0)  # at rest: started, nothing served yet
         marks, rss = rss_through_requests(farm, total, client)
         in_stream, per_request, body_bytes = per_queued_request(farm, queued, client)
@@ -176,8 +187,6 @@ def run(opts: Options) -> Section:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.common import standalone
-
     return standalone(run, "memory: RSS through 100,000 requests, Redis bytes per queued request", argv)
 
 

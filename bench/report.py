@@ -8,24 +8,27 @@ throws away recorded figures.
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Sequence
 
-from bench.common import Options, RunLoad, Section, git_revision, machine, utc_now, versions
+from bench.machine import RunLoad, machine
+from bench.options import Options
+from bench.section import Section
+from bench.versions import git_revision, versions
 
 ALL = ("http", "client", "scaling", "control", "memory", "embed")
 
+# Bench -> titles of older sections that its section replaces (the pre-suite `http_bench.py` one).
 SUPERSEDED = {"http": ("HTTP echo: streamserve gateway vs bare FastAPI",)}
-"""Bench -> titles of older sections that its section replaces (the pre-suite `http_bench.py` one)."""
 
 KEPT_MARK = "> Not measured by the run above: kept from an earlier run"
 PROFILE_TITLE = "Where the time goes"
 
+# Other work using more than this many cores on average during the run marks it as taken on a busy machine.
+# The load average before the run is shown but decides nothing: it trails by a minute, so work that
+# ended just before the run still shows in it.
 OTHER_CORES = 0.25
-"""Other work using more than this many cores on average during the run marks it as taken on a busy machine.
-
-The load average before the run is shown but decides nothing: it trails by a minute, so work that
-ended just before the run still shows in it."""
 
 PROFILE_NOTE = """\
 ## Where the time goes
@@ -34,6 +37,10 @@ To fill in from a profile taken on a quiet machine where a target above is misse
 (`python -m streamserve gateway`) and the noop replica (`python -m streamserve worker noop ...`) while the HTTP
 c=32 phase runs, see bench/README.md, "Profiling". A run does not fill this in by itself.
 """
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def split_sections(text: str) -> tuple[list[str], list[tuple[str, list[str]]]]:

@@ -9,15 +9,20 @@ embedding figures already in the file are kept (bench/report.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from bench import client_bench, control_bench, embed_bench, http_bench, memory_bench, scaling_bench
-from bench.common import ROOT, Options, RunLoad, Section, stop_on_sigterm, timed
+from bench.machine import RunLoad
+from bench.options import Options
 from bench.report import ALL, render
+from bench.section import Section
+from bench.standalone import stop_on_sigterm
+from tests.e2e.farm import ROOT
 
 BENCHES: dict[str, Callable[[Options], Section]] = {
     "http": http_bench.run,
@@ -28,6 +33,16 @@ BENCHES: dict[str, Callable[[Options], Section]] = {
     "embed": embed_bench.run,
 }
 assert tuple(BENCHES) == ALL
+
+
+@contextlib.contextmanager
+def timed(label: str) -> Iterator[None]:
+    t0 = time.monotonic()
+    print(f"== {label}", flush=True)
+    try:
+        yield
+    finally:
+        print(f"== {label}: {time.monotonic() - t0:.0f} s", flush=True)
 
 
 def names(value: str) -> list[str]:

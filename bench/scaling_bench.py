@@ -9,12 +9,16 @@ against N x 100 req/s.
 
 from __future__ import annotations
 
-import subprocess
-
 import orjson
 
-from bench.common import BIN, Children, Farm, Options, Section, Spread, Summary, child_env, md_table, verdict
+from bench.children import Children
 from bench.driver import run_driver
+from bench.farm import start_farm, wait_running
+from bench.options import Options
+from bench.section import Section, md_table, verdict
+from bench.standalone import standalone
+from bench.stats import Spread, Summary
+from tests.e2e.farm import Farm
 
 REPLICAS = (1, 2, 4, 8)
 OUTSTANDING = 64
@@ -33,12 +37,8 @@ deployments:
 
 
 def scale(farm: Farm, replicas: int) -> None:
-    cmd = [str(BIN / "streamserve"), "scale", NAME, str(replicas), "--wait", "--timeout", "180"]
-    cmd += ["--redis-url", farm.redis_url]
-    out = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=200, check=False)
-    if out.returncode != 0:
-        raise farm.child.fail(f"scale to {replicas} failed: {out.stdout}{out.stderr}")
-    farm.wait_running()
+    farm.cli("scale", NAME, str(replicas), "--wait", "--timeout", "180", timeout_s=200)
+    wait_running(farm)
 
 
 def run(opts: Options) -> Section:
@@ -46,13 +46,13 @@ def run(opts: Options) -> Section:
     body = orjson.dumps({"seconds": SLEEP_S}).decode()
     results: dict[int, Summary] = {}
     with Children() as children:
-        farm = Farm(children, CONFIG).wait_ready()
+        farm = start_farm(children, CONFIG)
         for replicas in REPLICAS:
             scale(farm, replicas)
             samples = []
             for rep in range(opts.reps):
                 sample = run_driver(
-                    "streamserve", farm.redis_url, OUTSTANDING, opts, "--deployment", NAME, "--body", body
+                    "streamserve", farm.effective_redis_url, OUTSTANDING, opts, "--deployment", NAME, "--body", body
                 )
                 print(
                     f"  scaling N={replicas} rep {rep + 1}: {sample['rps']:>7.0f} req/s "
@@ -93,8 +93,6 @@ def run(opts: Options) -> Section:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.common import standalone
-
     return standalone(run, "scaling: I/O-bound deployment at 1, 2, 4, 8 replicas", argv)
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from bench.common import Child, Children, Farm, start_redis
+from bench.children import Child, Children, start_redis
+from bench.farm import start_farm
 
+# How many requests the noop server side runs at once: the replica's max_ongoing_requests, Celery's
+# thread pool, arq's max_jobs, the raw worker's read batch. (An RQ worker runs one job at a time.)
 NOOP_CONCURRENCY = 32
-"""How many requests the noop server side runs at once: the replica's max_ongoing_requests, Celery's
-thread pool, arq's max_jobs, the raw worker's read batch. (An RQ worker runs one job at a time.)"""
 
 NOOP_CONFIG = f"""\
 deployments:
@@ -31,8 +32,7 @@ def py(module: str, *args: str) -> list[str]:
 
 
 def streamserve_noop(children: Children) -> str:
-    farm = Farm(children, NOOP_CONFIG).wait_ready()
-    return farm.redis_url
+    return start_farm(children, NOOP_CONFIG).effective_redis_url
 
 
 def raw_streams(children: Children) -> str:
@@ -64,6 +64,7 @@ def arq_worker(children: Children) -> str:
     return url
 
 
+# Client-path target (bench/driver.py) -> what serves it.
 CLIENT_SERVERS: dict[str, Callable[[Children], str]] = {
     "streamserve": streamserve_noop,
     "raw": raw_streams,
@@ -72,7 +73,6 @@ CLIENT_SERVERS: dict[str, Callable[[Children], str]] = {
     "rq": rq_worker,
     "arq": arq_worker,
 }
-"""Client-path target (bench/driver.py) -> what serves it."""
 
+# Target -> the module it needs (targets whose package is missing are skipped with a note).
 NEEDS = {"celery": "celery", "rq": "rq", "arq": "arq"}
-"""Target -> the module it needs (targets whose package is missing are skipped with a note)."""

@@ -13,10 +13,9 @@ import argparse
 from typing import Any, ClassVar
 
 WORKER_POLL_S = 0.001
+# Caller's result poll interval by concurrency; other concurrencies use DEFAULT_RESULT_POLL_S.
 RESULT_POLL_S = {1: 0.001}
-"""Caller's result poll interval by concurrency; other concurrencies use DEFAULT_RESULT_POLL_S."""
-DEFAULT_RESULT_POLL_S = 0.01
-"""With 256 jobs outstanding, 10 ms already means 25,600 result GETs per second."""
+DEFAULT_RESULT_POLL_S = 0.01  # with 256 jobs outstanding, 10 ms already means 25,600 result GETs per second
 
 
 async def noop(ctx: dict[str, Any], body: Any) -> Any:

@@ -1,4 +1,9 @@
-"""Run `streamserve up` as a real process and clean up every process it led to, by id."""
+"""Run `streamserve up` as a real process and clean up every process it led to, by id.
+
+One handle on a running farm for the end-to-end tests and the benchmarks (bench/farm.py) alike. Every
+process a ``Farm`` or ``Processes`` starts carries a marker in its environment, inherited by all it
+starts in turn; cleanup kills whatever still carries it, by pid.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +25,10 @@ from streamserve.procs import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
+# Set in the farm's environment; every process the farm starts inherits it, so cleanup can find them all.
 MARKER_VAR = "SSTEST_FARM_TOKEN"
-"""Set in the farm's environment; every process the farm starts inherits it, so cleanup can find them all."""
+# The tests' heartbeats: a dead replica or scheduler is noticed within 2 s.
+FAST_HEARTBEATS = {"STREAMSERVE_HEARTBEAT_INTERVAL_S": "0.2", "STREAMSERVE_HEARTBEAT_TIMEOUT_S": "2"}
 
 
 def pids_with_marker(token: str) -> list[int]:
@@ -35,15 +42,73 @@ def pids_with_marker(token: str) -> list[int]:
     return found
 
 
+def kill_marked(token: str) -> None:
+    """SIGKILL every process whose environment carries ``token``."""
+    for pid in pids_with_marker(token):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def marked_env(token: str, extra: Mapping[str, str]) -> dict[str, str]:
+    """Our environment without any streamserve setting or Redis URL, plus the marker ``token`` and ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSERVE_") and k != "REDIS_URL"}
+    return {**env, MARKER_VAR: token, **extra}
+
+
+def descendants(root: int) -> dict[int, bytes]:
+    """pid -> raw command line of every live descendant of ``root`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    found: dict[int, bytes] = {}
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        with contextlib.suppress(OSError):
+            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()
+        todo += children.get(pid, [])
+    return found
+
+
+def command_line(pid: int) -> list[str]:
+    """The arguments ``pid`` runs with ([] once it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return raw.decode(errors="replace").split("\0")[:-1]
+
+
+def role_of(argv: list[str]) -> str | None:
+    """``gateway``, ``scheduler``, ``worker``, ... for ``python -m streamserve ROLE``; ``redis-server``; else None."""
+    if argv[1:3] == ["-m", "streamserve"] and len(argv) > 3:
+        return argv[3]
+    if argv and "redis-server" in argv[0]:  # redis-server rewrites its title: "/path/redis-server 127.0.0.1:PORT"
+        return "redis-server"
+    return None
+
+
 class Farm:
-    """``streamserve up CONFIG`` on a free port; ``redis_url`` None means the embedded Redis."""
+    """``streamserve up CONFIG`` on a free port; ``redis_url`` None means the embedded Redis, on a free port too.
+
+    ``extra_env`` is added to the environment of `up` (and of ``cli``): by default the tests' fast heartbeats.
+    """
 
     def __init__(
-        self, config: Path, log_path: Path, redis_url: str | None = None, command: str = STREAMSERVE, cwd: Path = ROOT
+        self,
+        config: Path,
+        log_path: Path,
+        redis_url: str | None = None,
+        command: str = STREAMSERVE,
+        cwd: Path = ROOT,
+        extra_env: Mapping[str, str] = FAST_HEARTBEATS,
     ) -> None:
         self.config = config
         self.command = command
         self.cwd = cwd
+        self.extra_env = dict(extra_env)
         self.port = free_port()
         self.redis_url = redis_url
         self.redis_port = None if redis_url else free_port()
@@ -57,10 +122,7 @@ class Farm:
         return self.redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSERVE_") and k != "REDIS_URL"}
-        env.update({MARKER_VAR: self.token, "STREAMSERVE_HEARTBEAT_INTERVAL_S": "0.2"})
-        env["STREAMSERVE_HEARTBEAT_TIMEOUT_S"] = "2"
-        return env
+        return marked_env(self.token, self.extra_env)
 
     def start(self, timeout_s: float = 60.0) -> Farm:
         cmd = [self.command, "up", str(self.config), "--port", str(self.port)]
@@ -73,11 +135,15 @@ class Farm:
         up = wait_until(lambda: b"streamserve is up" in self.log() or self.proc.poll() is not None, timeout_s)  # type: ignore[union-attr]
         if not up or self.proc.poll() is not None:
             self.stop()
-            raise AssertionError(f"farm did not come up:\n{self.log().decode(errors='replace')[-4000:]}")
+            raise self.fail("farm did not come up")
         return self
 
     def log(self) -> bytes:
         return self.log_path.read_bytes() if self.log_path.exists() else b""
+
+    def fail(self, why: str) -> AssertionError:
+        """An error that says ``why``, with the end of `up`'s output."""
+        return AssertionError(f"{why}:\n{self.log().decode(errors='replace')[-4000:]}")
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """Ctrl-C the farm, wait (bounded); then kill whatever it left behind. Returns `up`'s exit code."""
@@ -91,15 +157,34 @@ class Farm:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
-        for pid in pids_with_marker(self.token):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_marked(self.token)
         return code
 
-    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def processes(self) -> dict[int, list[str]]:
+        """pid -> arguments of every live process the farm started (`up` itself included).
+
+        Found by the marker, and as descendants of `up`: redis-server writes its title over its environment.
+        """
+        pids = set(pids_with_marker(self.token))
+        if self.proc is not None:
+            pids.update(descendants(self.proc.pid))
+        found = {pid: command_line(pid) for pid in sorted(pids)}
+        return {pid: argv for pid, argv in found.items() if argv}
+
+    def role_pids(self) -> dict[str, list[int]]:
+        """Role -> pids: ``gateway``, ``scheduler``, ``worker``, ``job-worker`` (``python -m streamserve ROLE``) and
+        ``redis-server`` (the embedded Redis)."""
+        roles: dict[str, list[int]] = {}
+        for pid, argv in self.processes().items():
+            role = role_of(argv)
+            if role:
+                roles.setdefault(role, []).append(pid)
+        return roles
+
+    def cli(self, *args: str, check: bool = True, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
         env = {**self.env(), "REDIS_URL": self.effective_redis_url}
         result = subprocess.run(
-            [self.command, *args], cwd=self.cwd, env=env, capture_output=True, text=True, timeout=60, check=False
+            [self.command, *args], cwd=self.cwd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
         )
         if check and result.returncode != 0:
             raise AssertionError(f"streamserve {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
@@ -134,10 +219,7 @@ class Processes:
         self.started: dict[str, subprocess.Popen[bytes]] = {}
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSERVE_") and k != "REDIS_URL"}
-        env.update({MARKER_VAR: self.token, "REDIS_URL": self.redis_url})
-        env.update({"STREAMSERVE_HEARTBEAT_INTERVAL_S": "0.2", "STREAMSERVE_HEARTBEAT_TIMEOUT_S": "2"})
-        return env
+        return marked_env(self.token, {"REDIS_URL": self.redis_url, **FAST_HEARTBEATS})
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         """Run ``streamserve ARGS`` in the background, logging to ``<log_dir>/<name>.log``."""
@@ -160,9 +242,7 @@ class Processes:
         return self.log_dir / f"{name}.log"
 
     def stop_all(self) -> None:
-        for pid in pids_with_marker(self.token):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_marked(self.token)
         for proc in self.started.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)

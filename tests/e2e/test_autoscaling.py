@@ -14,8 +14,7 @@ from tests.e2e.farm import Farm, wait_for
 pytestmark = pytest.mark.e2e
 
 CONFIG = Path(__file__).parent / "autoscale.yaml"
-BURST = 8
-"""Concurrent 3 s requests: 8 ongoing at target 1 per replica asks for the max, 3 replicas."""
+BURST = 8  # concurrent 3 s requests: 8 ongoing at target 1 per replica asks for the max, 3 replicas
 
 
 @pytest.fixture(scope="module")

@@ -38,8 +38,8 @@ WHO = ["The cat", "A chef", "My neighbour", "The committee", "A child", "The pil
 DID = ["chased", "cooked", "repaired", "approved", "drew", "landed", "shipped", "flooded"]
 WHAT = ["a red ball", "fresh pasta", "an old bicycle", "the new budget"]
 WHEN = ["this morning", "after lunch", "last winter", "in the rain", "at midnight", "on Sunday", "again", "slowly"]
+# 32 different sentences of different lengths: one full batch.
 SENTENCES = [f"{WHO[i % 8]} {DID[i % 8]} {WHAT[i // 8]} {WHEN[i * 3 % 8]}." for i in range(MAX_BATCH_SIZE)]
-"""32 different sentences of different lengths: one full batch."""
 
 
 @pytest.fixture(scope="module")

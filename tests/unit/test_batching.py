@@ -134,8 +134,7 @@ class Recording:
         return [2 * b for b in bodies]
 
 
-FAR = 10**15
-"""A deadline that never passes (epoch ms)."""
+FAR = 10**15  # a deadline that never passes (epoch ms)
 
 
 async def test_a_full_batch_runs_at_once_and_the_rest_waits_for_the_next() -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 
-from bench.common import Options, Sample, Section, Spread, Summary, md_table, percentile, ratio
+from bench.options import Options
 from bench.report import KEPT_MARK, PROFILE_NOTE, kept_sections, profile_section
+from bench.section import Section, md_table
+from bench.stats import Sample, Spread, Summary, percentile, ratio
 
 
 def test_spread_is_median_and_range() -> None:

@@ -11,8 +11,7 @@ import pytest
 
 from streamserve.workers.threads import HandlerThreads
 
-WAIT_S = 10.0
-"""Bound on every wait below: a hand-off that never happens fails the test instead of hanging it."""
+WAIT_S = 10.0  # bound on every wait below: a hand-off that never happens fails the test instead of hanging it
 
 
 class Gate:

@@ -1,0 +1,61 @@
+"""`streamserve up` as the benches run it: tests/e2e/farm.py's ``Farm``, started and stopped as a bench child.
+
+It is `up` as a user runs it, with two changes: both ports are free ones (the embedded Redis never takes
+6379, which another farm on this machine may be using), and no job workers (``STREAMSERVE_JOB_WORKERS=0``):
+no bench submits asynchronous jobs, and two idle RQ workers would only take memory and CPU from what is
+measured. Its heartbeats are `up`'s defaults, not the tests' fast ones. Its status is read from Redis
+in-process, not by a CLI process: the autoscaling step polls it every 50 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from bench.children import READY_TIMEOUT_S, Children, python_path
+from streamserve.procs import wait_until
+from tests.e2e.farm import Farm
+
+NO_JOB_WORKERS = {"STREAMSERVE_JOB_WORKERS": "0"}
+
+
+def start_farm(children: Children, config_text: str, timeout_s: float = READY_TIMEOUT_S) -> Farm:
+    """`streamserve up` on ``config_text``, once every deployment runs its target replicas; stopped by children."""
+    workdir = children.temporary_directory()
+    config = workdir / "config.yaml"
+    config.write_text(config_text)
+    farm = children.start(Farm(config, workdir / "up.log", extra_env={**NO_JOB_WORKERS, "PYTHONPATH": python_path()}))
+    farm.start(timeout_s)
+    wait_running(farm, timeout_s)
+    return farm
+
+
+def status_of(redis_url: str) -> list[dict[str, Any]]:
+    """Every deployment's status as dicts (name, target, running, queued, replicas, ...)."""
+    from streamserve.connection import async_redis
+    from streamserve.settings import Settings
+    from streamserve.status import StatusReader
+
+    async def read() -> list[dict[str, Any]]:
+        redis = async_redis(redis_url)
+        try:
+            return [d.to_dict() for d in await StatusReader(redis, Settings(redis_url=redis_url).keys).status()]
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(read())
+
+
+def wait_running(farm: Farm, timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Wait until every deployment has at least one replica as its target and runs them all."""
+    deployments: list[dict[str, Any]] = []
+
+    def running() -> bool:
+        nonlocal deployments
+        if farm.proc is None or farm.proc.poll() is not None:
+            raise farm.fail("`streamserve up` exited")
+        deployments = status_of(farm.effective_redis_url)
+        return bool(deployments) and all(d["target"] >= 1 and d["running"] >= d["target"] for d in deployments)
+
+    if not wait_until(running, timeout_s, interval_s=0.2):
+        raise farm.fail(f"replicas not running within {timeout_s:.0f}s: {deployments}")
