@@ -24,7 +24,8 @@ from streamserve.desired import DesiredState
 from streamserve.errors import BadRequestError, ConfigError, GoalFailedError, RequestTimeoutError, StreamServeError
 from streamserve.goals import GOAL_POLL_S, GoalStore
 from streamserve.messages import GoalRecord
-from streamserve.settings import Settings, add_redis_url_option
+from streamserve.security import check_exposure
+from streamserve.settings import Settings, add_no_admin_option, add_redis_url_option
 from streamserve.states import DeploymentHealth
 from streamserve.status import DeploymentStatus, StatusReader
 
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="gateway interface (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
     p.add_argument("--redis-port", type=int, help="embedded Redis port (default 6379 if free, else any free one)")
+    add_no_admin_option(p)
 
     def add_wait(p: argparse.ArgumentParser) -> None:
         p.add_argument("--wait", action="store_true", help="return once the change is done (exit 1 if it fails)")
@@ -103,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         role_main: Callable[[list[str]], int] = importlib.import_module(ROLE_COMMANDS[argv[0]]).main
-        return role_main(argv[1:])
+        try:
+            return role_main(argv[1:])
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
     # Ctrl-C raises at once. asyncio.run's own handler only cancels the main task, and a cancellation that
     # lands inside redis-py's pool wait can be swallowed (asyncio.wait_for before 3.12), leaving --wait hanging.
@@ -126,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @dataclass(frozen=True)
-class Farm:
+class Stores:
     """What the commands read and write, on one connection."""
 
     desired: DesiredState
@@ -138,12 +144,13 @@ def _interrupt(_signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _with_farm(settings: Settings, fn: Callable[[Farm], Awaitable[T]]) -> T:
+def _with_stores(settings: Settings, fn: Callable[[Stores], Awaitable[T]]) -> T:
     async def run() -> T:
         redis = async_redis(settings.effective_redis_url)
         try:
             keys = settings.keys
-            return await fn(Farm(DesiredState(redis, keys), GoalStore(redis, keys), StatusReader(redis, keys)))
+            desired = DesiredState(redis, keys, settings.import_allow_list)
+            return await fn(Stores(desired, GoalStore(redis, keys), StatusReader(redis, keys)))
         finally:
             await redis.aclose()
 
@@ -153,6 +160,7 @@ def _with_farm(settings: Settings, fn: Callable[[Farm], Awaitable[T]]) -> T:
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from streamserve.up import Farm, UpOptions
 
+    check_exposure(args.host, api_key_set=settings.api_key is not None, admin=settings.admin)
     config = load_config(args.config)
     return Farm(settings, UpOptions(config, args.config, args.host, args.port, args.redis_port)).run()
 
@@ -160,8 +168,8 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
     config = load_config(args.config)
 
-    async def deploy(farm: Farm) -> int:
-        applied = await farm.desired.apply(config)
+    async def deploy(stores: Stores) -> int:
+        applied = await stores.desired.apply(config)
         if not applied:
             print("no change")
         for name, goal_id in applied.goals.items():
@@ -170,32 +178,32 @@ def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
             print(f"{name}: endpoint updated")
         if args.wait:
             deadline = time.monotonic() + args.timeout
-            await _wait_for_goals(farm, list(applied.goals.values()), args.timeout)
+            await _wait_for_goals(stores, list(applied.goals.values()), args.timeout)
             unchanged = [d.name for d in config.deployments if d.name not in applied.goals]
-            await _wait_until_healthy(farm, unchanged, deadline)
+            await _wait_until_healthy(stores, unchanged, deadline)
         return 0
 
-    return _with_farm(settings, deploy)
+    return _with_stores(settings, deploy)
 
 
-async def _wait_for_goals(farm: Farm, goal_ids: list[str], timeout: float) -> None:
+async def _wait_for_goals(stores: Stores, goal_ids: list[str], timeout: float) -> None:
     """Wait for each goal in turn, printing progress when it changes; GoalFailedError says why one failed."""
     deadline = time.monotonic() + timeout
     last_line = ""
 
     async def show(goal: GoalRecord) -> None:
         nonlocal last_line
-        line = await farm.status.progress(goal)
+        line = await stores.status.progress(goal)
         if line != last_line:
             print(f"  {line}", flush=True)
             last_line = line
 
     for goal_id in goal_ids:
-        goal = await farm.goals.wait(goal_id, max(0.0, deadline - time.monotonic()), on_progress=show)
+        goal = await stores.goals.wait(goal_id, max(0.0, deadline - time.monotonic()), on_progress=show)
         print(f"{goal.deployment}: done" + (f", {goal.replicas} replica(s) running" if goal.kind != "delete" else ""))
 
 
-async def _wait_until_healthy(farm: Farm, names: list[str], deadline: float) -> None:
+async def _wait_until_healthy(stores: Stores, names: list[str], deadline: float) -> None:
     """Deployments a write left unchanged have no goal: wait on the scheduler's verdict on them instead.
 
     So ``deploy --wait`` of an unchanged file still fails for a deployment that cannot run.
@@ -203,7 +211,7 @@ async def _wait_until_healthy(farm: Farm, names: list[str], deadline: float) -> 
     pending = set(names)
     while pending:
         for name in sorted(pending):
-            health = await farm.status.health(name)
+            health = await stores.status.health(name)
             if health is not None and health.health is DeploymentHealth.UNHEALTHY:
                 raise GoalFailedError(f"{name}: {health.message}")
             if health is not None and health.health is DeploymentHealth.HEALTHY:
@@ -216,18 +224,18 @@ async def _wait_until_healthy(farm: Farm, names: list[str], deadline: float) -> 
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    async def report(farm: Farm) -> dict[str, Any]:
-        return await farm.status.report()
+    async def report(stores: Stores) -> dict[str, Any]:
+        return await stores.status.report()
 
-    async def tables(farm: Farm) -> str:
-        endpoints = await farm.desired.endpoints()
-        text = format_status(await farm.status.status())
+    async def tables(stores: Stores) -> str:
+        endpoints = await stores.desired.endpoints()
+        text = format_status(await stores.status.status())
         return text + ("\n\n" + format_endpoints([endpoints[n] for n in sorted(endpoints)]) if endpoints else "")
 
     if args.json:
-        sys.stdout.write(orjson.dumps(_with_farm(settings, report), option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(orjson.dumps(_with_stores(settings, report), option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        print(_with_farm(settings, tables))
+        print(_with_stores(settings, tables))
     return 0
 
 
@@ -285,13 +293,13 @@ def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
     if args.replicas < 0:
         raise ConfigError(f"replicas must be >= 0, got {args.replicas}")
 
-    async def scale(farm: Farm) -> None:
-        goal_id = await farm.desired.scale(args.name, args.replicas)
+    async def scale(stores: Stores) -> None:
+        goal_id = await stores.desired.scale(args.name, args.replicas)
         print(f"{args.name}: {args.replicas} replica(s)" + (f" (goal {goal_id})" if goal_id else " (no change)"))
         if goal_id and args.wait:
-            await _wait_for_goals(farm, [goal_id], args.timeout)
+            await _wait_for_goals(stores, [goal_id], args.timeout)
 
-    _with_farm(settings, scale)
+    _with_stores(settings, scale)
     return 0
 
 
@@ -299,10 +307,10 @@ def cmd_traffic(args: argparse.Namespace, settings: Settings) -> int:
     traffic = _parse_pairs(args.weights, "weight")
     shadow = None if args.shadow is None else _parse_pairs(args.shadow, "shadow fraction")
 
-    async def set_traffic(farm: Farm) -> EndpointConfig:
-        return await farm.desired.set_traffic(args.endpoint, traffic, shadow)
+    async def set_traffic(stores: Stores) -> EndpointConfig:
+        return await stores.desired.set_traffic(args.endpoint, traffic, shadow)
 
-    endpoint = _with_farm(settings, set_traffic)
+    endpoint = _with_stores(settings, set_traffic)
     print(format_endpoints([endpoint]))
     return 0
 
@@ -325,17 +333,17 @@ def _parse_pairs(items: list[str], what: str) -> dict[str, float]:
 
 
 def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
-    async def delete(farm: Farm) -> None:
-        if args.name in await farm.desired.endpoints():
-            await farm.desired.delete_endpoint(args.name)
+    async def delete(stores: Stores) -> None:
+        if args.name in await stores.desired.endpoints():
+            await stores.desired.delete_endpoint(args.name)
             print(f"{args.name}: endpoint deleted")
             return
-        goal_id = await farm.desired.delete(args.name)
+        goal_id = await stores.desired.delete(args.name)
         print(f"{args.name}: deleting (goal {goal_id})")
         if args.wait:
-            await _wait_for_goals(farm, [goal_id], args.timeout)
+            await _wait_for_goals(stores, [goal_id], args.timeout)
 
-    _with_farm(settings, delete)
+    _with_stores(settings, delete)
     return 0
 
 

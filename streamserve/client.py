@@ -307,7 +307,7 @@ class AsyncClient:
         return await StatusReader(self.redis, self._keys).status()
 
     def _desired(self) -> DesiredState:
-        return DesiredState(self.redis, self._keys)
+        return DesiredState(self.redis, self._keys, self._settings.import_allow_list)
 
     @property
     def redis(self) -> aioredis.Redis:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from types import TracebackType
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -23,6 +25,27 @@ BACKOFF_CAP_S = 1.0
 
 
 # Connections one asyncio client opens at most; more concurrent commands wait for a free one.
+def _quiet_handshake() -> dict[str, Any]:
+    """Connection options that keep redis-py from sending optional CLIENT commands on every connect.
+
+    CLIENT SETINFO is Redis 7.2+ (older servers count a failed call each time) and redis-py 8's
+    CLIENT MAINT_NOTIFICATIONS is for Redis Enterprise; an ACL user confined to the farm's commands
+    (README "Security") cannot be granted either on Redis 7.0. The option names depend on the
+    redis-py version: driver_info replaced lib_name/lib_version (deprecated) in redis-py 8.
+    """
+    params = inspect.signature(redis.connection.AbstractConnection.__init__).parameters
+    options: dict[str, Any] = (
+        {"driver_info": None} if "driver_info" in params else {"lib_name": None, "lib_version": None}
+    )
+    if "maint_notifications_config" in params:
+        from redis.maint_notifications import MaintNotificationsConfig
+
+        options["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    return options
+
+
+_QUIET_HANDSHAKE = _quiet_handshake()
+
 POOL_SIZE = 64
 # How long a command waits for a free connection before it counts as Redis being unavailable.
 POOL_WAIT_S = 20.0
@@ -43,6 +66,7 @@ def async_redis(url: str, *, max_connections: int = POOL_SIZE) -> aioredis.Redis
         retry=AsyncRetry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS),
         retry_on_error=list(RETRYABLE_ERRORS),
         health_check_interval=30,
+        **_QUIET_HANDSHAKE,
     )
     return aioredis.Redis.from_pool(pool)
 
@@ -55,6 +79,7 @@ def sync_redis(url: str) -> redis.Redis:
         retry=Retry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS),
         retry_on_error=list(RETRYABLE_ERRORS),
         health_check_interval=30,
+        **_QUIET_HANDSHAKE,
     )
 
 

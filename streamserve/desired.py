@@ -28,6 +28,7 @@ from streamserve.goals import GoalStore, new_goal
 from streamserve.keys import ConfigKey, Keys
 from streamserve.longpoll import publish_change
 from streamserve.messages import now_ms, text
+from streamserve.security import ImportAllowList
 
 
 @dataclass(frozen=True)
@@ -124,10 +125,12 @@ def check_consistent(stored: Stored, change: DesiredChange, diff: Diff) -> None:
 class DesiredState:
     """Reads and writes the desired deployments and endpoints (CLI, clients, admin API, scheduler, replicas)."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, import_allow: ImportAllowList | None = None) -> None:
+        """``import_allow``: writes of deployments importing from elsewhere are refused (ConfigError)."""
         self._redis = redis
         self._keys = keys
         self._goals = GoalStore(redis, keys)
+        self._import_allow = import_allow or ImportAllowList()
 
     async def deployments(self) -> dict[str, DeploymentConfig]:
         """Every desired deployment, by name."""
@@ -215,6 +218,8 @@ class DesiredState:
         two writers cannot together break it, e.g. one deleting a deployment
         while another points an endpoint at it.
         """
+        for cfg in change.deployments.values():
+            self._import_allow.check(cfg.import_path, cfg.name)
         dkey, ekey = self._keys.deployments(), self._keys.endpoints()
         async with self._redis.pipeline(transaction=True) as pipe:
             while True:

@@ -22,6 +22,10 @@ class UnauthorizedError(BadRequestError):
     """An admin write without the right API key."""
 
 
+class ForbiddenError(BadRequestError):
+    """An admin write on a gateway whose admin writes are switched off (STREAMSERVE_ADMIN=off)."""
+
+
 class NotFoundError(BadRequestError):
     """No deployment, endpoint or route by that name."""
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from streamserve.errors import ConfigError
 from streamserve.keys import DEFAULT_PREFIX, Keys
+from streamserve.security import ImportAllowList
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -15,6 +17,15 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 def add_redis_url_option(parser: argparse.ArgumentParser) -> None:
     """The ``--redis-url`` option every streamserve command takes; read it with Settings.from_command_line."""
     parser.add_argument("--redis-url", help=f"Redis URL (default: $REDIS_URL or {DEFAULT_REDIS_URL})")
+
+
+def add_no_admin_option(parser: argparse.ArgumentParser) -> None:
+    """``--no-admin``: the gateway takes no admin writes (Settings.from_command_line reads it)."""
+    parser.add_argument(
+        "--no-admin",
+        action="store_true",
+        help="switch the gateway's admin writes off (STREAMSERVE_ADMIN=off); the CLI and clients still deploy",
+    )
 
 
 class Settings(BaseSettings):
@@ -33,8 +44,14 @@ class Settings(BaseSettings):
     # Every Redis key starts with this and a colon.
     key_prefix: str = Field(DEFAULT_PREFIX, pattern=r"^[A-Za-z0-9_.-]+$")
 
-    # When set, admin writes on the gateway need ``Authorization: Bearer <key>``.
+    # When set, admin writes on the gateway need ``Authorization: Bearer <key>``; empty or blank is an error.
     api_key: SecretStr | None = None
+
+    # Whether the gateway takes admin writes (deploy, scale, delete, traffic) at all.
+    admin: bool = True
+
+    # Comma-separated module prefixes deployments may import from (e.g. "examples,myapp"); unset: any module.
+    import_allow: str | None = None
 
     # How often a replica refreshes its heartbeat.
     heartbeat_interval_s: float = Field(1.0, gt=0)
@@ -62,13 +79,40 @@ class Settings(BaseSettings):
 
     @field_validator("api_key", mode="before")
     @classmethod
-    def _empty_key_is_no_key(cls, value: object) -> object:
-        return None if value == "" else value
+    def _key_is_not_blank(cls, value: object) -> object:
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(text, str) and not text.strip():
+            raise ValueError("STREAMSERVE_API_KEY is set but empty; set a secret, or unset it for no key")
+        return value
+
+    @field_validator("import_allow")
+    @classmethod
+    def _allow_list_parses(cls, value: str | None) -> str | None:
+        ImportAllowList.parse(value)
+        return value
 
     @classmethod
-    def from_command_line(cls, args: argparse.Namespace) -> Settings:
-        """The environment's settings, with ``--redis-url`` (see add_redis_url_option) taking precedence."""
-        return cls(**({"redis_url": args.redis_url} if args.redis_url else {}))
+    def from_command_line(cls, args: argparse.Namespace, **overrides: object) -> Settings:
+        """The environment's settings, with ``--redis-url`` (see add_redis_url_option) and ``overrides`` on top.
+
+        ConfigError (exit 2 at the entry points) names the setting that is wrong.
+        """
+        if getattr(args, "redis_url", None):
+            overrides["redis_url"] = args.redis_url
+        if getattr(args, "no_admin", False):
+            overrides["admin"] = False
+        try:
+            return cls(**overrides)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"STREAMSERVE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors()
+            )
+            raise ConfigError(problems) from None
+
+    @property
+    def import_allow_list(self) -> ImportAllowList:
+        return ImportAllowList.parse(self.import_allow)
 
     @property
     def keys(self) -> Keys:
@@ -91,7 +135,10 @@ class Settings(BaseSettings):
             "STREAMSERVE_JOB_WORKERS": str(self.job_workers),
             "STREAMSERVE_JOB_RESULT_TTL_S": str(self.job_result_ttl_s),
             "STREAMSERVE_DEBUG": "1" if self.debug else "0",
+            "STREAMSERVE_ADMIN": "on" if self.admin else "off",
         }
+        if self.import_allow is not None:
+            env["STREAMSERVE_IMPORT_ALLOW"] = self.import_allow
         if self.api_key is not None:
             env["STREAMSERVE_API_KEY"] = self.api_key.get_secret_value()
         return env

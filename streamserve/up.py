@@ -24,7 +24,7 @@ import httpx
 import redis
 
 from streamserve.config import AppConfig
-from streamserve.connection import UnreachableAsUnavailable, async_redis, sync_redis
+from streamserve.connection import UnreachableAsUnavailable, async_redis, redacted, sync_redis
 from streamserve.desired import Applied, DesiredState
 from streamserve.embedded_redis import EmbeddedRedis
 from streamserve.errors import StreamServeError
@@ -138,7 +138,9 @@ class Farm:
         try:
             with UnreachableAsUnavailable(url):
                 await redis.ping()
-                return await DesiredState(redis, self.settings.keys).apply(self.options.config)
+                return await DesiredState(redis, self.settings.keys, self.settings.import_allow_list).apply(
+                    self.options.config
+                )
         finally:
             await redis.aclose()
 
@@ -190,7 +192,7 @@ class Farm:
         lines = [
             "streamserve is up",
             f"  gateway   {gateway_url}",
-            f"  redis     {redis_url}" + ("  (embedded)" if self.redis else ""),
+            f"  redis     {redacted(redis_url)}" + ("  (embedded)" if self.redis else ""),
             f"  config    {self.options.config_path}"
             + (f"  (updated: {', '.join([*changed.goals, *changed.endpoints])})" if changed else ""),
         ]
@@ -210,7 +212,7 @@ class Farm:
         for e in self.options.config.endpoints:
             route = f"POST {gateway_url}{e.route_prefix}" if e.route_prefix else "client only"
             lines.append(f"  - {e.name}: endpoint over {', '.join(sorted(e.traffic))}, {route}")
-        lines.append(f"  try: {_own_command()} status --redis-url {redis_url}")
+        lines.append(f"  try: {_own_command()} status --redis-url {redacted(redis_url)}")
         lines.append("Press Ctrl-C to stop.")
         print("\n".join(lines), flush=True)
 

@@ -14,7 +14,13 @@ from streamserve.app.errors import json_response
 from streamserve.client import AsyncClient
 from streamserve.config import parse_config
 from streamserve.desired import DesiredState
-from streamserve.errors import BadRequestError, GoalFailedError, RequestTimeoutError, UnauthorizedError
+from streamserve.errors import (
+    BadRequestError,
+    ForbiddenError,
+    GoalFailedError,
+    RequestTimeoutError,
+    UnauthorizedError,
+)
 from streamserve.goals import GoalStore
 from streamserve.settings import Settings
 from streamserve.states import FINAL_GOAL_STATUSES
@@ -25,6 +31,11 @@ MAX_GOAL_WAIT_S = 60.0
 def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
     def require_api_key(request: Request) -> None:
         """With STREAMSERVE_API_KEY set, writes need ``Authorization: Bearer <key>`` (or ``X-API-Key``)."""
+        if not settings.admin:
+            raise ForbiddenError(
+                "admin writes are switched off on this gateway (STREAMSERVE_ADMIN=off); "
+                "deploy with the streamserve CLI or the Python client"
+            )
         if settings.api_key is None:
             return
         scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
@@ -33,7 +44,7 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
             raise UnauthorizedError("admin writes need Authorization: Bearer <STREAMSERVE_API_KEY>")
 
     def desired() -> DesiredState:
-        return DesiredState(client.redis, settings.keys)
+        return DesiredState(client.redis, settings.keys, settings.import_allow_list)
 
     router = APIRouter(prefix="/-")
     guarded = [Depends(require_api_key)]

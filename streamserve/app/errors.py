@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from streamserve.errors import (
     BadRequestError,
     ConflictError,
+    ForbiddenError,
     MethodNotAllowedError,
     NotFoundError,
     OverloadedError,
@@ -32,6 +33,7 @@ STATUS_BY_ERROR: list[tuple[type[StreamServeError], int]] = [
     (PayloadTooLargeError, 413),
     (ConflictError, 409),
     (UnauthorizedError, 401),
+    (ForbiddenError, 403),
     (BadRequestError, 400),
     (RequestTimeoutError, 504),
     (OverloadedError, 503),

@@ -130,6 +130,8 @@ class Replica:
     async def _load(self) -> bool:
         try:
             self._cfg = await DesiredState(self._redis, self._keys).get(self._name)
+            # The config may have reached Redis some other way than through a checked write.
+            self._settings.import_allow_list.check(self._cfg.import_path, self._name)
             self._threads = HandlerThreads(self._cfg.max_ongoing_requests)
             # Import and constructor may block for a long time (model weights): keep the loop free for heartbeats.
             self._deployment = await asyncio.to_thread(load, self._cfg)

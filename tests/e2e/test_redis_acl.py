@@ -1,0 +1,97 @@
+"""A whole farm runs as a Redis ACL user confined to its keys and channels: the README's line, word for word."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from streamserve.embedded_redis import redis_server_binary
+from streamserve.procs import free_port, stop_group, wait_until
+from tests.e2e.farm import ROOT, Farm, wait_for
+
+pytestmark = pytest.mark.e2e
+
+PASSWORD = "farm-secret-8d1f"
+ADMIN_PASSWORD = "admin-secret-33a0"
+
+
+def readme_acl_line() -> str:
+    """The ACL line as the README's Security section prints it, with this test's password in place."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- acl-begin -->\n```\n(.+?)\n```\n<!-- acl-end -->", readme, re.S)
+    assert block is not None, "README lost its ACL block"
+    line = block.group(1).strip()
+    assert line.startswith("user streamserve on >CHANGE-ME ")
+    return line.replace(">CHANGE-ME", f">{PASSWORD}")
+
+
+@pytest.fixture
+def acl_redis(tmp_path: Path) -> Iterator[int]:
+    """A redis-server whose default user is off; the farm's user is the README's, plus an admin for the test."""
+    port = free_port()
+    conf = tmp_path / "redis.conf"
+    conf.write_text(
+        f'port {port}\nbind 127.0.0.1\nsave ""\nappendonly no\ndir {tmp_path}\n'
+        "user default off\n"
+        f"user admin on >{ADMIN_PASSWORD} ~* &* +@all\n"
+        f"{readme_acl_line()}\n"
+    )
+    proc = subprocess.Popen(
+        [redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    admin = redis.Redis(port=port, username="admin", password=ADMIN_PASSWORD)
+    try:
+
+        def up() -> bool:
+            try:
+                return bool(admin.ping())
+            except redis.RedisError:
+                return proc.poll() is not None
+
+        assert wait_until(up, 10) and proc.poll() is None, "redis-server did not start with the README's ACL line"
+        yield port
+    finally:
+        admin.close()
+        stop_group(proc, timeout_s=5)
+
+
+def test_the_farm_runs_as_the_readme_acl_user(acl_redis: int, tmp_path: Path) -> None:
+    config = tmp_path / "farm.yaml"
+    config.write_text(
+        "deployments:\n"
+        "  - name: echo\n    import_path: examples.echo:Echo\n    num_replicas: 1\n"
+        "  - name: add\n    import_path: examples.functions:add\n    num_replicas: 1\n"
+    )
+    url = f"redis://streamserve:{PASSWORD}@127.0.0.1:{acl_redis}/0"
+    admin = redis.Redis(port=acl_redis, username="admin", password=ADMIN_PASSWORD)
+    farm = Farm(config, tmp_path / "up.log", redis_url=url).start()
+    try:
+        assert farm.post("/echo", {"x": 1}).json() == {"echo": {"x": 1}, "greeting": "hello"}
+        accepted = farm.post("/add", {"a": 1, "b": 2}, headers={"Prefer": "respond-async"})
+        assert accepted.status_code == 202, accepted.text
+        job: dict[str, object] = {}
+
+        def finished() -> bool:
+            job.update(httpx.get(farm.base_url + accepted.headers["location"], timeout=10).json())
+            return job["status"] in ("finished", "failed")
+
+        wait_for(finished, 30, f"job never finished: {job}")
+        assert job["result"] == {"sum": 3}
+        farm.cli("scale", "echo", "2", "--wait", "--timeout", "60")
+        assert farm.status()["echo"]["running"] == 2
+        # Nothing the farm tried was refused (a refusal would show in the ACL log, even where it was handled).
+        assert admin.acl_log() == [], str(admin.acl_log()[0])
+        # The default user is off: without the farm's credentials nothing gets in.
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=acl_redis).ping()
+        assert "farm-secret" not in farm.log().decode(), "up printed the Redis password"
+    finally:
+        code = farm.stop()
+        admin.close()
+    assert code == 0

@@ -1,0 +1,176 @@
+"""Nobody who merely reaches the gateway can make the farm run code (issue: safe by default).
+
+- Off loopback, a gateway (or ``up``) with an open admin API refuses to start.
+- ``STREAMSERVE_IMPORT_ALLOW`` refuses other modules where configs are written (HTTP, CLI, client) and again
+  where replicas import them.
+- ``STREAMSERVE_ADMIN=off`` turns every admin write away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+import redis as sync_redis_module
+
+from streamserve.client import AsyncClient
+from streamserve.config import AppConfig, DeploymentConfig
+from streamserve.connection import async_redis
+from streamserve.desired import DesiredState
+from streamserve.errors import ConfigError
+from streamserve.ids import ReplicaID
+from streamserve.messages import Heartbeat
+from streamserve.procs import free_port, port_is_free, wait_until
+from streamserve.settings import Settings
+from streamserve.states import ReplicaHealth
+from streamserve.workers.replica import Replica
+from tests.integration.conftest import gateway_http
+
+STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
+ROOT = Path(__file__).resolve().parents[2]
+PWN = {"deployments": [{"name": "pwn", "import_path": "os:system"}]}
+
+
+def env(redis_url: str, **extra: str) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSERVE_") and k != "REDIS_URL"}
+    return {**clean, "REDIS_URL": redis_url, **extra}
+
+
+def stored_deployments(redis_url: str) -> set[str]:
+    client = sync_redis_module.Redis.from_url(redis_url)
+    try:
+        return {k.decode() for k in client.hkeys(Settings(redis_url=redis_url).keys.deployments())}
+    finally:
+        client.close()
+
+
+async def test_the_allow_list_refuses_other_modules_on_every_write_path(settings: Settings, tmp_path: Path) -> None:
+    allowed = settings.model_copy(update={"import_allow": "tests,examples"})
+    async with gateway_http(allowed) as http:
+        refused = await http.post("/-/deploy", content=orjson.dumps(PWN))
+    assert refused.status_code == 400
+    assert refused.json()["error"] == "ConfigError"
+    assert "'os:system' is outside STREAMSERVE_IMPORT_ALLOW (tests, examples)" in refused.json()["message"]
+
+    async with AsyncClient(settings=allowed) as client:
+        with pytest.raises(ConfigError, match="outside STREAMSERVE_IMPORT_ALLOW"):
+            await client.deploy(AppConfig.model_validate(PWN))
+
+    config = tmp_path / "pwn.yaml"
+    config.write_text("deployments:\n  - name: pwn\n    import_path: builtins:eval\n")
+    cli = subprocess.run(
+        [STREAMSERVE, "deploy", str(config)],
+        env=env(settings.effective_redis_url, STREAMSERVE_IMPORT_ALLOW="examples"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert cli.returncode == 2 and "outside STREAMSERVE_IMPORT_ALLOW (examples)" in cli.stderr
+    assert stored_deployments(settings.effective_redis_url) == set()
+
+    async with gateway_http(allowed) as http:  # what is under a prefix still deploys
+        ok = await http.post(
+            "/-/deploy", content=orjson.dumps({"deployments": [{"name": "echo", "import_path": "examples.echo:Echo"}]})
+        )
+    assert ok.status_code == 200, ok.text
+
+
+async def test_a_replica_refuses_a_module_outside_the_allow_list(settings: Settings) -> None:
+    """A config that reached Redis some other way (an old write, someone with redis-cli) still does not run."""
+    cfg = DeploymentConfig.model_validate({"name": "pwn", "import_path": "tests.deployments:Recorder"})
+    redis = async_redis(settings.effective_redis_url)
+    try:
+        await DesiredState(redis, settings.keys).apply(AppConfig(deployments=[cfg]))  # no allow-list here
+        strict = settings.model_copy(update={"import_allow": "examples"})
+        replica = Replica(strict, redis, ReplicaID.new("pwn"))
+        assert await asyncio.wait_for(replica.run(), timeout=10) == 1
+        raw = await redis.hget(settings.keys.heartbeats("pwn"), replica.replica_id.to_str())
+        assert raw is not None
+        beat = Heartbeat.decode(raw)
+        assert beat.health is ReplicaHealth.FAILED
+        assert "'tests.deployments:Recorder' is outside STREAMSERVE_IMPORT_ALLOW (examples)" in beat.message
+    finally:
+        await redis.aclose()
+
+
+async def test_admin_off_turns_every_write_away(settings: Settings) -> None:
+    off = settings.model_copy(update={"admin": False})
+    async with gateway_http(off) as http:
+        writes = [
+            await http.post("/-/deploy", content=orjson.dumps(PWN)),
+            await http.post("/-/deployments/x/scale", json={"num_replicas": 1}),
+            await http.delete("/-/deployments/x"),
+            await http.post("/-/endpoints/e/traffic", json={"traffic": {"x": 1}}),
+            await http.delete("/-/endpoints/e"),
+        ]
+        reads = await http.get("/-/status")
+    for response in writes:
+        assert response.status_code == 403, response.text
+        assert response.json()["error"] == "ForbiddenError" and "STREAMSERVE_ADMIN=off" in response.json()["message"]
+    assert reads.status_code == 200
+    assert stored_deployments(settings.effective_redis_url) == set()
+
+
+def run(args: list[str], redis_url: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [STREAMSERVE, *args], cwd=ROOT, env=env(redis_url, **extra), capture_output=True, text=True, timeout=60
+    )
+
+
+def test_no_open_admin_api_off_loopback(redis_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    gateway = run(["gateway", "--host", "0.0.0.0", "--port", str(port)], redis_url)
+    assert gateway.returncode == 2
+    assert "refusing to bind 0.0.0.0" in gateway.stderr and "STREAMSERVE_API_KEY" in gateway.stderr
+    assert "--no-admin" in gateway.stderr
+
+    redis_port = free_port()
+    config = tmp_path / "c.yaml"
+    config.write_text("deployments:\n  - name: echo\n    import_path: examples.echo:Echo\n")
+    up = run(["up", str(config), "--host", "0.0.0.0", "--port", str(port), "--redis-port", str(redis_port)], redis_url)
+    assert up.returncode == 2 and "refusing to bind 0.0.0.0" in up.stderr
+    assert port_is_free("127.0.0.1", redis_port), "up started Redis before refusing"
+
+    for blank in ("", "   "):
+        refused = run(["gateway", "--port", str(port)], redis_url, STREAMSERVE_API_KEY=blank)
+        assert refused.returncode == 2 and "STREAMSERVE_API_KEY" in refused.stderr and "empty" in refused.stderr
+        assert run(["status"], redis_url, STREAMSERVE_API_KEY=blank).returncode == 2
+
+
+def test_no_admin_serves_off_loopback_with_writes_switched_off(redis_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    with (tmp_path / "gateway.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [STREAMSERVE, "gateway", "--host", "0.0.0.0", "--port", str(port), "--no-admin"],
+            cwd=ROOT,
+            env=env(redis_url),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"{base}/-/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return proc.poll() is not None
+
+        assert wait_until(healthy, 30) and proc.poll() is None, (tmp_path / "gateway.log").read_text()
+        write = httpx.post(f"{base}/-/deploy", content=orjson.dumps(PWN), timeout=10)
+        assert write.status_code == 403 and write.json()["error"] == "ForbiddenError"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    assert stored_deployments(redis_url) == set()

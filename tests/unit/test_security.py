@@ -1,0 +1,77 @@
+"""The pure rules of the security settings: the import allow-list, loopback, blank keys."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from streamserve.errors import ConfigError
+from streamserve.security import ImportAllowList, check_exposure, is_loopback
+from streamserve.settings import Settings
+
+
+def test_allow_list_takes_modules_under_its_prefixes_only() -> None:
+    allow = ImportAllowList.parse(" examples , myapp.models")
+    assert allow.allows("examples:Echo") and allow.allows("examples.echo:Echo")
+    assert allow.allows("myapp.models.bert:Model")
+    assert not allow.allows("examplesX:Echo")  # a prefix is a whole module name, not a string prefix
+    assert not allow.allows("myapp.views:index")
+    assert not allow.allows("os:system") and not allow.allows("builtins:eval")
+    with pytest.raises(
+        ConfigError, match=r"'os:system' is outside STREAMSERVE_IMPORT_ALLOW \(examples, myapp\.models\)"
+    ):
+        allow.check("os:system", "pwn")
+    assert ImportAllowList.parse(None).allows("os:system")  # unset: any module, as before
+
+
+@pytest.mark.parametrize("raw", ["examples,", "os system", "a..b", "1abc"])
+def test_an_allow_list_that_is_not_module_names_is_refused(raw: str) -> None:
+    with pytest.raises(ValueError, match="not a module name"):
+        ImportAllowList.parse(raw)
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.1.2.3", False),
+        ("gateway.example", False),
+    ],
+)
+def test_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_exposure_needs_a_key_or_no_admin_off_loopback() -> None:
+    with pytest.raises(ConfigError, match="STREAMSERVE_API_KEY") as refused:
+        check_exposure("0.0.0.0", api_key_set=False, admin=True)
+    assert "--no-admin" in str(refused.value)
+    check_exposure("0.0.0.0", api_key_set=True, admin=True)
+    check_exposure("0.0.0.0", api_key_set=False, admin=False)
+    check_exposure("127.0.0.1", api_key_set=False, admin=True)
+
+
+@pytest.mark.parametrize("key", ["", "   ", "\t"])
+def test_a_blank_api_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch, key: str) -> None:
+    monkeypatch.setenv("STREAMSERVE_API_KEY", key)
+    with pytest.raises(ConfigError, match=r"STREAMSERVE_API_KEY.*empty"):
+        Settings.from_command_line(argparse.Namespace(redis_url=None))
+
+
+def test_admin_off_and_allow_list_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMSERVE_ADMIN", "off")
+    monkeypatch.setenv("STREAMSERVE_IMPORT_ALLOW", "examples")
+    settings = Settings.from_command_line(argparse.Namespace(redis_url=None))
+    assert settings.admin is False
+    assert settings.import_allow_list == ImportAllowList(("examples",))
+    assert settings.to_env()["STREAMSERVE_ADMIN"] == "off"  # child processes get the same
+    assert settings.to_env()["STREAMSERVE_IMPORT_ALLOW"] == "examples"
+    monkeypatch.setenv("STREAMSERVE_IMPORT_ALLOW", "os system")
+    with pytest.raises(ConfigError, match="STREAMSERVE_IMPORT_ALLOW"):
+        Settings.from_command_line(argparse.Namespace(redis_url=None))
