@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     args = build_parser().parse_args(argv)
-    # Ctrl-C raises at once. asyncio.run's own handler only cancels the main task, and a cancellation that
+    # Ctrl-C exits at once. asyncio.run's own handler only cancels the main task, and a cancellation that
     # lands inside redis-py's pool wait can be swallowed (asyncio.wait_for before 3.12), leaving --wait hanging.
     signal.signal(signal.SIGINT, _interrupt)
     try:
@@ -126,9 +127,6 @@ def main(argv: list[str] | None = None) -> int:
     except RedisError as exc:
         print(f"error: Redis: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
 
 
 @dataclass(frozen=True)
@@ -141,7 +139,10 @@ class Stores:
 
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+    """Ctrl-C: exit at once. Nothing a command does needs undoing: each write is one transaction, waits only read."""
+    sys.stdout.flush()
+    print("interrupted", file=sys.stderr, flush=True)
+    os._exit(130)
 
 
 def _with_stores(settings: Settings, fn: Callable[[Stores], Awaitable[T]]) -> T:

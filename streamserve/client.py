@@ -38,13 +38,13 @@ from streamserve.errors import (
 from streamserve.goals import GoalStore
 from streamserve.ids import new_caller_id, new_request_id
 from streamserve.jobs import JobInfo, JobQueue
+from streamserve.jsonvalues import dumps
 from streamserve.keys import CONSUMER_GROUP
 from streamserve.messages import (
     GoalRecord,
     Reply,
     ReplyStatus,
     Request,
-    dumps,
     now_ms,
 )
 from streamserve.pipelining import Pipeliner, Script
@@ -65,8 +65,8 @@ def _encode(body: Any) -> bytes:
     """The request body as JSON; BadRequestError (not a bare TypeError) for what JSON cannot hold."""
     try:
         return dumps(body)
-    except TypeError as exc:
-        raise BadRequestError(f"body is not JSON-serialisable: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise BadRequestError(f"body cannot be sent as JSON: {exc}") from None
 
 
 def _timeout_s(timeout: float | None, cfg: DeploymentConfig) -> float:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 from redis.typing import EncodableT, FieldT
 
@@ -41,11 +40,6 @@ def text(value: bytes | str) -> str:
 def now_ms() -> int:
     """Wall-clock epoch milliseconds: the unit of every deadline and timestamp on the wire."""
     return int(time.time() * 1000)
-
-
-def dumps(value: Any) -> bytes:
-    """JSON-encode a user value; numpy arrays and dataclasses are accepted."""
-    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _field(fields: Fields, name: bytes, kind: str) -> bytes:

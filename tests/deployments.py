@@ -33,6 +33,16 @@ class Recorder:
     def boom(self, body: Any) -> None:
         raise ValueError(f"boom: {body}")
 
+    def as_float(self, body: Any) -> float:
+        """``"nan"`` or ``"inf"`` make a result that JSON has no form for."""
+        return float(body)
+
+    def nested(self, depth: int) -> Any:
+        value: Any = []
+        for _ in range(depth):
+            value = [value]
+        return value
+
 
 class Awkward:
     """Handlers whose outcome is not a plain return value; ``__call__`` echoes."""

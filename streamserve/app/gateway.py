@@ -40,6 +40,7 @@ from streamserve.errors import (
     StreamServeError,
 )
 from streamserve.ids import new_request_id
+from streamserve.jsonvalues import check_decoded
 from streamserve.messages import ReplyStatus
 from streamserve.settings import Settings
 from streamserve.states import JobStatus
@@ -95,8 +96,11 @@ class Gateway:
             body = await read_body(receive, headers.get(b"content-length"), limit) or b"null"
             try:
                 value = orjson.loads(body)
+                check_decoded(body, value)
             except orjson.JSONDecodeError as exc:
                 raise BadRequestError(f"request body is not valid JSON: {exc}") from None
+            except ValueError as exc:
+                raise BadRequestError(f"request body: {exc}") from None
             header_timeout = _header_timeout(headers.get(b"x-request-timeout"))
             if _prefers_async(headers.getlist(b"prefer")):
                 response = await self._submit_job(name, value, header_timeout, reply_headers)

@@ -27,9 +27,10 @@ from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.desired import DesiredState
 from streamserve.errors import BadRequestError, ProtocolError
 from streamserve.ids import ReplicaID
+from streamserve.jsonvalues import dumps
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.longpoll import LongPollSubscriber
-from streamserve.messages import Fields, Heartbeat, Reply, ReplyStatus, Request, dumps, now_ms
+from streamserve.messages import Fields, Heartbeat, Reply, ReplyStatus, Request, now_ms
 from streamserve.pipelining import BlockingReader, Pipeliner
 from streamserve.settings import Settings
 from streamserve.states import ReplicaHealth
@@ -345,12 +346,12 @@ class Replica:
             return self._user_error(request, raised)
         try:
             body = dumps(done.result())
-        except Exception as exc:  # the result is not JSON
-            return self._user_error(request, exc)
+        except Exception as exc:  # the result has no exact JSON form
+            return self._user_error(request, exc, "the handler's result cannot be sent as JSON: ")
         return Reply(request.request_id, ReplyStatus.OK, self._consumer, body=body)
 
-    def _user_error(self, request: Request, exc: BaseException) -> Reply:
-        message = str(exc)
+    def _user_error(self, request: Request, exc: BaseException, context: str = "") -> Reply:
+        message = context + str(exc)
         if self._settings.debug:
             message += "\n" + "".join(traceback.format_exception(exc))
         return Reply(
