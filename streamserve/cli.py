@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -114,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Ctrl-C exits at once. asyncio.run's own handler only cancels the main task, and a cancellation that
     # lands inside redis-py's pool wait can be swallowed (asyncio.wait_for before 3.12), leaving --wait hanging.
-    signal.signal(signal.SIGINT, _interrupt)
+    restore = (
+        signal.signal(signal.SIGINT, _interrupt) if threading.current_thread() is threading.main_thread() else None
+    )
     try:
         settings = Settings.from_command_line(args)
         return COMMANDS[args.command](args, settings)
@@ -127,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     except RedisError as exc:
         print(f"error: Redis: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if restore is not None:
+            signal.signal(signal.SIGINT, restore)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from streamserve import Client, DeadLetterError
-from tests.e2e.farm import Farm, pids_with_marker, wait_for
+from tests.e2e.farm import Farm, wait_for
 
 pytestmark = pytest.mark.e2e
 REDIS_CLI = str(Path(sys.executable).with_name("redis-cli"))
@@ -65,14 +65,7 @@ def test_a_poison_request_does_not_take_its_neighbours_to_the_dead_letters(farm:
 
 
 def scheduler_pids(farm: Farm) -> list[int]:
-    pids = []
-    for pid in pids_with_marker(farm.token):
-        try:
-            if b"-m\0streamserve\0scheduler" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                pids.append(pid)
-        except OSError:
-            pass
-    return pids
+    return farm.role_pids().get("scheduler", [])
 
 
 def test_killed_scheduler_is_restarted_and_adopts_the_replicas(farm: Farm) -> None:

@@ -1,0 +1,81 @@
+"""`streamserve up` restarts a gateway that exits, and stops the farm when it keeps exiting (over 5 times a minute)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from streamserve.procs import port_is_free
+from tests.e2e.farm import Farm, pids_with_marker, wait_for
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = """\
+deployments:
+  - {name: noop, import_path: 'examples.functions:noop', graceful_shutdown_timeout_s: 1}
+"""
+
+
+def gateway_pids(farm: Farm) -> list[int]:
+    return farm.role_pids().get("gateway", [])
+
+
+def serves(farm: Farm) -> bool:
+    try:
+        return bool(farm.post("/noop", [1]).json() == [1])
+    except httpx.HTTPError:
+        return False
+
+
+def test_up_restarts_a_killed_gateway_and_gives_up_when_it_keeps_exiting(tmp_path: Path) -> None:
+    config = tmp_path / "noop.yaml"
+    config.write_text(CONFIG)
+    farm = Farm(config, tmp_path / "up.log")
+    farm.start()
+    try:
+        assert farm.proc is not None
+        assert serves(farm)
+        killed = gateway_pids(farm)
+        assert len(killed) == 1
+
+        def new_gateway() -> int:
+            """The gateway up started in place of the ones killed so far."""
+
+            def started() -> list[int]:
+                return [pid for pid in gateway_pids(farm) if pid not in killed]
+
+            wait_for(lambda: bool(started()) or farm.proc.poll() is not None, 20, "no new gateway")  # type: ignore[union-attr]
+            assert farm.proc is not None and farm.proc.poll() is None, "up exited instead of restarting the gateway"
+            return started()[0]
+
+        # One exit: the gateway comes back and HTTP with it.
+        os.kill(killed[0], signal.SIGKILL)
+        killed.append(new_gateway())
+        wait_for(lambda: serves(farm), 30, "HTTP did not come back after the gateway was restarted")
+        assert b"the gateway exited with code -9; restarting it" in farm.log()
+
+        # Four more within the minute: each is restarted too, five restarts in all, and up is still running.
+        for _ in range(4):
+            os.kill(killed[-1], signal.SIGKILL)
+            killed.append(new_gateway())
+        assert farm.log().count(b"the gateway exited with code -9; restarting it") == 5
+
+        # The sixth exit within the minute: up gives up, says why, and stops everything.
+        os.kill(killed[-1], signal.SIGKILL)
+        try:
+            code = farm.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"up did not give up:\n{farm.log().decode(errors='replace')[-3000:]}") from None
+        assert code == 1
+        log = farm.log().decode(errors="replace")
+        assert "error: the gateway keeps exiting (code -9); stopping" in log, log[-3000:]
+        assert pids_with_marker(farm.token) == []
+        assert port_is_free("127.0.0.1", farm.port)
+        assert farm.redis_port is not None and port_is_free("127.0.0.1", farm.redis_port)
+    finally:
+        farm.stop()

