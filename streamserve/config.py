@@ -87,6 +87,7 @@ class DeploymentConfig(_Strict):
     request_timeout_s: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S)
     graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
     health_check_period_s: float = Field(10.0, gt=0)
+    max_response_bytes: int = Field(16 * 1024 * 1024, ge=1)
 
     _default_route = model_validator(mode="before")(_default_route_prefix)
     _name = field_validator("name")(_check_name)

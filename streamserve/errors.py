@@ -38,6 +38,14 @@ class PayloadTooLargeError(BadRequestError):
     """The request body is larger than ``max_request_bytes``."""
 
 
+class BodyTimeoutError(BadRequestError):
+    """The request body did not arrive within ``body_timeout_s``."""
+
+
+class HeadersTooLargeError(BadRequestError):
+    """The request's headers together are larger than ``max_header_bytes``."""
+
+
 class ConflictError(BadRequestError):
     """The write would break something that depends on the current state (e.g. an endpoint's traffic)."""
 
@@ -88,6 +96,10 @@ class RemoteError(StreamServeError):
         self.message = message
         self.replica_id = replica_id
         self.traceback = traceback
+
+
+class ResponseTooLargeError(StreamServeError):
+    """A handler's result above its deployment's ``max_response_bytes``; the caller gets it as a RemoteError."""
 
 
 class DeadLetterError(RemoteError):

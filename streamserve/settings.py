@@ -68,6 +68,12 @@ class Settings(BaseSettings):
     # The largest request body a caller may send (JSON bytes); larger ones are refused (HTTP 413).
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1)
 
+    # A request body that has not fully arrived this long after the headers gets 408 and its connection closed.
+    body_timeout_s: float = Field(30.0, gt=0)
+
+    # The request's headers together (names and values) may be at most this large; above it, 431.
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
+
     # How many RQ worker processes the leading scheduler keeps running for asynchronous jobs (0: none).
     job_workers: int = Field(2, ge=0)
 
@@ -132,6 +138,8 @@ class Settings(BaseSettings):
             "STREAMSERVE_TICK_INTERVAL_S": str(self.tick_interval_s),
             "STREAMSERVE_START_TIMEOUT_S": str(self.start_timeout_s),
             "STREAMSERVE_MAX_REQUEST_BYTES": str(self.max_request_bytes),
+            "STREAMSERVE_BODY_TIMEOUT_S": str(self.body_timeout_s),
+            "STREAMSERVE_MAX_HEADER_BYTES": str(self.max_header_bytes),
             "STREAMSERVE_JOB_WORKERS": str(self.job_workers),
             "STREAMSERVE_JOB_RESULT_TTL_S": str(self.job_result_ttl_s),
             "STREAMSERVE_DEBUG": "1" if self.debug else "0",

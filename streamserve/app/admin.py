@@ -52,14 +52,14 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
     @router.post("/deploy", dependencies=guarded)
     async def deploy(request: Request) -> Response:
         """Body: a config as JSON (the YAML file's shape). Answers {"goals": {deployment: goal id}}."""
-        config = parse_config(await _json_body(request, settings.max_request_bytes), "request body")
+        config = parse_config(await _json_body(request, settings), "request body")
         applied = await desired().apply(config)
         return json_response({"goals": applied.goals, "endpoints": applied.endpoints})
 
     @router.post("/deployments/{name}/scale", dependencies=guarded)
     async def scale(name: str, request: Request) -> Response:
         """Body: {"num_replicas": N}. Answers {"goal_id": id or null when nothing changed}."""
-        body = await _json_body(request, settings.max_request_bytes)
+        body = await _json_body(request, settings)
         replicas = body.get("num_replicas") if isinstance(body, dict) else None
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise BadRequestError('body must be {"num_replicas": N} with N >= 0')
@@ -72,7 +72,7 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
     @router.post("/endpoints/{name}/traffic", dependencies=guarded)
     async def traffic(name: str, request: Request) -> Response:
         """Body: {"traffic": {deployment: weight}, "shadow": {deployment: fraction}} (shadow optional: kept)."""
-        body = await _json_body(request, settings.max_request_bytes)
+        body = await _json_body(request, settings)
         if not isinstance(body, dict) or not isinstance(body.get("traffic"), dict) or set(body) - {"traffic", "shadow"}:
             raise BadRequestError('body must be {"traffic": {deployment: weight}, "shadow": {deployment: fraction}}')
         endpoint = await desired().set_traffic(name, body["traffic"], body.get("shadow"))
@@ -100,8 +100,9 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
     return router
 
 
-async def _json_body(request: Request, limit: int) -> Any:
-    body = await read_body(request.receive, request.headers.get("content-length"), limit)
+async def _json_body(request: Request, settings: Settings) -> Any:
+    length = request.headers.get("content-length")
+    body = await read_body(request.receive, length, settings.max_request_bytes, settings.body_timeout_s)
     try:
         return orjson.loads(body or b"null")
     except orjson.JSONDecodeError as exc:

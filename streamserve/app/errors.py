@@ -10,8 +10,10 @@ from fastapi.exceptions import RequestValidationError
 
 from streamserve.errors import (
     BadRequestError,
+    BodyTimeoutError,
     ConflictError,
     ForbiddenError,
+    HeadersTooLargeError,
     MethodNotAllowedError,
     NotFoundError,
     OverloadedError,
@@ -31,6 +33,8 @@ STATUS_BY_ERROR: list[tuple[type[StreamServeError], int]] = [
     (NotFoundError, 404),
     (MethodNotAllowedError, 405),
     (PayloadTooLargeError, 413),
+    (BodyTimeoutError, 408),
+    (HeadersTooLargeError, 431),
     (ConflictError, 409),
     (UnauthorizedError, 401),
     (ForbiddenError, 403),
@@ -85,6 +89,8 @@ def error_response(exc: StreamServeError, headers: dict[str, str]) -> Response:
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
     if isinstance(exc, UnauthorizedError):
         headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, BodyTimeoutError | HeadersTooLargeError):
+        headers["Connection"] = "close"  # a slow or oversized client gets no further request on this connection
     if isinstance(exc, MethodNotAllowedError):
         headers["Allow"] = "POST"
     if "X-Request-ID" in headers:

@@ -34,6 +34,7 @@ from streamserve.client import AsyncClient, error_of
 from streamserve.config import GATEWAY_PREFIX, RESERVED_ROUTE_PREFIXES
 from streamserve.errors import (
     BadRequestError,
+    HeadersTooLargeError,
     MethodNotAllowedError,
     NotFoundError,
     RedisUnavailableError,
@@ -93,7 +94,8 @@ class Gateway:
             _check_request_id(given, request_id)
             name = self.match(scope["path"])
             limit = self.settings.max_request_bytes
-            body = await read_body(receive, headers.get(b"content-length"), limit) or b"null"
+            body = await read_body(receive, headers.get(b"content-length"), limit, self.settings.body_timeout_s)
+            body = body or b"null"
             try:
                 value = orjson.loads(body)
                 check_decoded(body, value)
@@ -196,10 +198,16 @@ class GatewayApp:
         self.api = api
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope["path"].startswith(GATEWAY_PREFIX):
-            await self.gateway.serve(scope, receive, send)
-        else:
-            await self.api(scope, receive, send)
+        if scope["type"] == "http":
+            limit = self.gateway.settings.max_header_bytes
+            if sum(len(name) + len(value) for name, value in scope["headers"]) > limit:
+                error = HeadersTooLargeError(f"the request's headers are above max_header_bytes ({limit})")
+                await error_response(error, {})(scope, receive, send)
+                return
+            if scope["method"] == "POST" and not scope["path"].startswith(GATEWAY_PREFIX):
+                await self.gateway.serve(scope, receive, send)
+                return
+        await self.api(scope, receive, send)
 
 
 def create_app(settings: Settings) -> GatewayApp:

@@ -25,7 +25,7 @@ from streamserve.backoff import Backoff
 from streamserve.config import DeploymentConfig
 from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.desired import DesiredState
-from streamserve.errors import BadRequestError, ProtocolError
+from streamserve.errors import BadRequestError, ProtocolError, ResponseTooLargeError
 from streamserve.ids import ReplicaID
 from streamserve.jsonvalues import dumps
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
@@ -348,6 +348,15 @@ class Replica:
             body = dumps(done.result())
         except Exception as exc:  # the result has no exact JSON form
             return self._user_error(request, exc, "the handler's result cannot be sent as JSON: ")
+        assert self._cfg is not None
+        if len(body) > self._cfg.max_response_bytes:  # never written to Redis
+            return self._user_error(
+                request,
+                ResponseTooLargeError(
+                    f"the handler's result is {len(body)} bytes of JSON, above max_response_bytes "
+                    f"({self._cfg.max_response_bytes})"
+                ),
+            )
         return Reply(request.request_id, ReplyStatus.OK, self._consumer, body=body)
 
     def _user_error(self, request: Request, exc: BaseException, context: str = "") -> Reply:

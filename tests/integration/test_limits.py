@@ -1,0 +1,112 @@
+"""Limits on what a client controls: slow bodies, oversized headers, oversized results."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from streamserve.client import AsyncClient
+from streamserve.errors import RemoteError
+from streamserve.procs import free_port, wait_until
+from streamserve.settings import Settings
+from tests.integration.conftest import StartReplica, deploy
+
+STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_a_result_above_max_response_bytes_is_a_500_and_never_reaches_redis(
+    start_replica: StartReplica, client: AsyncClient, http: httpx.AsyncClient, redis_url: str
+) -> None:
+    await start_replica(route_prefix="/rec", max_response_bytes=2_000)
+    assert (await client.call("rec", "x" * 100))["body"] == "x" * 100
+    with pytest.raises(RemoteError) as refused:
+        await client.call("rec", "y" * 5_000)
+    assert refused.value.error_type == "ResponseTooLargeError"
+    assert "above max_response_bytes (2000)" in refused.value.message
+    over_http = await http.post("/rec", json="z" * 5_000)
+    assert over_http.status_code == 500 and over_http.json()["error"] == "ResponseTooLargeError"
+    # The replies that went to Redis are the error, never the large value.
+    conn = redis.Redis.from_url(redis_url)
+    try:
+        for key in conn.scan_iter(match="streamserve:replies:*"):
+            assert all(len(b"".join(fields.values())) < 2_000 for _id, fields in conn.xrange(key))
+    finally:
+        conn.close()
+
+
+async def test_batch_outputs_are_bounded_too(start_replica: StartReplica, client: AsyncClient) -> None:
+    await start_replica(name="batched", import_path="tests.deployments:batched_fn", max_response_bytes=500)
+    assert (await client.call("batched", 1))["in"] == 1
+    with pytest.raises(RemoteError, match="above max_response_bytes"):
+        await client.call("batched", "b" * 1_000)
+
+
+@pytest.fixture
+def gateway(redis_url: str, tmp_path: Path) -> Iterator[int]:
+    """A real gateway process (uvicorn decides what happens to the connection) with a 1 s body timeout."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSERVE_")}
+    env.update(REDIS_URL=redis_url, STREAMSERVE_BODY_TIMEOUT_S="1", STREAMSERVE_MAX_HEADER_BYTES="8192")
+    with (tmp_path / "gateway.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [STREAMSERVE, "gateway", "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/-/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return proc.poll() is not None
+
+        assert wait_until(up, 30) and proc.poll() is None, (tmp_path / "gateway.log").read_text()
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _read_all(sock: socket.socket, deadline_s: float) -> bytes:
+    sock.settimeout(deadline_s)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data  # the server closed the connection
+
+
+@pytest.mark.parametrize("path", ["/rec", "/-/deploy"])
+async def test_a_body_that_trickles_gets_408_and_its_connection_closed(
+    gateway: int, settings: Settings, path: str
+) -> None:
+    await deploy(settings, route_prefix="/rec")
+    routes = f"http://127.0.0.1:{gateway}/-/routes"
+    assert wait_until(lambda: "/rec" in httpx.get(routes, timeout=5).json(), 10), "the gateway never saw /rec"
+    with socket.create_connection(("127.0.0.1", gateway), timeout=10) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n[\r\n".encode())
+        started = time.monotonic()
+        answer = _read_all(sock, 10)  # we send nothing more: the gateway must not wait for us
+    assert time.monotonic() - started < 5
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert b"BodyTimeoutError" in answer and b"body_timeout_s" in answer
+
+
+def test_oversized_headers_get_431(gateway: int) -> None:
+    small = httpx.post(f"http://127.0.0.1:{gateway}/nothing", json=1, headers={"X-Pad": "a" * 1_000})
+    assert small.status_code == 404
+    big = httpx.post(f"http://127.0.0.1:{gateway}/nothing", json=1, headers={"X-Pad": "a" * 20_000})
+    assert big.status_code == 431 and big.json()["error"] == "HeadersTooLargeError"
+    assert httpx.get(f"http://127.0.0.1:{gateway}/-/status", headers={"X-Pad": "a" * 20_000}).status_code == 431
