@@ -31,7 +31,11 @@ class NotFoundError(BadRequestError):
 
 
 class MethodNotAllowedError(BadRequestError):
-    """A deployment route was asked with another method than POST."""
+    """A route was asked with a method it does not answer; ``allow`` lists those it does."""
+
+    def __init__(self, message: str, allow: tuple[str, ...] = ("POST",)) -> None:
+        super().__init__(message)
+        self.allow = allow
 
 
 class PayloadTooLargeError(BadRequestError):

@@ -92,7 +92,7 @@ def error_response(exc: StreamServeError, headers: dict[str, str]) -> Response:
     if isinstance(exc, BodyTimeoutError | HeadersTooLargeError):
         headers["Connection"] = "close"  # a slow or oversized client gets no further request on this connection
     if isinstance(exc, MethodNotAllowedError):
-        headers["Allow"] = "POST"
+        headers["Allow"] = ", ".join(exc.allow)
     if "X-Request-ID" in headers:
         body["request_id"] = headers["X-Request-ID"]
     return json_response(body, status_for(exc), headers)

@@ -14,10 +14,13 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from streamserve.app.admin import admin_router
@@ -47,6 +50,7 @@ from streamserve.settings import Settings
 from streamserve.states import JobStatus
 from streamserve.status import StatusReader
 
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # X-Request-Timeout: plain decimal seconds (float() would also take "1_0", "+2", "1e3" and "inf").
 SECONDS_RE = re.compile(r"^(\d+\.?\d*|\.\d+)$")
@@ -75,13 +79,19 @@ class Gateway:
             raise NotFoundError(f"no deployment serves {path}")
         return name
 
-    def refuse_method(self, request: Request) -> Response:
-        """Anything but POST: 404 where nothing is served, else 405 with ``Allow: POST``."""
+    def refuse_method(self, request: Request, gateway_routes: list[BaseRoute]) -> Response:
+        """What no route takes: 405 with ``Allow`` where the path is served with other methods, else 404.
+
+        ``gateway_routes``: the gateway's own routes (``/-/...``), asked which methods they answer for the path.
+        """
         given, request_id = _request_id(request.headers.get("x-request-id"))
+        path = request.url.path
         try:
             _check_request_id(given, request_id)
-            self.match(request.url.path)
-            raise MethodNotAllowedError(f"{request.method} {request.url.path}: deployments answer POST only")
+            if path.startswith(GATEWAY_PREFIX) and (allowed := _methods_answered(gateway_routes, path)):
+                raise MethodNotAllowedError(f"{request.method} {path}: not answered here", allowed)
+            self.match(path)
+            raise MethodNotAllowedError(f"{request.method} {path}: deployments answer POST only")
         except StreamServeError as exc:
             return error_response(exc, {"X-Request-ID": request_id})
 
@@ -181,6 +191,12 @@ def _prefers_async(prefer_headers: list[str]) -> bool:
     return False
 
 
+def _methods_answered(routes: list[BaseRoute], path: str) -> tuple[str, ...]:
+    """The methods some route answers at ``path`` (asked the way Starlette's router asks)."""
+    scope: dict[str, Any] = {"type": "http", "path": path, "root_path": "", "headers": []}
+    return tuple(m for m in HTTP_METHODS if any(r.matches({**scope, "method": m})[0] is Match.FULL for r in routes))
+
+
 def _header_timeout(raw: str | None) -> float:
     if raw is None:
         return float("inf")
@@ -250,9 +266,16 @@ def create_app(settings: Settings) -> GatewayApp:
 
     api.include_router(admin_router(settings, gateway.client))
 
-    @api.api_route("/{path:path}", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
-    async def other_methods(request: Request) -> Response:
-        """What no route above takes: unknown ``/-/`` paths (404) and other methods than POST (404 or 405)."""
-        return gateway.refuse_method(request)
+    gateway_routes = list(api.routes)
 
+    @api.api_route("/{path:path}", methods=list(HTTP_METHODS), include_in_schema=False)
+    async def other_methods(request: Request) -> Response:
+        """What no route above takes: unknown paths (404), other methods than a route answers (405 with Allow)."""
+        return gateway.refuse_method(request, gateway_routes)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        """What the catch-all cannot match either (``OPTIONS *``): 404 in the gateway's error shape."""
+        return error_response(NotFoundError(f"nothing is served at {request.url.path}"), {})
+
+    api.add_exception_handler(StarletteHTTPException, not_found)
     return GatewayApp(gateway, api)

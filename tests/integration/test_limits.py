@@ -110,3 +110,12 @@ def test_oversized_headers_get_431(gateway: int) -> None:
     big = httpx.post(f"http://127.0.0.1:{gateway}/nothing", json=1, headers={"X-Pad": "a" * 20_000})
     assert big.status_code == 431 and big.json()["error"] == "HeadersTooLargeError"
     assert httpx.get(f"http://127.0.0.1:{gateway}/-/status", headers={"X-Pad": "a" * 20_000}).status_code == 431
+
+
+def test_options_star_gets_the_error_shape(gateway: int) -> None:
+    """A request-target of ``*`` matches no route; the answer is still ``{"error", "message"}``."""
+    with socket.create_connection(("127.0.0.1", gateway), timeout=10) as sock:
+        sock.sendall(b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = _read_all(sock, 10)
+    assert answer.startswith(b"HTTP/1.1 404 "), answer[:200]
+    assert b'"error":"NotFoundError"' in answer and b'"detail"' not in answer
