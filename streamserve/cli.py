@@ -23,6 +23,7 @@ from streamserve.client import AsyncClient
 from streamserve.config import EndpointConfig, load_config
 from streamserve.connection import async_redis
 from streamserve.desired import DesiredState
+from streamserve.embedded_redis import parse_maxmemory
 from streamserve.errors import BadRequestError, ConfigError, GoalFailedError, RequestTimeoutError, StreamServeError
 from streamserve.goals import GOAL_POLL_S, GoalStore
 from streamserve.messages import GoalRecord
@@ -57,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="gateway interface (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
     p.add_argument("--redis-port", type=int, help="embedded Redis port (default 6379 if free, else any free one)")
+    p.add_argument(
+        "--redis-maxmemory",
+        type=parse_maxmemory,
+        help="embedded Redis's memory limit, e.g. 512mb or 2gb (default a quarter of this machine's memory); "
+        "past it writes are refused (503), nothing queued is evicted",
+    )
     add_no_admin_option(p)
 
     def add_wait(p: argparse.ArgumentParser) -> None:
@@ -169,7 +176,8 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
 
     check_exposure(args.host, api_key_set=settings.api_key is not None, admin=settings.admin)
     config = load_config(args.config)
-    return Farm(settings, UpOptions(config, args.config, args.host, args.port, args.redis_port)).run()
+    options = UpOptions(config, args.config, args.host, args.port, args.redis_port, args.redis_maxmemory)
+    return Farm(settings, options).run()
 
 
 def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:

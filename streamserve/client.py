@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 
 from streamserve import scripts
 from streamserve.config import MAX_TIMEOUT_S, AppConfig, DeploymentConfig, EndpointConfig, load_config
-from streamserve.connection import UnreachableAsUnavailable, async_redis, sync_redis
+from streamserve.connection import RedisRefusals, async_redis, sync_redis
 from streamserve.desired import DesiredState
 from streamserve.errors import (
     BadRequestError,
@@ -112,7 +112,7 @@ class AsyncClient:
         self._settings = settings
         self._keys = settings.keys
         self.caller_id = new_caller_id()
-        self._unreachable = UnreachableAsUnavailable(settings.effective_redis_url)
+        self._refusals = RedisRefusals(settings.effective_redis_url)
         self._redis: aioredis.Redis | None = None
         self._replies: ReplyStream | None = None
         self._routes: RouteCache | None = None
@@ -137,7 +137,7 @@ class AsyncClient:
             replies = ReplyStream(redis, self._keys.reply_stream(self.caller_id), self.caller_id)
             routes = RouteCache(redis, self._keys)
             try:
-                with self._unreachable:
+                with self._refusals:
                     await replies.create()
                     await routes.start()
             except BaseException:
@@ -265,7 +265,7 @@ class AsyncClient:
         return self._jobs
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
-        with self._unreachable:
+        with self._refusals:
             return await asyncio.to_thread(fn)
 
     # -- control: desired-state writes are goals ----------------------------------
@@ -324,7 +324,7 @@ class AsyncClient:
     async def ping(self) -> None:
         """Raise unless Redis answers."""
         await self.start()
-        with self._unreachable:
+        with self._refusals:
             await self.redis.ping()
 
     def deployment(self, name: str) -> DeploymentConfig:
@@ -374,7 +374,7 @@ class AsyncClient:
         args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP]
         for key, value in request.encode().items():
             args += [key, value]
-        with self._unreachable:
+        with self._refusals:
             entry_id = await self._pipeliner.run_script(_ENQUEUE, [self._keys.requests(cfg.name)], args)
         if entry_id == 0:
             raise OverloadedError(

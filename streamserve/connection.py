@@ -11,10 +11,11 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from streamserve.errors import RedisUnavailableError
+from streamserve.errors import OverloadedError, RedisUnavailableError
 
 # Errors worth retrying: the connection, not the command, failed.
 RETRYABLE_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, ConnectionResetError)
@@ -91,11 +92,21 @@ def redacted(url: str) -> str:
     return f"{scheme}{sep}{rest}"
 
 
-class UnreachableAsUnavailable:
-    """``with`` block: a lost connection to Redis becomes RedisUnavailableError naming the (redacted) URL.
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether Redis refused a write for lack of memory (maxmemory reached with the noeviction policy)."""
+    # redis-py raises OutOfMemoryError for a plain command or a transaction; inside a Lua script the refusal
+    # arrives as "Error running script ... -OOM command not allowed ...".
+    return isinstance(exc, OutOfMemoryError) or (
+        isinstance(exc, ResponseError) and "OOM command not allowed" in str(exc)
+    )
 
-    A class, not a generator-based context manager: one instance is reused on
-    the hot path (every enqueue), where a generator frame per call would show.
+
+class RedisRefusals:
+    """``with`` block: what Redis failures mean to a caller, as StreamServeErrors naming the (redacted) URL.
+
+    A lost connection becomes RedisUnavailableError; a write refused for memory becomes OverloadedError
+    (503: try again later). A class, not a generator-based context manager: one instance is reused on the
+    hot path (every enqueue), where a generator frame per call would show.
     """
 
     def __init__(self, url: str) -> None:
@@ -107,5 +118,9 @@ class UnreachableAsUnavailable:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc is not None and isinstance(exc, RETRYABLE_ERRORS):
+        if exc is None:
+            return
+        if isinstance(exc, RETRYABLE_ERRORS):
             raise RedisUnavailableError(f"cannot reach Redis at {self._url}: {exc}") from exc
+        if is_out_of_memory(exc):
+            raise OverloadedError(f"Redis at {self._url} is out of memory (maxmemory): nothing was written") from exc

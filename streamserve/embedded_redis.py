@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -13,6 +16,22 @@ from streamserve.errors import RedisUnavailableError
 from streamserve.procs import die_with_parent, free_port, port_is_free, stop_group, wait_until
 
 DEFAULT_PORT = 6379
+
+
+MAXMEMORY_SHARE = 4  # the embedded Redis may use 1/MAXMEMORY_SHARE of the machine's memory by default
+_MAXMEMORY = re.compile(r"^[1-9][0-9]*(b|kb|mb|gb)?$", re.IGNORECASE)
+
+
+def default_maxmemory() -> str:
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return f"{max(64, total // MAXMEMORY_SHARE // 2**20)}mb"
+
+
+def parse_maxmemory(value: str) -> str:
+    """argparse type for ``--redis-maxmemory``: a size in Redis's notation (bytes, or with kb, mb, gb)."""
+    if not _MAXMEMORY.match(value.strip()):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a size like 512mb or 2gb")
+    return value.strip().lower()
 
 
 def redis_server_binary() -> str:
@@ -34,8 +53,12 @@ def redis_server_binary() -> str:
 class EmbeddedRedis:
     """A private, non-persistent redis-server process; use as a context manager."""
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1", tie_to_parent: bool = True) -> None:
+    def __init__(
+        self, port: int | None = None, host: str = "127.0.0.1", tie_to_parent: bool = True, maxmemory: str | None = None
+    ) -> None:
+        """``maxmemory``: Redis's own notation ("512mb", "2gb"); default a quarter of this machine's memory."""
         self.host = host
+        self.maxmemory = maxmemory or default_maxmemory()
         if port is None:
             port = DEFAULT_PORT if port_is_free(host, DEFAULT_PORT) else free_port(host)
         self.port = port
@@ -57,6 +80,9 @@ class EmbeddedRedis:
             "--appendonly", "no",
             "--dir", self._dir.name,
             "--loglevel", "warning",
+            # A full Redis refuses writes (callers get 503) rather than evicting queued requests or jobs.
+            "--maxmemory", self.maxmemory,
+            "--maxmemory-policy", "noeviction",
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd,

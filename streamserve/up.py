@@ -24,7 +24,7 @@ import httpx
 import redis
 
 from streamserve.config import AppConfig
-from streamserve.connection import UnreachableAsUnavailable, async_redis, redacted, sync_redis
+from streamserve.connection import RedisRefusals, async_redis, redacted, sync_redis
 from streamserve.desired import Applied, DesiredState
 from streamserve.embedded_redis import EmbeddedRedis
 from streamserve.errors import StreamServeError
@@ -50,6 +50,7 @@ class UpOptions:
     host: str
     port: int
     redis_port: int | None = None
+    redis_maxmemory: str | None = None
 
 
 def _own_command() -> str:
@@ -81,8 +82,11 @@ class Farm:
         if not port_is_free(opts.host, opts.port):
             print(f"error: {opts.host}:{opts.port} is in use; pass --port to pick another", file=sys.stderr)
             return 1
-        if opts.redis_port is not None and self.settings.redis_url is not None:
-            print("error: --redis-port is for the embedded Redis; drop it or drop --redis-url", file=sys.stderr)
+        if (opts.redis_port is not None or opts.redis_maxmemory) and self.settings.redis_url is not None:
+            print(
+                "error: --redis-port and --redis-maxmemory are for the embedded Redis; drop them or drop --redis-url",
+                file=sys.stderr,
+            )
             return 2
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -98,7 +102,7 @@ class Farm:
     def _run(self) -> int:
         opts = self.options
         if self.settings.redis_url is None:
-            self.redis = EmbeddedRedis(port=opts.redis_port).start()
+            self.redis = EmbeddedRedis(port=opts.redis_port, maxmemory=opts.redis_maxmemory).start()
             self.settings = self.settings.model_copy(update={"redis_url": self.redis.url})
         url = self.settings.effective_redis_url
         changed = asyncio.run(self._apply(url))
@@ -136,7 +140,7 @@ class Farm:
     async def _apply(self, url: str) -> Applied:
         redis = async_redis(url)
         try:
-            with UnreachableAsUnavailable(url):
+            with RedisRefusals(url):
                 await redis.ping()
                 return await DesiredState(redis, self.settings.keys, self.settings.import_allow_list).apply(
                     self.options.config

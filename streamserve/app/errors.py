@@ -8,6 +8,7 @@ import orjson
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 
+from streamserve.connection import is_out_of_memory
 from streamserve.errors import (
     BadRequestError,
     BodyTimeoutError,
@@ -54,6 +55,13 @@ async def handle_request_validation_error(request: Request, exc: Exception) -> R
     assert isinstance(exc, RequestValidationError)
     message = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
     return await handle_streamserve_error(request, BadRequestError(message))
+
+
+async def handle_redis_error(request: Request, exc: Exception) -> Response:
+    """A Redis error on a FastAPI route (an admin write, a status read): 503 when Redis is out of memory."""
+    if is_out_of_memory(exc):
+        return error_response(OverloadedError("Redis is out of memory (maxmemory): nothing was written"), {})
+    return error_response(StreamServeError(f"Redis: {exc}"), {})
 
 
 async def handle_client_disconnected(request: Request, exc: Exception) -> Response:

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from redis.exceptions import ResponseError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -28,6 +29,7 @@ from streamserve.app.bodies import ClientDisconnected, read_body
 from streamserve.app.errors import (
     error_response,
     handle_client_disconnected,
+    handle_redis_error,
     handle_request_validation_error,
     handle_streamserve_error,
     json_response,
@@ -242,6 +244,7 @@ def create_app(settings: Settings) -> GatewayApp:
     api.add_exception_handler(StreamServeError, handle_streamserve_error)
     api.add_exception_handler(RequestValidationError, handle_request_validation_error)
     api.add_exception_handler(ClientDisconnected, handle_client_disconnected)
+    api.add_exception_handler(ResponseError, handle_redis_error)
 
     @api.get("/-/healthz")
     async def healthz() -> Response:
