@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 
 from streamserve import scripts
 from streamserve.config import MAX_TIMEOUT_S, AppConfig, DeploymentConfig, EndpointConfig, load_config
-from streamserve.connection import RedisRefusals, async_redis, sync_redis
+from streamserve.connection import JOB_POOL_SIZE, RedisRefusals, async_redis, sync_redis
 from streamserve.desired import DesiredState
 from streamserve.errors import (
     BadRequestError,
@@ -260,7 +260,7 @@ class AsyncClient:
     def _job_queue(self) -> JobQueue:
         """RQ is blocking: jobs get their own small blocking connection, used from worker threads."""
         if self._jobs is None:
-            self._jobs_redis = sync_redis(self._settings.effective_redis_url)
+            self._jobs_redis = sync_redis(self._settings.effective_redis_url, max_connections=JOB_POOL_SIZE)
             self._jobs = JobQueue(self._jobs_redis, self._keys, self._settings.job_result_ttl_s)
         return self._jobs
 

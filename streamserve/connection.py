@@ -47,6 +47,7 @@ def _quiet_handshake() -> dict[str, Any]:
 
 _QUIET_HANDSHAKE = _quiet_handshake()
 
+JOB_POOL_SIZE = 4  # connections a client's asynchronous-job calls (RQ, blocking, on threads) open at most
 POOL_SIZE = 64
 # How long a command waits for a free connection before it counts as Redis being unavailable.
 POOL_WAIT_S = 20.0
@@ -72,8 +73,23 @@ def async_redis(url: str, *, max_connections: int = POOL_SIZE) -> aioredis.Redis
     return aioredis.Redis.from_pool(pool)
 
 
-def sync_redis(url: str) -> redis.Redis:
-    """A blocking client (bytes replies) with the shared retry policy, for the CLI."""
+def sync_redis(url: str, *, max_connections: int | None = None) -> redis.Redis:
+    """A blocking client (bytes replies) with the shared retry policy, for the CLI, RQ and job calls.
+
+    With ``max_connections``, a thread that finds them all busy waits for one (up to POOL_WAIT_S).
+    """
+    if max_connections is not None:
+        pool = redis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=POOL_WAIT_S,
+            decode_responses=False,
+            retry=Retry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS),
+            retry_on_error=list(RETRYABLE_ERRORS),
+            health_check_interval=30,
+            **_QUIET_HANDSHAKE,
+        )
+        return redis.Redis.from_pool(pool)
     return redis.Redis.from_url(
         url,
         decode_responses=False,

@@ -1,0 +1,203 @@
+"""The bounds the README promises on the streams besides the request queue: dead letters and reply streams.
+
+README, "Redis layout": ``streamserve:{NAME}:dead`` is a stream "capped at ~10,000", and
+``streamserve:replies:CALLER`` is a stream that "expires". "How a request travels": a replica adds
+its reply "with NOMKSTREAM, so a dead caller's stream is never recreated", and each caller "refreshes
+the stream's expiry and trims what it has read".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import cast
+
+import pytest
+import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
+
+from streamserve.client import AsyncClient
+from streamserve.errors import UnavailableError
+from streamserve.keys import CONSUMER_GROUP
+from streamserve.messages import Request, now_ms
+from streamserve.settings import Settings
+from streamserve.streams import Requeuer, ensure_group
+from tests import deployments
+from tests.integration.conftest import StartReplica
+
+# The figure the README states; MAXLEN ~ may keep up to one radix-tree node (100 entries by default) more.
+README_DEAD_LETTER_CAP = 10_000
+MAXLEN_SLACK = 200
+README_REPLY_TTL_S = 60
+# Redis's default stream-node-max-entries: approximate trimming removes whole nodes of this many entries.
+STREAM_NODE_MAX_ENTRIES = 100
+"""client.py: a caller's reply stream "expires this long after its caller stops refreshing it (it died)"."""
+
+
+async def eventually(
+    condition: Callable[[], Awaitable[bool]], timeout_s: float, message: str | Callable[[], str]
+) -> None:
+    """Poll ``condition`` until it holds; fail with ``message`` (or what it returns then) after ``timeout_s``."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await condition():
+        if asyncio.get_running_loop().time() >= deadline:
+            raise AssertionError(message() if callable(message) else message)
+        await asyncio.sleep(0.02)
+
+
+# One stream entry as redis-py returns it (bytes replies).
+Entry = tuple[bytes, dict[bytes, bytes]]
+
+
+def request_fields(n: int, reply_to: str = "") -> dict[FieldT, EncodableT]:
+    """The fields a caller queues for request ``n`` (messages.Request, the wire format replicas read)."""
+    return dict(Request(f"req-{n}", reply_to, now_ms() + 60_000, b'{"n": %d}' % n).encode())
+
+
+async def entries(redis: aioredis.Redis, stream: str) -> list[Entry]:
+    return cast(list[Entry], await redis.xrange(stream))
+
+
+# -- the dead-letter stream -------------------------------------------------------------------
+
+
+async def test_the_dead_letter_stream_stays_near_its_cap(aredis: aioredis.Redis, settings: Settings) -> None:
+    """10,500 requests that each use up their one delivery all go to the dead-letter stream, which keeps ~10,000."""
+    total, batch = 10_500, 500
+    stream, dead = settings.keys.requests("poison"), settings.keys.dead_letters("poison")
+    await ensure_group(aredis, stream)
+    async with aredis.pipeline(transaction=False) as pipe:
+        for n in range(total):
+            pipe.xadd(stream, request_fields(n))
+        await pipe.execute()
+    # A replica reads them (they are now pending in the group, as on a replica that then died).
+    [(_stream, read)] = cast(
+        list[tuple[bytes, list[Entry]]],
+        await aredis.xreadgroup(CONSUMER_GROUP, "doomed-replica", {stream: ">"}, count=total),
+    )
+    ids = [entry_id for entry_id, _fields in read]
+    assert len(ids) == total
+
+    requeuer = Requeuer(aredis)
+    dead_lettered = 0
+    for start in range(0, total, batch):
+        letters = await requeuer.requeue(
+            stream, dead, ids[start : start + batch], charge=True, max_delivery_attempts=1, reason="it crashed"
+        )
+        dead_lettered += len(letters)
+
+    assert dead_lettered == total  # every one of them reached max_delivery_attempts
+    assert await aredis.xlen(stream) == 0  # nothing went back to the queue
+    length = await aredis.xlen(dead)
+    assert 9_000 < length <= README_DEAD_LETTER_CAP + MAXLEN_SLACK, f"dead-letter stream holds {length} entries"
+    # The trimming drops the oldest: the newest dead letter is kept, with the request's fields, attempts and reason.
+    [(_entry_id, newest)] = cast(list[Entry], await aredis.xrevrange(dead, count=1))
+    assert newest[b"id"] == f"req-{total - 1}".encode()
+    assert newest[b"attempts"] == b"1" and newest[b"reason"] == b"it crashed"
+
+
+# -- reply streams ------------------------------------------------------------------------------
+
+
+async def test_a_reply_to_a_reply_stream_that_is_gone_does_not_recreate_it(
+    start_replica: StartReplica, aredis: aioredis.Redis, settings: Settings
+) -> None:
+    """A caller died and its reply stream expired; the replica still runs its request but writes no reply stream."""
+    await start_replica()
+    requests = settings.keys.requests("rec")
+    gone, alive = settings.keys.reply_stream("dead-caller"), settings.keys.reply_stream("live-caller")
+    await aredis.xadd(gone, {"hello": "dead-caller"})
+    await aredis.pexpire(gone, 1)
+
+    async def expired() -> bool:
+        return not await aredis.exists(gone)
+
+    await eventually(expired, 5, "the reply stream never expired")
+    await aredis.xadd(alive, {"hello": "live-caller"})
+    await aredis.xadd(requests, request_fields(1, reply_to=gone))
+    await aredis.xadd(requests, request_fields(2, reply_to=alive))
+
+    async def both_answered() -> bool:
+        # The replica XACKs and XDELs an entry in the round trip that sends its reply.
+        return bool(await aredis.xlen(requests) == 0 and await aredis.xlen(alive) == 2)
+
+    await eventually(both_answered, 10, "the replica did not answer both requests")
+    assert await aredis.exists(gone) == 0
+    replies = [fields for _entry_id, fields in await entries(aredis, alive)][1:]  # after the caller's hello
+    assert [(reply[b"id"], reply[b"status"]) for reply in replies] == [(b"req-2", b"ok")]
+
+
+@pytest.fixture
+async def gate(start_replica: StartReplica) -> AsyncIterator[None]:
+    """The gated deployment's handlers hold until the test opens the gate, or ends (before the replica stops)."""
+    deployments.GATE = asyncio.Event()
+    try:
+        yield
+    finally:
+        deployments.GATE.set()
+
+
+async def test_a_callers_reply_stream_expires_and_a_closed_caller_leaves_none(
+    gate: None, start_replica: StartReplica, aredis: aioredis.Redis, settings: Settings
+) -> None:
+    """The reply stream carries an expiry (so a caller that dies leaves nothing for long); closing drops it."""
+    await start_replica(import_path="tests.deployments:gate")
+    client = AsyncClient(settings=settings)
+    await client.start()
+    reply_stream = settings.keys.reply_stream(client.caller_id)
+    try:
+        ttl_ms = await aredis.pttl(reply_stream)
+        assert 0 < ttl_ms <= README_REPLY_TTL_S * 1000, f"reply stream PTTL {ttl_ms}"
+        call = asyncio.ensure_future(client.call("rec", "late", timeout=30))
+
+        async def held_by_the_replica() -> bool:
+            return bool((await aredis.xpending(settings.keys.requests("rec"), CONSUMER_GROUP))["pending"] == 1)
+
+        await eventually(held_by_the_replica, 10, "the replica never took the request")
+    finally:
+        await client.aclose()
+    with pytest.raises(UnavailableError):
+        await call
+    assert await aredis.exists(reply_stream) == 0
+
+    deployments.GATE.set()  # the handler finishes after its caller went away
+
+    async def answered() -> bool:
+        return bool(await aredis.xlen(settings.keys.requests("rec")) == 0)
+
+    await eventually(answered, 10, "the replica never finished the request")
+    assert await aredis.exists(reply_stream) == 0
+
+
+async def test_a_live_caller_refreshes_its_reply_streams_expiry_and_trims_what_it_read(
+    start_replica: StartReplica, aredis: aioredis.Redis, settings: Settings
+) -> None:
+    """Takes about 20 s: the caller's upkeep runs every third of the expiry (the period is not a setting).
+
+    The trim is approximate (``XTRIM MINID ~``): Redis drops only whole radix-tree nodes of read replies, 100
+    entries each by default, so the stream ends up with at most one node's worth of them.
+    """
+    await start_replica(max_ongoing_requests=32)
+    client = AsyncClient(settings=settings)
+    started = time.monotonic()
+    await client.start()
+    reply_stream = settings.keys.reply_stream(client.caller_id)
+    replies = 300
+    try:
+        results = await asyncio.gather(*(client.call("rec", n, timeout=20) for n in range(replies)))
+        assert [result["body"] for result in results] == list(range(replies))
+        assert await aredis.xlen(reply_stream) > replies  # every reply, read but not yet trimmed (and the hello)
+        seen: dict[str, int] = {}
+
+        async def refreshed_and_trimmed() -> bool:
+            # Set once at start, the expiry would fall at started + 60 s; refreshed, it lies further out.
+            unrefreshed_ms = (started + README_REPLY_TTL_S - time.monotonic()) * 1000
+            seen.update(pttl=await aredis.pttl(reply_stream), xlen=await aredis.xlen(reply_stream))
+            return seen["pttl"] > unrefreshed_ms + 5_000 and seen["xlen"] <= STREAM_NODE_MAX_ENTRIES
+
+        await eventually(refreshed_and_trimmed, 40, lambda: f"expiry not refreshed, or stream not trimmed: {seen}")
+        assert 0 < await aredis.pttl(reply_stream) <= README_REPLY_TTL_S * 1000
+        assert (await client.call("rec", "after", timeout=10))["body"] == "after"  # the trim kept it working
+    finally:
+        await client.aclose()
