@@ -53,6 +53,17 @@ POOL_SIZE = 64
 POOL_WAIT_S = 20.0
 
 
+def _options(retry: Retry | AsyncRetry) -> dict[str, Any]:
+    """What every connection of every process shares: bytes replies, the retry policy, a quiet handshake."""
+    return {
+        "decode_responses": False,
+        "retry": retry,
+        "retry_on_error": list(RETRYABLE_ERRORS),
+        "health_check_interval": 30,
+        **_QUIET_HANDSHAKE,
+    }
+
+
 def async_redis(url: str, *, max_connections: int = POOL_SIZE) -> aioredis.Redis:
     """An asyncio client (bytes replies) with the shared retry policy.
 
@@ -60,15 +71,9 @@ def async_redis(url: str, *, max_connections: int = POOL_SIZE) -> aioredis.Redis
     pool raises instead, which would fail a caller that merely has many
     requests in flight.
     """
+    backoff = ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S)
     pool = aioredis.BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=POOL_WAIT_S,
-        decode_responses=False,
-        retry=AsyncRetry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS),
-        retry_on_error=list(RETRYABLE_ERRORS),
-        health_check_interval=30,
-        **_QUIET_HANDSHAKE,
+        url, max_connections=max_connections, timeout=POOL_WAIT_S, **_options(AsyncRetry(backoff, RETRY_ATTEMPTS))
     )
     return aioredis.Redis.from_pool(pool)
 
@@ -78,26 +83,11 @@ def sync_redis(url: str, *, max_connections: int | None = None) -> redis.Redis:
 
     With ``max_connections``, a thread that finds them all busy waits for one (up to POOL_WAIT_S).
     """
-    if max_connections is not None:
-        pool = redis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=POOL_WAIT_S,
-            decode_responses=False,
-            retry=Retry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS),
-            retry_on_error=list(RETRYABLE_ERRORS),
-            health_check_interval=30,
-            **_QUIET_HANDSHAKE,
-        )
-        return redis.Redis.from_pool(pool)
-    return redis.Redis.from_url(
-        url,
-        decode_responses=False,
-        retry=Retry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS),
-        retry_on_error=list(RETRYABLE_ERRORS),
-        health_check_interval=30,
-        **_QUIET_HANDSHAKE,
-    )
+    options = _options(Retry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS))
+    if max_connections is None:
+        return redis.Redis.from_url(url, **options)
+    pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=POOL_WAIT_S, **options)
+    return redis.Redis.from_pool(pool)
 
 
 def redacted(url: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -11,6 +12,7 @@ import redis.asyncio as aioredis
 from streamserve.embedded_redis import EmbeddedRedis
 from streamserve.procs import free_port
 from streamserve.settings import Settings
+from tests.e2e.farm import Processes
 
 
 @pytest.fixture(scope="session")
@@ -48,3 +50,13 @@ async def aredis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture
+def processes(redis_url: str, tmp_path: Path) -> Iterator[Processes]:
+    """streamserve commands a test starts (``processes.spawn``); every one is killed at the end, by marker."""
+    procs = Processes(redis_url, tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -20,15 +19,6 @@ deployments:
     num_replicas: 2
     graceful_shutdown_timeout_s: 5
 """
-
-
-@pytest.fixture
-def processes(redis_url: str, tmp_path: Path) -> Iterator[Processes]:
-    procs = Processes(redis_url, tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop_all()
 
 
 def test_standby_takes_over_adopts_replicas_and_finishes_the_goal(

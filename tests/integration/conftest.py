@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,8 +21,13 @@ from streamserve.config import AppConfig, DeploymentConfig
 from streamserve.connection import async_redis
 from streamserve.desired import DesiredState
 from streamserve.ids import ReplicaID
+from streamserve.procs import free_port, wait_until
 from streamserve.settings import Settings
 from streamserve.workers.replica import Replica
+from tests import deployments
+from tests.e2e.farm import ROOT
+
+STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
 
 StartReplica = Callable[..., Awaitable[Replica]]
 
@@ -86,3 +95,48 @@ async def gateway_http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 async def http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     async with gateway_http(settings) as client:
         yield client
+
+
+@contextlib.contextmanager
+def gateway_process(redis_url: str, log_dir: Path, *args: str, **env: str) -> Iterator[int]:
+    """A real ``streamserve gateway`` process (uvicorn owns the connections) on a free port, up and healthy;
+    ``args`` are extra command-line flags, ``env`` extra STREAMSERVE_* settings. Stopped by pid at the end."""
+    port = free_port()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSERVE_") and k != "REDIS_URL"}
+    environ.update(REDIS_URL=redis_url, **env)
+    log_path = log_dir / f"gateway-{port}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [STREAMSERVE, "gateway", "--port", str(port), *args],
+            cwd=ROOT,
+            env=environ,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/-/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return proc.poll() is not None
+
+        assert wait_until(healthy, 30) and proc.poll() is None, log_path.read_text()
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@pytest.fixture
+async def gate(start_replica: StartReplica) -> AsyncIterator[None]:
+    """Gated deployments' handlers hold until the test opens the gate, or ends (before the replica stops)."""
+    deployments.GATE = asyncio.Event()
+    try:
+        yield
+    finally:
+        deployments.GATE.set()

@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,6 @@ from streamserve.errors import UnavailableError
 from streamserve.jobs import JOB_SERIALIZER
 from streamserve.keys import CONSUMER_GROUP
 from streamserve.settings import Settings
-from tests import deployments
 from tests.e2e.farm import Processes
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_gateway_app import wait_for_routes
@@ -159,25 +158,6 @@ CALL_TIMEOUT_S = 5
 README_JOB_TIMEOUT_S = CALL_TIMEOUT_S + 30
 # README: its heartbeat expires "a minute after its timeout".
 README_ABANDONED_AFTER_S = README_JOB_TIMEOUT_S + 60
-
-
-@pytest.fixture
-def processes(redis_url: str, tmp_path: Path) -> Iterator[Processes]:
-    procs = Processes(redis_url, tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop_all()
-
-
-@pytest.fixture
-async def gate(start_replica: StartReplica) -> AsyncIterator[None]:
-    """The gated deployment's handlers hold until the test ends (opened before the replica is stopped)."""
-    deployments.GATE = asyncio.Event()
-    try:
-        yield
-    finally:
-        deployments.GATE.set()
 
 
 async def test_a_job_whose_worker_is_killed_stays_started_until_maintenance_fails_it_as_abandoned(

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -16,9 +14,9 @@ import redis
 
 from streamserve.client import AsyncClient
 from streamserve.errors import RemoteError
-from streamserve.procs import free_port, wait_until
+from streamserve.procs import wait_until
 from streamserve.settings import Settings
-from tests.integration.conftest import StartReplica, deploy
+from tests.integration.conftest import StartReplica, deploy, gateway_process
 
 STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,30 +52,10 @@ async def test_batch_outputs_are_bounded_too(start_replica: StartReplica, client
 @pytest.fixture
 def gateway(redis_url: str, tmp_path: Path) -> Iterator[int]:
     """A real gateway process (uvicorn decides what happens to the connection) with a 1 s body timeout."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSERVE_")}
-    env.update(REDIS_URL=redis_url, STREAMSERVE_BODY_TIMEOUT_S="1", STREAMSERVE_MAX_HEADER_BYTES="8192")
-    with (tmp_path / "gateway.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [STREAMSERVE, "gateway", "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-    try:
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/-/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return proc.poll() is not None
-
-        assert wait_until(up, 30) and proc.poll() is None, (tmp_path / "gateway.log").read_text()
+    with gateway_process(
+        redis_url, tmp_path, STREAMSERVE_BODY_TIMEOUT_S="1", STREAMSERVE_MAX_HEADER_BYTES="8192"
+    ) as port:
         yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def _read_all(sock: socket.socket, deadline_s: float) -> bytes:

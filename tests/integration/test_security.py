@@ -26,11 +26,11 @@ from streamserve.desired import DesiredState
 from streamserve.errors import ConfigError
 from streamserve.ids import ReplicaID
 from streamserve.messages import Heartbeat
-from streamserve.procs import free_port, port_is_free, wait_until
+from streamserve.procs import free_port, port_is_free
 from streamserve.settings import Settings
 from streamserve.states import ReplicaHealth
 from streamserve.workers.replica import Replica
-from tests.integration.conftest import gateway_http
+from tests.integration.conftest import gateway_http, gateway_process
 
 STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,32 +145,7 @@ def test_no_open_admin_api_off_loopback(redis_url: str, tmp_path: Path) -> None:
 
 
 def test_no_admin_serves_off_loopback_with_writes_switched_off(redis_url: str, tmp_path: Path) -> None:
-    port = free_port()
-    with (tmp_path / "gateway.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [STREAMSERVE, "gateway", "--host", "0.0.0.0", "--port", str(port), "--no-admin"],
-            cwd=ROOT,
-            env=env(redis_url),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"{base}/-/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return proc.poll() is not None
-
-        assert wait_until(healthy, 30) and proc.poll() is None, (tmp_path / "gateway.log").read_text()
-        write = httpx.post(f"{base}/-/deploy", content=orjson.dumps(PWN), timeout=10)
-        assert write.status_code == 403 and write.json()["error"] == "ForbiddenError"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    with gateway_process(redis_url, tmp_path, "--host", "0.0.0.0", "--no-admin") as port:
+        write = httpx.post(f"http://127.0.0.1:{port}/-/deploy", content=orjson.dumps(PWN), timeout=10)
+    assert write.status_code == 403 and write.json()["error"] == "ForbiddenError"
     assert stored_deployments(redis_url) == set()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 import pytest
@@ -126,16 +126,6 @@ async def test_a_reply_to_a_reply_stream_that_is_gone_does_not_recreate_it(
     assert await aredis.exists(gone) == 0
     replies = [fields for _entry_id, fields in await entries(aredis, alive)][1:]  # after the caller's hello
     assert [(reply[b"id"], reply[b"status"]) for reply in replies] == [(b"req-2", b"ok")]
-
-
-@pytest.fixture
-async def gate(start_replica: StartReplica) -> AsyncIterator[None]:
-    """The gated deployment's handlers hold until the test opens the gate, or ends (before the replica stops)."""
-    deployments.GATE = asyncio.Event()
-    try:
-        yield
-    finally:
-        deployments.GATE.set()
 
 
 async def test_a_callers_reply_stream_expires_and_a_closed_caller_leaves_none(
