@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from streamserve.app.bodies import read_body
 from streamserve.app.errors import json_response
+from streamserve.app.openapi import DEPLOY_BODY, SCALE_BODY, TRAFFIC_BODY
 from streamserve.client import AsyncClient
 from streamserve.config import parse_config
 from streamserve.desired import DesiredState
@@ -49,14 +50,14 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
     router = APIRouter(prefix="/-")
     guarded = [Depends(require_api_key)]
 
-    @router.post("/deploy", dependencies=guarded)
+    @router.post("/deploy", dependencies=guarded, openapi_extra=DEPLOY_BODY)
     async def deploy(request: Request) -> Response:
         """Body: a config as JSON (the YAML file's shape). Answers {"goals": {deployment: goal id}}."""
         config = parse_config(await _json_body(request, settings), "request body")
         applied = await desired().apply(config)
         return json_response({"goals": applied.goals, "endpoints": applied.endpoints})
 
-    @router.post("/deployments/{name}/scale", dependencies=guarded)
+    @router.post("/deployments/{name}/scale", dependencies=guarded, openapi_extra=SCALE_BODY)
     async def scale(name: str, request: Request) -> Response:
         """Body: {"num_replicas": N}. Answers {"goal_id": id or null when nothing changed}."""
         body = await _json_body(request, settings)
@@ -69,7 +70,7 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
     async def delete(name: str) -> Response:
         return json_response({"goal_id": await desired().delete(name)})
 
-    @router.post("/endpoints/{name}/traffic", dependencies=guarded)
+    @router.post("/endpoints/{name}/traffic", dependencies=guarded, openapi_extra=TRAFFIC_BODY)
     async def traffic(name: str, request: Request) -> Response:
         """Body: {"traffic": {deployment: weight}, "shadow": {deployment: fraction}} (shadow optional: kept)."""
         body = await _json_body(request, settings)

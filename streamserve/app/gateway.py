@@ -34,6 +34,7 @@ from streamserve.app.errors import (
     handle_streamserve_error,
     json_response,
 )
+from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
 from streamserve.app.routing import RouteTable
 from streamserve.client import AsyncClient, error_of
 from streamserve.config import GATEWAY_PREFIX, RESERVED_ROUTE_PREFIXES
@@ -240,7 +241,13 @@ def create_app(settings: Settings) -> GatewayApp:
         finally:
             await gateway.client.aclose()
 
-    api = FastAPI(title="streamserve gateway", lifespan=lifespan, docs_url="/-/docs", openapi_url="/-/openapi.json")
+    api = FastAPI(
+        title="streamserve gateway",
+        lifespan=lifespan,
+        docs_url="/-/docs",
+        openapi_url="/-/openapi.json",
+        responses=ERROR_RESPONSES,
+    )
     api.add_exception_handler(StreamServeError, handle_streamserve_error)
     api.add_exception_handler(RequestValidationError, handle_request_validation_error)
     api.add_exception_handler(ClientDisconnected, handle_client_disconnected)
@@ -281,4 +288,5 @@ def create_app(settings: Settings) -> GatewayApp:
         return error_response(NotFoundError(f"nothing is served at {request.url.path}"), {})
 
     api.add_exception_handler(StarletteHTTPException, not_found)
+    api.openapi = lambda: openapi_document(api)  # type: ignore[method-assign]
     return GatewayApp(gateway, api)
