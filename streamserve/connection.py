@@ -15,7 +15,7 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from streamserve.errors import OverloadedError, RedisUnavailableError
+from streamserve.errors import OverloadedError, RedisUnavailableError, StreamServeError
 
 # Errors worth retrying: the connection, not the command, failed.
 RETRYABLE_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, ConnectionResetError)
@@ -124,9 +124,13 @@ class RedisRefusals:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc is None:
-            return
+        if exc is not None and (error := self.meaning(exc)) is not None:
+            raise error from exc
+
+    def meaning(self, exc: BaseException) -> StreamServeError | None:
+        """What ``exc`` means to a caller, or None when it is not one of the failures above."""
         if isinstance(exc, RETRYABLE_ERRORS):
-            raise RedisUnavailableError(f"cannot reach Redis at {self._url}: {exc}") from exc
+            return RedisUnavailableError(f"cannot reach Redis at {self._url}: {exc}")
         if is_out_of_memory(exc):
-            raise OverloadedError(f"Redis at {self._url} is out of memory (maxmemory): nothing was written") from exc
+            return OverloadedError(f"Redis at {self._url} is out of memory (maxmemory): nothing was written")
+        return None

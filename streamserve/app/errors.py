@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 
-from streamserve.connection import is_out_of_memory
+from streamserve.connection import RedisRefusals
 from streamserve.errors import (
     BadRequestError,
     BodyTimeoutError,
@@ -57,11 +58,13 @@ async def handle_request_validation_error(request: Request, exc: Exception) -> R
     return await handle_streamserve_error(request, BadRequestError(message))
 
 
-async def handle_redis_error(request: Request, exc: Exception) -> Response:
-    """A Redis error on a FastAPI route (an admin write, a status read): 503 when Redis is out of memory."""
-    if is_out_of_memory(exc):
-        return error_response(OverloadedError("Redis is out of memory (maxmemory): nothing was written"), {})
-    return error_response(StreamServeError(f"Redis: {exc}"), {})
+def redis_error_handler(refusals: RedisRefusals) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """FastAPI's handler for a Redis error on its routes (an admin write, a status read): 503 for a full Redis."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        return error_response(refusals.meaning(exc) or StreamServeError(f"Redis: {exc}"), {})
+
+    return handle
 
 
 async def handle_client_disconnected(request: Request, exc: Exception) -> Response:

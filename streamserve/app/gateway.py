@@ -29,15 +29,16 @@ from streamserve.app.bodies import ClientDisconnected, read_body
 from streamserve.app.errors import (
     error_response,
     handle_client_disconnected,
-    handle_redis_error,
     handle_request_validation_error,
     handle_streamserve_error,
     json_response,
+    redis_error_handler,
 )
 from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
 from streamserve.app.routing import RouteTable
 from streamserve.client import AsyncClient, error_of
 from streamserve.config import GATEWAY_PREFIX, RESERVED_ROUTE_PREFIXES
+from streamserve.connection import RedisRefusals
 from streamserve.errors import (
     BadRequestError,
     HeadersTooLargeError,
@@ -251,7 +252,7 @@ def create_app(settings: Settings) -> GatewayApp:
     api.add_exception_handler(StreamServeError, handle_streamserve_error)
     api.add_exception_handler(RequestValidationError, handle_request_validation_error)
     api.add_exception_handler(ClientDisconnected, handle_client_disconnected)
-    api.add_exception_handler(ResponseError, handle_redis_error)
+    api.add_exception_handler(ResponseError, redis_error_handler(RedisRefusals(settings.effective_redis_url)))
 
     @api.get("/-/healthz")
     async def healthz() -> Response:

@@ -25,7 +25,7 @@ from streamserve.backoff import Backoff
 from streamserve.config import DeploymentConfig
 from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.desired import DesiredState
-from streamserve.errors import BadRequestError, ProtocolError, ResponseTooLargeError
+from streamserve.errors import BadRequestError, NotFoundError, ProtocolError, ResponseTooLargeError
 from streamserve.ids import ReplicaID
 from streamserve.jsonvalues import dumps
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
@@ -62,6 +62,7 @@ class Replica:
         self._after_load = after_load
         self._redis = redis
         self._requeuer = Requeuer(redis)
+        self._desired = DesiredState(redis, settings.keys)
         self._pipeliner = Pipeliner(redis)
         self._reader = BlockingReader(redis)
         self._keys = settings.keys
@@ -130,7 +131,7 @@ class Replica:
 
     async def _load(self) -> bool:
         try:
-            self._cfg = await DesiredState(self._redis, self._keys).get(self._name)
+            self._cfg = await self._desired.get(self._name)
             # The config may have reached Redis some other way than through a checked write.
             self._settings.import_allow_list.check(self._cfg.import_path, self._name)
             self._threads = HandlerThreads(self._cfg.max_ongoing_requests)
@@ -158,10 +159,12 @@ class Replica:
 
     async def _on_config_change(self, _changed: set[str]) -> None:
         """Apply live changes: user_config (reconfigure) and max_ongoing_requests."""
-        raw = await self._redis.hget(self._keys.deployments(), self._name)
-        if raw is None or self._cfg is None:
+        try:
+            new = await self._desired.get(self._name)
+        except NotFoundError:
             return  # deleted: the scheduler stops us
-        new = DeploymentConfig.from_json(raw)
+        if self._cfg is None:
+            return
         old, self._cfg = self._cfg, new
         if new.user_config != old.user_config:
             logger.info("replica %s: reconfiguring with new user_config", self.replica_id)

@@ -15,7 +15,7 @@ import redis
 
 from streamserve import Client
 from streamserve.settings import Settings
-from tests.e2e.farm import Farm, wait_for
+from tests.e2e.farm import FAST_HEARTBEATS, Farm, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -28,17 +28,11 @@ endpoints:
 """
 
 
-class PrefixedFarm(Farm):
-    """A farm whose every process gets STREAMSERVE_KEY_PREFIX from its environment, as a user would set it."""
-
-    def env(self) -> dict[str, str]:
-        return {**super().env(), "STREAMSERVE_KEY_PREFIX": PREFIX}
-
-
 def test_a_farm_with_a_custom_prefix_serves_and_writes_only_keys_under_it(tmp_path: Path) -> None:
     config = tmp_path / "prefixed.yaml"
     config.write_text(CONFIG)
-    farm = PrefixedFarm(config, tmp_path / "up.log")
+    # Every process gets STREAMSERVE_KEY_PREFIX from its environment, as a user would set it.
+    farm = Farm(config, tmp_path / "up.log", extra_env={**FAST_HEARTBEATS, "STREAMSERVE_KEY_PREFIX": PREFIX})
     farm.start()
     try:
         assert farm.post("/noop", [1]).json() == [1]
