@@ -102,6 +102,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, help="seconds (default: the deployment's request_timeout_s)")
     p.add_argument("--method", default="", help="a method of the deployment's class")
 
+    text = "print Kubernetes YAML for the whole farm: Redis, gateway, scheduler, a Deployment per deployment, KEDA"
+    p = sub.add_parser("manifests", help=text, description=text)
+    p.add_argument("config", type=Path)
+    p.add_argument("--image", help="container image with streamserve and your deployments' code (required)")
+    p.add_argument("--namespace", default="streamserve", help="Kubernetes namespace (default streamserve)")
+    p.add_argument(
+        "--redis-url",
+        help="an existing Redis the cluster reaches, without password (that goes in the Secret); "
+        "default: a Redis StatefulSet in the namespace",
+    )
+    from streamserve.manifests.farm_spec import DEFAULT_REDIS_MEMORY  # role commands never build this parser
+
+    p.add_argument(
+        "--redis-memory",
+        metavar="QUANTITY",
+        help="memory of the Redis in the namespace, e.g. 512Mi or 4Gi: its container's request and limit; Redis "
+        f"refuses writes before it fills, and its volume grows with it (default {DEFAULT_REDIS_MEMORY})",
+    )
+
     for name, module in ROLE_COMMANDS.items():
         sub.add_parser(name, help=f"run one {name} process (see `streamserve {name} --help`)", add_help=False)
         del module
@@ -288,6 +307,10 @@ def format_status(statuses: list[DeploymentStatus]) -> str:
         for s in statuses
     ]
     lines = _table(rows)
+    replicas = [[r.replica_id, r.state, r.version, r.host or "-", str(r.pid or "-"), str(r.ongoing)]
+                for s in statuses for r in s.replicas]  # fmt: skip
+    if replicas:
+        lines += ["", *_table([["REPLICA", "STATE", "VERSION", "HOST", "PID", "ONGOING"], *replicas]), ""]
     lines += [f"{s.name}: {s.message}" for s in statuses if s.message]
     lines += [
         f"{s.name}: autoscaled to {s.target} ({s.autoscaling.reason})"
@@ -299,6 +322,8 @@ def format_status(statuses: list[DeploymentStatus]) -> str:
 
 def _target_cell(s: DeploymentStatus) -> str:
     """The target count; for an autoscaled deployment also its bounds, e.g. "3 (auto 0-4)"."""
+    if s.external_scaler_enabled:
+        return f"{s.target} (external)"
     if s.autoscaling is None:
         return str(s.target)
     return f"{s.target} (auto {s.autoscaling.min_replicas}-{s.autoscaling.max_replicas})"
@@ -362,6 +387,25 @@ def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_manifests(args: argparse.Namespace, settings: Settings) -> int:
+    """Only --redis-url names the farm's Redis: $REDIS_URL is this machine's, not the cluster's."""
+    from streamserve.manifests import FarmSpec, notes, render
+
+    spec = FarmSpec.from_file(
+        args.config,
+        image=args.image,
+        namespace=args.namespace,
+        redis_url=args.redis_url,
+        keys=settings.keys,
+        import_allow=settings.import_allow,
+        redis_memory=args.redis_memory,
+    )
+    for note in notes(spec):
+        print(f"note: {note}", file=sys.stderr)
+    sys.stdout.write(render(spec))
+    return 0
+
+
 def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
     try:
         body = orjson.loads(args.body)
@@ -385,4 +429,5 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "delete": cmd_delete,
     "traffic": cmd_traffic,
     "call": cmd_call,
+    "manifests": cmd_manifests,
 }

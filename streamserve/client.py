@@ -321,6 +321,11 @@ class AsyncClient:
         """Bumped each time the deployments are reloaded (cheap change detection for caches)."""
         return 0 if self._routes is None else self._routes.generation
 
+    @property
+    def routes_loaded(self) -> bool:
+        """Whether the deployments and endpoints have been loaded (the client has started)."""
+        return self._routes is not None
+
     async def ping(self) -> None:
         """Raise unless Redis answers."""
         await self.start()

@@ -69,6 +69,56 @@ class AutoscalingConfig(_Strict):
         return self
 
 
+# A Kubernetes memory quantity: bytes, or a number with a decimal (k, M, G, T) or binary (Ki, Mi, Gi, Ti) suffix.
+MEMORY_RE = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>[kMGT]i?|Ki)?$")
+MEMORY_UNITS = {
+    None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+}  # fmt: skip
+
+
+class Resources(_Strict):
+    """What one replica needs: CPU cores, whole GPUs, memory (``2Gi``, ``512Mi``, or bytes).
+
+    Locally, GPUs are handed out per replica (CUDA_VISIBLE_DEVICES); on
+    Kubernetes all three become the pod's requests and limits.
+    """
+
+    cpus: float = Field(0.0, ge=0, strict=True)
+    gpus: int = Field(0, ge=0, strict=True)
+    memory: str | int | None = None
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str | int | None) -> str | int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or (isinstance(value, int) and value <= 0):
+            raise ValueError(f"{value!r} is not a memory size: use bytes (> 0) or e.g. '512Mi', '2Gi'")
+        if isinstance(value, str) and (not MEMORY_RE.match(value) or memory_bytes(value) <= 0):
+            raise ValueError(f"{value!r} is not a memory size: use bytes (> 0) or e.g. '512Mi', '2Gi'")
+        return value
+
+    @property
+    def memory_bytes(self) -> int:
+        """The memory asked for in bytes (0: none)."""
+        return 0 if self.memory is None else memory_bytes(self.memory)
+
+    @property
+    def is_empty(self) -> bool:
+        return self == Resources()
+
+
+def memory_bytes(value: str | int) -> int:
+    """``"2Gi"`` -> 2147483648; a plain int is bytes already."""
+    if isinstance(value, int):
+        return value
+    match = MEMORY_RE.match(value)
+    if match is None:
+        raise ValueError(f"{value!r} is not a memory size")
+    return int(float(match["number"]) * MEMORY_UNITS[match["unit"]])
+
+
 class DeploymentConfig(_Strict):
     """One deployment: a function or class served by N replica processes."""
 
@@ -88,6 +138,9 @@ class DeploymentConfig(_Strict):
     graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
     health_check_period_s: float = Field(10.0, gt=0)
     max_response_bytes: int = Field(16 * 1024 * 1024, ge=1)
+    # Replicas are started by someone else (Kubernetes, KEDA, systemd, a person): every worker that heartbeats counts.
+    external_scaler_enabled: bool = False
+    resources: Resources = Field(default_factory=Resources)
 
     _default_route = model_validator(mode="before")(_default_route_prefix)
     _name = field_validator("name")(_check_name)
@@ -102,28 +155,37 @@ class DeploymentConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _replicas_xor_autoscaling(self) -> DeploymentConfig:
+    def _one_way_to_scale(self) -> DeploymentConfig:
         if self.num_replicas is not None and self.autoscaling_config is not None:
             raise ValueError("set num_replicas or autoscaling_config, not both")
+        if self.external_scaler_enabled and (self.num_replicas is not None or self.autoscaling_config is not None):
+            raise ValueError(
+                "external_scaler_enabled: its replicas are started outside streamserve (Kubernetes, KEDA, systemd), "
+                "so it takes neither num_replicas nor autoscaling_config"
+            )
         return self
 
-    def wanted_replicas(self, autoscaled: int | None = None) -> int:
+    def wanted_replicas(self, autoscaled: int | None = None, live: int = 0) -> int:
         """How many replicas to keep: the one place this rule is written.
 
+        Externally scaled: however many are ``live`` (someone else decides).
         Autoscaled: the autoscaler's latest count (``autoscaled``), or
         ``min_replicas`` before it has decided. Otherwise ``num_replicas``
         (default 1); ``autoscaled`` is ignored then, since a stale autoscaling
         record may outlive a switch to a fixed count.
         """
+        if self.external_scaler_enabled:
+            return live
         if self.autoscaling_config is not None:
             return self.autoscaling_config.min_replicas if autoscaled is None else autoscaled
         return 1 if self.num_replicas is None else self.num_replicas
 
     def code_version(self) -> str:
-        """A digest of what needs a restart to change: import path, init args, version."""
-        code = orjson.dumps(
-            [self.import_path, self.init_args, self.init_kwargs, self.version], option=orjson.OPT_SORT_KEYS
-        )
+        """A digest of what needs a restart to change: import path, init args, version, resources."""
+        parts: list[Any] = [self.import_path, self.init_args, self.init_kwargs, self.version]
+        if not self.resources.is_empty:  # left out when unset, so older deployments keep their digest
+            parts.append(self.resources.model_dump(mode="json"))
+        code = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
         return hashlib.sha256(code).hexdigest()[:12]
 
     def to_json(self) -> bytes:

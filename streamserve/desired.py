@@ -174,6 +174,12 @@ class DesiredState:
     async def scale(self, name: str, num_replicas: int) -> str | None:
         """Set a fixed replica count (turning autoscaling off); the goal id, or None if nothing changed."""
         current = await self.get(name)
+        if current.external_scaler_enabled:
+            raise ConflictError(
+                f"deployment {name!r} is scaled externally (external_scaler_enabled: true): its replicas are the "
+                "workers someone else runs, so scale it there (kubectl scale, KEDA, systemd), or deploy it without "
+                "external_scaler_enabled to have streamserve run them"
+            )
         data = {**current.model_dump(), "num_replicas": num_replicas, "autoscaling_config": None}
         try:
             updated = DeploymentConfig.model_validate(data)  # re-run the field checks

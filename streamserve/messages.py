@@ -186,6 +186,8 @@ class Heartbeat(_Record):
     host: str
     ongoing: int = 0
     message: str = ""
+    # The code version it loaded (DeploymentConfig.code_version); "" until it has read its config.
+    version: str = ""
 
 
 class ReplicaRecord(_Record):
@@ -200,6 +202,10 @@ class ReplicaRecord(_Record):
     updated_ms: int
     stop_deadline_ms: int = 0
     message: str = ""
+    # Started by someone else (an externally scaled deployment's worker): the scheduler never signals it.
+    external: bool = False
+    # The GPU devices it was given (its CUDA_VISIBLE_DEVICES), held until it is removed.
+    gpus: list[str] = []
 
 
 class DeploymentHealthRecord(_Record):

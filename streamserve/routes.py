@@ -77,6 +77,10 @@ class RouteCache:
 
     def _serviceable(self, name: str) -> DeploymentConfig:
         cfg = self.deployment(name)
+        # An externally scaled deployment is never refused here: whoever scales it watches the queue, and starts
+        # a worker when requests wait (max_queued_requests still bounds them).
+        if cfg.external_scaler_enabled:
+            return cfg
         # An autoscaled deployment at 0 replicas is not refused: the request queues, and the scheduler starts a
         # replica as soon as it sees it (the group reads from id 0, so that replica finds it).
         if cfg.autoscaling_config is None and cfg.wanted_replicas() == 0:

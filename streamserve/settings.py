@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamserve.errors import ConfigError
 from streamserve.keys import DEFAULT_PREFIX, Keys
+from streamserve.resources import GPU_LIST_RE
 from streamserve.security import ImportAllowList
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -40,6 +42,9 @@ class Settings(BaseSettings):
 
     # redis://, rediss:// (TLS) or unix:// URL, with password if any; None: the default local one.
     redis_url: str | None = Field(None, validation_alias=AliasChoices("STREAMSERVE_REDIS_URL", "REDIS_URL"))
+
+    # The Redis password, kept out of the URL (e.g. from a Kubernetes Secret); a password in the URL wins.
+    redis_password: SecretStr | None = None
 
     # Every Redis key starts with this and a colon.
     key_prefix: str = Field(DEFAULT_PREFIX, pattern=r"^[A-Za-z0-9_.-]+$")
@@ -73,6 +78,9 @@ class Settings(BaseSettings):
 
     # The request's headers together (names and values) may be at most this large; above it, 431.
     max_header_bytes: int = Field(64 * 1024, ge=1024)
+
+    # The GPUs the scheduler hands out to replicas on this host (e.g. "0,1,2,3"; "" for none); unset: nvidia-smi -L.
+    gpus: str | None = Field(None, pattern=GPU_LIST_RE.pattern)
 
     # How many RQ worker processes the leading scheduler keeps running for asynchronous jobs (0: none).
     job_workers: int = Field(2, ge=0)
@@ -126,7 +134,17 @@ class Settings(BaseSettings):
 
     @property
     def effective_redis_url(self) -> str:
-        return self.redis_url or DEFAULT_REDIS_URL
+        """The URL to connect with: ``redis_url`` (or the default), with ``redis_password`` put in if it has none."""
+        url = self.redis_url or DEFAULT_REDIS_URL
+        if self.redis_password is None:
+            return url
+        parts = urlsplit(url)
+        if parts.password is not None or parts.scheme == "unix":
+            return url if parts.scheme != "unix" else _with_query(url, "password", self.redis_password)
+        user = quote(parts.username or "", safe="")
+        password = quote(self.redis_password.get_secret_value(), safe="")
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
 
     def to_env(self) -> dict[str, str]:
         """The environment that makes a child process build equal Settings."""
@@ -147,6 +165,15 @@ class Settings(BaseSettings):
         }
         if self.import_allow is not None:
             env["STREAMSERVE_IMPORT_ALLOW"] = self.import_allow
+        if self.gpus is not None:
+            env["STREAMSERVE_GPUS"] = self.gpus
         if self.api_key is not None:
             env["STREAMSERVE_API_KEY"] = self.api_key.get_secret_value()
         return env
+
+
+def _with_query(url: str, name: str, secret: SecretStr) -> str:
+    """A unix:// URL takes its password as a query parameter (unless it has one)."""
+    if f"{name}=" in urlsplit(url).query:
+        return url
+    return url + ("&" if "?" in url else "?") + urlencode({name: secret.get_secret_value()})

@@ -44,13 +44,14 @@ REPLICA_TRANSITIONS: dict[ReplicaState, dict[ReplicaState, str]] = {
     },
     _S.RUNNING: {
         _S.SHOULD_STOP: "retired: scaled down, rolled to a new version, deleted, or the scheduler shuts down",
-        _S.STOPPED: "its process died or its heartbeat expired; its pending requests are re-queued",
+        _S.STOPPING: "an externally started worker reported it is draining (whoever runs it asked it to stop)",
+        _S.STOPPED: "its process died, its heartbeat expired, or an externally started worker said goodbye",
     },
     _S.SHOULD_STOP: {
         _S.STOPPING: "the scheduler sent SIGTERM and set the drain deadline (graceful_shutdown_timeout_s)",
     },
     _S.STOPPING: {
-        _S.STOPPED: "its process exited after draining, or was killed at the deadline",
+        _S.STOPPED: "its process exited after draining, was killed at the deadline, or its heartbeat ended",
     },
     _S.STOPPED: {},
 }

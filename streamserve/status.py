@@ -26,7 +26,7 @@ from streamserve.messages import (
     now_ms,
     text,
 )
-from streamserve.states import ReplicaState
+from streamserve.states import ACTIVE_REPLICA_STATES, ReplicaState
 
 
 @dataclass
@@ -41,6 +41,7 @@ class ReplicaStatus:
     ongoing: int
     heartbeat_age_s: float | None
     message: str
+    gpus: list[str] = field(default_factory=list)  # the devices it was given (CUDA_VISIBLE_DEVICES)
 
 
 @dataclass
@@ -72,6 +73,8 @@ class DeploymentStatus:
     dead_letters: int
     replicas: list[ReplicaStatus] = field(default_factory=list)
     autoscaling: AutoscalingStatus | None = None
+    # Its replicas are workers started elsewhere; ``target`` is then how many are live.
+    external_scaler_enabled: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,9 +116,12 @@ class StatusReader:
             cfg = await self._desired.get(goal.deployment)
         except NotFoundError:
             return f"{goal.deployment}: deleted"
-        wanted = cfg.wanted_replicas(_autoscaled(autoscaled_raw))
         ready = sum(1 for r in records if r.state is ReplicaState.RUNNING and r.version == goal.version)
         others = sum(1 for r in records if r.version != goal.version)
+        if cfg.external_scaler_enabled:
+            line = f"{goal.deployment}: {ready}/{len(records)} live worker(s) run version {goal.version}"
+            return line + " (externally scaled: workers on the old code start again on the new one)"
+        wanted = cfg.wanted_replicas(_autoscaled(autoscaled_raw))
         if ready > wanted:  # scaling down: what counts is how many are still to stop
             return f"{goal.deployment}: {ready} replica(s) running, scaling down to {wanted}"
         line = f"{goal.deployment}: {ready}/{wanted} replica(s) of version {goal.version} running"
@@ -158,6 +164,7 @@ class StatusReader:
                     ongoing=beat.ongoing if beat else 0,
                     heartbeat_age_s=round((now - beat.ts_ms) / 1000, 3) if beat else None,
                     message=rec.message or (beat.message if beat else ""),
+                    gpus=rec.gpus,
                 )
             )
         replicas.sort(key=lambda r: r.replica_id)
@@ -172,7 +179,7 @@ class StatusReader:
             version=cfg.code_version(),
             health=health.health.value if health else "PENDING",
             message=health.message if health else "",
-            target=cfg.wanted_replicas(_autoscaled(autoscaled_raw)),
+            target=cfg.wanted_replicas(_autoscaled(autoscaled_raw), live=count(*ACTIVE_REPLICA_STATES)),
             running=count(ReplicaState.RUNNING),
             starting=count(ReplicaState.SHOULD_START, ReplicaState.STARTING),
             stopping=count(ReplicaState.SHOULD_STOP, ReplicaState.STOPPING),
@@ -181,6 +188,7 @@ class StatusReader:
             dead_letters=int(dead),
             replicas=replicas,
             autoscaling=_autoscaling_status(cfg, autoscaled_raw),
+            external_scaler_enabled=cfg.external_scaler_enabled,
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from streamserve.ids import ReplicaID
@@ -12,12 +13,20 @@ from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, Replic
 Clock = Callable[[], int]
 
 
+@dataclass(frozen=True)
+class Timeouts:
+    """How long the scheduler waits on replicas, in ms."""
+
+    heartbeat_timeout_ms: int
+    start_timeout_ms: int
+
+
 class Launcher(Protocol):
     """Starts and signals replica processes (scheduler.launcher.ProcessLauncher in production)."""
 
     host: str
 
-    def start(self, replica_id: ReplicaID) -> int: ...
+    def start(self, replica_id: ReplicaID, gpus: tuple[str, ...] = ()) -> int: ...
     def find(self, replica_id: ReplicaID) -> int | None: ...
     def is_alive(self, pid: int, replica_id: ReplicaID) -> bool: ...
     def exit_code(self, pid: int) -> int | None: ...

@@ -211,6 +211,8 @@ class Farm:
             count = f"{d.wanted_replicas()} replica(s)"
             if auto is not None:
                 count = f"{auto.min_replicas}-{auto.max_replicas} replicas (autoscaled)"
+            if d.external_scaler_enabled:
+                count = f"externally scaled (start workers with `streamserve worker {d.name}`)"
             trouble = f"  NOT RUNNING: {failed[d.name]}" if d.name in failed else ""
             lines.append(f"  - {d.name}: {count}, {route}{trouble}")
         for e in self.options.config.endpoints:

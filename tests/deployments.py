@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 import time
 from collections import Counter
@@ -231,3 +232,15 @@ class Stopwatch:
         started = time.time()
         time.sleep(float(body.get("sleep", 0)) if isinstance(body, dict) else 0)
         return {"greeting": self.greeting, "pid": os.getpid(), "started": started, "ended": time.time()}
+
+
+def whoami(body: Any) -> dict[str, Any]:
+    """Which worker ran the call (host, pid, the GPUs it may use); ``{"wait_for": PATH}`` holds it until PATH
+    exists (20 s at most)."""
+    if isinstance(body, dict) and "wait_for" in body:
+        for _ in range(2000):
+            if os.path.exists(body["wait_for"]):
+                break
+            time.sleep(0.01)
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return {"host": socket.gethostname(), "pid": os.getpid(), "gpus": gpus, "body": body}

@@ -46,6 +46,7 @@ from streamserve.errors import (
     NotFoundError,
     RedisUnavailableError,
     StreamServeError,
+    UnavailableError,
 )
 from streamserve.ids import new_request_id
 from streamserve.jsonvalues import check_decoded
@@ -261,6 +262,17 @@ def create_app(settings: Settings) -> GatewayApp:
         except RedisUnavailableError as exc:
             return error_response(exc, {})
         return json_response({"status": "ok"})
+
+    @api.get("/-/ready")
+    async def ready() -> Response:
+        """Readiness: the route table is loaded and Redis answers now (a load balancer sends traffic only then)."""
+        if not gateway.client.routes_loaded:
+            return error_response(UnavailableError("the gateway has not loaded its routes yet"), {})
+        try:
+            await gateway.client.ping()
+        except RedisUnavailableError as exc:
+            return error_response(exc, {})
+        return json_response({"status": "ready"})
 
     @api.get("/-/routes")
     async def routes() -> dict[str, str]:

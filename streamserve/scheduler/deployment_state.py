@@ -7,12 +7,14 @@ from dataclasses import dataclass, replace
 
 from streamserve.backoff import Backoff
 from streamserve.config import DeploymentConfig
+from streamserve.errors import ProtocolError
 from streamserve.ids import ReplicaID
 from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, Heartbeat, ReplicaRecord
+from streamserve.resources import GpuAllocator
 from streamserve.scheduler.autoscaler import AutoscalePolicy
 from streamserve.scheduler.replica_wrapper import Alive, ReplicaWrapper, Started, Stopped
 from streamserve.states import ACTIVE_REPLICA_STATES, DeploymentHealth, ReplicaState
-from streamserve.types import Launcher, ReplicaStore
+from streamserve.types import Launcher, ReplicaStore, Timeouts
 
 logger = logging.getLogger(__name__)
 
@@ -21,14 +23,6 @@ UNHEALTHY_AFTER_FAILURES = 3
 FIRST_START_BACKOFF_S = 0.5
 # After each failed start in a row the next start waits twice as long, from FIRST_ up to MAX_START_BACKOFF_S.
 MAX_START_BACKOFF_S = 30.0
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    """How long the scheduler waits on replicas, in ms."""
-
-    heartbeat_timeout_ms: int
-    start_timeout_ms: int
 
 
 @dataclass(frozen=True)
@@ -47,9 +41,15 @@ class Target:
 
     @property
     def count(self) -> int:
+        """How many replicas the scheduler itself keeps (none for an externally scaled deployment)."""
         if self.cfg is None or self.shutting_down:
             return 0
         return self.cfg.wanted_replicas(self.autoscaled)
+
+    @property
+    def external(self) -> bool:
+        """Its replicas are started elsewhere: the scheduler watches them and starts none."""
+        return self.cfg is not None and self.cfg.external_scaler_enabled
 
     @property
     def version(self) -> str | None:
@@ -63,15 +63,27 @@ class Target:
 class DeploymentState:
     """The replicas of one deployment, moved one tick at a time towards the target."""
 
-    def __init__(self, name: str, launcher: Launcher, store: ReplicaStore, timeouts: Timeouts) -> None:
+    def __init__(
+        self,
+        name: str,
+        launcher: Launcher,
+        store: ReplicaStore,
+        timeouts: Timeouts,
+        gpus: GpuAllocator | None = None,
+    ) -> None:
+        """``gpus``: the host's devices, shared by every deployment's replicas (none when not given)."""
         self.name = name
         self._launcher = launcher
+        self._gpus = gpus if gpus is not None else GpuAllocator()
         self._store = store
         self._timeouts = timeouts
         self.replicas: dict[str, ReplicaWrapper] = {}
         self._start_backoff = Backoff(FIRST_START_BACKOFF_S, MAX_START_BACKOFF_S)
         self._next_start_ms = 0
         self._last_failure = ""
+        self._waiting = ""  # why SHOULD_START replicas wait (e.g. for GPUs), "" when nothing holds them back
+        # Why the target can never be met on this host as it is (more GPUs than it has), "" when it can.
+        self.unschedulable = ""
         self._health: DeploymentHealthRecord | None = None
         self._target_version: str | None = None
         self._autoscaler = AutoscalePolicy()
@@ -83,8 +95,11 @@ class DeploymentState:
         self.autoscaled = record.replicas
 
     def adopt(self, record: ReplicaRecord) -> None:
-        """Take over a replica recorded by an earlier scheduler (it keeps running)."""
-        self.replicas[record.replica_id] = ReplicaWrapper(record, self._launcher, self._store, self.name)
+        """Take over a replica recorded by an earlier scheduler (it keeps running, with the GPUs it has)."""
+        replica = ReplicaWrapper(record, self._launcher, self._store, self.name)
+        self.replicas[record.replica_id] = replica
+        if replica.is_local:
+            self._gpus.hold(record.replica_id, record.gpus)
 
     def count(self, *states: ReplicaState) -> int:
         return sum(1 for r in self.replicas.values() if r.state in states)
@@ -93,6 +108,11 @@ class DeploymentState:
     def is_gone(self) -> bool:
         return not self.replicas
 
+    @property
+    def runs_no_process(self) -> bool:
+        """No replica the scheduler started is left (externally started workers are not ours to stop)."""
+        return all(r.is_external for r in self.replicas.values())
+
     async def update(self, target: Target, beats: dict[str, Heartbeat], now_ms: int, ongoing: int = 0) -> None:
         """One reconcile step; never blocks on a process. ``ongoing``: queued + in-flight requests."""
         if target.version != self._target_version:
@@ -100,28 +120,63 @@ class DeploymentState:
             self._target_version = target.version
             self._start_backoff.reset()
             self._next_start_ms, self._last_failure = 0, ""
+        if target.external:
+            await self._observe_external(beats, now_ms)
         await self._observe_starting(beats, now_ms)
         await self._observe_running(beats, now_ms)
         await self._observe_stopping(beats, now_ms)
         await self._drop_stopped()
         target = await self._autoscale(target, ongoing, now_ms)
         await self._scale_and_roll(target, now_ms)
-        await self._start_pending(now_ms)
+        await self._start_pending(target, now_ms)
         await self._stop_pending(target, now_ms)
         await self._record_health(target, now_ms)
+
+    # 0. An externally scaled deployment's replicas are the workers that heartbeat, whoever started them.
+    async def _observe_external(self, beats: dict[str, Heartbeat], now_ms: int) -> None:
+        for replica_id, beat in beats.items():
+            if replica_id in self.replicas:
+                continue
+            if not _belongs_to(replica_id, self.name):
+                logger.warning(
+                    "deployment %s: ignoring a heartbeat under %r: not one of its replica ids", self.name, replica_id
+                )
+                continue
+            if now_ms - beat.ts_ms > self._timeouts.heartbeat_timeout_ms:
+                # Died before we saw it live (or while no scheduler led): drop the beat, so its work is freed.
+                await self._store.remove(self.name, replica_id)
+                continue
+            record = ReplicaRecord(
+                replica_id=replica_id,
+                state=ReplicaState.STARTING,
+                version=beat.version,
+                host=beat.host,
+                pid=beat.pid,
+                created_ms=now_ms,
+                updated_ms=now_ms,
+                external=True,
+            )
+            await self._store.save(self.name, record)
+            logger.info("replica %s: joined from host %s (pid %d)", replica_id, beat.host, beat.pid)
+            self.adopt(record)
 
     # 1. STARTING replicas become RUNNING, or fail and are replaced with backoff.
     async def _observe_starting(self, beats: dict[str, Heartbeat], now_ms: int) -> None:
         for r in self._in(ReplicaState.STARTING):
-            probe = r.check_started(beats.get(r.record.replica_id), now_ms, self._timeouts.start_timeout_ms)
+            beat = beats.get(r.record.replica_id)
+            probe = r.check_started(beat, now_ms, self._timeouts)
             if probe is Started.READY:
-                await r.transition(ReplicaState.RUNNING, now_ms)
+                assert beat is not None
+                version = beat.version if r.is_external else r.version  # what it loaded is what it runs
+                await r.transition(ReplicaState.RUNNING, now_ms, version=version)
                 self._start_backoff.reset()
                 self._last_failure = ""
             elif probe is Started.FAILED:
                 self._note_start_failure(r.failure, now_ms)
                 r.force_kill()
                 await r.transition(ReplicaState.STOPPED, now_ms, message=r.failure)
+            elif probe is Started.GONE:
+                await r.transition(ReplicaState.STOPPED, now_ms, message="stopped before it was ready")
 
     # 2. RUNNING replicas whose process died or whose heartbeat expired are written off.
     async def _observe_running(self, beats: dict[str, Heartbeat], now_ms: int) -> None:
@@ -131,17 +186,23 @@ class DeploymentState:
                 logger.warning("replica %s is dead: %s", r.id, r.failure)
                 r.force_kill()  # a hung process must not come back and serve twice
                 await r.transition(ReplicaState.STOPPED, now_ms, message=r.failure)
+            elif probe is Alive.DRAINING:
+                await r.transition(ReplicaState.STOPPING, now_ms, message="draining: asked to stop")
+            elif probe is Alive.GONE:
+                await r.transition(ReplicaState.STOPPED, now_ms, message="exited")
 
     # 3. STOPPING replicas finish draining (or are killed at their deadline).
     async def _observe_stopping(self, beats: dict[str, Heartbeat], now_ms: int) -> None:
         for r in self._in(ReplicaState.STOPPING):
-            if r.check_stopped(beats.get(r.record.replica_id), now_ms) is Stopped.GONE:
+            beat = beats.get(r.record.replica_id)
+            if r.check_stopped(beat, now_ms, self._timeouts.heartbeat_timeout_ms) is Stopped.GONE:
                 await r.transition(ReplicaState.STOPPED, now_ms)
 
     # 4. STOPPED records are removed, with their heartbeats.
     async def _drop_stopped(self) -> None:
         for r in self._in(ReplicaState.STOPPED):
             r.forget_process()
+            self._gpus.release(r.record.replica_id)
             await self._store.remove(self.name, r.record.replica_id)
             del self.replicas[r.record.replica_id]
 
@@ -173,9 +234,9 @@ class DeploymentState:
         self.autoscaled = replicas
         logger.info("deployment %s: autoscale %s -> %d (%s)", self.name, old, replicas, reason)
 
-    # 6. Compare with the target: add replicas of the target version, retire extra and old ones.
+    # 6. Compare with the target: add replicas of the target version, retire extra and old ones (ours only).
     async def _scale_and_roll(self, target: Target, now_ms: int) -> None:
-        active = [r for r in self.replicas.values() if r.state in ACTIVE_REPLICA_STATES]
+        active = [r for r in self.replicas.values() if r.state in ACTIVE_REPLICA_STATES and not r.is_external]
         current = [r for r in active if r.version == target.version]
         outdated = [r for r in active if r.version != target.version]
         ready = sum(1 for r in active if r.state is ReplicaState.RUNNING)
@@ -187,12 +248,15 @@ class DeploymentState:
         for r in sorted(current, key=_retire_order)[: max(0, -missing)]:
             ready -= r.state is ReplicaState.RUNNING
             await self._retire(r, now_ms)
-        # Outdated replicas go as soon as the ready count stays at or above the target without them.
+        # Outdated replicas go as soon as the ready count stays at or above the target without them; or, while
+        # new ones wait for GPUs the old ones hold, one at a time (nothing else would free them).
+        starting = any(r.state is ReplicaState.STARTING for r in current)
         for r in sorted(outdated, key=_retire_order):
             if r.state is not ReplicaState.RUNNING:
                 await self._retire(r, now_ms)
-            elif ready - 1 >= target.count:
+            elif ready - 1 >= target.count or (self._waiting and not starting):
                 ready -= 1
+                starting = True  # one at a time: wait for its replacement before the next
                 await self._retire(r, now_ms)
 
     @staticmethod
@@ -215,15 +279,28 @@ class DeploymentState:
         logger.info("replica %s: created (SHOULD_START, version %s)", replica_id, target.version)
         self.adopt(record)
 
-    # 7. SHOULD_START replicas are spawned, unless a crash loop asks us to back off.
-    async def _start_pending(self, now_ms: int) -> None:
+    # 7. SHOULD_START replicas are spawned with the GPUs they ask for, unless a crash loop asks us to back off.
+    async def _start_pending(self, target: Target, now_ms: int) -> None:
         pending = self._in(ReplicaState.SHOULD_START)
+        need = target.cfg.resources.gpus if target.cfg is not None else 0
+        devices = len(self._gpus.devices)
+        self._waiting, self.unschedulable = "", ""
+        if need and target.count * need > devices:
+            self.unschedulable = (
+                f"{target.count} replica(s) x {need} GPU(s) do not fit the {devices} GPU(s) of this host"
+            )
         if not pending or now_ms < self._next_start_ms:
             return
         for r in pending:
+            gpus = self._gpus.take(r.record.replica_id, need) if need else ()
+            if gpus is None:  # never started without its GPUs: it waits for some to be freed
+                self._waiting = self._gpus.shortage(need)
+                await r.wait(now_ms, self._waiting)
+                continue
             try:
-                await r.start(now_ms)
+                await r.start(now_ms, gpus)
             except OSError as exc:
+                self._gpus.release(r.record.replica_id)
                 self._note_start_failure(f"cannot start process: {exc}", now_ms)
                 await r.transition(ReplicaState.STOPPED, now_ms, message=str(exc))
 
@@ -239,7 +316,7 @@ class DeploymentState:
         elif self.settled(target):
             health, message = DeploymentHealth.HEALTHY, ""
         else:
-            health, message = DeploymentHealth.UPDATING, self._last_failure
+            health, message = DeploymentHealth.UPDATING, self._last_failure or self._waiting
         running = self.count(ReplicaState.RUNNING)
         verdict = (health, message, running)
         if self._health is None or (self._health.health, self._health.message, self._health.running) != verdict:
@@ -268,9 +345,17 @@ class DeploymentState:
         return self._last_failure
 
     def settled(self, target: Target) -> bool:
-        """Exactly the target number of replicas, all RUNNING the target version, and nothing else."""
+        """Exactly the target number of replicas, all RUNNING the target version, and nothing else.
+
+        Externally scaled: every live replica is a worker RUNNING the target version, however many there are.
+        """
         running = self._in(ReplicaState.RUNNING)
-        return len(running) == len(self.replicas) == target.count and all(r.version == target.version for r in running)
+        count = len(running) if target.external else target.count
+        return (
+            len(running) == len(self.replicas) == count
+            and all(r.version == target.version for r in running)
+            and all(r.is_external == target.external for r in running)
+        )
 
     def _note_start_failure(self, reason: str, now_ms: int) -> None:
         self._last_failure = reason
@@ -286,6 +371,13 @@ class DeploymentState:
 
     def _in(self, state: ReplicaState) -> list[ReplicaWrapper]:
         return [r for r in self.replicas.values() if r.state is state]
+
+
+def _belongs_to(replica_id: str, deployment: str) -> bool:
+    try:
+        return ReplicaID.from_str(replica_id).deployment == deployment
+    except ProtocolError:
+        return False
 
 
 def _retire_order(r: ReplicaWrapper) -> tuple[int, int]:

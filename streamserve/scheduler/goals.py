@@ -73,4 +73,6 @@ def _judge(
         return GoalStatus.DONE, ""
     if state.unhealthy:
         return GoalStatus.FAILED, state.last_failure
+    if state.unschedulable:
+        return GoalStatus.FAILED, state.unschedulable
     return None

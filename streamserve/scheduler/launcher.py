@@ -17,6 +17,7 @@ from pathlib import Path
 
 from streamserve.ids import ReplicaID
 from streamserve.procs import role_command, runs_replica
+from streamserve.resources import GPU_DEVICES_ENV
 from streamserve.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -30,10 +31,12 @@ class ProcessLauncher:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self.host = socket.gethostname()
 
-    def start(self, replica_id: ReplicaID) -> int:
-        """Spawn the replica in a new session; return its pid (also its process group id)."""
+    def start(self, replica_id: ReplicaID, gpus: tuple[str, ...] = ()) -> int:
+        """Spawn the replica in a new session, seeing only ``gpus`` if it asked for any; return its pid (also
+        its process group id)."""
         cmd = role_command("worker", replica_id.deployment, "--replica-id", replica_id.to_str())
-        proc = subprocess.Popen(cmd, env=self._env, stdin=subprocess.DEVNULL, start_new_session=True)
+        env = {**self._env, GPU_DEVICES_ENV: ",".join(gpus)} if gpus else self._env
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         self._children[proc.pid] = proc
         return proc.pid
 

@@ -13,7 +13,7 @@ from enum import Enum
 from streamserve.ids import ReplicaID
 from streamserve.messages import Heartbeat, ReplicaRecord
 from streamserve.states import ReplicaHealth, ReplicaState, check_replica_transition
-from streamserve.types import Launcher, ReplicaStore
+from streamserve.types import Launcher, ReplicaStore, Timeouts
 
 logger = logging.getLogger(__name__)
 
@@ -24,12 +24,15 @@ class Started(str, Enum):
     READY = "ready"  # it reported ready: the import and the constructor are done
     STARTING = "starting"  # not decided yet
     FAILED = "failed"  # it reported an error, its process exited, or it took too long; ``failure`` says which
+    GONE = "gone"  # an externally started worker removed its heartbeat: it was stopped before it was ready
 
 
 class Alive(str, Enum):
     """What a look at a RUNNING replica found."""
 
     ALIVE = "alive"  # its process lives (where we can see it) and its heartbeat is fresh
+    DRAINING = "draining"  # an externally started worker reports it is draining: someone asked it to stop
+    GONE = "gone"  # an externally started worker removed its heartbeat: it drained and exited
     DEAD = "dead"  # its process exited or its heartbeat expired; ``failure`` says which
 
 
@@ -60,8 +63,14 @@ class ReplicaWrapper:
         return self.record.version
 
     @property
+    def is_external(self) -> bool:
+        """Started by someone else: known only by its heartbeat, never signalled."""
+        return self.record.external
+
+    @property
     def is_local(self) -> bool:
-        return self.record.host == self._launcher.host
+        """A process of ours on this host, which we can look at and signal."""
+        return not self.record.external and self.record.host == self._launcher.host
 
     async def transition(self, new: ReplicaState, now_ms: int, **changes: object) -> None:
         """Validate ``state -> new`` against the table, persist it, log it once."""
@@ -74,10 +83,17 @@ class ReplicaWrapper:
 
     # -- actions ------------------------------------------------------------
 
-    async def start(self, now_ms: int) -> None:
+    async def start(self, now_ms: int, gpus: tuple[str, ...] = ()) -> None:
         """SHOULD_START -> STARTING: spawn the process (or take over one a killed scheduler left)."""
-        pid = self._launcher.find(self.id) or self._launcher.start(self.id)
-        await self.transition(ReplicaState.STARTING, now_ms, pid=pid, host=self._launcher.host)
+        pid = self._launcher.find(self.id) or self._launcher.start(self.id, gpus)
+        await self.transition(ReplicaState.STARTING, now_ms, pid=pid, host=self._launcher.host, gpus=list(gpus))
+
+    async def wait(self, now_ms: int, why: str) -> None:
+        """A SHOULD_START replica that cannot start yet says why in its record (saved when the reason changes)."""
+        if self.record.message != why:
+            self.record = self.record.model_copy(update={"message": why, "updated_ms": now_ms})
+            await self._store.save(self._deployment, self.record)
+            logger.info("replica %s: waiting (%s)", self.id, why)
 
     async def stop(self, now_ms: int, graceful_timeout_s: float) -> None:
         """SHOULD_STOP -> STOPPING: SIGTERM now, SIGKILL once the deadline passes."""
@@ -102,24 +118,37 @@ class ReplicaWrapper:
             return None
         return self._launcher.is_alive(self.record.pid, self.id)
 
-    def check_started(self, beat: Heartbeat | None, now_ms: int, start_timeout_ms: int) -> Started:
+    def check_started(self, beat: Heartbeat | None, now_ms: int, timeouts: Timeouts) -> Started:
         """For a STARTING replica: ready, still starting, or failed (and why, in ``failure``)."""
         if beat is not None and beat.health is ReplicaHealth.READY:
             return Started.READY
         if beat is not None and beat.health is ReplicaHealth.FAILED:
             self.failure = beat.message or "failed to start"
             return Started.FAILED
+        if self.is_external:
+            # Not ours to time out: a worker may load a model for as long as it keeps its heartbeat fresh.
+            if beat is None:
+                return Started.GONE
+            if now_ms - beat.ts_ms > timeouts.heartbeat_timeout_ms:
+                self.failure = f"no heartbeat for {(now_ms - beat.ts_ms) / 1000:.1f}s while starting"
+                return Started.FAILED
+            return Started.STARTING
         if self._process_alive() is False:
             code = self._launcher.exit_code(self.record.pid)
             self.failure = f"process exited with code {code} while starting" if code is not None else "process died"
             return Started.FAILED
-        if now_ms - self.record.updated_ms > start_timeout_ms:
-            self.failure = f"not ready after {start_timeout_ms / 1000:g}s"
+        if now_ms - self.record.updated_ms > timeouts.start_timeout_ms:
+            self.failure = f"not ready after {timeouts.start_timeout_ms / 1000:g}s"
             return Started.FAILED
         return Started.STARTING
 
     def check_alive(self, beat: Heartbeat | None, now_ms: int, heartbeat_timeout_ms: int) -> Alive:
         """For a RUNNING replica: OK while its process lives and its heartbeat is fresh."""
+        if self.is_external:
+            if beat is None:
+                return Alive.GONE
+            if beat.health is ReplicaHealth.DRAINING:
+                return Alive.DRAINING
         if self._process_alive() is False:
             code = self._launcher.exit_code(self.record.pid)
             self.failure = f"process exited with code {code}" if code is not None else "process died"
@@ -130,10 +159,16 @@ class ReplicaWrapper:
             return Alive.DEAD
         return Alive.ALIVE
 
-    def check_stopped(self, beat: Heartbeat | None, now_ms: int) -> Stopped:
-        """For a STOPPING replica: OK once the process is gone; kills it past the deadline."""
+    def check_stopped(self, beat: Heartbeat | None, now_ms: int, heartbeat_timeout_ms: int) -> Stopped:
+        """For a STOPPING replica: OK once the process is gone; kills it past the deadline.
+
+        Where we cannot see the process, its heartbeat tells: removed (it said
+        goodbye) or expired (it died) both mean gone.
+        """
         alive = self._process_alive()
-        if alive is False or (alive is None and beat is None):
+        if alive is None and (beat is None or now_ms - beat.ts_ms > heartbeat_timeout_ms):
+            return Stopped.GONE
+        if alive is False:
             return Stopped.GONE
         if now_ms >= self.record.stop_deadline_ms:
             self.force_kill()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+from collections.abc import Mapping
 
 import redis.asyncio as aioredis
 
@@ -13,7 +15,8 @@ from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.desired import DesiredState
 from streamserve.errors import ProtocolError
 from streamserve.messages import Heartbeat, now_ms
-from streamserve.scheduler.deployment_state import DeploymentState, Target, Timeouts
+from streamserve.resources import GpuAllocator, host_gpus, host_memory_bytes, overcommit
+from streamserve.scheduler.deployment_state import DeploymentState, Target
 from streamserve.scheduler.goals import GoalTracker
 from streamserve.scheduler.job_pool import JobWorkerPool
 from streamserve.scheduler.leader import LeaderLock
@@ -21,7 +24,7 @@ from streamserve.scheduler.reclaim import Reclaimer
 from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.settings import Settings
 from streamserve.streams import ensure_group
-from streamserve.types import Clock, Launcher
+from streamserve.types import Clock, Launcher, Timeouts
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +62,8 @@ class Scheduler:
         self._stop_replicas_on_exit = stop_replicas_on_exit
         self._job_pool = job_pool
         self._states: dict[str, DeploymentState] = {}
+        self._gpus = GpuAllocator(host_gpus(settings.gpus))
+        self._overcommitted: list[str] = []  # the last warning given about CPUs and memory, so it is given once
         self._known_groups: set[str] = set()
         self._standing_by = False
         self.should_exit = asyncio.Event()
@@ -102,6 +107,9 @@ class Scheduler:
     async def _adopt(self) -> None:
         """Take over whatever replicas Redis records, instead of starting duplicates, and the autoscaled counts."""
         self._states.clear()
+        self._gpus = GpuAllocator(self._gpus.devices)  # the adopted records say who holds which device
+        if self._gpus.devices:
+            logger.info("scheduler: GPUs on this host: %s", ", ".join(self._gpus.devices))
         for name, records in (await self._store.load_all()).items():
             state = self._state(name)
             for record in records:
@@ -114,7 +122,7 @@ class Scheduler:
     def _state(self, name: str) -> DeploymentState:
         state = self._states.get(name)
         if state is None:
-            state = self._states[name] = DeploymentState(name, self._launcher, self._store, self._timeouts)
+            state = self._states[name] = DeploymentState(name, self._launcher, self._store, self._timeouts, self._gpus)
         return state
 
     async def tick(self) -> None:
@@ -122,6 +130,7 @@ class Scheduler:
         self.ticks += 1
         goals = await self._goals.load()  # before the desired state: see GoalTracker.load
         desired = await self._desired.deployments()
+        self._warn_if_overcommitted(desired)
         names = sorted(set(desired) | set(self._states))
         beats_raw = await self._store.heartbeats(names)
         autoscaled = [name for name, cfg in desired.items() if cfg.autoscaling_config is not None]
@@ -154,6 +163,13 @@ class Scheduler:
             del self._states[name]
             logger.info("deployment %s: deleted", name)
 
+    def _warn_if_overcommitted(self, desired: Mapping[str, DeploymentConfig]) -> None:
+        problems = overcommit(desired.values(), os.cpu_count() or 1, host_memory_bytes())
+        if problems != self._overcommitted:
+            for problem in problems:
+                logger.warning("scheduler: %s (the replicas may run short, or be killed for memory)", problem)
+            self._overcommitted = problems
+
     def _live_consumers(self, state: DeploymentState, beats: dict[str, Heartbeat], now: int) -> set[str]:
         """Replicas we manage (still recorded) and any others whose heartbeat is fresh (started by hand)."""
         fresh = {rid for rid, beat in beats.items() if now - beat.ts_ms <= self._timeouts.heartbeat_timeout_ms}
@@ -172,7 +188,7 @@ class Scheduler:
             logger.info("scheduler: stopping all replicas before exit")
             try:
                 await self._adopt()
-                while any(not s.is_gone for s in self._states.values()):
+                while not all(s.runs_no_process for s in self._states.values()):
                     await self._lock.acquire_or_renew()
                     await self.tick()
                     await asyncio.sleep(self._settings.tick_interval_s)

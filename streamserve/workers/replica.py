@@ -23,7 +23,7 @@ from redis.exceptions import ResponseError
 
 from streamserve.backoff import Backoff
 from streamserve.config import DeploymentConfig
-from streamserve.connection import RETRYABLE_ERRORS
+from streamserve.connection import RETRYABLE_ERRORS, redacted
 from streamserve.desired import DesiredState
 from streamserve.errors import BadRequestError, NotFoundError, ProtocolError, ResponseTooLargeError
 from streamserve.ids import ReplicaID
@@ -56,9 +56,19 @@ class Replica:
         redis: aioredis.Redis,
         replica_id: ReplicaID,
         after_load: Callable[[], None] | None = None,
+        pinned_version: str | None = None,
+        takes_over: str | None = None,
     ) -> None:
-        """``after_load`` runs once the deployment is loaded, before serving (the process freezes its heap)."""
+        """``after_load`` runs once the deployment is loaded, before serving (the process freezes its heap).
+
+        ``pinned_version``: serve only while the deployment is at this version (its ``version`` field or its
+        code version); refuse to start otherwise, and drain and exit non-zero once it moves on.
+        ``takes_over``: the replica id of the worker this process was before it started again on new code;
+        its last heartbeat is replaced by this one's first, so the scheduler never sees the worker missing.
+        """
+        self._takes_over = takes_over
         self._settings = settings
+        self._pinned_version = pinned_version
         self._after_load = after_load
         self._redis = redis
         self._requeuer = Requeuer(redis)
@@ -78,6 +88,10 @@ class Replica:
         self._slots = Slots()
         self._finisher = Finisher(self._pipeliner, self._stream, self._slots.finished, self._consumer)
         self._stopping = asyncio.Event()
+        self._exit_code = 0
+        self._loaded_version = ""  # the code version it runs, once loaded (the config may move on meanwhile)
+        # Set when an externally started worker should run again as a new process on the deployment's new code.
+        self.restart_reason = ""
         self._served = 0
         self._failed = 0
         self._batchers = Batchers(
@@ -94,7 +108,15 @@ class Replica:
         self._slots.wake()
 
     async def run(self) -> int:
-        """Load, serve until stopped, drain; return the process exit code."""
+        """Load, serve until stopped, drain; return the process exit code.
+
+        A worker whose deployment does not exist, or is not at its pinned
+        version, exits 1 before it heartbeats: it never serves.
+        """
+        refusal = await self._refusal()
+        if refusal:
+            logger.error("replica %s: %s", self.replica_id, refusal)
+            return 1
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
         longpoll: LongPollSubscriber | None = None
         loaded = False
@@ -114,7 +136,7 @@ class Replica:
             finally:
                 await self._reader.aclose()
             await self._drain()
-            return 0
+            return self._exit_code
         finally:
             if longpoll is not None:
                 await longpoll.close()
@@ -129,6 +151,22 @@ class Replica:
                 await self._goodbye()
             logger.info("replica %s: exited after %d requests (%d failed)", self.replica_id, self._served, self._failed)
 
+    async def _refusal(self) -> str:
+        """Why this worker must not start ("" when it may)."""
+        url = redacted(self._settings.effective_redis_url)
+        try:
+            cfg = await self._desired.get(self._name)
+        except NotFoundError:
+            return f"no deployment named {self._name!r} in Redis at {url}; deploy it first (streamserve deploy CONFIG)"
+        except RETRYABLE_ERRORS as exc:
+            return f"cannot reach Redis at {url}: {exc}"
+        if self._pinned_version is not None and not _is_at(cfg, self._pinned_version):
+            return (
+                f"deployment {self._name!r} is at version {cfg.version or cfg.code_version()}, "
+                f"not {self._pinned_version} (--version); this worker will not serve it"
+            )
+        return ""
+
     async def _load(self) -> bool:
         try:
             self._cfg = await self._desired.get(self._name)
@@ -137,6 +175,7 @@ class Replica:
             self._threads = HandlerThreads(self._cfg.max_ongoing_requests)
             # Import and constructor may block for a long time (model weights): keep the loop free for heartbeats.
             self._deployment = await asyncio.to_thread(load, self._cfg)
+            self._loaded_version = self._cfg.code_version()
             await self._reconfigure(self._cfg.user_config)
             if self._after_load is not None:
                 self._after_load()
@@ -158,14 +197,31 @@ class Replica:
         await self._threads.run(fn, user_config)
 
     async def _on_config_change(self, _changed: set[str]) -> None:
-        """Apply live changes: user_config (reconfigure) and max_ongoing_requests."""
+        """Apply live changes: user_config (reconfigure) and max_ongoing_requests; leave when the code changed.
+
+        The scheduler stops the replicas it started. An externally started
+        worker has nobody to stop it, so it leaves by itself: it drains, then
+        runs again on the new code (``restart_reason``), or exits 1 when the
+        deployment was deleted or has moved past its pinned version.
+        """
         try:
             new = await self._desired.get(self._name)
         except NotFoundError:
-            return  # deleted: the scheduler stops us
+            if self._cfg is not None and self._cfg.external_scaler_enabled:
+                self._leave(1, f"deployment {self._name!r} was deleted")
+            return  # otherwise the scheduler stops us
         if self._cfg is None:
             return
         old, self._cfg = self._cfg, new
+        if new.code_version() != old.code_version() and (old.external_scaler_enabled or new.external_scaler_enabled):
+            if self._pinned_version is not None and not _is_at(new, self._pinned_version):
+                self._leave(1, f"deployment {self._name!r} moved on from version {self._pinned_version} (--version)")
+            elif new.external_scaler_enabled:
+                self.restart_reason = f"deployment {self._name!r} changed its code (version {new.code_version()})"
+                self._leave(0, self.restart_reason + ": draining, then starting again on it")
+            else:
+                self._leave(0, f"deployment {self._name!r} is no longer externally scaled")
+            return
         if new.user_config != old.user_config:
             logger.info("replica %s: reconfiguring with new user_config", self.replica_id)
             try:
@@ -178,6 +234,11 @@ class Replica:
             self._threads.resize(new.max_ongoing_requests)
             self._slots.wake()
 
+    def _leave(self, exit_code: int, why: str) -> None:
+        logger.warning("replica %s: %s", self.replica_id, why)
+        self._exit_code = exit_code
+        self.request_stop()
+
     async def _drain(self) -> None:
         await self._set_health(ReplicaHealth.DRAINING)
         self._batchers.flush_now()  # nothing more will arrive: partial batches need not wait to fill
@@ -187,9 +248,13 @@ class Replica:
                 await self._slots.wait_idle()
 
     async def _goodbye(self) -> None:
-        """Leave no trace: drop the heartbeat, and the consumer if it holds no pending entries."""
+        """Leave no trace: drop the heartbeat, and the consumer if it holds no pending entries.
+
+        A worker about to start again keeps its (DRAINING) heartbeat: the next process's first beat replaces it.
+        """
         with contextlib.suppress(*RETRYABLE_ERRORS, ResponseError):
-            await self._redis.hdel(self._keys.heartbeats(self._name), self._consumer)
+            if not self.restart_reason:
+                await self._redis.hdel(self._keys.heartbeats(self._name), self._consumer)
             pending = await self._redis.xpending_range(self._stream, CONSUMER_GROUP, "-", "+", 1, self._consumer)
             if not pending:
                 await self._redis.xgroup_delconsumer(self._stream, CONSUMER_GROUP, self._consumer)
@@ -208,8 +273,17 @@ class Replica:
             host=socket.gethostname(),
             ongoing=self._slots.held,
             message=self._message,
+            version=self._loaded_version,
         )
-        await self._redis.hset(self._keys.heartbeats(self._name), self._consumer, beat.encode())
+        key = self._keys.heartbeats(self._name)
+        if self._takes_over is None:
+            await self._redis.hset(key, self._consumer, beat.encode())
+            return
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, self._consumer, beat.encode())
+            pipe.hdel(key, self._takes_over)
+            await pipe.execute()
+        self._takes_over = None
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -373,3 +447,8 @@ class Replica:
             error_type=type(exc).__name__,
             error_message=message,
         )
+
+
+def _is_at(cfg: DeploymentConfig, version: str) -> bool:
+    """Whether a deployment is at ``version``: its declared ``version`` or its code version."""
+    return version in (cfg.version, cfg.code_version())

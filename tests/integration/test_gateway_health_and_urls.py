@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from pydantic import SecretStr
 
 from streamserve.app.gateway import create_app
 from streamserve.client import AsyncClient
@@ -133,6 +135,30 @@ async def test_healthz_is_503_with_an_error_body_while_redis_is_down() -> None:
         server.stop()
 
 
+async def test_ready_follows_redis_and_the_route_table() -> None:
+    port = free_port()
+    server = EmbeddedRedis(port=port).start()
+    try:
+        app = create_app(settings_for(server.url))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            # Before the gateway has loaded its routes (its lifespan has not run), it is alive but not ready.
+            early = await http.get("/-/ready")
+            assert early.status_code == 503 and "not loaded its routes" in early.json()["message"]
+            await app.gateway.client.start()
+            try:
+                assert (await http.get("/-/ready")).json() == {"status": "ready"}
+                server.stop()
+                down = await asyncio.wait_for(http.get("/-/ready"), timeout=30)
+                assert down.status_code == 503 and down.json()["error"] == "RedisUnavailableError", down.text
+                server = EmbeddedRedis(port=port).start()
+                again = await asyncio.wait_for(http.get("/-/ready"), timeout=30)
+                assert again.status_code == 200, again.text
+            finally:
+                await app.gateway.client.aclose()
+    finally:
+        server.stop()
+
+
 # -- passwords in the URL --------------------------------------------------------------------------
 
 
@@ -152,6 +178,23 @@ async def test_a_password_in_the_url_works_for_replica_client_and_gateway(passwo
 
 async def test_an_acl_user_and_password_in_the_url_work(password_redis: int) -> None:
     await assert_serves(settings_for(f"redis://alice:alicepw@127.0.0.1:{password_redis}/0"))
+
+
+async def test_a_password_from_its_own_setting_works(password_redis: int) -> None:
+    """STREAMSERVE_REDIS_PASSWORD (e.g. from a Kubernetes Secret) keeps the password out of the URL."""
+    url = f"redis://127.0.0.1:{password_redis}/0"
+    await assert_serves(settings_for(url).model_copy(update={"redis_password": SecretStr("secret")}))
+    status = await asyncio.to_thread(
+        subprocess.run,
+        [STREAMSERVE, "status", "--redis-url", url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "STREAMSERVE_REDIS_PASSWORD": "secret"},
+    )
+    assert status.returncode == 0, status.stderr
 
 
 async def test_a_wrong_password_is_a_clear_error_not_a_hang(password_redis: int) -> None:

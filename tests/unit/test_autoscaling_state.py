@@ -10,9 +10,10 @@ from fakeredis import FakeAsyncRedis
 from streamserve.config import AppConfig, DeploymentConfig
 from streamserve.desired import DesiredState
 from streamserve.keys import Keys
-from streamserve.scheduler.deployment_state import DeploymentState, Target, Timeouts
+from streamserve.scheduler.deployment_state import DeploymentState, Target
 from streamserve.scheduler.goals import GoalTracker
 from streamserve.states import DeploymentHealth, GoalStatus, ReplicaState
+from streamserve.types import Timeouts
 from tests.unit.test_deployment_state import Harness
 
 AUTO = {

@@ -104,3 +104,10 @@ def test_cli_deploy_with_bad_config_exits_2_naming_the_field(
     assert cli.main(["deploy", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "deployment 'echo' (deployments[0]): num_replicas" in err
+
+
+@pytest.mark.parametrize("scaling", [{"num_replicas": 2}, {"autoscaling_config": {"max_replicas": 3}}])
+def test_an_externally_scaled_deployment_takes_no_replica_count(scaling: dict[str, object]) -> None:
+    data = {"deployments": [{"name": "ext", "import_path": "m:f", "external_scaler_enabled": True, **scaling}]}
+    with pytest.raises(ConfigError, match="external_scaler_enabled: its replicas are started outside streamserve"):
+        parse_config(data)

@@ -10,8 +10,9 @@ import pytest
 from streamserve.config import DeploymentConfig
 from streamserve.ids import ReplicaID
 from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, Heartbeat, ReplicaRecord
-from streamserve.scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, DeploymentState, Target, Timeouts
+from streamserve.scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, DeploymentState, Target
 from streamserve.states import DeploymentHealth, ReplicaHealth, ReplicaState
+from streamserve.types import Timeouts
 
 HOST = "testhost"
 
@@ -24,10 +25,12 @@ class FakeLauncher:
         self.alive: dict[int, ReplicaID] = {}
         self.terminated: list[int] = []
         self.killed: list[int] = []
+        self.gpus: dict[int, tuple[str, ...]] = {}  # the devices each started process was given
 
-    def start(self, replica_id: ReplicaID) -> int:
+    def start(self, replica_id: ReplicaID, gpus: tuple[str, ...] = ()) -> int:
         pid = next(self._pids)
         self.alive[pid] = replica_id
+        self.gpus[pid] = gpus
         return pid
 
     def is_alive(self, pid: int, replica_id: ReplicaID) -> bool:
@@ -56,6 +59,7 @@ class FakeLauncher:
 class MemoryStore:
     def __init__(self) -> None:
         self.records: dict[str, ReplicaRecord] = {}
+        self.removed: list[str] = []
         self.health: DeploymentHealthRecord | None = None
         self.autoscale: AutoscaleRecord | None = None
 
@@ -63,7 +67,8 @@ class MemoryStore:
         self.records[record.replica_id] = record
 
     async def remove(self, deployment: str, replica_id: str) -> None:
-        del self.records[replica_id]
+        self.records.pop(replica_id, None)  # the record and its heartbeat; either may be gone already
+        self.removed.append(replica_id)
 
     async def save_health(self, deployment: str, record: DeploymentHealthRecord) -> None:
         self.health = record
@@ -104,6 +109,15 @@ def target(replicas: int, version: str | None = None, **extra: object) -> Target
     return Target(
         DeploymentConfig.model_validate(
             {"name": "echo", "import_path": "examples.echo:Echo", "num_replicas": replicas, "version": version, **extra}
+        )
+    )
+
+
+def external_target(version: str | None = None) -> Target:
+    """An externally scaled deployment: its replicas are whatever workers heartbeat."""
+    return Target(
+        DeploymentConfig.model_validate(
+            {"name": "echo", "import_path": "examples.echo:Echo", "external_scaler_enabled": True, "version": version}
         )
     )
 

@@ -53,6 +53,7 @@ ALLOWED_REPLICA_MOVES: frozenset[tuple[ReplicaState, ReplicaState]] = frozenset(
         (S.STARTING, S.SHOULD_STOP),
         (S.STARTING, S.STOPPED),
         (S.RUNNING, S.SHOULD_STOP),
+        (S.RUNNING, S.STOPPING),
         (S.RUNNING, S.STOPPED),
         (S.SHOULD_STOP, S.STOPPING),
         (S.STOPPING, S.STOPPED),

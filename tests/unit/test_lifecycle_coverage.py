@@ -7,9 +7,9 @@ would then promise more than the scheduler does (or hide a path no test runs).
 from __future__ import annotations
 
 from streamserve.ids import ReplicaID
-from streamserve.messages import ReplicaRecord
+from streamserve.messages import Heartbeat, ReplicaRecord
 from streamserve.states import REPLICA_TRANSITIONS, ReplicaHealth, ReplicaState
-from tests.unit.test_deployment_state import FakeLauncher, Harness, MemoryStore, bring_up, target
+from tests.unit.test_deployment_state import FakeLauncher, Harness, MemoryStore, bring_up, external_target, target
 
 S = ReplicaState
 
@@ -29,7 +29,7 @@ class RecordingStore(MemoryStore):
 
 
 class SpawnFails(FakeLauncher):
-    def start(self, replica_id: ReplicaID) -> int:
+    def start(self, replica_id: ReplicaID, gpus: tuple[str, ...] = ()) -> int:
         raise OSError("no such file: python")
 
 
@@ -74,6 +74,19 @@ async def test_every_allowed_replica_move_is_taken() -> None:
     # A process that cannot be spawned.
     h, store = harness(SpawnFails())
     await h.tick(target(1))
+    taken |= store.moves
+
+    # An externally started worker drains (its platform stopped it) and says goodbye.
+    h, store = harness()
+    external = external_target()
+    h.beats["echo#w1"] = Heartbeat(ts_ms=h.now, health=ReplicaHealth.READY, pid=7, host="elsewhere", version="v")
+    await h.tick(external)
+    await h.tick(external)
+    h.beats["echo#w1"] = h.beats["echo#w1"].model_copy(update={"health": ReplicaHealth.DRAINING, "ts_ms": h.now})
+    await h.tick(external)
+    del h.beats["echo#w1"]
+    await h.tick(external)
+    assert store.moves >= {(S.RUNNING, S.STOPPING), (S.STOPPING, S.STOPPED)}
     taken |= store.moves
 
     allowed = {(old, new) for old, moves in REPLICA_TRANSITIONS.items() for new in moves}

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from streamserve.messages import Heartbeat
-from streamserve.scheduler.deployment_state import DeploymentState, Timeouts
+from streamserve.scheduler.deployment_state import DeploymentState
 from streamserve.states import ReplicaHealth, ReplicaState
+from streamserve.types import Timeouts
 from tests.unit.test_deployment_state import HOST, Harness, target
 
 

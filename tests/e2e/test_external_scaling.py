@@ -1,0 +1,147 @@
+"""Externally scaled deployments, end to end: the scheduler starts nothing, and every `streamserve worker NAME`
+that heartbeats is a replica: counted, judged, rolled by a deploy, and written off when it dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from streamserve.procs import free_port
+from tests.e2e.farm import ROOT, STREAMSERVE, Processes, wait_for
+
+CONFIG = """
+deployments:
+  - name: ext
+    import_path: tests.deployments:whoami
+    external_scaler_enabled: true
+    max_queued_requests: 3
+    graceful_shutdown_timeout_s: 5
+    version: "{version}"
+"""
+
+
+def write_config(path: Path, version: str) -> Path:
+    path.write_text(CONFIG.format(version=version))
+    return path
+
+
+def status(processes: Processes) -> dict[str, Any]:
+    [deployment] = orjson.loads(processes.run("status", "--json").stdout)["deployments"]
+    return dict(deployment)
+
+
+def streamserve(processes: Processes, *args: str) -> subprocess.CompletedProcess[str]:
+    """A CLI command whose failure the test looks at (Processes.run insists on success)."""
+    return subprocess.run(
+        [STREAMSERVE, *args], cwd=ROOT, env=processes.env(), capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+@pytest.fixture
+def gateway(processes: Processes) -> str:
+    port = free_port()
+    processes.spawn("gateway", "gateway", "--port", str(port))
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{url}/-/ready", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(healthy, 30, "gateway not ready")
+    return url
+
+
+def test_workers_started_by_hand_are_the_replicas(processes: Processes, gateway: str, tmp_path: Path) -> None:
+    config = write_config(tmp_path / "ext.yaml", "1")
+    processes.spawn("scheduler", "scheduler")
+    processes.run("deploy", str(config))
+
+    # No worker yet: a request queues (no instant 503), and the first worker to come serves it.
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(httpx.post, f"{gateway}/ext", json="first", timeout=30)
+        wait_for(lambda: status(processes)["queued"] == 1, 20, "the request did not queue")
+        assert not waiting.done()
+        first = processes.spawn("worker-1", "worker", "ext")
+        reply = waiting.result(timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert reply.json() == {"host": socket.gethostname(), "pid": first.pid, "gpus": None, "body": "first"}
+
+    # Counted in status, with its host and version; the text table says who scales it.
+    wait_for(lambda: status(processes)["running"] == 1, 20, "the worker was not counted")
+    s = status(processes)
+    [replica] = s["replicas"]
+    assert (replica["host"], replica["pid"], replica["version"]) == (socket.gethostname(), first.pid, s["version"])
+    assert (s["target"], s["health"], s["external_scaler_enabled"]) == (1, "HEALTHY", True)
+    table = processes.run("status").stdout
+    assert "1 (external)" in table and replica["replica_id"] in table
+
+    # Its count is not ours to set.
+    refused = streamserve(processes, "scale", "ext", "3")
+    assert refused.returncode == 1 and "scaled externally" in refused.stderr, refused.stderr
+
+    # A second worker joins; a new version is DONE once both run it (each starts again on it, same process).
+    second = processes.spawn("worker-2", "worker", "ext")
+    wait_for(lambda: status(processes)["running"] == 2, 20, "the second worker was not counted")
+    old_ids = {r["replica_id"] for r in status(processes)["replicas"]}
+    deployed = processes.run("deploy", str(write_config(config, "2")), "--wait", "--timeout", "60")
+    assert "ext: done" in deployed.stdout, deployed.stdout
+    s = status(processes)
+    assert s["running"] == 2 and {r["version"] for r in s["replicas"]} == {s["version"]}, s
+    assert {r["pid"] for r in s["replicas"]} == {first.pid, second.pid}  # the same processes, on the new code
+    assert old_ids.isdisjoint(r["replica_id"] for r in s["replicas"])
+    assert all(httpx.post(f"{gateway}/ext", json=i, timeout=10).status_code == 200 for i in range(4))
+
+    # SIGTERM: the worker drains, says goodbye and leaves status at once (no heartbeat expiry needed).
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(20) == 0
+    wait_for(lambda: status(processes)["running"] == 1, 10, "the stopped worker stayed in status")
+
+
+def test_a_dead_workers_requests_are_served_by_another(processes: Processes, gateway: str, tmp_path: Path) -> None:
+    processes.spawn("scheduler", "scheduler")
+    processes.run("deploy", str(write_config(tmp_path / "ext.yaml", "1")))
+    victim = processes.spawn("worker-victim", "worker", "ext")
+    wait_for(lambda: status(processes)["running"] == 1, 30, "the worker was not counted")
+
+    release = tmp_path / "release"
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(httpx.post, f"{gateway}/ext", json={"wait_for": str(release)}, timeout=40)
+        wait_for(lambda: status(processes)["in_flight"] == 1, 20, "the worker did not take the request")
+        os.kill(victim.pid, signal.SIGKILL)  # its host is gone: no goodbye, no pid anyone can look at
+        victim.wait(5)
+        release.touch()
+        survivor = processes.spawn("worker-survivor", "worker", "ext")
+        reply = held.result(timeout=40)
+    assert reply.status_code == 200 and reply.json()["pid"] == survivor.pid, reply.text  # its one retry
+    s = status(processes)
+    assert [r["pid"] for r in s["replicas"]] == [survivor.pid] and s["dead_letters"] == 0
+
+
+def test_a_worker_with_nothing_to_serve_says_so_and_exits(processes: Processes, tmp_path: Path) -> None:
+    missing = streamserve(processes, "worker", "nosuch")
+    assert missing.returncode == 1 and "no deployment named 'nosuch'" in missing.stderr, missing.stderr
+
+    processes.run("deploy", str(write_config(tmp_path / "ext.yaml", "1")))
+    stale = streamserve(processes, "worker", "ext", "--version", "0")
+    assert stale.returncode == 1 and "not 0 (--version)" in stale.stderr, stale.stderr
+    s = status(processes)
+    assert s["replicas"] == []  # neither ever heartbeat
+
+    # Pinned to the version deployed now: serves, then leaves with an error once the deployment moves on.
+    pinned = processes.spawn("worker-pinned", "worker", "ext", "--version", "1")
+    processes.spawn("scheduler", "scheduler")
+    wait_for(lambda: status(processes)["running"] == 1, 30, "the pinned worker was not counted")
+    processes.run("deploy", str(write_config(tmp_path / "ext.yaml", "2")))
+    assert pinned.wait(20) == 1
+    assert "moved on from version 1" in processes.log("worker-pinned").read_text()
