@@ -129,16 +129,21 @@ def namespace(spec: FarmSpec) -> Manifest:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
 
 
-def redis_service(spec: FarmSpec) -> Manifest:
+def service(spec: FarmSpec, name: str, component: str, port_name: str, port: int) -> Manifest:
+    """A Service in front of the pods labelled ``name``, on their port called ``port_name``."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(spec, REDIS_NAME, "redis"),
+        "metadata": metadata(spec, name, component),
         "spec": {
-            "selector": selector_labels(REDIS_NAME),
-            "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis"}],
+            "selector": selector_labels(name),
+            "ports": [{"name": port_name, "port": port, "targetPort": port_name}],
         },
     }
+
+
+def redis_service(spec: FarmSpec) -> Manifest:
+    return service(spec, REDIS_NAME, "redis", "redis", REDIS_PORT)
 
 
 def redis_statefulset(spec: FarmSpec) -> Manifest:
@@ -289,12 +294,4 @@ def gateway_deployment(spec: FarmSpec) -> Manifest:
 
 
 def gateway_service(spec: FarmSpec) -> Manifest:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(spec, GATEWAY_NAME, "gateway"),
-        "spec": {
-            "selector": selector_labels(GATEWAY_NAME),
-            "ports": [{"name": "http", "port": GATEWAY_PORT, "targetPort": "http"}],
-        },
-    }
+    return service(spec, GATEWAY_NAME, "gateway", "http", GATEWAY_PORT)

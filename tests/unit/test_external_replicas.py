@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from streamserve.ids import ReplicaID
 from streamserve.messages import Heartbeat
-from streamserve.scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES
+from streamserve.scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, Target
 from streamserve.states import DeploymentHealth, ReplicaHealth, ReplicaState
 from tests.unit.test_deployment_state import Harness, bring_up, external_target, target
 
@@ -17,6 +17,17 @@ def beat(h: Harness, health: ReplicaHealth = ReplicaHealth.READY, version: str =
 
 def worker(h: Harness) -> str:
     return ReplicaID.new("echo").to_str()
+
+
+async def one_running_worker() -> tuple[Harness, Target, str]:
+    """An externally scaled deployment with one worker that has joined and is RUNNING."""
+    h, t = Harness(), external_target()
+    w = worker(h)
+    h.beats[w] = beat(h)
+    await h.tick(t)
+    await h.tick(t)
+    assert h.counts() == {S.RUNNING: 1}
+    return h, t, w
 
 
 async def test_a_worker_that_heartbeats_is_a_replica_and_nothing_is_started() -> None:
@@ -50,25 +61,14 @@ async def test_a_slow_loader_is_not_timed_out_while_it_heartbeats() -> None:
 
 
 async def test_an_expired_heartbeat_writes_the_worker_off() -> None:
-    h = Harness()
-    t = external_target()
-    w = worker(h)
-    h.beats[w] = beat(h)
-    await h.tick(t)
-    await h.tick(t)
-    assert h.counts() == {S.RUNNING: 1}
+    h, t, w = await one_running_worker()
     await h.tick(t, advance_ms=11_000)  # the worker's host died: no more beats
     assert w not in h.store.records and h.counts() == {}
     assert h.launcher.killed == []  # nothing to kill: not ours
 
 
 async def test_a_worker_that_drains_and_says_goodbye_leaves_status() -> None:
-    h = Harness()
-    t = external_target()
-    w = worker(h)
-    h.beats[w] = beat(h)
-    await h.tick(t)
-    await h.tick(t)
+    h, t, w = await one_running_worker()
     h.beats[w] = beat(h, ReplicaHealth.DRAINING)
     await h.tick(t)
     assert h.counts() == {S.STOPPING: 1}
