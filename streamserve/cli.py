@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="embedded Redis's memory limit, e.g. 512mb or 2gb (default a quarter of this machine's memory); "
         "past it writes are refused (503), nothing queued is evicted",
     )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        help="where the embedded Redis keeps its data, so a restart finds queued requests, jobs and deployments "
+        "again (default .streamserve in the current directory)",
+    )
+    p.add_argument("--fresh", action="store_true", help="start the embedded Redis empty (forget its data)")
     add_no_admin_option(p)
 
     def add_wait(p: argparse.ArgumentParser) -> None:
@@ -195,7 +202,9 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
 
     check_exposure(args.host, api_key_set=settings.api_key is not None, admin=settings.admin)
     config = load_config(args.config)
-    options = UpOptions(config, args.config, args.host, args.port, args.redis_port, args.redis_maxmemory)
+    options = UpOptions(
+        config, args.config, args.host, args.port, args.redis_port, args.redis_maxmemory, args.data_dir, args.fresh
+    )
     return Farm(settings, options).run()
 
 

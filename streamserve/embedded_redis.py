@@ -16,6 +16,9 @@ from streamserve.errors import RedisUnavailableError
 from streamserve.procs import die_with_parent, free_port, port_is_free, stop_group, wait_until
 
 DEFAULT_PORT = 6379
+# What a durable embedded Redis keeps in its data directory (Redis 7 writes appendonlydir/, 6.2 appendonly.aof).
+DATA_FILES = ("appendonlydir", "appendonly.aof", "dump.rdb")
+LOG_FILE = "redis.log"
 
 
 MAXMEMORY_SHARE = 4  # the embedded Redis may use 1/MAXMEMORY_SHARE of the machine's memory by default
@@ -51,13 +54,25 @@ def redis_server_binary() -> str:
 
 
 class EmbeddedRedis:
-    """A private, non-persistent redis-server process; use as a context manager."""
+    """A private redis-server process; use as a context manager.
+
+    With a ``data_dir`` it is durable: its data lives there in an append-only
+    file, written every second (``appendfsync everysec``: a crash loses at
+    most the last second), and a later start with the same directory finds
+    it again. Without one, it keeps nothing (a temporary directory).
+    """
 
     def __init__(
-        self, port: int | None = None, host: str = "127.0.0.1", tie_to_parent: bool = True, maxmemory: str | None = None
+        self,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        tie_to_parent: bool = True,
+        maxmemory: str | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         """``maxmemory``: Redis's own notation ("512mb", "2gb"); default a quarter of this machine's memory."""
         self.host = host
+        self.data_dir = data_dir
         self.maxmemory = maxmemory or default_maxmemory()
         if port is None:
             port = DEFAULT_PORT if port_is_free(host, DEFAULT_PORT) else free_port(host)
@@ -70,15 +85,38 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
-        self._dir = tempfile.TemporaryDirectory(prefix="streamserve-redis-")
+    def _storage(self) -> list[str]:
+        if self.data_dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="streamserve-redis-")
+            return ["--dir", self._dir.name, "--appendonly", "no"]
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        data = self.data_dir.resolve()
+        durable = ["--appendonly", "yes", "--appendfsync", "everysec", "--logfile", str(data / LOG_FILE)]
+        return ["--dir", str(data), *durable]
+
+    def forget_data(self) -> None:
+        """Delete what an earlier run kept in ``data_dir`` (its append-only files and snapshot), nothing else."""
+        if self.data_dir is None:
+            return
+        for name in DATA_FILES:
+            path = self.data_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout_s: float = 30.0) -> EmbeddedRedis:
+        """Start it and wait until it answers (loading a large append-only file takes a while)."""
         cmd = [
             redis_server_binary(),
             "--port", str(self.port),
             "--bind", self.host,
             "--save", "",
-            "--appendonly", "no",
-            "--dir", self._dir.name,
+            *self._storage(),
             "--loglevel", "warning",
             # A full Redis refuses writes (callers get 503) rather than evicting queued requests or jobs.
             "--maxmemory", self.maxmemory,
@@ -107,7 +145,8 @@ class EmbeddedRedis:
             client.close()
         if self.proc.poll() is not None:
             self.stop()
-            raise RedisUnavailableError(f"embedded redis-server exited at start (is port {self.port} in use?)")
+            where = f"; its log: {self.data_dir / LOG_FILE}" if self.data_dir is not None else ""
+            raise RedisUnavailableError(f"embedded redis-server exited at start (is port {self.port} in use?){where}")
         return self
 
     def stop(self) -> None:

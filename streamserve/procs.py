@@ -89,6 +89,36 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: floa
         time.sleep(interval_s)
 
 
+def process_ref(pid: int) -> str | None:
+    """``"PID:START"`` (START: when it started, in clock ticks since boot), naming one process for as long as it
+    lives, unlike a pid alone, which the kernel reuses; None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22, counted after the command name (in parentheses, and free to contain spaces).
+    return f"{pid}:{stat.rpartition(')')[2].split()[19]}"
+
+
+def is_running(ref: str) -> bool:
+    """Whether the process ``process_ref`` named is still the one running."""
+    pid, _, _start = ref.partition(":")
+    return pid.isdigit() and process_ref(int(pid)) == ref
+
+
+def pids_with_env(name: str, value: str) -> list[int]:
+    """Every process (other than this one) whose environment has ``name=value``."""
+    wanted = f"{name}={value}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if wanted in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+    return found
+
+
 def runs_replica(pid: int, replica_id: ReplicaID) -> bool:
     """Whether ``pid`` is a live replica process with this id (its command line says so; guards against pid reuse)."""
     try:

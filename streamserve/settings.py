@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     # How long a finished or failed job keeps its status and result in Redis.
     job_result_ttl_s: int = Field(3600, ge=1)
 
+    # The `streamserve up` that runs this farm ("PID:START", set by `up` itself): its replicas leave when it is gone.
+    supervisor: str | None = None
+
     # Send user tracebacks in error replies and log at DEBUG.
     debug: bool = False
 
@@ -167,6 +170,8 @@ class Settings(BaseSettings):
             env["STREAMSERVE_IMPORT_ALLOW"] = self.import_allow
         if self.gpus is not None:
             env["STREAMSERVE_GPUS"] = self.gpus
+        if self.supervisor is not None:
+            env["STREAMSERVE_SUPERVISOR"] = self.supervisor
         if self.api_key is not None:
             env["STREAMSERVE_API_KEY"] = self.api_key.get_secret_value()
         return env

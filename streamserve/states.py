@@ -58,6 +58,8 @@ REPLICA_TRANSITIONS: dict[ReplicaState, dict[ReplicaState, str]] = {
 
 # States that count towards a deployment's target number of replicas.
 ACTIVE_REPLICA_STATES = frozenset({ReplicaState.SHOULD_START, ReplicaState.STARTING, ReplicaState.RUNNING})
+# States in which a replica that reads its own record knows it should drain and exit.
+RETIRED_REPLICA_STATES = frozenset({ReplicaState.SHOULD_STOP, ReplicaState.STOPPING, ReplicaState.STOPPED})
 
 
 class InvalidTransitionError(StreamServeError):

@@ -31,11 +31,22 @@ from streamserve.errors import StreamServeError
 from streamserve.goals import GoalStore
 from streamserve.ids import ReplicaID
 from streamserve.messages import GoalRecord, ReplicaRecord
-from streamserve.procs import die_with_parent, port_is_free, role_command, runs_replica, stop_group, wait_until
+from streamserve.procs import (
+    die_with_parent,
+    pids_with_env,
+    port_is_free,
+    process_ref,
+    role_command,
+    runs_replica,
+    stop_group,
+    wait_until,
+)
 from streamserve.settings import Settings
 from streamserve.states import FINAL_GOAL_STATUSES, GoalStatus
 
 GATEWAY_READY_TIMEOUT_S = 30.0
+# Where the embedded Redis keeps its data unless --data-dir says otherwise (relative to the current directory).
+DEFAULT_DATA_DIR = Path(".streamserve")
 # How long the gateway may take to answer what it holds after Ctrl-C (a second Ctrl-C cuts it short).
 GATEWAY_DRAIN_S = 10.0
 MAX_RESTARTS = 5
@@ -51,6 +62,9 @@ class UpOptions:
     port: int
     redis_port: int | None = None
     redis_maxmemory: str | None = None
+    # Where the embedded Redis keeps its data (None: DEFAULT_DATA_DIR); fresh: start it empty.
+    data_dir: Path | None = None
+    fresh: bool = False
 
 
 def _own_command() -> str:
@@ -82,13 +96,17 @@ class Farm:
         if not port_is_free(opts.host, opts.port):
             print(f"error: {opts.host}:{opts.port} is in use; pass --port to pick another", file=sys.stderr)
             return 1
-        if (opts.redis_port is not None or opts.redis_maxmemory) and self.settings.redis_url is not None:
+        embedded_only = opts.redis_port is not None or opts.redis_maxmemory or opts.data_dir is not None or opts.fresh
+        if embedded_only and self.settings.redis_url is not None:
             print(
-                "error: --redis-port and --redis-maxmemory are for the embedded Redis; drop them or drop --redis-url",
+                "error: --redis-port, --redis-maxmemory, --data-dir and --fresh are for the embedded Redis; "
+                "drop them or drop --redis-url",
                 file=sys.stderr,
             )
             return 2
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # A closed terminal (SIGHUP) or a service manager's stop (SIGTERM) stops the farm as Ctrl-C does.
+        stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in stop_signals}
         try:
             return self._run()
         except StreamServeError as exc:
@@ -102,8 +120,14 @@ class Farm:
     def _run(self) -> int:
         opts = self.options
         if self.settings.redis_url is None:
-            self.redis = EmbeddedRedis(port=opts.redis_port, maxmemory=opts.redis_maxmemory).start()
+            data_dir = opts.data_dir or DEFAULT_DATA_DIR
+            self.redis = EmbeddedRedis(port=opts.redis_port, maxmemory=opts.redis_maxmemory, data_dir=data_dir)
+            if opts.fresh:
+                self.redis.forget_data()
+            self.redis.start()
             self.settings = self.settings.model_copy(update={"redis_url": self.redis.url})
+        # Replicas watch this process: killed with -9, it cannot stop them, so they leave by themselves.
+        self.settings = self.settings.model_copy(update={"supervisor": process_ref(os.getpid())})
         url = self.settings.effective_redis_url
         changed = asyncio.run(self._apply(url))
         env = {**os.environ, **self.settings.to_env()}
@@ -123,6 +147,14 @@ class Farm:
         self._banner(gateway_url, url, changed, failed)
         restarts: list[float] = []
         while not self._signals:
+            if self.redis is not None and not self.redis.running:
+                # Same port, same data: processes reconnect and the long poll catches up by itself.
+                restarts = [t for t in restarts if time.monotonic() - t < RESTART_WINDOW_S] + [time.monotonic()]
+                if len(restarts) > MAX_RESTARTS:
+                    print("error: the embedded redis-server keeps dying; stopping", file=sys.stderr)
+                    return 1
+                print("streamserve: the embedded redis-server died; restarting it on its data", file=sys.stderr)
+                self.redis.start()
             for name in ("scheduler", "gateway"):
                 proc: subprocess.Popen[bytes] = getattr(self, name)
                 if proc.poll() is None:
@@ -197,6 +229,11 @@ class Farm:
             "streamserve is up",
             f"  gateway   {gateway_url}",
             f"  redis     {redacted(redis_url)}" + ("  (embedded)" if self.redis else ""),
+            *(
+                [f"  data      {self.redis.data_dir}/  (append-only file, written every second; --fresh starts empty)"]
+                if self.redis is not None and self.redis.data_dir is not None
+                else []
+            ),
             f"  config    {self.options.config_path}"
             + (f"  (updated: {', '.join([*changed.goals, *changed.endpoints])})" if changed else ""),
         ]
@@ -244,7 +281,12 @@ class Farm:
         stop_group(proc, timeout_s=0)
 
     def _kill_leftover_replicas(self) -> None:
-        """Whatever replica the scheduler could not stop (it crashed, or a second Ctrl-C) is killed here."""
+        """Whatever replica the scheduler could not stop (it crashed, Redis died first, a second Ctrl-C) is killed
+        here: each process this farm started carries its supervisor's name in its environment."""
+        if self.settings.supervisor is not None:
+            for pid in pids_with_env("STREAMSERVE_SUPERVISOR", self.settings.supervisor):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         host = socket.gethostname()
         keys = self.settings.keys
         try:

@@ -244,3 +244,16 @@ def whoami(body: Any) -> dict[str, Any]:
             time.sleep(0.01)
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
     return {"host": socket.gethostname(), "pid": os.getpid(), "gpus": gpus, "body": body}
+
+
+def append_line(body: dict[str, Any]) -> str:
+    """Appends ``body["line"]`` to the file ``body["path"]`` (a side effect a test can count after restarts);
+    ``{"wait_for": PATH}`` first holds until PATH exists (20 s at most)."""
+    if "wait_for" in body:
+        for _ in range(2000):
+            if os.path.exists(body["wait_for"]):
+                break
+            time.sleep(0.01)
+    with open(body["path"], "a") as out:
+        out.write(f"{body['line']}\n")
+    return str(body["line"])

@@ -13,7 +13,7 @@ from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, Heartb
 from streamserve.resources import GpuAllocator
 from streamserve.scheduler.autoscaler import AutoscalePolicy
 from streamserve.scheduler.replica_wrapper import Alive, ReplicaWrapper, Started, Stopped
-from streamserve.states import ACTIVE_REPLICA_STATES, DeploymentHealth, ReplicaState
+from streamserve.states import ACTIVE_REPLICA_STATES, DeploymentHealth, ReplicaHealth, ReplicaState
 from streamserve.types import Launcher, ReplicaStore, Timeouts
 
 logger = logging.getLogger(__name__)
@@ -120,8 +120,8 @@ class DeploymentState:
             self._target_version = target.version
             self._start_backoff.reset()
             self._next_start_ms, self._last_failure = 0, ""
-        if target.external:
-            await self._observe_external(beats, now_ms)
+        if target.cfg is not None:
+            await self._observe_unrecorded(target, beats, now_ms)
         await self._observe_starting(beats, now_ms)
         await self._observe_running(beats, now_ms)
         await self._observe_stopping(beats, now_ms)
@@ -132,11 +132,16 @@ class DeploymentState:
         await self._stop_pending(target, now_ms)
         await self._record_health(target, now_ms)
 
-    # 0. An externally scaled deployment's replicas are the workers that heartbeat, whoever started them.
-    async def _observe_external(self, beats: dict[str, Heartbeat], now_ms: int) -> None:
-        for replica_id, beat in beats.items():
+    # 0. A live replica with no record joins: an externally scaled deployment's replicas are whatever workers
+    #    heartbeat; any other deployment's strays (started by hand, or left by a killed farm) are adopted as
+    #    STARTING with no pid to act on, and step 6 keeps them if they are wanted or retires them. A retired
+    #    stray reads SHOULD_STOP in its record and leaves by itself.
+    async def _observe_unrecorded(self, target: Target, beats: dict[str, Heartbeat], now_ms: int) -> None:
+        for replica_id, beat in list(beats.items()):
             if replica_id in self.replicas:
                 continue
+            if not target.external and beat.health not in (ReplicaHealth.STARTING, ReplicaHealth.READY):
+                continue  # a stray that failed or is leaving already: nothing to adopt
             if not _belongs_to(replica_id, self.name):
                 logger.warning(
                     "deployment %s: ignoring a heartbeat under %r: not one of its replica ids", self.name, replica_id
@@ -151,13 +156,14 @@ class DeploymentState:
                 state=ReplicaState.STARTING,
                 version=beat.version,
                 host=beat.host,
-                pid=beat.pid,
+                pid=beat.pid if target.external else 0,  # a stray's pid is not one we may signal
                 created_ms=now_ms,
                 updated_ms=now_ms,
-                external=True,
+                external=target.external,
             )
             await self._store.save(self.name, record)
-            logger.info("replica %s: joined from host %s (pid %d)", replica_id, beat.host, beat.pid)
+            how = "joined" if target.external else "found with no record; adopted"
+            logger.info("replica %s: %s (host %s, pid %d)", replica_id, how, beat.host, beat.pid)
             self.adopt(record)
 
     # 1. STARTING replicas become RUNNING, or fail and are replaced with backoff.

@@ -53,6 +53,7 @@ class ReplicaWrapper:
         self._store = store
         self._deployment = deployment
         self.failure = ""
+        self._seen_exited = False  # its process was found gone while STARTING (decided on the next look)
 
     @property
     def state(self) -> ReplicaState:
@@ -134,6 +135,11 @@ class ReplicaWrapper:
                 return Started.FAILED
             return Started.STARTING
         if self._process_alive() is False:
+            if not self._seen_exited:
+                # Its last heartbeat (the error it reported just before exiting) may postdate our read of the
+                # heartbeats: look once more next tick, so the reason is the replica's own and not just "exited".
+                self._seen_exited = True
+                return Started.STARTING
             code = self._launcher.exit_code(self.record.pid)
             self.failure = f"process exited with code {code} while starting" if code is not None else "process died"
             return Started.FAILED

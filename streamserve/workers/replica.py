@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import socket
 import traceback
@@ -30,10 +31,11 @@ from streamserve.ids import ReplicaID
 from streamserve.jsonvalues import dumps
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.longpoll import LongPollSubscriber
-from streamserve.messages import Fields, Heartbeat, Reply, ReplyStatus, Request, now_ms
+from streamserve.messages import Fields, Heartbeat, ReplicaRecord, Reply, ReplyStatus, Request, now_ms
 from streamserve.pipelining import BlockingReader, Pipeliner
+from streamserve.procs import is_running
 from streamserve.settings import Settings
-from streamserve.states import ReplicaHealth
+from streamserve.states import RETIRED_REPLICA_STATES, ReplicaHealth
 from streamserve.streams import Requeuer, ensure_group
 from streamserve.workers.batcher import Batchers, DeadlinePassed
 from streamserve.workers.finisher import Finisher
@@ -45,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 # How long one XREADGROUP waits; also the longest a stop request waits for the read to return.
 READ_BLOCK_MS = 500
+# How long a replica whose `streamserve up` was killed drains: its Redis is likely gone with it.
+FARM_GONE_DRAIN_S = 5.0
 
 
 class Replica:
@@ -89,6 +93,9 @@ class Replica:
         self._finisher = Finisher(self._pipeliner, self._stream, self._slots.finished, self._consumer)
         self._stopping = asyncio.Event()
         self._exit_code = 0
+        self._beat_lock = asyncio.Lock()
+        self._counted = False  # a scheduler has recorded this replica (so a record that vanishes means "leave")
+        self._drain_limit_s = math.inf  # shortened when the farm is gone: nobody is left to answer
         self._loaded_version = ""  # the code version it runs, once loaded (the config may move on meanwhile)
         # Set when an externally started worker should run again as a new process on the deployment's new code.
         self.restart_reason = ""
@@ -99,6 +106,11 @@ class Replica:
         )
 
     # -- process lifecycle -----------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        """Whether it has stopped reading new requests (asked to, or leaving by itself)."""
+        return self._stopping.is_set()
 
     def request_stop(self) -> None:
         """Stop reading new requests and drain (safe to call from a signal handler)."""
@@ -244,7 +256,7 @@ class Replica:
         self._batchers.flush_now()  # nothing more will arrive: partial batches need not wait to fill
         assert self._cfg is not None
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._cfg.graceful_shutdown_timeout_s):
+            async with asyncio.timeout(min(self._cfg.graceful_shutdown_timeout_s, self._drain_limit_s)):
                 await self._slots.wait_idle()
 
     async def _goodbye(self) -> None:
@@ -266,6 +278,12 @@ class Replica:
         await self._beat()
 
     async def _beat(self) -> None:
+        # One beat at a time, each built once it holds the lock: the heartbeat loop's beat must never land after
+        # (and over) the one that reports a change of health, such as FAILED just before the process exits.
+        async with self._beat_lock:
+            await self._write_beat()
+
+    async def _write_beat(self) -> None:
         beat = Heartbeat(
             ts_ms=now_ms(),
             health=self._health,
@@ -276,17 +294,43 @@ class Replica:
             version=self._loaded_version,
         )
         key = self._keys.heartbeats(self._name)
-        if self._takes_over is None:
-            await self._redis.hset(key, self._consumer, beat.encode())
-            return
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(key, self._consumer, beat.encode())
-            pipe.hdel(key, self._takes_over)
-            await pipe.execute()
+            if self._takes_over is not None:
+                pipe.hdel(key, self._takes_over)
+            pipe.hget(self._keys.replicas(self._name), self._consumer)
+            *_, record = await pipe.execute()
         self._takes_over = None
+        self._obey(record)
+
+    def _obey(self, raw_record: bytes | None) -> None:
+        """Leave when the farm no longer counts this replica: its record says stop, or was there and is gone.
+
+        The scheduler signals the replicas it can see; this covers the rest (another host's, a killed farm's,
+        one started by hand that the scheduler found it has no room for). A replica that never had a record
+        (no scheduler runs, or one has not looked yet) and an externally scaled worker go on serving.
+        """
+        if self._stopping.is_set() or (self._cfg is not None and self._cfg.external_scaler_enabled):
+            return
+        if raw_record is None:
+            if self._counted:
+                self._leave(0, "its record is gone from the scheduler's replica hash: no farm counts it")
+            return
+        self._counted = True
+        try:
+            state = ReplicaRecord.decode(raw_record).state
+        except ProtocolError:
+            return
+        if state in RETIRED_REPLICA_STATES:
+            self._leave(0, f"the scheduler retired it (its record says {state.value})")
 
     async def _heartbeat_loop(self) -> None:
+        supervisor = self._settings.supervisor
         while True:
+            if supervisor is not None and not is_running(supervisor):
+                self._leave(1, f"the `streamserve up` that started it (pid {supervisor.partition(':')[0]}) is gone")
+                self._drain_limit_s = FARM_GONE_DRAIN_S
+                supervisor = None
             try:
                 await self._beat()
             except RETRYABLE_ERRORS as exc:

@@ -116,6 +116,12 @@ class Farm:
         self.log_path = log_path
         self.token = uuid.uuid4().hex
         self.proc: subprocess.Popen[bytes] | None = None
+        self.extra_args: list[str] = []  # more `up` options for the next start
+
+    @property
+    def data_dir(self) -> Path:
+        """Where the embedded Redis keeps its data (a second `start` with the same farm finds it again)."""
+        return self.log_path.parent / f"redis-data-{self.port}"
 
     @property
     def effective_redis_url(self) -> str:
@@ -126,7 +132,11 @@ class Farm:
 
     def start(self, timeout_s: float = 60.0) -> Farm:
         cmd = [self.command, "up", str(self.config), "--port", str(self.port)]
-        cmd += ["--redis-url", self.redis_url] if self.redis_url else ["--redis-port", str(self.redis_port)]
+        if self.redis_url:
+            cmd += ["--redis-url", self.redis_url]
+        else:  # the embedded Redis keeps its data beside the log, apart from every other farm's
+            cmd += ["--redis-port", str(self.redis_port), "--data-dir", str(self.data_dir)]
+        cmd += self.extra_args
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             cmd, cwd=self.cwd, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True

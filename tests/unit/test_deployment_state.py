@@ -59,6 +59,7 @@ class FakeLauncher:
 class MemoryStore:
     def __init__(self) -> None:
         self.records: dict[str, ReplicaRecord] = {}
+        self.beats: dict[str, Heartbeat] = {}  # the heartbeat hash: removing a replica removes its beat too
         self.removed: list[str] = []
         self.health: DeploymentHealthRecord | None = None
         self.autoscale: AutoscaleRecord | None = None
@@ -68,6 +69,7 @@ class MemoryStore:
 
     async def remove(self, deployment: str, replica_id: str) -> None:
         self.records.pop(replica_id, None)  # the record and its heartbeat; either may be gone already
+        self.beats.pop(replica_id, None)
         self.removed.append(replica_id)
 
     async def save_health(self, deployment: str, record: DeploymentHealthRecord) -> None:
@@ -85,7 +87,7 @@ class Harness:
             "echo", self.launcher, self.store, Timeouts(heartbeat_timeout_ms=10_000, start_timeout_ms=60_000)
         )
         self.now = 1_000_000
-        self.beats: dict[str, Heartbeat] = {}
+        self.beats = self.store.beats
 
     async def tick(self, target: Target, advance_ms: int = 100) -> None:
         self.now += advance_ms

@@ -36,6 +36,7 @@ class SpawnFails(FakeLauncher):
 def harness(launcher: FakeLauncher | None = None) -> tuple[Harness, RecordingStore]:
     h = Harness()
     store = RecordingStore()
+    store.beats = h.beats
     h.store = store
     h.state._store = store
     if launcher is not None:
