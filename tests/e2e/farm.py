@@ -207,6 +207,13 @@ class Farm:
         return httpx.post(self.base_url + path, json=body, timeout=30, **kwargs)
 
 
+def farm_on(config_text: str, workdir: Path) -> Farm:
+    """A Farm (not started yet) on ``config_text``, written to a file in ``workdir`` beside its log."""
+    config = workdir / "config.yaml"
+    config.write_text(config_text)
+    return Farm(config, workdir / "up.log")
+
+
 @contextlib.contextmanager
 def running_farm(config: Path, log_dir: Path) -> Iterator[Farm]:
     """``streamserve up CONFIG`` with every replica running at its target; stopped (and cleaned up) on exit."""

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from streamserve.client import Client
-from tests.e2e.farm import Farm, wait_for
+from tests.e2e.farm import Farm, farm_on, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -32,9 +32,7 @@ deployments:
 
 @pytest.fixture
 def farm(tmp_path: Path) -> Farm:
-    config = tmp_path / "lines.yaml"
-    config.write_text(CONFIG)
-    return Farm(config, tmp_path / "up.log")
+    return farm_on(CONFIG, tmp_path)
 
 
 def lines(path: Path) -> list[str]:

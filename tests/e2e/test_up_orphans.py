@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from streamserve.procs import port_is_free
-from tests.e2e.farm import Farm, pids_with_marker, wait_for
+from tests.e2e.farm import Farm, farm_on, pids_with_marker, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -22,9 +22,7 @@ deployments:
 
 @pytest.fixture
 def farm(tmp_path: Path) -> Farm:
-    config = tmp_path / "echo.yaml"
-    config.write_text(CONFIG)
-    return Farm(config, tmp_path / "up.log")
+    return farm_on(CONFIG, tmp_path)
 
 
 def replicas(farm: Farm) -> list[int]:
