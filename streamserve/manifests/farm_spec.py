@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 import yaml
 
 from streamserve.config import MEMORY_RE, AppConfig, load_config, memory_bytes
+from streamserve.embedded_redis import DEFAULT_PORT
 from streamserve.errors import ConfigError
 from streamserve.keys import Keys
 
@@ -27,7 +28,7 @@ API_KEY_KEY = "api-key"
 REDIS_PASSWORD_KEY = "redis-password"
 
 REDIS_NAME = "streamserve-redis"
-REDIS_PORT = 6379
+REDIS_PORT = DEFAULT_PORT  # the port every Redis listens on unless told otherwise
 # The in-cluster Redis container's memory (request and limit) unless --redis-memory says otherwise.
 DEFAULT_REDIS_MEMORY = "1Gi"
 CONFIG_MAP_NAME = "streamserve-config"
