@@ -134,7 +134,7 @@ class AsyncClient:
             if self._redis is not None:
                 return
             redis = async_redis(self._settings.effective_redis_url)
-            replies = ReplyStream(redis, self._keys.reply_stream(self.caller_id), self.caller_id)
+            replies = ReplyStream(redis, self._keys.reply_stream(self.caller_id), self.caller_id, self._refusals)
             routes = RouteCache(redis, self._keys)
             try:
                 with self._refusals:

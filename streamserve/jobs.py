@@ -12,6 +12,8 @@ This module is blocking (RQ is); the asyncio client calls it in a thread.
 from __future__ import annotations
 
 import re
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,7 @@ from rq.serializers import JSONSerializer
 
 from streamserve.errors import NotFoundError, ProtocolError
 from streamserve.keys import Keys
+from streamserve.procs import is_running, process_ref
 from streamserve.states import JobStatus
 
 # What RQ workers import and run, by dotted path (a string, so enqueueing imports no client code).
@@ -37,6 +40,12 @@ JOB_TIMEOUT_MARGIN_S = 30
 
 # The job-meta field where the job function leaves ``{"error", "message"}`` before it fails the job.
 ERROR_META = "error"
+
+# The error of a job whose worker stopped while running it (killed, or died with its machine).
+ABANDONED_ERROR = "JobAbandoned"
+
+# How the job workers that ``streamserve job-worker`` runs are named: ``streamserve-jobs.HOST.PID.START``.
+JOB_WORKER_PREFIX = "streamserve-jobs."
 
 _JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
@@ -80,7 +89,7 @@ class JobQueue:
     """The RQ queue of one key prefix, with JSON serialisation and our TTL."""
 
     def __init__(self, connection: redis.Redis, keys: Keys, result_ttl_s: int) -> None:
-        self._redis = connection
+        self.connection = connection
         self._result_ttl_s = result_ttl_s
         self.queue = Queue(keys.jobs_queue(), connection=connection, serializer=JOB_SERIALIZER)
 
@@ -107,7 +116,7 @@ class JobQueue:
         if not _JOB_ID_RE.match(job_id):
             raise NotFoundError(f"no job {job_id!r}")
         try:
-            job = Job.fetch(job_id, connection=self._redis, serializer=JOB_SERIALIZER)
+            job = Job.fetch(job_id, connection=self.connection, serializer=JOB_SERIALIZER)
         except NoSuchJobError:
             raise NotFoundError(f"no job {job_id!r} (unknown, or its result TTL passed)") from None
         if job.origin != self.queue.name:
@@ -123,6 +132,35 @@ class JobQueue:
             raise ProtocolError(f"job {job_id}: unreadable result: {exc}") from exc
         return JobInfo(job_id, status)
 
+    def fail_abandoned(self, is_gone: Callable[[str], bool]) -> list[str]:
+        """Fail, at once, every started job whose worker ``is_gone`` says has stopped; the ids of those jobs.
+
+        RQ itself fails such a job only once its execution expires (its timeout
+        plus a minute) and some worker's maintenance runs; we expire its
+        execution now, and let RQ's own cleanup fail it (AbandonedJobError,
+        failure callbacks and all), with our message in the job's meta.
+        """
+        registry = self.queue.started_job_registry
+        failed = []
+        for job_id, execution_id in registry.get_job_and_execution_ids(cleanup=False):
+            try:
+                job = Job.fetch(job_id, connection=self.connection, serializer=JOB_SERIALIZER)
+            except NoSuchJobError:
+                continue
+            worker = job.worker_name
+            if job.get_status(refresh=False) != RQJobStatus.STARTED or not worker or not is_gone(worker):
+                continue
+            job.meta[ERROR_META] = {
+                "error": ABANDONED_ERROR,
+                "message": f"its job worker {worker} stopped while running it; the call may or may not have run",
+            }
+            job.save_meta()  # type: ignore[no-untyped-call]  # (rq leaves it unannotated)
+            self.connection.zadd(registry.key, {f"{job_id}:{execution_id}": 0}, xx=True)
+            failed.append(job_id)
+        if failed:
+            registry.cleanup(timestamp=0)  # only the executions expired above: scored 0
+        return failed
+
     @staticmethod
     def _error_of(job: Job, raw: str | None) -> dict[str, str]:
         """The job function's own record of the error; else the last line of RQ's traceback (a timeout, a crash)."""
@@ -131,6 +169,20 @@ class JobQueue:
             return {"error": recorded["error"], "message": str(recorded.get("message", ""))}
         latest = job.latest_result()
         return error_from_traceback(latest.exc_string if latest is not None else None, f"the job ended {raw}")
+
+
+def job_worker_name(pid: int) -> str:
+    """The name of job worker ``pid`` on this host: it says where it runs and which process it is (pids recur)."""
+    ref = process_ref(pid) or f"{pid}:0"
+    return f"{JOB_WORKER_PREFIX}{socket.gethostname()}.{ref.replace(':', '.')}"
+
+
+def local_worker_gone(name: str) -> bool:
+    """Whether ``name`` is a job worker of this host that no longer runs (False for any other worker: can't tell)."""
+    parts = name.removeprefix(JOB_WORKER_PREFIX).rsplit(".", 2)
+    if not name.startswith(JOB_WORKER_PREFIX) or len(parts) != 3 or parts[0] != socket.gethostname():
+        return False
+    return not is_running(f"{parts[1]}:{parts[2]}")
 
 
 def error_from_traceback(exc_string: str | None, default: str) -> dict[str, str]:

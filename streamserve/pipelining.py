@@ -152,16 +152,25 @@ class BlockingReader:
         self._pool = redis.connection_pool
         self._connection: AbstractConnection | None = None
 
-    async def read(self, command: Command, block_ms: int) -> StreamBatches:
-        """The read's entries, by stream (empty when BLOCK passed with none); a failed connection is dropped."""
+    async def read(self, command: Command, block_ms: int, before: Command | None = None) -> StreamBatches:
+        """The read's entries, by stream (empty when BLOCK passed with none); a failed connection is dropped.
+
+        ``before``: a command sent ahead of the read in the same write (its reply, even an error, is
+        dropped), so that upkeep such as trimming costs no round trip of its own.
+        """
         if self._connection is None:
             self._connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         connection = self._connection
         # The reply is due within BLOCK; the socket timeout on top, as redis-py would allow a blocking read.
         limit_s = block_ms / 1000 + (connection.socket_timeout or 0)
+        packed = hiredis.pack_command(command)  # type: ignore[arg-type]
         try:
             async with asyncio.timeout(limit_s):
-                await connection.send_packed_command(hiredis.pack_command(command))  # type: ignore[arg-type]
+                if before is None:
+                    await connection.send_packed_command(packed)
+                else:
+                    await connection.send_packed_command(hiredis.pack_command(before) + packed)  # type: ignore[arg-type]
+                    await _read_reply(connection)
                 reply = await connection.read_response(timeout=math.inf)
         except ResponseError:
             raise  # the command failed (e.g. NOGROUP); the connection is fine

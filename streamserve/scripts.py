@@ -50,11 +50,16 @@ return {redis.call('XLEN', KEYS[1]), pending_count(KEYS[1], ARGV[1])}
 )
 
 RENEW_LOCK = """
--- Extend a lock's expiry only if we still hold it.
+-- Extend a lock's expiry if we still hold it; take it again if it expired (Redis was away) and nobody took it.
 -- KEYS[1] the lock key; ARGV[1] our holder id; ARGV[2] expiry in ms
--- Returns 1 if renewed, 0 if someone else holds it (or nobody does).
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+-- Returns 1 if we hold it now, 0 if someone else does.
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+if not holder then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
 end
 return 0
 """

@@ -265,7 +265,7 @@ class Farm:
             self._stop(self.gateway, GATEWAY_DRAIN_S)
         if self.scheduler is not None:
             drain = max((d.graceful_shutdown_timeout_s for d in self.options.config.deployments), default=20)
-            self._stop(self.scheduler, drain + 15)
+            self._stop(self.scheduler, 2 * drain + 15)  # job workers finish their calls, then the replicas drain
         self._kill_leftover_replicas()
         if self.redis is not None:
             self.redis.stop()

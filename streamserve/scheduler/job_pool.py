@@ -4,10 +4,12 @@ Unlike replicas, job workers are plain children in the scheduler's own process
 group, because they hold no state worth outliving the scheduler for: whatever
 stops the scheduler's group (``streamserve up`` on Ctrl-C, or its SIGKILL)
 stops them too, and the kernel sends them SIGTERM if the scheduler dies
-(``die_with_parent``). A job whose worker was killed stays "started" until its
-execution's heartbeat (the job's timeout plus a minute) has expired and a
-worker's periodic registry maintenance (every 10 minutes) or ``rq info`` runs:
-then RQ fails it with ``AbandonedJobError``. It is never left "started" for ever.
+(``die_with_parent``). A job whose worker was killed fails at once with
+JobAbandoned (the call it made may or may not have run, so it is not run
+again): the pool looks for such jobs whenever one of its workers ends, when
+it starts, and every SWEEP_EVERY_S for workers of this host that died while
+no scheduler watched them. Workers elsewhere are left to RQ's own
+maintenance.
 
 SIGTERM is RQ's warm shutdown: finish the current job, then exit. RQ ignores a
 second SIGTERM within a second, so the group-wide signal and our own do not
@@ -16,6 +18,7 @@ add up to a cold shutdown.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -23,7 +26,11 @@ import signal
 import subprocess
 import time
 
+import redis
+
 from streamserve.backoff import Backoff
+from streamserve.connection import sync_redis
+from streamserve.jobs import JobQueue, local_worker_gone
 from streamserve.procs import die_with_parent, role_command
 from streamserve.settings import Settings
 
@@ -34,6 +41,8 @@ FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 # A pool with no death for this long starts restarting without delay again.
 CALM_AFTER_S = 60.0
+# How often the pool looks for started jobs whose worker on this host is gone, besides when one of its own ends.
+SWEEP_EVERY_S = 30.0
 
 
 class JobWorkerPool:
@@ -47,16 +56,22 @@ class JobWorkerPool:
         self._backoff = Backoff(FIRST_BACKOFF_S, MAX_BACKOFF_S)
         self._not_before = 0.0
         self._last_death = 0.0
+        self._settings = settings
+        self._jobs: JobQueue | None = None
+        self._sweep_at = 0.0  # at once, on the first tick
 
     @property
     def pids(self) -> list[int]:
         """The workers that run now (stopping ones included)."""
         return [p.pid for p in self._procs if p.poll() is None]
 
-    def keep_running(self) -> None:
-        """Reap the workers that exited and start what is missing (called on each tick while leading)."""
-        self._reap()
+    async def keep_running(self) -> None:
+        """Reap the workers that exited, fail what they left started, start what is missing (each leading tick)."""
+        if self._reap():
+            self._sweep_at = 0.0
         now = time.monotonic()
+        if now >= self._sweep_at:
+            await asyncio.to_thread(self._fail_abandoned)
         if now - self._last_death > CALM_AFTER_S:
             self._backoff.reset()
         if now < self._not_before:
@@ -76,8 +91,8 @@ class JobWorkerPool:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGTERM)
 
-    def kill(self) -> None:
-        """End every worker still running at once."""
+    async def kill(self) -> None:
+        """End every worker still running at once; fail the jobs they were running."""
         for proc in self._procs:
             if proc.poll() is None:
                 logger.warning("job worker (pid %d) did not stop in time: killing it", proc.pid)
@@ -85,10 +100,33 @@ class JobWorkerPool:
                     proc.kill()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(5)
-        self._reap()
+        if self._reap():
+            await asyncio.to_thread(self._fail_abandoned)
 
-    def _reap(self) -> None:
-        for proc in [p for p in self._procs if p.poll() is not None]:
+    def close(self) -> None:
+        if self._jobs is not None:
+            self._jobs.connection.close()
+            self._jobs = None
+
+    def _fail_abandoned(self) -> None:
+        """Fail the started jobs of workers of this host that are gone (on a thread: RQ blocks)."""
+        if self._jobs is None:
+            connection = sync_redis(self._settings.effective_redis_url)
+            self._jobs = JobQueue(connection, self._settings.keys, self._settings.job_result_ttl_s)
+        try:
+            failed = self._jobs.fail_abandoned(local_worker_gone)
+        except redis.RedisError as exc:
+            logger.warning("could not look for jobs left by stopped job workers: %s; will retry", exc)
+            self._sweep_at = 0.0
+            return
+        self._sweep_at = time.monotonic() + SWEEP_EVERY_S
+        for job_id in failed:
+            logger.warning("job %s failed: its job worker stopped while running it", job_id)
+
+    def _reap(self) -> bool:
+        """Forget the workers that exited; whether any had."""
+        exited = [p for p in self._procs if p.poll() is not None]
+        for proc in exited:
             self._procs.remove(proc)
             if proc.pid in self._signalled:
                 self._signalled.discard(proc.pid)
@@ -99,3 +137,4 @@ class JobWorkerPool:
             logger.warning(
                 "job worker (pid %d) exited with code %s; restarting in %.0fs", proc.pid, proc.returncode, delay
             )
+        return bool(exited)

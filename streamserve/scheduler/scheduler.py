@@ -28,8 +28,8 @@ from streamserve.types import Clock, Launcher, Timeouts
 
 logger = logging.getLogger(__name__)
 
-# How long job workers may take to finish their jobs on shutdown, before they are killed.
-JOB_WORKERS_STOP_S = 10.0
+# How long job workers may take to finish their jobs on shutdown when no deployment says (a Redis outage).
+JOB_WORKERS_STOP_S = DeploymentConfig.model_fields["graceful_shutdown_timeout_s"].default
 
 
 class Scheduler:
@@ -66,6 +66,9 @@ class Scheduler:
         self._overcommitted: list[str] = []  # the last warning given about CPUs and memory, so it is given once
         self._known_groups: set[str] = set()
         self._standing_by = False
+        # Set when Redis was away; the next tick counts replicas' silence from then (they could not beat either).
+        self._redis_was_away = False
+        self._silence_from_ms = 0
         self.should_exit = asyncio.Event()
         self.ticks = 0
 
@@ -78,6 +81,7 @@ class Scheduler:
                     await self._lead_or_wait()
                 except RETRYABLE_ERRORS as exc:
                     logger.warning("scheduler: Redis unavailable (%s); retrying", exc)
+                    self._redis_was_away = True
                 await self._sleep(self._settings.tick_interval_s)
             await self._shutdown()
         finally:
@@ -102,7 +106,7 @@ class Scheduler:
             await self._adopt()
         await self.tick()
         if self._job_pool is not None:
-            self._job_pool.keep_running()
+            await self._job_pool.keep_running()
 
     async def _adopt(self) -> None:
         """Take over whatever replicas Redis records, instead of starting duplicates, and the autoscaled counts."""
@@ -136,9 +140,11 @@ class Scheduler:
         autoscaled = [name for name, cfg in desired.items() if cfg.autoscaling_config is not None]
         ongoing = await self._store.ongoing(autoscaled) if autoscaled else {}
         now = self._clock()
+        if self._redis_was_away:
+            self._redis_was_away, self._silence_from_ms = False, now
         for name in names:
             try:
-                beats = _decode_beats(beats_raw.get(name, {}))
+                beats = _decode_beats(beats_raw.get(name, {}), self._silence_from_ms)
                 await self._reconcile(name, desired.get(name), beats, ongoing.get(name, 0), now)
             except RETRYABLE_ERRORS:
                 raise
@@ -198,27 +204,38 @@ class Scheduler:
             await self._lock.release()
 
     async def _stop_job_workers(self) -> None:
+        """Let job workers finish their calls for as long as the deployments they call may drain, then kill them."""
         if self._job_pool is None:
             return
         self._job_pool.stop()
-        deadline = asyncio.get_running_loop().time() + JOB_WORKERS_STOP_S
+        try:
+            desired = await self._desired.deployments()
+            drain_s = max((cfg.graceful_shutdown_timeout_s for cfg in desired.values()), default=JOB_WORKERS_STOP_S)
+        except RETRYABLE_ERRORS:
+            drain_s = JOB_WORKERS_STOP_S
+        deadline = asyncio.get_running_loop().time() + drain_s
         while self._job_pool.pids and asyncio.get_running_loop().time() < deadline:
             if self._lock.held:
                 with contextlib.suppress(*RETRYABLE_ERRORS):
                     await self._lock.acquire_or_renew()
             await asyncio.sleep(0.1)
-        self._job_pool.kill()
+        await self._job_pool.kill()
+        self._job_pool.close()
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.should_exit.wait(), timeout=seconds)
 
 
-def _decode_beats(raw: dict[bytes, bytes]) -> dict[str, Heartbeat]:
+def _decode_beats(raw: dict[bytes, bytes], silence_from_ms: int) -> dict[str, Heartbeat]:
+    """The heartbeats, each dated no earlier than ``silence_from_ms`` (when Redis came back after an outage)."""
     beats = {}
     for rid, value in raw.items():
         try:
-            beats[rid.decode()] = Heartbeat.decode(value)
+            beat = Heartbeat.decode(value)
+            beats[rid.decode()] = (
+                beat if beat.ts_ms >= silence_from_ms else beat.model_copy(update={"ts_ms": silence_from_ms})
+            )
         except ProtocolError as exc:
             logger.warning("ignoring unreadable heartbeat of %s: %s", rid, exc)
     return beats

@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 
 from rq.worker import SimpleWorker
 
 from streamserve import job_function
 from streamserve.connection import sync_redis
-from streamserve.jobs import JOB_SERIALIZER, JobQueue
+from streamserve.jobs import JOB_SERIALIZER, JobQueue, job_worker_name
 from streamserve.logs import start_process
 
 logger = logging.getLogger(__name__)
@@ -39,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         [queue],
         connection=connection,
         serializer=JOB_SERIALIZER,
-        name=f"streamserve-jobs.{socket.gethostname()}.{os.getpid()}",
+        name=job_worker_name(os.getpid()),
     )
     logger.info("job worker %s: serving queue %s", worker.name, queue.name)
     try:

@@ -31,7 +31,16 @@ from streamserve.ids import ReplicaID
 from streamserve.jsonvalues import dumps
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.longpoll import LongPollSubscriber
-from streamserve.messages import Fields, Heartbeat, ReplicaRecord, Reply, ReplyStatus, Request, now_ms
+from streamserve.messages import (
+    Fields,
+    Heartbeat,
+    ReplicaRecord,
+    Reply,
+    ReplyStatus,
+    Request,
+    StreamBatches,
+    now_ms,
+)
 from streamserve.pipelining import BlockingReader, Pipeliner
 from streamserve.procs import is_running
 from streamserve.settings import Settings
@@ -47,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 # How long one XREADGROUP waits; also the longest a stop request waits for the read to return.
 READ_BLOCK_MS = 500
+# At most this many requests delivered by a lost read are recovered at once (a read asks for max_ongoing at most).
+UNDELIVERED_MAX = 1000
 # How long a replica whose `streamserve up` was killed drains: its Redis is likely gone with it.
 FARM_GONE_DRAIN_S = 5.0
 
@@ -341,6 +352,7 @@ class Replica:
 
     async def _read_loop(self) -> None:
         backoff = Backoff()
+        lost_a_read = False
         while not self._stopping.is_set():
             assert self._cfg is not None
             free = self._slots.free(self._cfg.max_ongoing_requests)
@@ -348,6 +360,9 @@ class Replica:
                 await self._slots.wait_for_room()
                 continue
             try:
+                if lost_a_read:
+                    await self._take(await self._undelivered())
+                    lost_a_read = False
                 read = ("XREADGROUP", "GROUP", CONSUMER_GROUP, self._consumer, "COUNT", free, "BLOCK", READ_BLOCK_MS)
                 batches = await self._reader.read((*read, "STREAMS", self._stream, ">"), READ_BLOCK_MS)
                 backoff.reset()
@@ -357,25 +372,40 @@ class Replica:
                 await ensure_group(self._redis, self._stream)  # the stream was deleted and made again
                 continue
             except RETRYABLE_ERRORS as exc:
+                lost_a_read = True
                 delay = backoff.next()
                 logger.warning("replica %s: read failed (%s); retrying in %.1fs", self.replica_id, exc, delay)
                 await asyncio.sleep(delay)
                 continue
-            suspects = []
-            for _stream, entries in batches or ():
-                for entry_id, fields in entries:
-                    if b"attempts" in fields:
-                        suspects.append((entry_id, fields))
-                    else:
-                        self._accept(entry_id, fields)
-            if suspects:
-                # Hand the others back first: had this replica still held them, a death would charge them too.
-                await self._hand_back([entry_id for entry_id, _ in suspects[1:]])
-                await self._run_alone(*suspects[0])
+            await self._take(batches)
+
+    async def _undelivered(self) -> StreamBatches:
+        """What Redis delivered to this replica but it does not hold: the reply to a read that was lost with its
+        connection. Those entries are pending under this live replica's name, so nobody else would ever run them."""
+        history = ("XREADGROUP", "GROUP", CONSUMER_GROUP, self._consumer, "COUNT", UNDELIVERED_MAX, "STREAMS")
+        batches = await self._reader.read((*history, self._stream, "0"), READ_BLOCK_MS)  # (no BLOCK: at once)
+        lost = [(s, [(i, f) for i, f in entries if not self._slots.holds(i)]) for s, entries in batches]
+        if any(entries for _s, entries in lost):
+            count = sum(len(entries) for _s, entries in lost)
+            logger.warning("replica %s: %d request(s) delivered by a lost read: running them", self.replica_id, count)
+        return lost
+
+    async def _take(self, batches: StreamBatches) -> None:
+        suspects = []
+        for _stream, entries in batches or ():
+            for entry_id, fields in entries:
+                if b"attempts" in fields:
+                    suspects.append((entry_id, fields))
+                else:
+                    self._accept(entry_id, fields)
+        if suspects:
+            # Hand the others back first: had this replica still held them, a death would charge them too.
+            await self._hand_back([entry_id for entry_id, _ in suspects[1:]])
+            await self._run_alone(*suspects[0])
 
     def _accept(self, entry_id: bytes, fields: Fields) -> None:
         """Take a slot for a request read and start its handler; the rest runs in callbacks, with no task."""
-        self._slots.take()
+        self._slots.take(entry_id)
         try:
             request = Request.decode(fields)
         except ProtocolError as exc:
@@ -447,7 +477,7 @@ class Replica:
     def _on_handler_done(self, entry_id: bytes, request: Request, done: asyncio.Future[Any]) -> None:
         if done.cancelled():  # stopping: the entry stays pending, to be claimed again
             self._slots.handler_returned()
-            self._slots.finished(1)
+            self._slots.finished([entry_id])
             return
         self._finish(entry_id, request, self._reply_for(request, done))
 

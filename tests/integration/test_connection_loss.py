@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 import redis.asyncio as aioredis
 
 from streamserve.client import AsyncClient
+from streamserve.keys import CONSUMER_GROUP
+from streamserve.messages import Request, now_ms
+from streamserve.settings import Settings
 from tests.integration.conftest import StartReplica
 
 
@@ -28,3 +32,32 @@ async def test_calls_succeed_after_redis_drops_every_connection(
         assert (await client.call("rec", {"after": blip}, timeout=10))["body"] == {"after": blip}
         answers = await asyncio.gather(*(client.call("rec", i, timeout=10) for i in range(50)))
         assert [answer["body"] for answer in answers] == list(range(50))
+
+
+async def test_a_request_delivered_by_a_read_lost_with_its_connection_is_still_run(
+    start_replica: StartReplica, aredis: aioredis.Redis, settings: Settings
+) -> None:
+    """Redis delivered an entry to the replica (it is pending under its name) but the reply to that read never
+    reached it: the connection went. Nobody else will ever run such an entry, so the replica must, once it is back."""
+    replica = await start_replica()
+    requests, replies = settings.keys.requests("rec"), settings.keys.reply_stream("lost-read")
+    await aredis.xadd(replies, {"hello": "lost-read"})
+    request = Request("lost-1", replies, now_ms() + 60_000, b'"lost"')
+    async with aredis.pipeline(transaction=True) as tx:
+        # Atomically: queued and delivered to the replica's name before its own blocked read can see it.
+        tx.xadd(requests, dict(request.encode()))
+        tx.xreadgroup(CONSUMER_GROUP, replica.replica_id.to_str(), {requests: ">"}, count=1)
+        _entry_id, [[_stream, delivered]] = await tx.execute()
+    assert len(delivered) == 1
+    assert await drop_every_connection_but_this_one(aredis) >= 1
+
+    async def answered() -> list[bytes]:
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]], await aredis.xrange(replies))
+        return [fields.get(b"id", b"") for _id, fields in entries]
+
+    deadline = asyncio.get_running_loop().time() + 10
+    while b"lost-1" not in await answered():
+        assert asyncio.get_running_loop().time() < deadline, "the delivered request was never run"
+        await asyncio.sleep(0.05)
+    pending = await aredis.xpending(requests, CONSUMER_GROUP)
+    assert pending["pending"] == 0

@@ -191,3 +191,34 @@ async def test_a_live_caller_refreshes_its_reply_streams_expiry_and_trims_what_i
         assert (await client.call("rec", "after", timeout=10))["body"] == "after"  # the trim kept it working
     finally:
         await client.aclose()
+
+
+async def test_a_callers_reply_stream_keeps_about_a_second_of_read_replies_under_load(
+    start_replica: StartReplica, client: AsyncClient, aredis: aioredis.Redis, settings: Settings
+) -> None:
+    """Read replies are trimmed about once a second, by one XTRIM riding with a read, not a command per reply."""
+    await start_replica(max_ongoing_requests=64)
+    stream = settings.keys.reply_stream(client.caller_id)
+    trims_before = await xtrim_calls(aredis)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    answered, longest = 0, 0
+    while loop.time() - started < 3:
+        answered += len(await asyncio.gather(*(client.call("rec", i) for i in range(100))))
+        if loop.time() - started > 1.5:
+            longest = max(longest, await aredis.xlen(stream))
+    seconds = loop.time() - started
+    assert answered > 1000
+    # At most the replies of the last second or so (and those read since), never the whole run's.
+    assert longest < answered * 2 / seconds, (longest, answered, seconds)
+
+    async def trimmed() -> bool:
+        return bool(await aredis.xlen(stream) <= 1)
+
+    await eventually(trimmed, 3, "the replies read were not trimmed once the load stopped")
+    assert await xtrim_calls(aredis) - trims_before <= seconds + 4
+
+
+async def xtrim_calls(aredis: aioredis.Redis) -> int:
+    stats = await aredis.info("commandstats")
+    return int(stats.get("cmdstat_xtrim", {}).get("calls", 0))
