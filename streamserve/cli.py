@@ -21,11 +21,12 @@ from redis.exceptions import RedisError
 from streamserve import __version__
 from streamserve.client import AsyncClient
 from streamserve.config import EndpointConfig, load_config
-from streamserve.connection import async_redis
+from streamserve.connection import RedisRefusals, async_redis
 from streamserve.desired import DesiredState
 from streamserve.embedded_redis import parse_maxmemory
 from streamserve.errors import BadRequestError, ConfigError, GoalFailedError, RequestTimeoutError, StreamServeError
 from streamserve.goals import GOAL_POLL_S, GoalStore
+from streamserve.health import farm_problems
 from streamserve.messages import GoalRecord
 from streamserve.security import check_exposure
 from streamserve.settings import Settings, add_no_admin_option, add_redis_url_option
@@ -83,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("status", "show deployments, replicas and queues")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    add("health", "exit 0 when a scheduler leads and every deployment is HEALTHY, else 1 with the reasons")
 
     p = add("scale", "set a deployment's number of replicas")
     p.add_argument("name")
@@ -282,6 +285,23 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_health(_args: argparse.Namespace, settings: Settings) -> int:
+    """For exec probes: one line per problem and exit 1; Redis unreachable is a problem too (main says so)."""
+    url = settings.effective_redis_url
+
+    async def check() -> list[str]:
+        redis = async_redis(url)
+        try:
+            with RedisRefusals(url):
+                return await farm_problems(redis, settings.keys)
+        finally:
+            await redis.aclose()
+
+    problems = asyncio.run(check())
+    print("\n".join(problems) or "healthy: a scheduler leads and every deployment is HEALTHY")
+    return 1 if problems else 0
+
+
 def _table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
@@ -434,6 +454,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "up": cmd_up,
     "deploy": cmd_deploy,
     "status": cmd_status,
+    "health": cmd_health,
     "scale": cmd_scale,
     "delete": cmd_delete,
     "traffic": cmd_traffic,

@@ -45,7 +45,7 @@ def _quiet_handshake() -> dict[str, Any]:
     return options
 
 
-_QUIET_HANDSHAKE = _quiet_handshake()
+QUIET_HANDSHAKE = _quiet_handshake()
 
 JOB_POOL_SIZE = 4  # connections a client's asynchronous-job calls (RQ, blocking, on threads) open at most
 POOL_SIZE = 64
@@ -60,7 +60,7 @@ def _options(retry: Retry | AsyncRetry) -> dict[str, Any]:
         "retry": retry,
         "retry_on_error": list(RETRYABLE_ERRORS),
         "health_check_interval": 30,
-        **_QUIET_HANDSHAKE,
+        **QUIET_HANDSHAKE,
     }
 
 

@@ -6,7 +6,10 @@ import argparse
 import logging
 import os
 
+from streamserve.redis_checks import redis_problems, warning_text
 from streamserve.settings import Settings, add_redis_url_option
+
+logger = logging.getLogger(__name__)
 
 
 def setup_logging(debug: bool = False) -> None:
@@ -19,9 +22,14 @@ def setup_logging(debug: bool = False) -> None:
 
 def start_process(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     """What every role's entry point does first: parse its command line (with ``--redis-url``), build its
-    settings from that and the environment, set up logging."""
+    settings from that and the environment, set up logging, and warn once if Redis may lose work (see
+    redis_checks; the processes it starts get ``check_redis`` off, so that they do not repeat it)."""
     add_redis_url_option(parser)
     args = parser.parse_args(argv)
     settings = Settings.from_command_line(args)
     setup_logging(settings.debug)
+    if settings.check_redis:
+        if lines := redis_problems(settings.effective_redis_url):
+            logger.warning("%s", warning_text(settings.effective_redis_url, lines))
+        settings = settings.model_copy(update={"check_redis": False})
     return args, settings

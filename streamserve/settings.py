@@ -91,6 +91,10 @@ class Settings(BaseSettings):
     # The `streamserve up` that runs this farm ("PID:START", set by `up` itself): its replicas leave when it is gone.
     supervisor: str | None = None
 
+    # Warn at start when Redis may lose queued work (streamserve.redis_checks); a process that has warned passes
+    # False to the processes it starts, so that they do not repeat it.
+    check_redis: bool = True
+
     # Send user tracebacks in error replies and log at DEBUG.
     debug: bool = False
 
@@ -172,6 +176,8 @@ class Settings(BaseSettings):
             env["STREAMSERVE_GPUS"] = self.gpus
         if self.supervisor is not None:
             env["STREAMSERVE_SUPERVISOR"] = self.supervisor
+        if not self.check_redis:
+            env["STREAMSERVE_CHECK_REDIS"] = "0"
         if self.api_key is not None:
             env["STREAMSERVE_API_KEY"] = self.api_key.get_secret_value()
         return env

@@ -41,6 +41,7 @@ from streamserve.procs import (
     stop_group,
     wait_until,
 )
+from streamserve.redis_checks import redis_problems, warning_text
 from streamserve.settings import Settings
 from streamserve.states import FINAL_GOAL_STATUSES, GoalStatus
 
@@ -126,8 +127,12 @@ class Farm:
                 self.redis.forget_data()
             self.redis.start()
             self.settings = self.settings.model_copy(update={"redis_url": self.redis.url})
+        elif self.settings.check_redis and (lines := redis_problems(self.settings.effective_redis_url)):
+            print(f"warning: {warning_text(self.settings.effective_redis_url, lines)}", file=sys.stderr, flush=True)
         # Replicas watch this process: killed with -9, it cannot stop them, so they leave by themselves.
-        self.settings = self.settings.model_copy(update={"supervisor": process_ref(os.getpid())})
+        # The Redis is checked (the embedded one keeps everything): the processes started here need not warn.
+        update = {"supervisor": process_ref(os.getpid()), "check_redis": False}
+        self.settings = self.settings.model_copy(update=update)
         url = self.settings.effective_redis_url
         changed = asyncio.run(self._apply(url))
         env = {**os.environ, **self.settings.to_env()}

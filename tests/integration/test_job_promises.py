@@ -3,8 +3,10 @@
 - ``Prefer: respond-async`` is checked like any POST: 503 for a deployment scaled to 0 (``num_replicas: 0``),
   while an autoscaled one at 0 replicas queues (the HTTP table: "an autoscaled one at 0 replicas queues").
 - A finished or failed job keeps its status for ``STREAMSERVE_JOB_RESULT_TTL_S``; after that its URL is 404.
-- A job whose worker was killed mid-call stays ``started`` until RQ's registry maintenance finds its heartbeat
-  expired, "a minute after its timeout" (the call's timeout plus 30 s), and fails it with ``AbandonedJobError``.
+- A job whose worker was killed mid-call with no scheduler on its host to see it (the README: "Job workers on
+  other hosts are left to RQ") stays ``started`` until RQ's registry maintenance finds its heartbeat expired,
+  "a minute after its timeout" (the call's timeout plus 30 s), and fails it with ``AbandonedJobError``.
+  (With a scheduler, tests/e2e/test_job_workers_stop.py: it fails at once.)
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ README_JOB_TIMEOUT_S = CALL_TIMEOUT_S + 30
 README_ABANDONED_AFTER_S = README_JOB_TIMEOUT_S + 60
 
 
-async def test_a_job_whose_worker_is_killed_stays_started_until_maintenance_fails_it_as_abandoned(
+async def test_a_job_whose_worker_dies_unwatched_stays_started_until_maintenance_fails_it_as_abandoned(
     gate: None,
     start_replica: StartReplica,
     http: httpx.AsyncClient,

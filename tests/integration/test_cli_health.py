@@ -1,0 +1,63 @@
+"""`streamserve health` as an exec probe sees it: 0 only when a scheduler leads and every deployment is HEALTHY."""
+
+from __future__ import annotations
+
+import subprocess
+
+import redis.asyncio as aioredis
+
+from streamserve.messages import DeploymentHealthRecord, now_ms
+from streamserve.procs import free_port
+from streamserve.scheduler.leader import LeaderLock
+from streamserve.scheduler.store import RedisReplicaStore
+from streamserve.settings import Settings
+from streamserve.states import DeploymentHealth
+from tests.integration.conftest import STREAMSERVE, deploy
+
+
+def health(redis_url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [STREAMSERVE, "health", "--redis-url", redis_url], capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+async def judge(settings: Settings, aredis: aioredis.Redis, name: str, verdict: DeploymentHealth, why: str) -> None:
+    record = DeploymentHealthRecord(health=verdict, message=why, running=1, updated_ms=now_ms())
+    await RedisReplicaStore(aredis, settings.keys).save_health(name, record)
+
+
+async def test_no_leading_scheduler_is_unhealthy(settings: Settings, aredis: aioredis.Redis) -> None:
+    await deploy(settings, name="rec")
+    await judge(settings, aredis, "rec", DeploymentHealth.HEALTHY, "")
+    result = health(settings.effective_redis_url)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == ["no scheduler leads: none is running, or none reaches Redis"]
+
+
+async def test_a_leader_and_healthy_deployments_are_healthy(settings: Settings, aredis: aioredis.Redis) -> None:
+    await deploy(settings, name="rec")
+    await judge(settings, aredis, "rec", DeploymentHealth.HEALTHY, "")
+    assert await LeaderLock(aredis, settings.keys, ttl_s=30).acquire_or_renew()
+    result = health(settings.effective_redis_url)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.startswith("healthy")
+
+
+async def test_each_deployment_that_is_not_healthy_is_named_with_its_reason(
+    settings: Settings, aredis: aioredis.Redis
+) -> None:
+    for name in ("good", "broken", "waiting"):
+        await deploy(settings, name=name)
+    await judge(settings, aredis, "good", DeploymentHealth.HEALTHY, "")
+    await judge(settings, aredis, "broken", DeploymentHealth.UNHEALTHY, "ImportError: no module named nope")
+    assert await LeaderLock(aredis, settings.keys, ttl_s=30).acquire_or_renew()
+    result = health(settings.effective_redis_url)  # "waiting" has no verdict yet
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == ["broken: UNHEALTHY: ImportError: no module named nope", "waiting: PENDING"]
+
+
+def test_an_unreachable_redis_is_unhealthy_and_says_so() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    result = health(url)
+    assert result.returncode == 1
+    assert f"error: cannot reach Redis at {url}" in result.stderr and "Traceback" not in result.stderr
