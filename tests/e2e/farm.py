@@ -247,6 +247,21 @@ class Processes:
         self.started[name] = proc
         return proc
 
+    def start_gateway(self, ready_path: str = "/-/ready") -> str:
+        """Run a gateway on a free port, wait (bounded) until ``ready_path`` answers 200; its base URL."""
+        port = free_port()
+        self.spawn("gateway", "gateway", "--port", str(port))
+        url = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            try:
+                return httpx.get(url + ready_path, timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, 30, f"the gateway did not answer {ready_path}:\n{self.log('gateway').read_text()[-2000:]}")
+        return url
+
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run ``streamserve ARGS`` to completion; raise with its output if it fails."""
         result = subprocess.run(

@@ -15,7 +15,6 @@ import httpx
 import orjson
 import pytest
 
-from streamserve.procs import free_port
 from tests.e2e.farm import ROOT, STREAMSERVE, Processes, wait_for
 
 CONFIG = """
@@ -48,18 +47,7 @@ def streamserve(processes: Processes, *args: str) -> subprocess.CompletedProcess
 
 @pytest.fixture
 def gateway(processes: Processes) -> str:
-    port = free_port()
-    processes.spawn("gateway", "gateway", "--port", str(port))
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"{url}/-/ready", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(healthy, 30, "gateway not ready")
-    return url
+    return processes.start_gateway()
 
 
 def test_workers_started_by_hand_are_the_replicas(processes: Processes, gateway: str, tmp_path: Path) -> None:

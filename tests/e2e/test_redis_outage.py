@@ -74,17 +74,7 @@ def test_a_redis_restart_under_load_loses_nothing_and_runs_nothing_twice(
         config = tmp_path / "config.yaml"
         config.write_text(CONFIG)
         processes.run("deploy", str(config), "--wait")
-        port = free_port()
-        processes.spawn("gateway", "gateway", "--port", str(port))
-        url = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            try:
-                return httpx.get(f"{url}/-/ready", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, 30, "the gateway did not become ready")
+        url = processes.start_gateway()
         pids_before = {name: proc.pid for name, proc in processes.started.items()}
         answers: list[Answer] = []
         stop = threading.Event()

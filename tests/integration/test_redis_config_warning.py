@@ -9,7 +9,6 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 
@@ -71,16 +70,7 @@ def farm_processes(tmp_path: Path) -> Iterator[list[Processes]]:
 
 def run_gateway_until_healthy(procs: Processes) -> str:
     """Start a gateway, wait until it answers /-/healthz, stop it; its whole output."""
-    port = free_port()
-    procs.spawn("gateway", "gateway", "--port", str(port))
-
-    def answers() -> bool:
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/-/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(answers, 30, "the gateway did not answer /-/healthz")
+    procs.start_gateway("/-/healthz")
     procs.stop_all()
     return procs.log("gateway").read_text()
 
