@@ -78,7 +78,7 @@ def read_durability(url: str) -> RedisDurability | None:
         policy = memory.get("maxmemory_policy")
         return RedisDurability(
             aof_enabled=None if aof is None else str(aof) == "1",
-            save_points=_save_points(client) if aof is not None and str(aof) != "1" else None,
+            save_points=_save_points(client) if aof is not None and str(aof) != "1" and _may_config(client) else None,
             maxmemory_policy=None if policy is None else str(policy),
         )
     finally:
@@ -97,6 +97,13 @@ def _info(client: redis.Redis, section: str) -> dict[str, object] | None:
     except redis.RedisError:
         return None
     return info
+
+
+def _may_config(client: redis.Redis) -> bool:
+    """Whether to ask CONFIG at all: not as a named ACL user, who (like the README's) is rarely allowed it and
+    whose denial would land in Redis's ACL LOG on every process start."""
+    user = client.connection_pool.connection_kwargs.get("username")
+    return user in (None, "", "default")
 
 
 def _save_points(client: redis.Redis) -> str | None:
