@@ -24,7 +24,7 @@ from streamserve.backoff import Backoff
 from streamserve.connection import RETRYABLE_ERRORS, RedisRefusals
 from streamserve.errors import ProtocolError, RedisUnavailableError, StreamServeError
 from streamserve.messages import Reply
-from streamserve.pipelining import BlockingReader
+from streamserve.pipelining import BlockingReader, Command
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class ReplyStream:
         finally:
             await reader.aclose()
 
-    def _trim(self) -> tuple[bytes | str, ...] | None:
+    def _trim(self) -> Command | None:
         """XTRIM of what was read, when there is some and the last trim is REPLY_TRIM_INTERVAL_S old; else None."""
         now = asyncio.get_running_loop().time()
         if self._last_id == self._trimmed_to or now < self._trim_due:

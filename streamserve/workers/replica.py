@@ -31,16 +31,7 @@ from streamserve.ids import ReplicaID
 from streamserve.jsonvalues import dumps
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.longpoll import LongPollSubscriber
-from streamserve.messages import (
-    Fields,
-    Heartbeat,
-    ReplicaRecord,
-    Reply,
-    ReplyStatus,
-    Request,
-    StreamBatches,
-    now_ms,
-)
+from streamserve.messages import Fields, Heartbeat, ReplicaRecord, Reply, ReplyStatus, Request, StreamBatches, now_ms
 from streamserve.pipelining import BlockingReader, Pipeliner
 from streamserve.procs import is_running
 from streamserve.settings import Settings
