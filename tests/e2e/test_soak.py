@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 def test_a_short_soak_loses_nothing_and_runs_no_answered_request_twice(tmp_path: Path) -> None:
     out = tmp_path / "soak.md"
-    cmd = [sys.executable, "-m", "bench.soak", "--minutes", "1.5", "--fault-every", "20", "--out", str(out)]
+    cmd = [sys.executable, "-m", "bench.soak", "--minutes", "1", "--fault-every", "14", "--out", str(out)]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420, check=False)
     report = out.read_text() if out.exists() else ""
     assert result.returncode == 0, f"{report}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
