@@ -10,6 +10,7 @@ in-process, not by a CLI process: the autoscaling step polls it every 50 ms.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from bench.children import READY_TIMEOUT_S, Children, python_path
@@ -19,12 +20,18 @@ from tests.e2e.farm import Farm
 NO_JOB_WORKERS = {"STREAMSERVE_JOB_WORKERS": "0"}
 
 
-def start_farm(children: Children, config_text: str, timeout_s: float = READY_TIMEOUT_S) -> Farm:
-    """`streamserve up` on ``config_text``, once every deployment runs its target replicas; stopped by children."""
+def start_farm(
+    children: Children, config_text: str, timeout_s: float = READY_TIMEOUT_S, settings: Mapping[str, str] = {}
+) -> Farm:
+    """`streamserve up` on ``config_text``, once every deployment runs its target replicas; stopped by children.
+
+    ``settings``: STREAMSERVE_* variables for the farm (the bench's own environment's are not passed on).
+    """
     workdir = children.temporary_directory()
     config = workdir / "config.yaml"
     config.write_text(config_text)
-    farm = children.start(Farm(config, workdir / "up.log", extra_env={**NO_JOB_WORKERS, "PYTHONPATH": python_path()}))
+    env = {**NO_JOB_WORKERS, **settings, "PYTHONPATH": python_path()}
+    farm = children.start(Farm(config, workdir / "up.log", extra_env=env))
     farm.start(timeout_s)
     wait_running(farm, timeout_s)
     return farm

@@ -136,7 +136,10 @@ class DeploymentConfig(_Strict):
     route_prefix: str | None = None
     request_timeout_s: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S)
     graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
+    # How often a replica calls the deployment's check_health() (when it has one), and how long one call may take
+    # before the replica counts it as failed; a replica whose check fails is replaced.
     health_check_period_s: float = Field(10.0, gt=0)
+    health_check_timeout_s: float = Field(30.0, gt=0)
     max_response_bytes: int = Field(16 * 1024 * 1024, ge=1)
     # Replicas are started by someone else (Kubernetes, KEDA, systemd, a person): every worker that heartbeats counts.
     external_scaler_enabled: bool = False

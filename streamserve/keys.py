@@ -114,6 +114,22 @@ class Keys:
         """Stream: requests that were delivered too many times."""
         return self._tagged(deployment, "dead")
 
+    def metrics(self, deployment: str) -> str:
+        """Hash: figure name (with labels) -> running total, incremented by every gateway and replica (metrics)."""
+        return self._tagged(deployment, "metrics")
+
+    def metrics_history(self, deployment: str) -> str:
+        """Stream, capped: the scheduler's samples of the metrics hash over the last minutes (the dashboard's charts)."""
+        return self._tagged(deployment, "metrics_history")
+
+    def autoscale_decisions(self, deployment: str) -> str:
+        """Stream, capped: the autoscaler's recent decisions, each with its reason."""
+        return self._tagged(deployment, "autoscale_decisions")
+
+    def logs(self, deployment: str) -> str:
+        """Stream, capped: the output of the deployment's replicas, one entry per line (`streamserve logs`)."""
+        return self._tagged(deployment, "logs")
+
     def deployment_keys(self, deployment: str) -> list[str]:
         """Every key that belongs to one deployment (for deletion)."""
         return [
@@ -121,4 +137,8 @@ class Keys:
             self.replicas(deployment),
             self.heartbeats(deployment),
             self.dead_letters(deployment),
+            self.metrics(deployment),
+            self.metrics_history(deployment),
+            self.autoscale_decisions(deployment),
+            self.logs(deployment),
         ]

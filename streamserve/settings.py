@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Literal
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
@@ -98,6 +99,15 @@ class Settings(BaseSettings):
     # Send user tracebacks in error replies and log at DEBUG.
     debug: bool = False
 
+    # How every process logs: "text" (one line per record) or "json" (one JSON object per line).
+    log_format: Literal["text", "json"] = "text"
+
+    # The gateway logs one access line per request (method, path, status, ms, request id, deployment, replica).
+    access_log: bool = True
+
+    # Processes count requests and handler times and flush them to Redis for the gateways' ``/metrics``.
+    metrics: bool = True
+
     @field_validator("api_key", mode="before")
     @classmethod
     def _key_is_not_blank(cls, value: object) -> object:
@@ -169,6 +179,9 @@ class Settings(BaseSettings):
             "STREAMSERVE_JOB_RESULT_TTL_S": str(self.job_result_ttl_s),
             "STREAMSERVE_DEBUG": "1" if self.debug else "0",
             "STREAMSERVE_ADMIN": "on" if self.admin else "off",
+            "STREAMSERVE_LOG_FORMAT": self.log_format,
+            "STREAMSERVE_ACCESS_LOG": "1" if self.access_log else "0",
+            "STREAMSERVE_METRICS": "1" if self.metrics else "0",
         }
         if self.import_allow is not None:
             env["STREAMSERVE_IMPORT_ALLOW"] = self.import_allow

@@ -12,6 +12,7 @@ queued as an asynchronous job (RQ): 202 and ``Location: /-/jobs/<id>``.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,10 +20,11 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse
 from redis.exceptions import ResponseError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamserve.app.admin import admin_router
 from streamserve.app.bodies import ClientDisconnected, read_body
@@ -34,6 +36,7 @@ from streamserve.app.errors import (
     json_response,
     redis_error_handler,
 )
+from streamserve.app.observe import CLIENT_CLOSED, RequestObserver
 from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
 from streamserve.app.routing import RouteTable
 from streamserve.client import AsyncClient, error_of
@@ -51,6 +54,9 @@ from streamserve.errors import (
 from streamserve.ids import new_request_id
 from streamserve.jsonvalues import check_decoded
 from streamserve.messages import ReplyStatus
+from streamserve.metrics.exposition import CONTENT_TYPE, farm_metrics
+from streamserve.metrics.figures import Figures
+from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.settings import Settings
 from streamserve.states import JobStatus
 from streamserve.status import StatusReader
@@ -68,6 +74,8 @@ class Gateway:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.client = AsyncClient(settings=settings)
+        figures = Figures() if settings.metrics else None
+        self.observer = RequestObserver(figures, settings.access_log, settings.log_format)
         self._routes_generation = -1
         self._routes = RouteTable({})
 
@@ -101,13 +109,33 @@ class Gateway:
             return error_response(exc, {"X-Request-ID": request_id})
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ASGI: answer one ``POST <route_prefix>``, every error in the gateway's JSON shape."""
+        """ASGI: answer one ``POST <route_prefix>``, every error in the gateway's JSON shape; count and log it."""
+        started = time.perf_counter()
         headers = _Headers(scope["headers"])
         given, request_id = _request_id(headers.get(b"x-request-id"))
         reply_headers = {"X-Request-ID": request_id}
+        answer = _Answer()
+        try:
+            await self._answer(scope, receive, send, headers, given, request_id, reply_headers, answer)
+        finally:
+            path = scope["path"]
+            self.observer.done("POST", path, answer.status, started, request_id, answer.deployment, answer.replica)
+
+    async def _answer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: _Headers,
+        given: str | None,
+        request_id: str,
+        reply_headers: dict[str, str],
+        answer: _Answer,
+    ) -> None:
+        """Answer the request; ``answer`` learns what was answered, by whom."""
         try:
             _check_request_id(given, request_id)
-            name = self.match(scope["path"])
+            answer.deployment = name = self.match(scope["path"])
             limit = self.settings.max_request_bytes
             body = await read_body(receive, headers.get(b"content-length"), limit, self.settings.body_timeout_s)
             body = body or b"null"
@@ -121,19 +149,24 @@ class Gateway:
             header_timeout = _header_timeout(headers.get(b"x-request-timeout"))
             if _prefers_async(headers.getlist(b"prefer")):
                 response = await self._submit_job(name, value, header_timeout, reply_headers)
+                answer.status = response.status_code
                 await response(scope, receive, send)
                 return
             route = await self.client.route(name)
-            reply_headers["X-Deployment"] = deployment = route.deployment.name
+            reply_headers["X-Deployment"] = answer.deployment = deployment = route.deployment.name
             timeout = min(route.deployment.request_timeout_s, header_timeout)
             reply = await self.client.request(route, body, timeout=timeout, request_id=request_id)
+            answer.replica = reply.replica_id
             if reply.status is not ReplyStatus.OK:
                 raise error_of(reply)
         except StreamServeError as exc:
-            await error_response(exc, reply_headers)(scope, receive, send)
+            response = error_response(exc, reply_headers)
+            answer.status = response.status_code
+            await response(scope, receive, send)
             return
         except ClientDisconnected:
             return
+        answer.status = 200
         await send(
             {
                 "type": "http.response.start",
@@ -159,6 +192,18 @@ class Gateway:
         job_id = await self.client.submit_job(name, value, timeout=timeout)
         headers = {**reply_headers, "Location": f"/-/jobs/{job_id}", "Preference-Applied": "respond-async"}
         return json_response({"job_id": job_id, "status": JobStatus.QUEUED.value}, status_code=202, headers=headers)
+
+
+class _Answer:
+    """What a request got, for its count and access line: status (CLIENT_CLOSED until one is sent), the deployment
+    (or endpoint, before one is picked) it went to, the replica that answered."""
+
+    __slots__ = ("deployment", "replica", "status")
+
+    def __init__(self) -> None:
+        self.status = CLIENT_CLOSED
+        self.deployment = ""
+        self.replica = ""
 
 
 class _Headers:
@@ -219,16 +264,48 @@ class GatewayApp:
         self.api = api
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            limit = self.gateway.settings.max_header_bytes
-            if sum(len(name) + len(value) for name, value in scope["headers"]) > limit:
-                error = HeadersTooLargeError(f"the request's headers are above max_header_bytes ({limit})")
-                await error_response(error, {})(scope, receive, send)
-                return
-            if scope["method"] == "POST" and not scope["path"].startswith(GATEWAY_PREFIX):
-                await self.gateway.serve(scope, receive, send)
-                return
-        await self.api(scope, receive, send)
+        if scope["type"] != "http":
+            await self.api(scope, receive, send)  # lifespan
+            return
+        deployment_post = scope["method"] == "POST" and not scope["path"].startswith(GATEWAY_PREFIX)
+        if deployment_post and self._headers_fit(scope):
+            await self.gateway.serve(scope, receive, send)
+            return
+        await self._other(scope, receive, send)
+
+    async def _other(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Everything but a deployment POST (or one refused for its headers): the FastAPI app, with its access line."""
+        observer = self.gateway.observer
+        if not observer.access_log:
+            if self._headers_fit(scope):
+                await self.api(scope, receive, send)
+            else:
+                await self._refuse_headers(scope, receive, send)
+            return
+        started, status = time.perf_counter(), CLIENT_CLOSED
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            if self._headers_fit(scope):
+                await self.api(scope, receive, send_and_note)
+            else:
+                await self._refuse_headers(scope, receive, send_and_note)
+        finally:
+            request_id = _Headers(scope["headers"]).get(b"x-request-id") or ""
+            observer.done(scope["method"], scope["path"], status, started, request_id[:128], "", "")
+
+    def _headers_fit(self, scope: Scope) -> bool:
+        return sum(len(name) + len(value) for name, value in scope["headers"]) <= self.gateway.settings.max_header_bytes
+
+    async def _refuse_headers(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit = self.gateway.settings.max_header_bytes
+        error = HeadersTooLargeError(f"the request's headers are above max_header_bytes ({limit})")
+        await error_response(error, {})(scope, receive, send)
 
 
 def create_app(settings: Settings) -> GatewayApp:
@@ -238,9 +315,16 @@ def create_app(settings: Settings) -> GatewayApp:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await gateway.client.start()
+        flusher = None
+        if gateway.observer.figures is not None:
+            flusher = MetricsFlusher(gateway.client.redis, settings.keys, gateway.observer.figures)
+            flusher.start()
         try:
             yield
         finally:
+            if flusher is not None:
+                await flusher.aclose()
+            gateway.observer.flush()
             await gateway.client.aclose()
 
     api = FastAPI(
@@ -273,6 +357,11 @@ def create_app(settings: Settings) -> GatewayApp:
         except RedisUnavailableError as exc:
             return error_response(exc, {})
         return json_response({"status": "ready"})
+
+    @api.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> Response:
+        """The whole farm in Prometheus's text format (every gateway shows the same figures)."""
+        return Response(await farm_metrics(gateway.client.redis, settings.keys), media_type=CONTENT_TYPE)
 
     @api.get("/-/routes")
     async def routes() -> dict[str, str]:

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,9 @@ from streamserve.jsonvalues import dumps
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.longpoll import LongPollSubscriber
 from streamserve.messages import Fields, Heartbeat, ReplicaRecord, Reply, ReplyStatus, Request, StreamBatches, now_ms
+from streamserve.metrics.definitions import BATCH_SIZE, HANDLED, HANDLER_DURATION
+from streamserve.metrics.figures import Figures
+from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.pipelining import BlockingReader, Pipeliner
 from streamserve.procs import is_running
 from streamserve.settings import Settings
@@ -103,8 +107,9 @@ class Replica:
         self.restart_reason = ""
         self._served = 0
         self._failed = 0
+        self._figures = Figures() if settings.metrics else None
         self._batchers = Batchers(
-            self._invoke, lambda: self._cfg.max_ongoing_requests if self._cfg else 0, self.replica_id.to_str()
+            self._invoke_batch, lambda: self._cfg.max_ongoing_requests if self._cfg else 0, self.replica_id.to_str()
         )
 
     # -- process lifecycle -----------------------------------------------------
@@ -132,6 +137,9 @@ class Replica:
             logger.error("replica %s: %s", self.replica_id, refusal)
             return 1
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+        metrics = MetricsFlusher(self._redis, self._keys, self._figures) if self._figures is not None else None
+        if metrics is not None:
+            metrics.start()
         longpoll: LongPollSubscriber | None = None
         loaded = False
         try:
@@ -161,6 +169,8 @@ class Replica:
             if self._threads is not None:
                 self._threads.close()  # a handler still running past the drain's grace period is not answered
             await self._pipeliner.aclose()
+            if metrics is not None:
+                await metrics.aclose()
             if loaded:
                 await self._goodbye()
             logger.info("replica %s: exited after %d requests (%d failed)", self.replica_id, self._served, self._failed)
@@ -404,11 +414,12 @@ class Replica:
             self._slots.handler_returned()
             self._finisher.finish(entry_id)
             return
+        started_at = time.perf_counter()
         started = self._start_handler(request)
         if isinstance(started, Reply):
             self._finish(entry_id, request, started)
         else:
-            started.add_done_callback(functools.partial(self._on_handler_done, entry_id, request))
+            started.add_done_callback(functools.partial(self._on_handler_done, entry_id, request, started_at))
 
     async def _run_alone(self, entry_id: bytes, fields: Fields) -> None:
         """Run an entry that a dead replica held with nothing else in flight, and read nothing meanwhile.
@@ -465,17 +476,28 @@ class Replica:
         assert self._threads is not None
         return self._threads.run(handler.fn, arg)
 
-    def _on_handler_done(self, entry_id: bytes, request: Request, done: asyncio.Future[Any]) -> None:
+    def _invoke_batch(self, handler: Handler, bodies: list[Any]) -> asyncio.Future[Any]:
+        """Run a batched handler on one batch (counting the batch's size)."""
+        if self._figures is not None:
+            self._figures.observe(self._name, BATCH_SIZE, len(bodies))
+        return self._invoke(handler, bodies)
+
+    def _on_handler_done(self, entry_id: bytes, request: Request, started_at: float, done: asyncio.Future[Any]) -> None:
         if done.cancelled():  # stopping: the entry stays pending, to be claimed again
             self._slots.handler_returned()
             self._slots.finished([entry_id])
             return
-        self._finish(entry_id, request, self._reply_for(request, done))
+        reply = self._reply_for(request, done)
+        if self._figures is not None:
+            self._figures.observe(self._name, HANDLER_DURATION, time.perf_counter() - started_at)
+        self._finish(entry_id, request, reply)
 
     def _finish(self, entry_id: bytes, request: Request, reply: Reply) -> None:
         """Free the request's slot and hand its reply to the Finisher (no reply when nobody waits for one)."""
         self._slots.handler_returned()
         self._served += 1
+        if self._figures is not None:
+            self._figures.count(self._name, HANDLED, reply.status.value)
         if reply.status is not ReplyStatus.OK:
             self._failed += 1
         self._finisher.finish(entry_id, reply if request.reply_to else None, request.reply_to)

@@ -1,0 +1,76 @@
+"""What seeing inside costs: the HTTP bench's streamserve target with metrics and the access log off, with
+metrics on, and with both on (the default), alternated in one session so that drift hits every setting alike.
+
+    .venv/bin/python -m bench.observability_bench [--quick] [--reps 3] [--duration 10] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import uvloop
+
+from bench.children import Children
+from bench.farm import start_farm
+from bench.http_bench import BODY, CONCURRENCIES, PATH
+from bench.loadgen import http_measure
+from bench.options import Options
+from bench.section import Section, md_table, verdict
+from bench.servers import NOOP_CONFIG
+from bench.standalone import standalone
+from bench.stats import Summary, ratio
+
+SETTINGS: dict[str, dict[str, str]] = {
+    "metrics off, access log off": {"STREAMSERVE_METRICS": "0", "STREAMSERVE_ACCESS_LOG": "0"},
+    "metrics on, access log off": {"STREAMSERVE_METRICS": "1", "STREAMSERVE_ACCESS_LOG": "0"},
+    "metrics on, access log on (default)": {"STREAMSERVE_METRICS": "1", "STREAMSERVE_ACCESS_LOG": "1"},
+}
+BASELINE, METRICS, BOTH = SETTINGS
+# The issue's budget: HTTP figures with metrics on within 5% of metrics off.
+BUDGET = 0.05
+
+
+def run(opts: Options) -> Section:
+    samples: dict[str, dict[int, list[dict[str, float]]]] = {name: {c: [] for c in CONCURRENCIES} for name in SETTINGS}
+    for rep in range(opts.reps):
+        for name, settings in SETTINGS.items():  # one farm per setting and repetition, in turn
+            with Children() as children:
+                port = start_farm(children, NOOP_CONFIG, settings=settings).port
+                for concurrency in CONCURRENCIES:
+                    sample = uvloop.run(
+                        http_measure(port, PATH, BODY, concurrency, opts.warmup_s, opts.duration_s, opts.max_requests)
+                    )
+                    print(
+                        f"  {name:<36} rep {rep + 1} c={concurrency:<3} {sample.rps:>8.0f} req/s "
+                        f"p50 {sample.p(0.5):.3f} ms errors {sample.errors}",
+                        flush=True,
+                    )
+                    samples[name][concurrency].append(sample.to_json())
+    found = {name: {c: Summary.of(s) for c, s in by_c.items()} for name, by_c in samples.items()}
+    section = Section("observability", "What metrics and the access log cost on the HTTP path")
+    section.setup = [
+        "The HTTP bench's streamserve target (`streamserve up`, embedded Redis, `noop`, 1 replica, 1 gateway), "
+        "once per setting below; the settings take turns within each repetition.",
+        "Metrics: the gateway and replica count into dicts and add them to Redis once a second. "
+        "Access log: one line per request to the gateway's stderr (here a file).",
+    ]
+    rows = [
+        [name, by_c[32].rps.fmt(0), by_c[32].p50_ms.fmt(3), by_c[1].p50_ms.fmt(3), by_c[1].p99_ms.fmt(3)]
+        for name, by_c in found.items()
+    ]
+    section.body = md_table(["setting", "req/s at c=32", "p50 ms c=32", "p50 ms c=1", "p99 ms c=1"], rows)
+    base = found[BASELINE]
+    for name in (METRICS, BOTH):
+        r = ratio(found[name][32].rps.median, base[32].rps.median)
+        section.verdicts.append(
+            f"{name} / off, req/s at c=32: **{r:.3f}** (budget >= {1 - BUDGET:.2f}: {verdict(r >= 1 - BUDGET)})."
+        )
+        diff_us = (found[name][1].p50_ms.median - base[1].p50_ms.median) * 1000
+        section.verdicts.append(f"{name} - off, p50 at c=1: **{diff_us:+.0f} µs**.")
+    return section
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standalone(run, __doc__ or "", argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

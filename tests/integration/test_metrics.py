@@ -1,0 +1,133 @@
+"""``GET /metrics``: real gateway processes, an in-process replica, the real redis-server; parsed with
+prometheus_client's own parser, as Prometheus would read it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from streamserve.client import AsyncClient
+from streamserve.errors import RemoteError
+from streamserve.settings import Settings
+from tests import deployments
+from tests.integration.conftest import StartReplica, gateway_process
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(port: int) -> Samples:
+    response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples: Samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+async def eventually(port: int, check: Callable[[Samples], bool], timeout_s: float = 10.0) -> Samples:
+    """Scrape until ``check`` holds (figures reach Redis once a second), bounded."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        samples = await asyncio.to_thread(scrape, port)
+        if check(samples):
+            return samples
+        assert asyncio.get_running_loop().time() < deadline, f"metrics never got there: {samples}"
+        await asyncio.sleep(0.1)
+
+
+async def test_any_gateway_shows_the_whole_farm_and_the_figures_move_with_traffic(
+    start_replica: StartReplica, client: AsyncClient, redis_url: str, tmp_path: Path
+) -> None:
+    replica = await start_replica(route_prefix="/rec")
+    with gateway_process(redis_url, tmp_path) as first, gateway_process(redis_url, tmp_path) as second:
+        before = await asyncio.to_thread(scrape, first)
+        assert value(before, "streamserve_requests_total", deployment="rec", code="200") is None
+        assert value(before, "streamserve_target_replicas", deployment="rec") == 1
+        assert value(before, "streamserve_queued_requests", deployment="rec") == 0
+        assert value(before, "streamserve_scheduler_leading") == 0  # no scheduler in this test
+
+        async with httpx.AsyncClient() as http:
+            for port, calls in ((first, 5), (second, 3)):
+                for i in range(calls):
+                    assert (await http.post(f"http://127.0.0.1:{port}/rec", json=i)).status_code == 200
+            assert (await http.post(f"http://127.0.0.1:{second}/rec", content=b"{bad")).status_code == 400
+        for i in range(4):  # the Python client's calls: counted by the replica's figures only
+            await client.call("rec", i)
+        with pytest.raises(RemoteError):
+            await client.call("rec", 1, method="boom")
+
+        def counted(s: Samples) -> bool:
+            return value(s, "streamserve_handled_requests_total", deployment="rec", outcome="ok") == 12
+
+        after = await eventually(first, counted)
+        assert value(after, "streamserve_requests_total", deployment="rec", code="200") == 8  # both gateways
+        assert value(after, "streamserve_requests_total", deployment="rec", code="400") == 1
+        assert value(after, "streamserve_request_duration_seconds_count", deployment="rec") == 9
+        assert value(after, "streamserve_handled_requests_total", deployment="rec", outcome="user_error") == 1
+        assert value(after, "streamserve_handler_duration_seconds_count", deployment="rec") == 13
+        assert value(after, "streamserve_handler_duration_seconds_bucket", deployment="rec", le="+Inf") == 13
+        assert 0 < value(after, "streamserve_request_duration_seconds_sum", deployment="rec") < 9 * 5  # type: ignore[operator]
+        # The other gateway shows the same farm.
+        assert (await asyncio.to_thread(scrape, second)) == after or counted(await asyncio.to_thread(scrape, second))
+    assert replica.replica_id
+
+
+async def test_queued_and_in_flight_are_read_from_redis_at_scrape(
+    start_replica: StartReplica, gate: None, client: AsyncClient, redis_url: str, tmp_path: Path
+) -> None:
+    await start_replica(name="held", import_path="tests.deployments:gate", max_ongoing_requests=2)
+    with gateway_process(redis_url, tmp_path) as port:
+        calls = [client.submit("held", i) for i in range(5)]
+
+        def held(s: Samples) -> bool:
+            return value(s, "streamserve_in_flight_requests", deployment="held") == 2
+
+        samples = await eventually(port, held)
+        assert value(samples, "streamserve_queued_requests", deployment="held") == 3
+        deployments.GATE.set()
+        assert sorted(await asyncio.gather(*calls)) == list(range(5))
+        samples = await eventually(port, lambda s: value(s, "streamserve_in_flight_requests", deployment="held") == 0)
+        assert value(samples, "streamserve_queued_requests", deployment="held") == 0
+
+
+async def test_batched_deployments_report_their_batch_sizes(
+    start_replica: StartReplica, client: AsyncClient, redis_url: str, tmp_path: Path
+) -> None:
+    await start_replica(name="batched", import_path="tests.deployments:batched_fn", max_ongoing_requests=8)
+    await asyncio.gather(*(client.call("batched", i) for i in range(8)))
+    with gateway_process(redis_url, tmp_path) as port:
+        samples = await eventually(port, lambda s: value(s, "streamserve_batch_size_sum", deployment="batched") == 8)
+        batches = value(samples, "streamserve_batch_size_count", deployment="batched")
+        assert batches is not None and 1 <= batches < 8  # several requests per call of the handler
+
+
+async def test_metrics_off_counts_nothing(
+    start_replica: StartReplica, settings: Settings, redis_url: str, tmp_path: Path
+) -> None:
+    await start_replica(route_prefix="/rec")
+    with gateway_process(redis_url, tmp_path, STREAMSERVE_METRICS="0") as port:
+        async with httpx.AsyncClient() as http:
+            assert (await http.post(f"http://127.0.0.1:{port}/rec", json=1, timeout=5)).status_code == 200
+    # The gateway flushes at exit: had it counted, Redis would have the figure now.
+    assert not await _metrics_hash(settings, "rec", "requests_total|code=200")
+
+
+async def _metrics_hash(settings: Settings, deployment: str, field: str) -> bool:
+    from streamserve.connection import async_redis
+
+    redis = async_redis(settings.effective_redis_url)
+    try:
+        return bool(await redis.hexists(settings.keys.metrics(deployment), field))
+    finally:
+        await redis.aclose()
