@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host,
         port=args.port,
         timeout_graceful_shutdown=30,
+        log_config=None,  # uvicorn's own records go through streamserve's handler (and its format) too
         **UVICORN_OPTIONS,
     )
     return 0

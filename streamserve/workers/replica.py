@@ -524,6 +524,18 @@ class Replica:
         return Reply(request.request_id, ReplyStatus.OK, self._consumer, body=body)
 
     def _user_error(self, request: Request, exc: BaseException, context: str = "") -> Reply:
+        """The reply to a request whose handler raised ``exc``; logged here at ERROR with its traceback (the reply
+        carries the traceback only with STREAMSERVE_DEBUG=1)."""
+        logger.error(
+            "replica %s: the handler raised on request %s: %s%s: %s",
+            self._consumer,
+            request.request_id,
+            context,
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+            extra={"request_id": request.request_id, "deployment": self._name, "replica_id": self._consumer},
+        )
         message = context + str(exc)
         if self._settings.debug:
             message += "\n" + "".join(traceback.format_exception(exc))
