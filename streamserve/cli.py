@@ -16,6 +16,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 import orjson
+import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from streamserve import __version__
@@ -27,6 +28,7 @@ from streamserve.embedded_redis import parse_maxmemory
 from streamserve.errors import BadRequestError, ConfigError, GoalFailedError, RequestTimeoutError, StreamServeError
 from streamserve.goals import GOAL_POLL_S, GoalStore
 from streamserve.health import farm_problems
+from streamserve.log_reader import DEFAULT_LINES, LogReader, parse_since
 from streamserve.messages import GoalRecord
 from streamserve.security import check_exposure
 from streamserve.settings import Settings, add_no_admin_option, add_redis_url_option
@@ -86,6 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
 
     add("health", "exit 0 when a scheduler leads and every deployment is HEALTHY, else 1 with the reasons")
+
+    p = add("logs", "show the recent output of a deployment's replicas (on every host), each line after its replica id")
+    p.add_argument("name", help="the deployment")
+    p.add_argument("-f", "--follow", action="store_true", help="then print new lines as they come, until Ctrl-C")
+    p.add_argument("--replica", metavar="ID", help="only this replica (its id, or the part after #)")
+    p.add_argument("--since", metavar="AGE", help="lines of the last AGE, e.g. 30s, 10m, 2h, 1d")
+    p.add_argument(
+        "-n",
+        "--lines",
+        type=int,
+        default=DEFAULT_LINES,
+        help=f"without --since: the newest N (default {DEFAULT_LINES})",
+    )
 
     p = add("scale", "set a deployment's number of replicas")
     p.add_argument("name")
@@ -178,6 +193,7 @@ class Stores:
     desired: DesiredState
     goals: GoalStore
     status: StatusReader
+    redis: aioredis.Redis
 
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:
@@ -193,7 +209,7 @@ def _with_stores(settings: Settings, fn: Callable[[Stores], Awaitable[T]]) -> T:
         try:
             keys = settings.keys
             desired = DesiredState(redis, keys, settings.import_allow_list)
-            return await fn(Stores(desired, GoalStore(redis, keys), StatusReader(redis, keys)))
+            return await fn(Stores(desired, GoalStore(redis, keys), StatusReader(redis, keys), redis))
         finally:
             await redis.aclose()
 
@@ -358,6 +374,34 @@ def _target_cell(s: DeploymentStatus) -> str:
     return f"{s.target} (auto {s.autoscaling.min_replicas}-{s.autoscaling.max_replicas})"
 
 
+def cmd_logs(args: argparse.Namespace, settings: Settings) -> int:
+    """Recent lines (the stream keeps ~10,000 per deployment), then with -f the new ones as they come."""
+    try:
+        since_s = None if args.since is None else parse_since(args.since)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if args.lines < 1:
+        raise ConfigError("--lines must be at least 1")
+
+    async def show(stores: Stores) -> int:
+        await stores.desired.get(args.name)  # NotFoundError (exit 1) for an unknown deployment
+        reader = LogReader(stores.redis, settings.keys.logs(args.name))
+        after = await reader.latest_id()
+        if since_s is not None:
+            lines = await reader.since(int((time.time() - since_s) * 1000), args.replica)
+        else:
+            lines = await reader.last(args.lines, args.replica)
+        for line in lines:
+            print(line.format())
+        sys.stdout.flush()
+        if args.follow:
+            async for line in reader.follow(after, args.replica):
+                print(line.format(), flush=True)
+        return 0
+
+    return _with_stores(settings, show)
+
+
 def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
     if args.replicas < 0:
         raise ConfigError(f"replicas must be >= 0, got {args.replicas}")
@@ -455,6 +499,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "deploy": cmd_deploy,
     "status": cmd_status,
     "health": cmd_health,
+    "logs": cmd_logs,
     "scale": cmd_scale,
     "delete": cmd_delete,
     "traffic": cmd_traffic,

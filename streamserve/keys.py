@@ -119,7 +119,7 @@ class Keys:
         return self._tagged(deployment, "metrics")
 
     def metrics_history(self, deployment: str) -> str:
-        """Stream, capped: the scheduler's samples of the metrics hash over the last minutes (the dashboard's charts)."""
+        """Stream, capped: the scheduler's samples of the metrics hash over recent minutes (the dashboard's charts)."""
         return self._tagged(deployment, "metrics_history")
 
     def autoscale_decisions(self, deployment: str) -> str:

@@ -257,3 +257,11 @@ def append_line(body: dict[str, Any]) -> str:
     with open(body["path"], "a") as out:
         out.write(f"{body['line']}\n")
     return str(body["line"])
+
+
+def chatty(body: Any) -> Any:
+    """Prints what it got (to stdout), and raises when asked to: output for `streamserve logs`."""
+    print(f"chatty got {body!r}")
+    if body == "raise":
+        raise RuntimeError("chatty was asked to raise")
+    return body

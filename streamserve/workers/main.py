@@ -17,6 +17,7 @@ from streamserve.ids import ReplicaID
 from streamserve.logs import start_process
 from streamserve.procs import on_stop_signals, role_command
 from streamserve.settings import Settings
+from streamserve.workers.output_shipper import OutputShipper
 from streamserve.workers.replica import Replica
 
 logger = logging.getLogger(__name__)
@@ -84,12 +85,13 @@ def main(argv: list[str]) -> int:
             takes_over=args.takes_over,
         )
 
-    try:
-        import uvloop
+    with OutputShipper(settings.effective_redis_url, settings.keys.logs(replica_id.deployment), replica_id.to_str()):
+        try:
+            import uvloop
 
-        code, restart = uvloop.run(serve(settings, replica))
-    except ImportError:
-        code, restart = asyncio.run(serve(settings, replica))
+            code, restart = uvloop.run(serve(settings, replica))
+        except ImportError:
+            code, restart = asyncio.run(serve(settings, replica))
     if restart:
         # The same process runs the deployment's new code afresh: modules cannot be re-imported in place.
         logger.info("replica %s: %s; starting again", replica_id, restart)
