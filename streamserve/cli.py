@@ -352,10 +352,13 @@ def format_status(statuses: list[DeploymentStatus]) -> str:
         for s in statuses
     ]
     lines = _table(rows)
-    replicas = [[r.replica_id, r.state, r.version, r.host or "-", str(r.pid or "-"), str(r.ongoing)]
+    replicas = [[r.replica_id, r.state, r.version, r.host or "-", str(r.pid or "-"), str(r.ongoing), r.message]
                 for s in statuses for r in s.replicas]  # fmt: skip
     if replicas:
-        lines += ["", *_table([["REPLICA", "STATE", "VERSION", "HOST", "PID", "ONGOING"], *replicas]), ""]
+        replica_header = ["REPLICA", "STATE", "VERSION", "HOST", "PID", "ONGOING", "MESSAGE"]
+        if not any(row[-1] for row in replicas):  # the column only when some replica says something
+            replica_header, replicas = replica_header[:-1], [row[:-1] for row in replicas]
+        lines += ["", *_table([replica_header, *replicas]), ""]
     lines += [f"{s.name}: {s.message}" for s in statuses if s.message]
     lines += [
         f"{s.name}: autoscaled to {s.target} ({s.autoscaling.reason})"

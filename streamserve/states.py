@@ -43,7 +43,8 @@ REPLICA_TRANSITIONS: dict[ReplicaState, dict[ReplicaState, str]] = {
         _S.STOPPED: "it failed to start: it reported the error, its process exited, or start_timeout_s passed",
     },
     _S.RUNNING: {
-        _S.SHOULD_STOP: "retired: scaled down, rolled to a new version, deleted, or the scheduler shuts down",
+        _S.SHOULD_STOP: "retired: scaled down, rolled to a new version, deleted, the scheduler shuts down, or "
+        "its check_health() failed (it is replaced)",
         _S.STOPPING: "an externally started worker reported it is draining (whoever runs it asked it to stop)",
         _S.STOPPED: "its process died, its heartbeat expired, or an externally started worker said goodbye",
     },
@@ -86,6 +87,10 @@ class ReplicaHealth(str, Enum):
 
     # Could not start (import error, constructor raised); the message says why.
     FAILED = "failed"
+
+    # Its deployment's check_health() raised or did not answer within health_check_timeout_s; the message says
+    # why. The scheduler replaces it; an externally scaled worker exits 1 instead, for its supervisor to restart.
+    UNHEALTHY = "unhealthy"
 
 
 class DeploymentHealth(str, Enum):

@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import streamserve
@@ -265,3 +266,40 @@ def chatty(body: Any) -> Any:
     if body == "raise":
         raise RuntimeError("chatty was asked to raise")
     return body
+
+
+class Checked:
+    """A deployment with a ``check_health()`` (sync, or async with ``run_async``) that counts its calls in
+    ``<marker>.calls`` and, once the file ``marker`` exists, fails once: it raises (``mode`` "raise"; the marker
+    is removed, so the replacement is healthy) or hangs for ever ("hang")."""
+
+    def __init__(self, marker: str, mode: str = "raise", run_async: bool = False) -> None:
+        self.marker = Path(marker)
+        self.mode = mode
+        if run_async:
+            self.check_health = self._check_async  # type: ignore[method-assign]
+
+    def __call__(self, body: Any) -> Any:
+        return body
+
+    def _count(self) -> bool:
+        """Count the call; whether this one should fail."""
+        with Path(f"{self.marker}.calls").open("a") as calls:
+            calls.write(".")
+        if not self.marker.exists():
+            return False
+        if self.mode == "raise":
+            self.marker.unlink(missing_ok=True)
+        return True
+
+    def check_health(self) -> None:
+        if self._count():
+            if self.mode == "hang":
+                time.sleep(3600)
+            raise RuntimeError("the database is gone")
+
+    async def _check_async(self) -> None:
+        if self._count():
+            if self.mode == "hang":
+                await asyncio.Event().wait()
+            raise RuntimeError("the database is gone")

@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 
 # Consecutive failed starts after which a deployment is reported UNHEALTHY.
 UNHEALTHY_AFTER_FAILURES = 3
+# How long the deployment's status says that a replica was replaced for failing its check_health().
+REPLACED_NOTE_MS = 5 * 60 * 1000
 FIRST_START_BACKOFF_S = 0.5
 # After each failed start in a row the next start waits twice as long, from FIRST_ up to MAX_START_BACKOFF_S.
 MAX_START_BACKOFF_S = 30.0
@@ -82,6 +84,8 @@ class DeploymentState:
         self._next_start_ms = 0
         self._last_failure = ""
         self._waiting = ""  # why SHOULD_START replicas wait (e.g. for GPUs), "" when nothing holds them back
+        # When and why a replica was last replaced for failing its check_health() (shown for REPLACED_NOTE_MS).
+        self._replaced: tuple[int, str] = (0, "")
         # Why the target can never be met on this host as it is (more GPUs than it has), "" when it can.
         self.unschedulable = ""
         self._health: DeploymentHealthRecord | None = None
@@ -192,6 +196,11 @@ class DeploymentState:
                 logger.warning("replica %s is dead: %s", r.id, r.failure)
                 r.force_kill()  # a hung process must not come back and serve twice
                 await r.transition(ReplicaState.STOPPED, now_ms, message=r.failure)
+            elif probe is Alive.UNHEALTHY:
+                # Replaced as Ray Serve does: stopped (it drains what it holds), and step 6 starts another.
+                logger.warning("replica %s is unhealthy: %s; replacing it", r.id, r.failure)
+                self._replaced = (now_ms, f"replaced unhealthy replica {r.id}: {r.failure}")
+                await r.transition(ReplicaState.SHOULD_STOP, now_ms, message=f"unhealthy: {r.failure}")
             elif probe is Alive.DRAINING:
                 await r.transition(ReplicaState.STOPPING, now_ms, message="draining: asked to stop")
             elif probe is Alive.GONE:
@@ -320,9 +329,10 @@ class DeploymentState:
         if self.unhealthy:
             health, message = DeploymentHealth.UNHEALTHY, self._last_failure
         elif self.settled(target):
-            health, message = DeploymentHealth.HEALTHY, ""
+            health, message = DeploymentHealth.HEALTHY, self._recent_replacement(now_ms)
         else:
             health, message = DeploymentHealth.UPDATING, self._last_failure or self._waiting
+            message = message or self._recent_replacement(now_ms)
         running = self.count(ReplicaState.RUNNING)
         verdict = (health, message, running)
         if self._health is None or (self._health.health, self._health.message, self._health.running) != verdict:
@@ -374,6 +384,11 @@ class DeploymentState:
             self.consecutive_failures,
             backoff_s,
         )
+
+    def _recent_replacement(self, now_ms: int) -> str:
+        """Why a replica was replaced for its health, while that is recent ("" otherwise)."""
+        when, why = self._replaced
+        return why if why and now_ms - when < REPLACED_NOTE_MS else ""
 
     def _in(self, state: ReplicaState) -> list[ReplicaWrapper]:
         return [r for r in self.replicas.values() if r.state is state]

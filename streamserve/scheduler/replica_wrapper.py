@@ -34,6 +34,7 @@ class Alive(str, Enum):
     DRAINING = "draining"  # an externally started worker reports it is draining: someone asked it to stop
     GONE = "gone"  # an externally started worker removed its heartbeat: it drained and exited
     DEAD = "dead"  # its process exited or its heartbeat expired; ``failure`` says which
+    UNHEALTHY = "unhealthy"  # its check_health() failed; ``failure`` says how
 
 
 class Stopped(str, Enum):
@@ -163,6 +164,9 @@ class ReplicaWrapper:
         if now_ms - last > heartbeat_timeout_ms:
             self.failure = f"no heartbeat for {(now_ms - last) / 1000:.1f}s"
             return Alive.DEAD
+        if beat is not None and beat.health is ReplicaHealth.UNHEALTHY and not self.is_external:
+            self.failure = beat.message or "check_health() failed"
+            return Alive.UNHEALTHY
         return Alive.ALIVE
 
     def check_stopped(self, beat: Heartbeat | None, now_ms: int, heartbeat_timeout_ms: int) -> Stopped:

@@ -51,6 +51,12 @@ class LoadedDeployment:
         return handler
 
     @property
+    def check_health(self) -> Handler | None:
+        """The instance's ``check_health()``, sync or async, if it has one (workers/health_checks.py calls it)."""
+        fn = getattr(self.target, "check_health", None) if self.is_class else None
+        return Handler(fn, _is_async(fn)) if callable(fn) else None
+
+    @property
     def reconfigure(self) -> Callable[[Any], Any] | None:
         """The instance's ``reconfigure(user_config)``, if it has one."""
         fn = getattr(self.target, "reconfigure", None) if self.is_class else None

@@ -43,6 +43,7 @@ from streamserve.states import RETIRED_REPLICA_STATES, ReplicaHealth
 from streamserve.streams import Requeuer, ensure_group
 from streamserve.workers.batcher import Batchers, DeadlinePassed
 from streamserve.workers.finisher import Finisher
+from streamserve.workers.health_checks import watch_health
 from streamserve.workers.loader import Handler, LoadedDeployment, load
 from streamserve.workers.slots import Slots
 from streamserve.workers.threads import HandlerThreads
@@ -153,9 +154,12 @@ class Replica:
             await longpoll.start()
             await self._set_health(ReplicaHealth.READY)
             logger.info("replica %s: ready (pid %d)", self.replica_id, os.getpid())
+            health = self._watch_health()
             try:
                 await self._read_loop()
             finally:
+                if health is not None:
+                    health.cancel()
                 await self._reader.aclose()
             await self._drain()
             return self._exit_code
@@ -211,6 +215,39 @@ class Replica:
                 logger.error("%s", traceback.format_exc())
             await self._set_health(ReplicaHealth.FAILED)
             return False
+
+    def _watch_health(self) -> asyncio.Task[None] | None:
+        """Call the deployment's check_health() (if it has one) in the background while serving."""
+        assert self._deployment is not None
+        check = self._deployment.check_health
+        if check is None:
+            return None
+
+        async def watch() -> None:
+            problem = await watch_health(
+                check,
+                lambda: self._cfg.health_check_period_s if self._cfg else 10.0,
+                lambda: self._cfg.health_check_timeout_s if self._cfg else 30.0,
+                self._stopping,
+            )
+            if problem:
+                await self._unhealthy(problem)
+
+        return asyncio.create_task(watch(), name="check-health")
+
+    async def _unhealthy(self, problem: str) -> None:
+        """Its check failed: say so in the heartbeat, for the scheduler to replace it (it stops it meanwhile).
+
+        An externally scaled worker has no scheduler to replace it: it drains and exits 1, for whatever runs it
+        (Kubernetes, systemd) to start it again.
+        """
+        logger.error("replica %s: unhealthy: %s", self.replica_id, problem)
+        self._message = problem
+        if self._cfg is not None and self._cfg.external_scaler_enabled:
+            self._leave(1, f"unhealthy ({problem}): exiting, for its supervisor to start it again")
+            return
+        with contextlib.suppress(*RETRYABLE_ERRORS):  # the heartbeat loop says it again on its next beat
+            await self._set_health(ReplicaHealth.UNHEALTHY)
 
     async def _reconfigure(self, user_config: Any) -> None:
         assert self._deployment is not None
