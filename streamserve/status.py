@@ -42,6 +42,7 @@ class ReplicaStatus:
     heartbeat_age_s: float | None
     message: str
     gpus: list[str] = field(default_factory=list)  # the devices it was given (CUDA_VISIBLE_DEVICES)
+    age_s: float = 0.0  # since the scheduler created its record (or adopted it)
 
 
 @dataclass
@@ -165,6 +166,7 @@ class StatusReader:
                     heartbeat_age_s=round((now - beat.ts_ms) / 1000, 3) if beat else None,
                     message=rec.message or (beat.message if beat else ""),
                     gpus=rec.gpus,
+                    age_s=round(max(0, now - rec.created_ms) / 1000, 1),
                 )
             )
         replicas.sort(key=lambda r: r.replica_id)

@@ -233,6 +233,7 @@ class Farm:
         lines = [
             "streamserve is up",
             f"  gateway   {gateway_url}",
+            f"  dashboard {gateway_url}/-/dashboard   (metrics: {gateway_url}/metrics, logs: streamserve logs NAME)",
             f"  redis     {redacted(redis_url)}" + ("  (embedded)" if self.redis else ""),
             *(
                 [f"  data      {self.redis.data_dir}/  (append-only file, written every second; --fresh starts empty)"]

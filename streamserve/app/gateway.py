@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamserve.app.admin import admin_router
 from streamserve.app.bodies import ClientDisconnected, read_body
+from streamserve.app.dashboard import dashboard_router
 from streamserve.app.errors import (
     error_response,
     handle_client_disconnected,
@@ -377,6 +378,7 @@ def create_app(settings: Settings) -> GatewayApp:
         return json_response((await gateway.client.job(job_id)).to_json())
 
     api.include_router(admin_router(settings, gateway.client))
+    api.include_router(dashboard_router(gateway.client, settings.keys))
 
     gateway_routes = list(api.routes)
 

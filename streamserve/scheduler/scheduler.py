@@ -15,6 +15,7 @@ from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.desired import DesiredState
 from streamserve.errors import ProtocolError
 from streamserve.messages import Heartbeat, now_ms
+from streamserve.metrics.history import MetricsHistory
 from streamserve.resources import GpuAllocator, host_gpus, host_memory_bytes, overcommit
 from streamserve.scheduler.deployment_state import DeploymentState, Target
 from streamserve.scheduler.goals import GoalTracker
@@ -59,6 +60,7 @@ class Scheduler:
         self._lock = LeaderLock(redis, self._keys)
         self._reclaimer = Reclaimer(redis, self._keys)
         self._goals = GoalTracker(redis, self._keys)
+        self._history = MetricsHistory(redis, self._keys)
         self._stop_replicas_on_exit = stop_replicas_on_exit
         self._job_pool = job_pool
         self._states: dict[str, DeploymentState] = {}
@@ -152,6 +154,7 @@ class Scheduler:
                 # One deployment's surprise must not stop the others from being reconciled.
                 logger.exception("deployment %s: reconcile step failed; retrying next tick", name)
         await self._goals.update(goals, desired, self._states, now)
+        await self._history.maybe_sample(sorted(desired), now)
 
     async def _reconcile(
         self, name: str, cfg: DeploymentConfig | None, beats: dict[str, Heartbeat], ongoing: int, now: int

@@ -13,6 +13,9 @@ from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, Replic
 
 logger = logging.getLogger(__name__)
 
+# Autoscaling decisions kept per deployment (Keys.autoscale_decisions).
+AUTOSCALE_DECISIONS_KEPT = 50
+
 
 class RedisReplicaStore:
     """The production ReplicaStore: one hash per deployment, plus the status hash."""
@@ -37,11 +40,20 @@ class RedisReplicaStore:
             await pipe.execute()
 
     async def save_autoscale(self, deployment: str, record: AutoscaleRecord | None) -> None:
-        """Keep the autoscaled count (None: autoscaling was turned off, forget it)."""
+        """Keep the autoscaled count (None: autoscaling was turned off, forget it), and add each decision to the
+        deployment's capped list of recent ones (the dashboard shows them)."""
         if record is None:
             await self._redis.hdel(self._keys.autoscaling(), deployment)
-        else:
-            await self._redis.hset(self._keys.autoscaling(), deployment, record.encode())
+            return
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._keys.autoscaling(), deployment, record.encode())
+            pipe.xadd(
+                self._keys.autoscale_decisions(deployment),
+                {"record": record.encode()},
+                maxlen=AUTOSCALE_DECISIONS_KEPT,
+                approximate=False,
+            )
+            await pipe.execute()
 
     async def load_autoscale(self) -> dict[str, AutoscaleRecord]:
         """The autoscaled counts an earlier scheduler decided, by deployment (unreadable ones are skipped)."""
