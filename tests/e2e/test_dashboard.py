@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.e2e.browser import CHROMIUM, Browser
-from tests.e2e.farm import Farm, farm_on, wait_for
+from tests.e2e.farm import Farm, running_farm
 
 pytestmark = [
     pytest.mark.e2e,
@@ -46,13 +46,10 @@ TRAFFIC_MAX_S = 90.0
 
 @pytest.fixture
 def farm(tmp_path: Path) -> Iterator[Farm]:
-    farm = farm_on(CONFIG, tmp_path)
-    farm.start()
-    try:
-        wait_for(lambda: all(d["running"] == d["target"] for d in farm.status().values()), 60, "replicas not up")
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG)
+    with running_farm(config, tmp_path) as farm:
         yield farm
-    finally:
-        farm.stop()
 
 
 @pytest.fixture

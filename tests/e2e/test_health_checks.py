@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.farm import Farm, Processes, farm_on, wait_for
+from tests.e2e.farm import Farm, Processes, running_farm, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -40,13 +40,10 @@ def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Farm, Path]
     workdir = tmp_path_factory.mktemp("health")
     markers = workdir / "markers"
     markers.mkdir()
-    farm = farm_on(config(markers), workdir)
-    farm.start()
-    try:
-        wait_for(lambda: all(d["running"] == 1 for d in farm.status().values()), 60, "replicas not up")
+    path = workdir / "config.yaml"
+    path.write_text(config(markers))
+    with running_farm(path, workdir) as farm:
         yield farm, markers
-    finally:
-        farm.stop()
 
 
 def alive(pid: int) -> bool:
