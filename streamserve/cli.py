@@ -31,7 +31,7 @@ from streamserve.health import farm_problems
 from streamserve.log_reader import DEFAULT_LINES, LogReader, parse_since
 from streamserve.messages import GoalRecord
 from streamserve.security import check_exposure
-from streamserve.settings import Settings, add_no_admin_option, add_redis_url_option
+from streamserve.settings import Settings, add_gateway_workers_option, add_no_admin_option, add_redis_url_option
 from streamserve.states import DeploymentHealth
 from streamserve.status import DeploymentStatus, StatusReader
 
@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--fresh", action="store_true", help="start the embedded Redis empty (forget its data)")
     add_no_admin_option(p)
+    add_gateway_workers_option(p, "--gateway-workers")
 
     def add_wait(p: argparse.ArgumentParser) -> None:
         p.add_argument("--wait", action="store_true", help="return once the change is done (exit 1 if it fails)")
@@ -222,7 +223,15 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     check_exposure(args.host, api_key_set=settings.api_key is not None, admin=settings.admin)
     config = load_config(args.config)
     options = UpOptions(
-        config, args.config, args.host, args.port, args.redis_port, args.redis_maxmemory, args.data_dir, args.fresh
+        config,
+        args.config,
+        args.host,
+        args.port,
+        args.redis_port,
+        args.redis_maxmemory,
+        args.data_dir,
+        args.fresh,
+        args.gateway_workers,
     )
     return Farm(settings, options).run()
 

@@ -31,6 +31,29 @@ def add_no_admin_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (anything else is a usage error, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_gateway_workers_option(parser: argparse.ArgumentParser, flag: str) -> None:
+    """``--workers N`` (gateway) or ``--gateway-workers N`` (up): gateway processes sharing the one port."""
+    parser.add_argument(
+        flag,
+        dest="gateway_workers",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="gateway processes on the one port (default 1); each has its own Redis connections and reply stream",
+    )
+
+
 class Settings(BaseSettings):
     """Everything a streamserve process may be configured with.
 

@@ -66,6 +66,8 @@ class UpOptions:
     # Where the embedded Redis keeps its data (None: DEFAULT_DATA_DIR); fresh: start it empty.
     data_dir: Path | None = None
     fresh: bool = False
+    # Gateway processes on the one port (``streamserve gateway --workers``).
+    gateway_workers: int = 1
 
 
 def _own_command() -> str:
@@ -137,7 +139,8 @@ class Farm:
         changed = asyncio.run(self._apply(url))
         env = {**os.environ, **self.settings.to_env()}
         self.scheduler = self._spawn(role_command("scheduler", "--stop-replicas-on-exit"), env)
-        self.gateway = self._spawn(role_command("gateway", "--host", opts.host, "--port", str(opts.port)), env)
+        gateway = ("--host", opts.host, "--port", str(opts.port), "--workers", str(opts.gateway_workers))
+        self.gateway = self._spawn(role_command("gateway", *gateway), env)
         gateway_url = f"http://{opts.host}:{opts.port}"
         if not self._wait_for_gateway(gateway_url):
             if self._signals:
@@ -232,7 +235,8 @@ class Farm:
         deployments = self.options.config.deployments
         lines = [
             "streamserve is up",
-            f"  gateway   {gateway_url}",
+            f"  gateway   {gateway_url}"
+            + (f"  ({self.options.gateway_workers} processes)" if self.options.gateway_workers > 1 else ""),
             f"  dashboard {gateway_url}/-/dashboard   (metrics: {gateway_url}/metrics, logs: streamserve logs NAME)",
             f"  redis     {redacted(redis_url)}" + ("  (embedded)" if self.redis else ""),
             *(

@@ -1,0 +1,98 @@
+"""``streamserve gateway --workers N``: N gateway processes on one port, each with its own reply stream; a worker
+that dies is started again; a bad N is a usage error."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from streamserve.procs import wait_until
+from tests.e2e.farm import descendants
+from tests.integration.conftest import STREAMSERVE, StartReplica, gateway_process
+
+ACCESS_PID = re.compile(rb"\[streamserve\.access (\d+)\]")
+
+
+def workers_of(supervisor: int) -> set[int]:
+    """The gateway processes uvicorn's supervisor runs (its spawned children, not multiprocessing's helpers)."""
+    return {pid for pid, argv in descendants(supervisor).items() if b"spawn_main" in argv}
+
+
+def gateway_pid(port: int) -> int:
+    """The pid of the process listening on ``port`` (uvicorn's supervisor) from /proc/net/tcp's socket inode."""
+    inode = next(
+        line.split()[9]
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+        if line.split()[1].endswith(f":{port:04X}") and line.split()[3] == "0A"
+    )
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            holds = any(
+                os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]" for fd in os.listdir(f"/proc/{pid}/fd")
+            )
+            if holds and b"spawn_main" not in Path(f"/proc/{pid}/cmdline").read_bytes():  # workers hold it too
+                return int(pid)
+        except OSError:
+            continue
+    raise AssertionError(f"nothing listens on {port}")
+
+
+async def until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """wait_until off the event loop (the test's in-process replica runs on it)."""
+    return await asyncio.to_thread(wait_until, condition, timeout_s)
+
+
+async def reply_streams(aredis: aioredis.Redis) -> int:
+    return len([k async for k in aredis.scan_iter(match="streamserve:replies:*")])
+
+
+async def test_two_workers_share_the_port_each_with_its_reply_stream(
+    start_replica: StartReplica, aredis: aioredis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    await start_replica(route_prefix="/rec")
+    with gateway_process(redis_url, tmp_path, "--workers", "2") as port:
+        supervisor = gateway_pid(port)
+        assert await until(lambda: len(workers_of(supervisor)) == 2, 20), descendants(supervisor)
+        workers = workers_of(supervisor)
+        for _ in range(100):  # each worker made its own reply stream at start
+            if await reply_streams(aredis) == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert await reply_streams(aredis) == 2
+
+        async def post_each_on_a_new_connection(count: int) -> None:
+            for i in range(count):
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                    response = await http.post("/rec", json=i)
+                    assert response.status_code == 200 and response.json()["body"] == i
+
+        await asyncio.gather(*(post_each_on_a_new_connection(25) for _ in range(8)))
+        log = b"".join(p.read_bytes() for p in tmp_path.glob("gateway-*.log"))
+        assert {int(pid) for pid in ACCESS_PID.findall(log)} == workers  # both served
+
+        # A worker that dies is started again by the supervisor, and the port keeps answering meanwhile.
+        victim = min(workers)
+        os.kill(victim, signal.SIGKILL)
+        assert await until(lambda: len(workers_of(supervisor)) == 2 and victim not in workers_of(supervisor), 30)
+        await post_each_on_a_new_connection(10)
+        workers = workers_of(supervisor)
+    # Stopping the gateway (SIGTERM to its first process) stops every worker.
+    assert await until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), 15)
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "two"])
+def test_a_bad_worker_count_is_a_usage_error(bad: str, redis_url: str) -> None:
+    env = {**os.environ, "REDIS_URL": redis_url}
+    for command in (["gateway", "--workers", bad], ["up", "examples/streamserve.yaml", "--gateway-workers", bad]):
+        done = subprocess.run([STREAMSERVE, *command], env=env, capture_output=True, text=True, timeout=30, check=False)
+        assert done.returncode == 2, done.stderr
+        assert "workers" in done.stderr and ("at least 1" in done.stderr or "not a whole number" in done.stderr)
