@@ -10,7 +10,7 @@ in-process, not by a CLI process: the autoscaling step polls it every 50 ms.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench.children import READY_TIMEOUT_S, Children, python_path
@@ -21,7 +21,11 @@ NO_JOB_WORKERS = {"STREAMSERVE_JOB_WORKERS": "0"}
 
 
 def start_farm(
-    children: Children, config_text: str, timeout_s: float = READY_TIMEOUT_S, settings: Mapping[str, str] = {}
+    children: Children,
+    config_text: str,
+    timeout_s: float = READY_TIMEOUT_S,
+    settings: Mapping[str, str] = {},
+    up_args: Sequence[str] = (),
 ) -> Farm:
     """`streamserve up` on ``config_text``, once every deployment runs its target replicas; stopped by children.
 
@@ -31,7 +35,9 @@ def start_farm(
     config = workdir / "config.yaml"
     config.write_text(config_text)
     env = {**NO_JOB_WORKERS, **settings, "PYTHONPATH": python_path()}
-    farm = children.start(Farm(config, workdir / "up.log", extra_env=env))
+    farm = Farm(config, workdir / "up.log", extra_env=env)
+    farm.extra_args = list(up_args)
+    farm = children.start(farm)
     farm.start(timeout_s)
     wait_running(farm, timeout_s)
     return farm

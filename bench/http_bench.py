@@ -30,18 +30,21 @@ BODY = orjson.dumps(NOOP_BODY)
 CONCURRENCIES = (32, 1)
 LABELS = {
     "streamserve": "streamserve gateway -> noop replica",
+    "streamserve-2": "streamserve, 2 gateway workers",
     "bare": "bare FastAPI (ceiling)",
+    "bare-2": "bare FastAPI, 2 workers",
     "celery": "FastAPI + Celery delay().get()",
 }
 
 
-def start_streamserve(children: Children) -> int:
-    return start_farm(children, NOOP_CONFIG).port
+def start_streamserve(children: Children, workers: int = 1) -> int:
+    return start_farm(children, NOOP_CONFIG, up_args=["--gateway-workers", str(workers)]).port
 
 
-def start_bare(children: Children) -> int:
+def start_bare(children: Children, workers: int = 1) -> int:
     port = free_port()
-    children.start(Child("bare-app", py("bench.bare_app", "--port", str(port)))).wait_listening(port)
+    child = Child("bare-app", py("bench.bare_app", "--port", str(port), "--workers", str(workers)))
+    children.start(child).wait_listening(port)
     return port
 
 
@@ -57,7 +60,9 @@ def start_celery(children: Children) -> int:
 
 STARTERS: dict[str, Callable[[Children], int]] = {
     "streamserve": start_streamserve,
+    "streamserve-2": lambda children: start_streamserve(children, workers=2),
     "bare": start_bare,
+    "bare-2": lambda children: start_bare(children, workers=2),
     "celery": start_celery,
 }
 
@@ -98,9 +103,11 @@ def run(opts: Options) -> Section:
         f"`POST {PATH}` with `{BODY.decode()}`; every target answers it unchanged. HTTP/1.1 keep-alive, one "
         "connection per concurrent client, closed loop; the client is one asyncio + uvloop process on this machine.",
         f"streamserve: `streamserve up`, embedded Redis, deployment `noop` = `examples.functions:noop`, 1 replica, "
-        f"max_ongoing_requests {NOOP_CONCURRENCY}, 1 gateway process.",
+        f"max_ongoing_requests {NOOP_CONCURRENCY}, 1 gateway process (2 with `--gateway-workers 2`).",
         "bare: `bench/bare_app.py`, the same work in the endpoint, on the gateway's uvicorn settings "
-        "(uvloop, httptools, 1 process, no access log).",
+        "(uvloop, httptools, 1 process or 2 workers, no access log).",
+        "The machine's cores are shared by the load generator, the gateway or app processes, the replica and "
+        "Redis: on 2 cores a second worker has little idle CPU to use, so its gain here is a floor.",
         f"FastAPI + Celery: `bench/compare/celery_app.py http`, same uvicorn settings; the endpoint awaits "
         f"`noop.delay(body).get()` in Starlette's thread pool; 1 Celery worker, thread pool of {NOOP_CONCURRENCY}; "
         "Redis broker and result backend.",
@@ -133,6 +140,10 @@ def run(opts: Options) -> Section:
             f"Throughput at c=32, streamserve / bare FastAPI: **{r:.2f}x** (target >= 0.7x: {verdict(r >= 0.7)}).",
             f"p50 at c=1, streamserve - bare FastAPI: **{diff:+.2f} ms** (target <= +0.5 ms: {verdict(diff <= 0.5)}).",
         ]
+    for one, two in (("streamserve", "streamserve-2"), ("bare", "bare-2")):
+        if one in results and two in results:
+            r = ratio(results[two][32].rps.median, results[one][32].rps.median)
+            section.verdicts.append(f"Throughput at c=32, {LABELS[two]} / 1: **{r:.2f}x** (on this machine's cores).")
     if ss and celery:
         r = ratio(ss[32].rps.median, celery[32].rps.median)
         section.verdicts.append(
