@@ -27,6 +27,7 @@ from streamserve.connection import JOB_POOL_SIZE, RedisRefusals, async_redis, sy
 from streamserve.desired import DesiredState
 from streamserve.errors import (
     BadRequestError,
+    ConfigError,
     DeadLetterError,
     NotFoundError,
     OverloadedError,
@@ -37,7 +38,7 @@ from streamserve.errors import (
 )
 from streamserve.goals import GoalStore
 from streamserve.ids import new_caller_id, new_request_id
-from streamserve.jobs import JobInfo, JobQueue
+from streamserve.jobs import JobInfo, JobQueue, jobs_redis_url
 from streamserve.jsonvalues import dumps
 from streamserve.keys import CONSUMER_GROUP
 from streamserve.messages import (
@@ -260,7 +261,11 @@ class AsyncClient:
     def _job_queue(self) -> JobQueue:
         """RQ is blocking: jobs get their own small blocking connection, used from worker threads."""
         if self._jobs is None:
-            self._jobs_redis = sync_redis(self._settings.effective_redis_url, max_connections=JOB_POOL_SIZE)
+            try:
+                url = jobs_redis_url(self._settings)
+            except ConfigError as exc:  # the farm's set-up, not the caller's request: 503 at the gateway
+                raise UnavailableError(f"asynchronous jobs are not available: {exc}") from None
+            self._jobs_redis = sync_redis(url, max_connections=JOB_POOL_SIZE)
             self._jobs = JobQueue(self._jobs_redis, self._keys, self._settings.job_result_ttl_s)
         return self._jobs
 

@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import inspect
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.exceptions import ClusterDownError, OutOfMemoryError, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from streamserve.errors import OverloadedError, RedisUnavailableError, StreamServeError
 
-# Errors worth retrying: the connection, not the command, failed.
-RETRYABLE_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, ConnectionResetError)
+# Errors worth retrying: the connection, not the command, failed; or a Redis Cluster is failing over or resharding.
+RETRYABLE_ERRORS: tuple[type[Exception], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ConnectionResetError,
+    ClusterDownError,
+    TryAgainError,
+    SlotNotCoveredError,
+)
 
 RETRY_ATTEMPTS = 5
 BACKOFF_BASE_S = 0.05
@@ -49,6 +56,9 @@ QUIET_HANDSHAKE = _quiet_handshake()
 
 JOB_POOL_SIZE = 4  # connections a client's asynchronous-job calls (RQ, blocking, on threads) open at most
 POOL_SIZE = 64
+# A Redis Cluster client's connections to each node, at most. redis-py's cluster client fails a command rather than
+# wait for a free one, so this is far above what a process uses at once.
+CLUSTER_NODE_CONNECTIONS = 1024
 # How long a command waits for a free connection before it counts as Redis being unavailable.
 POOL_WAIT_S = 20.0
 
@@ -64,14 +74,60 @@ def _options(retry: Retry | AsyncRetry) -> dict[str, Any]:
     }
 
 
+def is_cluster(url: str) -> bool:
+    """Whether the Redis at ``url`` runs in cluster mode (INFO: ``cluster_enabled:1``), asked once per process.
+
+    A Redis that cannot be asked (unreachable after the retry policy, or an ACL user denied INFO) counts as a
+    single server, as before cluster support: the process then reports the outage itself.
+    """
+    known = _CLUSTER_URLS.get(url)
+    if known is None:
+        # One try, bounded: it runs where the client is made, maybe on an event loop.
+        options = {**_options(Retry(NoBackoff(), 0)), "socket_connect_timeout": PROBE_TIMEOUT_S}
+        probe = redis.Redis.from_url(url, **{**options, "socket_timeout": PROBE_TIMEOUT_S})
+        try:
+            known = str(probe.info("cluster").get("cluster_enabled", 0)) == "1"
+        except RETRYABLE_ERRORS:
+            return False  # not remembered: a later client asks again
+        except redis.RedisError:
+            known = False  # INFO refused: only single servers are run with users that may not ask it
+        finally:
+            probe.close()
+        _CLUSTER_URLS[url] = known
+    return known
+
+
+_CLUSTER_URLS: dict[str, bool] = {}
+PROBE_TIMEOUT_S = 1.0
+
+
+def is_cluster_client(client: object) -> bool:
+    """Whether ``client`` (from async_redis or sync_redis) talks to a Redis Cluster."""
+    return isinstance(client, aioredis.RedisCluster | redis.RedisCluster)
+
+
+def _cluster_options(retry: Retry | AsyncRetry) -> dict[str, Any]:
+    """A cluster client's options: the shared ones, with the retry policy applied by the cluster client itself
+    (which also follows MOVED and ASK redirections and re-reads the slot map after a failover)."""
+    options = _options(retry)
+    del options["retry_on_error"]  # the cluster client retries its own ERRORS_ALLOW_RETRY
+    return {**options, "max_connections": CLUSTER_NODE_CONNECTIONS}
+
+
 def async_redis(url: str, *, max_connections: int = POOL_SIZE) -> aioredis.Redis:
     """An asyncio client (bytes replies) with the shared retry policy.
 
     The pool blocks when all its connections are busy: redis-py's default
     pool raises instead, which would fail a caller that merely has many
     requests in flight.
+
+    On a Redis Cluster it is a ``RedisCluster``, typed as ``Redis``: it takes the same commands, routed by key
+    (every deployment's keys share one hash tag, the farm-wide ones another, see keys.py).
     """
     backoff = ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S)
+    if is_cluster(url):
+        cluster = aioredis.RedisCluster.from_url(url, **_cluster_options(AsyncRetry(backoff, RETRY_ATTEMPTS)))
+        return cast(aioredis.Redis, cluster)
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=POOL_WAIT_S, **_options(AsyncRetry(backoff, RETRY_ATTEMPTS))
     )
@@ -83,7 +139,10 @@ def sync_redis(url: str, *, max_connections: int | None = None) -> redis.Redis:
 
     With ``max_connections``, a thread that finds them all busy waits for one (up to POOL_WAIT_S).
     """
-    options = _options(Retry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS))
+    retry = Retry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS)
+    if is_cluster(url):
+        return cast(redis.Redis, redis.RedisCluster.from_url(url, **_cluster_options(retry)))
+    options = _options(retry)
     if max_connections is None:
         return redis.Redis.from_url(url, **options)
     pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=POOL_WAIT_S, **options)

@@ -26,7 +26,7 @@ from streamserve.config import (
 from streamserve.errors import ConfigError, ConflictError, NotFoundError
 from streamserve.goals import GoalStore, new_goal
 from streamserve.keys import ConfigKey, Keys
-from streamserve.longpoll import publish_change
+from streamserve.longpoll import announce, bump_snapshot_id
 from streamserve.messages import now_ms, text
 from streamserve.security import ImportAllowList
 
@@ -251,11 +251,15 @@ class DesiredState:
                         pipe.hdel(ekey, *diff.endpoints_removed)
                     for goal in goals.values():
                         self._goals.stage(pipe, goal)
+                    changed = []
                     if diff.deployments_changed or diff.deployments_removed:
-                        publish_change(pipe, self._keys, ConfigKey.DEPLOYMENTS)
+                        changed.append(ConfigKey.DEPLOYMENTS)
                     if diff.endpoints_changed or diff.endpoints_removed:
-                        publish_change(pipe, self._keys, ConfigKey.ENDPOINTS)
+                        changed.append(ConfigKey.ENDPOINTS)
+                    for config_key in changed:
+                        bump_snapshot_id(pipe, self._keys, config_key)
                     await pipe.execute()
+                    await announce(self._redis, self._keys, *changed)
                     written = diff.endpoints_changed + diff.endpoints_removed
                     return Applied({name: goal.goal_id for name, goal in goals.items()}, written)
                 except WatchError:

@@ -24,9 +24,11 @@ from rq.job import Job
 from rq.job import JobStatus as RQJobStatus
 from rq.serializers import JSONSerializer
 
-from streamserve.errors import NotFoundError, ProtocolError
+from streamserve.connection import is_cluster, redacted
+from streamserve.errors import ConfigError, NotFoundError, ProtocolError
 from streamserve.keys import Keys
 from streamserve.procs import is_running, process_ref
+from streamserve.settings import Settings
 from streamserve.states import JobStatus
 
 # What RQ workers import and run, by dotted path (a string, so enqueueing imports no client code).
@@ -83,6 +85,27 @@ class JobInfo:
         if self.error is not None:
             body["error"] = self.error
         return body
+
+
+def jobs_redis_url(settings: Settings) -> str:
+    """The Redis RQ keeps jobs in: ``STREAMSERVE_JOBS_REDIS_URL``, else the farm's.
+
+    ConfigError, naming the fix, when that is a Redis Cluster: one RQ call touches keys of many job ids, which a
+    cluster refuses (CROSSSLOT). Processes that run jobs ask at start, so that the refusal comes then.
+    """
+    url = settings.jobs_redis_url or settings.effective_redis_url
+    if not is_cluster(url):
+        return url
+    if settings.jobs_redis_url:
+        raise ConfigError(
+            f"STREAMSERVE_JOBS_REDIS_URL ({redacted(url)}) is a Redis Cluster; asynchronous jobs need a single "
+            "Redis server there (RQ's keys span cluster slots)"
+        )
+    raise ConfigError(
+        f"the farm's Redis ({redacted(url)}) is a Redis Cluster, where asynchronous jobs cannot live (RQ's keys "
+        "span cluster slots): set STREAMSERVE_JOBS_REDIS_URL to a single Redis server for them (e.g. "
+        "redis://jobs-redis:6379/0), or STREAMSERVE_JOB_WORKERS=0 to run without asynchronous jobs"
+    )
 
 
 class JobQueue:

@@ -2,7 +2,11 @@
 
 This is the only module that knows the key layout. Each deployment's keys
 share the ``{name}`` hash tag so that they land in one Redis Cluster slot and
-one Lua script may name several of them.
+one Lua script may name several of them. The farm-wide keys share the
+``{prefix}`` tag, so that one transaction may write several of them (a deploy
+writes the deployments, the goals and the snapshot ids together); on a
+cluster, the farm's deployments spread over the masters by name, and the
+reply streams (untagged) by caller.
 """
 
 from __future__ import annotations
@@ -39,39 +43,48 @@ class Keys:
 
     prefix: str = DEFAULT_PREFIX
 
-    # -- global keys ---------------------------------------------------------
+    # -- farm-wide keys (all share the {prefix} hash tag) ----------------------
+
+    def _farm(self, suffix: str) -> str:
+        return f"{{{self.prefix}}}:{suffix}"
+
+    def legacy_farm_keys(self) -> dict[str, str]:
+        """Old name -> current name of the farm-wide keys that outlive a restart, as releases before the hash tag
+        named them (``streamserve:deployments``); see key_migration."""
+        kept = ("deployments", "endpoints", "snapshot_ids", "deployment_status", "autoscaling", "goals")
+        return {f"{self.prefix}:{suffix}": self._farm(suffix) for suffix in kept}
 
     def deployments(self) -> str:
         """Hash: deployment name -> desired DeploymentConfig as JSON."""
-        return f"{self.prefix}:deployments"
+        return self._farm("deployments")
 
     def endpoints(self) -> str:
         """Hash: endpoint name -> EndpointConfig as JSON."""
-        return f"{self.prefix}:endpoints"
+        return self._farm("endpoints")
 
     def snapshot_ids(self) -> str:
         """Hash: config key (see ConfigKey) -> snapshot id, bumped on every change."""
-        return f"{self.prefix}:snapshot_ids"
+        return self._farm("snapshot_ids")
 
     def config_channel(self) -> str:
         """Pub/sub channel: each message is the ConfigKey that just changed."""
-        return f"{self.prefix}:config"
+        return self._farm("config")
 
     def scheduler_lock(self) -> str:
         """String with expiry: the id of the scheduler that currently leads."""
-        return f"{self.prefix}:scheduler:leader"
+        return self._farm("scheduler:leader")
 
     def deployment_status(self) -> str:
         """Hash: deployment name -> DeploymentHealthRecord JSON, written only by the scheduler."""
-        return f"{self.prefix}:deployment_status"
+        return self._farm("deployment_status")
 
     def autoscaling(self) -> str:
         """Hash: deployment name -> AutoscaleRecord JSON (the replica count autoscaling decided), scheduler only."""
-        return f"{self.prefix}:autoscaling"
+        return self._farm("autoscaling")
 
     def goals(self) -> str:
         """Hash: goal id -> GoalRecord JSON; the scheduler completes and prunes them."""
-        return f"{self.prefix}:goals"
+        return self._farm("goals")
 
     def replicas_pattern(self) -> str:
         """SCAN pattern matching every deployment's replicas hash."""

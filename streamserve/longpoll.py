@@ -1,7 +1,9 @@
 """Long poll over pub/sub with snapshot ids.
 
-A writer stores a config value, bumps that key's snapshot id and publishes the
-key's name, all in one MULTI (see ``publish_change``). A subscriber keeps the
+A writer stores a config value and bumps that key's snapshot id in one MULTI
+(``bump_snapshot_id``), then publishes the key's name (``announce``: PUBLISH
+may not sit in a Redis Cluster transaction, and after EXEC a subscriber that
+hears it is sure to read the new id). A subscriber keeps the
 ids it has seen; on start, on every (re)subscribe and every
 ``resync_interval_s`` it re-reads the ids and reports the keys whose id moved.
 Pub/sub is at-most-once; the ids make a missed message harmless.
@@ -31,10 +33,15 @@ OnChange = Callable[[set[str]], Awaitable[None]]
 EVERYTHING = "*"
 
 
-def publish_change(pipe: Pipeline, keys: Keys, config_key: str) -> None:
-    """Queue 'bump the snapshot id, then announce it' on a MULTI pipeline that also writes the value."""
+def bump_snapshot_id(pipe: Pipeline, keys: Keys, config_key: str) -> None:
+    """Queue the snapshot id's bump on the MULTI pipeline that writes the value; ``announce`` it after EXEC."""
     pipe.hincrby(keys.snapshot_ids(), config_key, 1)
-    pipe.publish(keys.config_channel(), config_key)
+
+
+async def announce(redis: aioredis.Redis, keys: Keys, *config_keys: str) -> None:
+    """Tell the subscribers that these config keys' snapshot ids moved (one PUBLISH each)."""
+    for config_key in config_keys:
+        await redis.publish(keys.config_channel(), config_key)
 
 
 class LongPollSubscriber:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import hiredis
@@ -27,6 +27,8 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
+from streamserve.cluster_routing import ClusterBlockingReader, ClusterRoundTrip, read_reply
+from streamserve.connection import is_cluster_client
 from streamserve.messages import Fields, StreamBatches
 
 # One raw Redis command, e.g. ``("XACK", stream, group, entry_id)``.
@@ -50,6 +52,10 @@ class Pipeliner:
         # timeout context and its metrics hooks each time. A round trip that starts while another holds it takes one
         # from the pool.
         self._kept: AbstractConnection | None = None
+        # On a Redis Cluster, a turn's commands go to the masters of their keys (cluster_routing).
+        self._send_commands: Callable[[list[Command]], Awaitable[list[Any]]] = (
+            ClusterRoundTrip(redis) if is_cluster_client(redis) else self._round_trip  # type: ignore[arg-type]
+        )
 
     def execute(self, *commands: Command) -> asyncio.Future[list[Any]]:
         """Queue ``commands`` for this turn's round trip; the future holds their replies."""
@@ -74,7 +80,7 @@ class Pipeliner:
     async def _send(self) -> None:
         batch, self._queued = self._queued, []
         try:
-            replies = await self._round_trip([command for commands, _ in batch for command in commands])
+            replies = await self._send_commands([command for commands, _ in batch for command in commands])
         except BaseException as exc:
             for _, future in batch:
                 if not future.done():
@@ -102,7 +108,7 @@ class Pipeliner:
             try:
                 async with asyncio.timeout(connection.socket_timeout):
                     await connection.send_packed_command(packed)
-                    return [await _read_reply(connection) for _ in commands]
+                    return [await read_reply(connection) for _ in commands]
             except TimeoutError as exc:
                 await connection.disconnect(nowait=True)
                 raise RedisTimeoutError(f"no reply from Redis within {connection.socket_timeout}s") from exc
@@ -132,14 +138,6 @@ class Pipeliner:
             await self._redis.connection_pool.release(connection)
 
 
-async def _read_reply(connection: AbstractConnection) -> Any:
-    """One reply; an error reply (the command failed in Redis) is returned, not raised."""
-    try:
-        return await connection.read_response(timeout=math.inf)  # bounded by exchange()'s timeout
-    except ResponseError as exc:
-        return exc
-
-
 class BlockingReader:
     """Runs one blocking stream read at a time (XREAD or XREADGROUP with BLOCK) on a connection it keeps.
 
@@ -149,7 +147,8 @@ class BlockingReader:
     """
 
     def __init__(self, redis: aioredis.Redis) -> None:
-        self._pool = redis.connection_pool
+        self._cluster = ClusterBlockingReader(redis) if is_cluster_client(redis) else None  # type: ignore[arg-type]
+        self._pool = None if self._cluster is not None else redis.connection_pool
         self._connection: AbstractConnection | None = None
 
     async def read(self, command: Command, block_ms: int, before: Command | None = None) -> StreamBatches:
@@ -158,8 +157,10 @@ class BlockingReader:
         ``before``: a command sent ahead of the read in the same write (its reply, even an error, is
         dropped), so that upkeep such as trimming costs no round trip of its own.
         """
+        if self._cluster is not None:
+            return _batches(await self._cluster.read_raw(command, block_ms, before))
         if self._connection is None:
-            self._connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+            self._connection = await self._pool.get_connection()  # type: ignore[union-attr]
         connection = self._connection
         # The reply is due within BLOCK; the socket timeout on top, as redis-py would allow a blocking read.
         limit_s = block_ms / 1000 + (connection.socket_timeout or 0)
@@ -170,7 +171,7 @@ class BlockingReader:
                     await connection.send_packed_command(packed)
                 else:
                     await connection.send_packed_command(hiredis.pack_command(before) + packed)  # type: ignore[arg-type]
-                    await _read_reply(connection)
+                    await read_reply(connection)
                 reply = await connection.read_response(timeout=math.inf)
         except ResponseError:
             raise  # the command failed (e.g. NOGROUP); the connection is fine
@@ -179,15 +180,23 @@ class BlockingReader:
             if isinstance(exc, TimeoutError):
                 raise RedisTimeoutError(f"no reply from Redis within {limit_s:g}s") from exc
             raise
-        by_stream = reply.items() if isinstance(reply, dict) else reply or ()  # RESP3: a map; RESP2: pairs
-        return [(stream, [(entry_id, _pairs(fields)) for entry_id, fields in entries]) for stream, entries in by_stream]
+        return _batches(reply)
 
     async def aclose(self) -> None:
         """Give the connection back (disconnected: a read may still be running on it)."""
+        if self._cluster is not None:
+            await self._cluster.aclose()
+            return
         connection, self._connection = self._connection, None
         if connection is not None:
             await connection.disconnect(nowait=True)
-            await self._pool.release(connection)
+            await self._pool.release(connection)  # type: ignore[union-attr]
+
+
+def _batches(reply: Any) -> StreamBatches:
+    """A stream read's raw reply as entries by stream."""
+    by_stream = reply.items() if isinstance(reply, dict) else reply or ()  # RESP3: a map; RESP2: pairs
+    return [(stream, [(entry_id, _pairs(fields)) for entry_id, fields in entries]) for stream, entries in by_stream]
 
 
 def _pairs(flat: list[bytes] | None) -> Fields:

@@ -112,6 +112,10 @@ class Settings(BaseSettings):
     # How long a finished or failed job keeps its status and result in Redis.
     job_result_ttl_s: int = Field(3600, ge=1)
 
+    # Where RQ keeps asynchronous jobs; unset: the farm's Redis. Required when that is a Redis Cluster (RQ's keys
+    # span slots): a single Redis (streamserve.jobs.jobs_redis_url).
+    jobs_redis_url: str | None = None
+
     # The `streamserve up` that runs this farm ("PID:START", set by `up` itself): its replicas leave when it is gone.
     supervisor: str | None = None
 
@@ -208,6 +212,8 @@ class Settings(BaseSettings):
         }
         if self.import_allow is not None:
             env["STREAMSERVE_IMPORT_ALLOW"] = self.import_allow
+        if self.jobs_redis_url is not None:
+            env["STREAMSERVE_JOBS_REDIS_URL"] = self.jobs_redis_url
         if self.gpus is not None:
             env["STREAMSERVE_GPUS"] = self.gpus
         if self.supervisor is not None:

@@ -30,6 +30,7 @@ from streamserve.embedded_redis import EmbeddedRedis
 from streamserve.errors import StreamServeError
 from streamserve.goals import GoalStore
 from streamserve.ids import ReplicaID
+from streamserve.jobs import jobs_redis_url
 from streamserve.messages import GoalRecord, ReplicaRecord
 from streamserve.procs import (
     die_with_parent,
@@ -131,6 +132,8 @@ class Farm:
             self.settings = self.settings.model_copy(update={"redis_url": self.redis.url})
         elif self.settings.check_redis and (lines := redis_problems(self.settings.effective_redis_url)):
             print(f"warning: {warning_text(self.settings.effective_redis_url, lines)}", file=sys.stderr, flush=True)
+        if self.settings.job_workers:
+            jobs_redis_url(self.settings)  # on a Redis Cluster, refused now, naming the fix
         # Replicas watch this process: killed with -9, it cannot stop them, so they leave by themselves.
         # The Redis is checked (the embedded one keeps everything): the processes started here need not warn.
         update = {"supervisor": process_ref(os.getpid()), "check_redis": False}

@@ -13,6 +13,7 @@ from streamserve.embedded_redis import EmbeddedRedis
 from streamserve.procs import free_port
 from streamserve.settings import Settings
 from tests.e2e.farm import Processes
+from tests.redis_cluster import LocalRedisCluster
 
 
 @pytest.fixture(scope="session")
@@ -60,3 +61,20 @@ def processes(redis_url: str, tmp_path: Path) -> Iterator[Processes]:
         yield procs
     finally:
         procs.stop_all()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalRedisCluster]:
+    """One 3-master Redis Cluster for the whole session (tests/redis_cluster.py), on free loopback ports."""
+    with LocalRedisCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: LocalRedisCluster) -> Iterator[str]:
+    """The cluster's URL (one node's), every master flushed before and after each test."""
+    redis_cluster.flushall()
+    try:
+        yield redis_cluster.url
+    finally:
+        redis_cluster.flushall()

@@ -30,7 +30,7 @@ import redis
 
 from streamserve.backoff import Backoff
 from streamserve.connection import sync_redis
-from streamserve.jobs import JobQueue, local_worker_gone
+from streamserve.jobs import JobQueue, jobs_redis_url, local_worker_gone
 from streamserve.procs import die_with_parent, role_command
 from streamserve.settings import Settings
 
@@ -111,7 +111,7 @@ class JobWorkerPool:
     def _fail_abandoned(self) -> None:
         """Fail the started jobs of workers of this host that are gone (on a thread: RQ blocks)."""
         if self._jobs is None:
-            connection = sync_redis(self._settings.effective_redis_url)
+            connection = sync_redis(jobs_redis_url(self._settings))
             self._jobs = JobQueue(connection, self._settings.keys, self._settings.job_result_ttl_s)
         try:
             failed = self._jobs.fail_abandoned(local_worker_gone)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 
 from streamserve.connection import async_redis
+from streamserve.jobs import jobs_redis_url
 from streamserve.logs import start_process
 from streamserve.procs import on_stop_signals
 from streamserve.scheduler.job_pool import JobWorkerPool
@@ -46,5 +47,7 @@ async def run(settings: Settings, stop_replicas_on_exit: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args, settings = start_process(build_parser(), argv)
+    if settings.job_workers:
+        jobs_redis_url(settings)  # refused now (ConfigError, exit 2) rather than by every job worker it would start
     asyncio.run(run(settings, args.stop_replicas_on_exit))
     return 0

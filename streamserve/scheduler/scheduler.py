@@ -14,6 +14,7 @@ from streamserve.config import DeploymentConfig
 from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.desired import DesiredState
 from streamserve.errors import ProtocolError
+from streamserve.key_migration import migrate_farm_keys
 from streamserve.messages import Heartbeat, now_ms
 from streamserve.metrics.history import MetricsHistory
 from streamserve.resources import GpuAllocator, host_gpus, host_memory_bytes, overcommit
@@ -113,6 +114,7 @@ class Scheduler:
     async def _adopt(self) -> None:
         """Take over whatever replicas Redis records, instead of starting duplicates, and the autoscaled counts."""
         self._states.clear()
+        await migrate_farm_keys(self._redis, self._keys)
         self._gpus = GpuAllocator(self._gpus.devices)  # the adopted records say who holds which device
         if self._gpus.devices:
             logger.info("scheduler: GPUs on this host: %s", ", ".join(self._gpus.devices))

@@ -8,7 +8,7 @@ import redis.asyncio as aioredis
 
 from streamserve.errors import ProtocolError
 from streamserve.keys import ConfigKey, Keys
-from streamserve.longpoll import publish_change
+from streamserve.longpoll import announce, bump_snapshot_id
 from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, ReplicaRecord, text
 
 logger = logging.getLogger(__name__)
@@ -36,8 +36,9 @@ class RedisReplicaStore:
     async def save_health(self, deployment: str, record: DeploymentHealthRecord) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(self._keys.deployment_status(), deployment, record.encode())
-            publish_change(pipe, self._keys, ConfigKey.DEPLOYMENT_STATUS)
+            bump_snapshot_id(pipe, self._keys, ConfigKey.DEPLOYMENT_STATUS)
             await pipe.execute()
+        await announce(self._redis, self._keys, ConfigKey.DEPLOYMENT_STATUS)
 
     async def save_autoscale(self, deployment: str, record: AutoscaleRecord | None) -> None:
         """Keep the autoscaled count (None: autoscaling was turned off, forget it), and add each decision to the
@@ -45,7 +46,8 @@ class RedisReplicaStore:
         if record is None:
             await self._redis.hdel(self._keys.autoscaling(), deployment)
             return
-        async with self._redis.pipeline(transaction=True) as pipe:
+        # Two slots on a Redis Cluster (farm-wide hash, deployment's stream): no transaction; the list is a log.
+        async with self._redis.pipeline(transaction=False) as pipe:
             pipe.hset(self._keys.autoscaling(), deployment, record.encode())
             pipe.xadd(
                 self._keys.autoscale_decisions(deployment),
@@ -96,10 +98,15 @@ class RedisReplicaStore:
         return dict(zip(names, results, strict=True))
 
     async def forget_deployment(self, deployment: str) -> None:
-        """Drop every key of a deleted deployment whose replicas are all gone."""
+        """Drop every key of a deleted deployment whose replicas are all gone.
+
+        Its own keys go first (one slot), then its entries in the farm-wide hashes (another slot on a cluster):
+        a scheduler that dies in between finds the deployment still listed and forgets it again.
+        """
+        await self._redis.delete(*self._keys.deployment_keys(deployment))
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(*self._keys.deployment_keys(deployment))
             pipe.hdel(self._keys.deployment_status(), deployment)
             pipe.hdel(self._keys.autoscaling(), deployment)
-            publish_change(pipe, self._keys, ConfigKey.DEPLOYMENT_STATUS)
+            bump_snapshot_id(pipe, self._keys, ConfigKey.DEPLOYMENT_STATUS)
             await pipe.execute()
+        await announce(self._redis, self._keys, ConfigKey.DEPLOYMENT_STATUS)

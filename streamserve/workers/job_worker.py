@@ -16,7 +16,7 @@ from rq.worker import SimpleWorker
 
 from streamserve import job_function
 from streamserve.connection import sync_redis
-from streamserve.jobs import JOB_SERIALIZER, JobQueue, job_worker_name
+from streamserve.jobs import JOB_SERIALIZER, JobQueue, job_worker_name, jobs_redis_url
 from streamserve.logs import start_process
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     _args, settings = start_process(build_parser(), argv)
-    connection = sync_redis(settings.effective_redis_url)
+    connection = sync_redis(jobs_redis_url(settings))
     queue = JobQueue(connection, settings.keys, settings.job_result_ttl_s).queue
     job_function.configure(settings)
     worker = SimpleWorker(

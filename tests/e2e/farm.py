@@ -215,9 +215,11 @@ def farm_on(config_text: str, workdir: Path) -> Farm:
 
 
 @contextlib.contextmanager
-def running_farm(config: Path, log_dir: Path) -> Iterator[Farm]:
+def running_farm(
+    config: Path, log_dir: Path, redis_url: str | None = None, extra_env: Mapping[str, str] = FAST_HEARTBEATS
+) -> Iterator[Farm]:
     """``streamserve up CONFIG`` with every replica running at its target; stopped (and cleaned up) on exit."""
-    farm = Farm(config, log_dir / "up.log")
+    farm = Farm(config, log_dir / "up.log", redis_url=redis_url, extra_env=extra_env)
     farm.start()
     try:
         wait_for(lambda: all(d["running"] == d["target"] for d in farm.status().values()), 60, "replicas not up")

@@ -49,13 +49,13 @@ def test_a_farm_with_a_custom_prefix_serves_and_writes_only_keys_under_it(tmp_pa
         with redis.Redis.from_url(farm.effective_redis_url) as r:
             keys = sorted(k.decode() for k in r.scan_iter(count=1000))
             channels = sorted(c.decode() for c in r.pubsub_channels())
-        assert [k for k in keys if not k.startswith((f"{PREFIX}:", "rq:"))] == []
-        assert [k for k in keys if "streamserve:" in k] == []
+        assert [k for k in keys if not k.startswith((f"{PREFIX}:", f"{{{PREFIX}}}:", "rq:"))] == []
+        assert [k for k in keys if k.startswith(("streamserve:", "{streamserve}"))] == []
         expected = {
-            f"{PREFIX}:deployments",
-            f"{PREFIX}:endpoints",
-            f"{PREFIX}:scheduler:leader",
-            f"{PREFIX}:deployment_status",
+            f"{{{PREFIX}}}:deployments",
+            f"{{{PREFIX}}}:endpoints",
+            f"{{{PREFIX}}}:scheduler:leader",
+            f"{{{PREFIX}}}:deployment_status",
             f"{PREFIX}:{{noop}}:requests",
             f"{PREFIX}:{{noop}}:replicas",
             f"{PREFIX}:{{noop}}:heartbeats",
@@ -63,7 +63,7 @@ def test_a_farm_with_a_custom_prefix_serves_and_writes_only_keys_under_it(tmp_pa
             f"rq:finished:{PREFIX}:jobs",
         }
         assert expected <= set(keys), sorted(expected - set(keys))
-        assert f"{PREFIX}:config" in channels  # besides RQ's own rq:pubsub:<worker> channels
-        assert [c for c in channels if not c.startswith((f"{PREFIX}:", "rq:"))] == []
+        assert f"{{{PREFIX}}}:config" in channels  # besides RQ's own rq:pubsub:<worker> channels
+        assert [c for c in channels if not c.startswith((f"{{{PREFIX}}}:", "rq:"))] == []
     finally:
         farm.stop()

@@ -81,7 +81,7 @@ def test_redis_cli_shows_streams_group_replicas_and_deployments(farm: Farm) -> N
 
     groups = cli("XINFO", "GROUPS", "streamserve:{echo}:requests")
     assert "replicas" in groups
-    deployments = cli("HGET", "streamserve:deployments", "echo")
+    deployments = cli("HGET", "{streamserve}:deployments", "echo")
     assert orjson.loads(deployments)["import_path"] == "examples.echo:Echo"
     replicas = cli("HGETALL", "streamserve:{echo}:replicas")
     assert '"state":"RUNNING"' in replicas

@@ -44,7 +44,7 @@ def endpoint_in_status(capsys: pytest.CaptureFixture[str], redis_url: str) -> di
 
 
 def endpoint_in_redis(redis_url: str, settings: Settings) -> dict[str, Any]:
-    """``HGET streamserve:endpoints classify``, as redis-cli would show it."""
+    """``HGET {streamserve}:endpoints classify``, as redis-cli would show it."""
     with redis.Redis.from_url(redis_url) as r:
         raw = r.hget(settings.keys.endpoints(), "classify")
     assert raw is not None

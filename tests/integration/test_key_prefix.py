@@ -84,17 +84,17 @@ async def test_a_custom_key_prefix_serves_and_every_key_starts_with_it(
     await Scheduler(settings, aredis, FakeLauncher()).tick()
 
     channels = sorted(text(c) for c in await aredis.pubsub_channels())
-    assert channels and all(c.startswith(f"{PREFIX}:") for c in channels), channels
+    assert channels and all(c.startswith(f"{{{PREFIX}}}:") for c in channels), channels
 
     keys = sorted(text(k) for k in await aredis.keys("*"))
-    assert [k for k in keys if not k.startswith((f"{PREFIX}:", "rq:"))] == []
-    assert [k for k in keys if "streamserve:" in k] == []
+    assert [k for k in keys if not k.startswith((f"{PREFIX}:", f"{{{PREFIX}}}:", "rq:"))] == []
+    assert [k for k in keys if k.startswith(("streamserve:", "{streamserve}"))] == []
     expected = {
-        f"{PREFIX}:deployments",
-        f"{PREFIX}:endpoints",
-        f"{PREFIX}:snapshot_ids",
-        f"{PREFIX}:goals",
-        f"{PREFIX}:deployment_status",
+        f"{{{PREFIX}}}:deployments",
+        f"{{{PREFIX}}}:endpoints",
+        f"{{{PREFIX}}}:snapshot_ids",
+        f"{{{PREFIX}}}:goals",
+        f"{{{PREFIX}}}:deployment_status",
         f"{PREFIX}:{{rec}}:requests",
         f"{PREFIX}:{{rec}}:heartbeats",
         f"{PREFIX}:{{rec}}:replicas",

@@ -7,15 +7,16 @@ import asyncio
 import redis.asyncio as aioredis
 
 from streamserve.keys import ConfigKey, Keys
-from streamserve.longpoll import EVERYTHING, LongPollSubscriber, publish_change
+from streamserve.longpoll import EVERYTHING, LongPollSubscriber, announce, bump_snapshot_id
 
 KEYS = Keys()
 
 
 async def change(redis: aioredis.Redis, key: str) -> None:
     async with redis.pipeline(transaction=True) as pipe:
-        publish_change(pipe, KEYS, key)
+        bump_snapshot_id(pipe, KEYS, key)
         await pipe.execute()
+    await announce(redis, KEYS, key)
 
 
 async def wait_until(condition: object, timeout_s: float = 10.0) -> None:

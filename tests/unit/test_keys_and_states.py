@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+from redis.crc import key_slot
 
 from streamserve.errors import ProtocolError
 from streamserve.ids import ReplicaID
@@ -20,6 +21,19 @@ def test_deployment_keys_share_a_hash_tag() -> None:
     assert all("{echo}" in k for k in tagged)
     assert keys.requests("echo") == "streamserve:{echo}:requests"
     assert keys.deployment_of_replicas_key(keys.replicas("my-model_2")) == "my-model_2"
+
+
+def test_each_deployment_is_one_cluster_slot_and_the_farm_wide_keys_another() -> None:
+    keys = Keys()
+    assert {key_slot(k.encode()) for k in keys.deployment_keys("echo")} == {key_slot(b"echo")}
+    farm_wide = [keys.deployments(), keys.endpoints(), keys.snapshot_ids(), keys.goals(), keys.deployment_status()]
+    farm_wide += [keys.autoscaling(), keys.scheduler_lock()]
+    assert {key_slot(k.encode()) for k in farm_wide} == {key_slot(b"streamserve")}
+    assert keys.deployments() == "{streamserve}:deployments"
+    assert Keys("acme").legacy_farm_keys()["acme:deployments"] == "{acme}:deployments"
+    # Deployments, and callers' reply streams, spread over the slots by name.
+    assert len({key_slot(keys.requests(f"d{i}").encode()) for i in range(20)}) == 20
+    assert len({key_slot(keys.reply_stream(f"caller{i}").encode()) for i in range(20)}) == 20
 
 
 def test_only_keys_module_spells_the_prefix() -> None:

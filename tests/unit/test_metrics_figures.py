@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import redis.asyncio as aioredis
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from streamserve.connection import RETRYABLE_ERRORS, async_redis
+from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.keys import Keys
 from streamserve.metrics.definitions import BATCH_SIZE, HANDLED, REQUEST_DURATION, REQUESTS
 from streamserve.metrics.exposition import _Families, families
@@ -98,7 +99,7 @@ def test_gauges_come_from_the_status_and_every_state_is_shown() -> None:
 
 
 async def test_a_flush_that_fails_keeps_its_figures_for_the_next_one() -> None:
-    redis = async_redis("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    redis = aioredis.Redis.from_url("redis://127.0.0.1:1/0")  # nothing listens on port 1
     figures = Figures()
     figures.count("a", REQUESTS, "200")
     try:

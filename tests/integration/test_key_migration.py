@@ -1,0 +1,38 @@
+"""A farm kept by an older release (farm-wide keys without the ``{prefix}`` hash tag) comes back whole on upgrade."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from streamserve.desired import DesiredState
+from streamserve.procs import wait_until
+from streamserve.scheduler.scheduler import Scheduler
+from streamserve.settings import Settings
+from tests.integration.conftest import deploy
+from tests.unit.test_deployment_state import FakeLauncher
+
+
+async def test_the_scheduler_renames_an_old_farms_keys_and_serves_its_deployments(
+    settings: Settings, aredis: aioredis.Redis
+) -> None:
+    await deploy(settings, num_replicas=1)
+    # What the release before the hash tag left in Redis: the same hashes under the old names.
+    for old, new in settings.keys.legacy_farm_keys().items():
+        if await aredis.exists(new):
+            await aredis.rename(new, old)
+    assert await aredis.exists("streamserve:deployments")
+    assert not await aredis.exists(settings.keys.deployments())
+
+    launcher = FakeLauncher()
+    scheduler = Scheduler(settings, aredis, launcher)
+    running = asyncio.create_task(scheduler.run())
+    try:
+        await asyncio.to_thread(wait_until, lambda: scheduler.ticks >= 1, 10)
+    finally:
+        scheduler.should_exit.set()
+        await asyncio.wait_for(running, 10)
+    assert not await aredis.exists("streamserve:deployments")
+    assert (await DesiredState(aredis, settings.keys).get("rec")).num_replicas == 1
+    assert len(launcher.alive) == 1  # and its replica was started, as before the upgrade
