@@ -26,7 +26,7 @@ from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseErr
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
-from streamserve.connection import BACKOFF_BASE_S, BACKOFF_CAP_S, RETRY_ATTEMPTS, RETRYABLE_ERRORS
+from streamserve.connection import BACKOFF_BASE_S, BACKOFF_CAP_S, RETRY_ATTEMPTS, RETRYABLE_ERRORS, refresh_cluster_map
 
 Command = tuple[EncodableT, ...]
 
@@ -73,7 +73,7 @@ class ClusterRouter:
 
     async def refresh(self) -> None:
         """Re-read the slot map (after MOVED, a lost node, or CLUSTERDOWN)."""
-        await self.cluster.nodes_manager.initialize()
+        await refresh_cluster_map(self.cluster)  # type: ignore[arg-type]
 
     async def pause(self, attempt: int) -> None:
         await asyncio.sleep(self._backoff.compute(attempt))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from types import TracebackType
 from typing import Any, cast
@@ -104,6 +105,14 @@ PROBE_TIMEOUT_S = 1.0
 def is_cluster_client(client: object) -> bool:
     """Whether ``client`` (from async_redis or sync_redis) talks to a Redis Cluster."""
     return isinstance(client, aioredis.RedisCluster | redis.RedisCluster)
+
+
+async def refresh_cluster_map(client: aioredis.Redis) -> None:
+    """After a lost connection on a Redis Cluster, re-read which master owns which slot (a failover may have
+    moved them). Commands do this by themselves; a pub/sub subscription, which is not a command, needs it."""
+    if isinstance(client, aioredis.RedisCluster):
+        with contextlib.suppress(*RETRYABLE_ERRORS, redis.RedisClusterException):
+            await client.nodes_manager.initialize()
 
 
 def _cluster_options(retry: Retry | AsyncRetry) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from streamserve.backoff import Backoff
-from streamserve.connection import RETRYABLE_ERRORS
+from streamserve.connection import RETRYABLE_ERRORS, refresh_cluster_map
 from streamserve.keys import Keys
 from streamserve.messages import text
 
@@ -105,6 +105,7 @@ class LongPollSubscriber:
                 delay = backoff.next()
                 logger.warning("config subscription lost (%s); reconnecting in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
+                await refresh_cluster_map(self._redis)
             finally:
                 with contextlib.suppress(*RETRYABLE_ERRORS):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]

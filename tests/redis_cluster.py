@@ -33,11 +33,13 @@ def redis_cli_binary() -> str:
 
 
 class LocalRedisCluster:
-    """``MASTERS`` redis-servers in cluster mode on 127.0.0.1, no replicas; use as a context manager."""
+    """``masters`` redis-servers in cluster mode on 127.0.0.1, each with ``replicas`` replicas (which take over
+    when their master fails); use as a context manager."""
 
-    def __init__(self, masters: int = MASTERS) -> None:
+    def __init__(self, masters: int = MASTERS, replicas: int = 0) -> None:
+        self.replicas = replicas
         self.ports: list[int] = []
-        while len(self.ports) < masters:
+        while len(self.ports) < masters * (1 + replicas):
             self.ports.append(_free_node_port(exclude=self.ports))
         self._dir = tempfile.TemporaryDirectory(prefix="streamserve-cluster-")
         self._procs: list[subprocess.Popen[bytes]] = []
@@ -62,8 +64,9 @@ class LocalRedisCluster:
                 if not answered or proc.poll() is not None:
                     raise RuntimeError(f"cluster node on port {port} did not start (is the port or its bus in use?)")
             nodes = [f"127.0.0.1:{port}" for port in self.ports]
+            replicas = ["--cluster-replicas", str(self.replicas)]
             subprocess.run(
-                [redis_cli_binary(), "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+                [redis_cli_binary(), "--cluster", "create", *nodes, *replicas, "--cluster-yes"],
                 check=True,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
@@ -102,8 +105,12 @@ class LocalRedisCluster:
         )
 
     def _ready(self) -> bool:
-        """Every node says the cluster is ok and knows every master."""
-        for port in self.ports:
+        """Every node says the cluster is ok and knows every other node."""
+        return self.ready(self.ports)
+
+    def ready(self, ports: list[int]) -> bool:
+        """The nodes at ``ports`` say the cluster is ok and know every node."""
+        for port in ports:
             client = self.node(port)
             try:
                 info = client.cluster("info")
@@ -116,16 +123,19 @@ class LocalRedisCluster:
         return True
 
     def master_port_of(self, key: str) -> int:
-        """The port of the master that holds ``key`` (from the cluster's own slot map)."""
-        client = self.node(self.ports[0])
-        try:
-            slot = int(client.cluster("keyslot", key))
-            for start, end, primary, *_ in client.cluster("slots"):
-                if int(start) <= slot <= int(end):
-                    return int(primary[1])
-        finally:
-            client.close()
-        raise AssertionError(f"no master covers slot {slot}")
+        """The port of the master that holds ``key`` (from the slot map of the first node that answers)."""
+        for port in self.ports:
+            client = self.node(port)
+            try:
+                slot = int(client.cluster("keyslot", key))
+                for start, end, primary, *_ in client.cluster("slots"):
+                    if int(start) <= slot <= int(end):
+                        return int(primary[1])
+            except redis.ConnectionError:
+                continue  # a node this test killed
+            finally:
+                client.close()
+        raise AssertionError(f"no live node knows a master for {key!r}")
 
     def move_slot_of(self, key: str, to_port: int) -> None:
         """Reshard the slot of ``key``, with every key in it, to the master at ``to_port``, step by step as
@@ -155,8 +165,16 @@ class LocalRedisCluster:
             client = self.node(port)
             try:
                 client.flushall()
+            except (redis.ReadOnlyError, redis.ConnectionError):
+                pass  # a replica (its master's flush reaches it), or a node a test killed
             finally:
                 client.close()
+
+    def kill_node(self, port: int) -> None:
+        """kill -9 the node at ``port`` (its replica, if any, takes over after NODE_TIMEOUT_MS)."""
+        proc = self._procs[self.ports.index(port)]
+        proc.kill()
+        proc.wait(10)
 
     def stop(self) -> None:
         for proc in self._procs:

@@ -1,0 +1,129 @@
+"""A Redis Cluster master fails (kill -9) under traffic: its replica takes over and serving goes on, no 500.
+
+The master killed holds the farm-wide keys (deployments, snapshot ids: the long poll's) and the served
+deployment's stream. While no master owns those slots (the node timeout, then the election: a few seconds),
+calls are retried; those that outlast the retries get 503 (Redis unavailable, try again), never a 500.
+Afterwards the same gateway and replica serve again, and config changes reach the gateway, with no restart:
+every client re-reads the slot map.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from streamserve.connection import async_redis
+from streamserve.keys import ConfigKey, Keys
+from streamserve.longpoll import LongPollSubscriber
+from streamserve.procs import wait_until
+from streamserve.settings import Settings
+from tests.integration.conftest import StartReplica, deploy
+from tests.integration.test_longpoll import change
+from tests.redis_cluster import LocalRedisCluster
+
+KEYS = Keys()
+AFTER = 50  # answers in a row wanted once the replica has taken over
+
+
+@pytest.fixture
+def cluster_with_replicas() -> Iterator[LocalRedisCluster]:
+    """Three masters, each with a replica; one per test (each test fails a master over)."""
+    with LocalRedisCluster(replicas=1) as cluster:
+        yield cluster
+
+
+def farm_master(cluster: LocalRedisCluster) -> int:
+    return cluster.master_port_of(KEYS.deployments())
+
+
+@pytest.fixture
+def redis_url(cluster_with_replicas: LocalRedisCluster) -> Iterator[str]:
+    """The URL of a master that survives: processes find the cluster through it."""
+    cluster = cluster_with_replicas
+    masters = {cluster.master_port_of(KEYS.requests(f"d{i}")) for i in range(50)}
+    yield f"redis://127.0.0.1:{min(masters - {farm_master(cluster)})}/0"
+
+
+async def test_a_master_killed_under_traffic_fails_over_with_no_500_and_serving_resumes(
+    start_replica: StartReplica, http: httpx.AsyncClient, cluster_with_replicas: LocalRedisCluster, settings: Settings
+) -> None:
+    cluster = cluster_with_replicas
+    victim = farm_master(cluster)
+    name = next(f"d{i}" for i in range(100) if cluster.master_port_of(KEYS.requests(f"d{i}")) == victim)
+    await start_replica(name=name, route_prefix="/d")
+    statuses: list[int] = []
+    killed = asyncio.Event()
+
+    async def traffic() -> None:
+        in_a_row = 0
+        for i in range(3000):
+            resp = await http.post("/d", json=i)
+            statuses.append(resp.status_code)
+            if resp.status_code != 200:
+                assert resp.status_code == 503, resp.text
+                assert "Redis" in resp.json()["message"]
+                await asyncio.sleep(0.05)  # a caller told 503 waits a little before trying again
+            in_a_row = in_a_row + 1 if resp.status_code == 200 and killed.is_set() else 0
+            if in_a_row >= AFTER and cluster.master_port_of(KEYS.requests(name)) != victim:
+                return
+        raise AssertionError(f"serving did not resume after the failover: {statuses[-20:]}")
+
+    async def fail_master() -> None:
+        while len(statuses) < 50:
+            await asyncio.sleep(0.01)
+        cluster.kill_node(victim)
+        killed.set()
+        took_over = await asyncio.to_thread(
+            wait_until, lambda: cluster.master_port_of(KEYS.requests(name)) != victim, 30
+        )
+        assert took_over, "no replica took over"
+
+    await asyncio.gather(traffic(), fail_master())
+    assert 500 not in statuses
+    assert statuses.count(200) >= 50 + AFTER
+
+    # The gateway's long poll lived on the killed master too: a new deployment's route still reaches it.
+    await deploy(settings, name="later", route_prefix="/later")
+    await start_replica(name="later", route_prefix="/later")
+
+    async def routed() -> bool:
+        return (await http.post("/later", json=1)).status_code == 200
+
+    for _ in range(200):
+        if await routed():
+            break
+        await asyncio.sleep(0.05)
+    assert await routed(), "the gateway never learned the new route after the failover"
+
+
+async def test_a_long_poll_alone_follows_its_master_failing_over(
+    cluster_with_replicas: LocalRedisCluster, redis_url: str
+) -> None:
+    """A process that only listens (an idle gateway) re-reads the slot map itself and hears changes again."""
+    cluster = cluster_with_replicas
+    seen: list[set[str]] = []
+
+    async def on_change(changed: set[str]) -> None:
+        seen.append(changed)
+
+    listener = async_redis(redis_url)
+    sub = LongPollSubscriber(listener, KEYS, lambda key: True, on_change, resync_interval_s=60)
+    try:
+        await sub.start()
+        victim = farm_master(cluster)
+        cluster.kill_node(victim)
+        took_over = await asyncio.to_thread(wait_until, lambda: farm_master(cluster) != victim, 30)
+        assert took_over, "no replica took over"
+        writer = async_redis(redis_url)
+        try:
+            await change(writer, ConfigKey.ENDPOINTS)
+        finally:
+            await writer.aclose()
+        heard = await asyncio.to_thread(wait_until, lambda: any(ConfigKey.ENDPOINTS in s for s in seen), 20)
+        assert heard, "the long poll did not hear the change after the failover"
+    finally:
+        await sub.close()
+        await listener.aclose()
