@@ -258,8 +258,9 @@ class DesiredState:
                         changed.append(ConfigKey.ENDPOINTS)
                     for config_key in changed:
                         bump_snapshot_id(pipe, self._keys, config_key)
-                    await pipe.execute()
-                    await announce(self._redis, self._keys, *changed)
+                    results = await pipe.execute()
+                    snapshot_ids = results[len(results) - len(changed) :]
+                    await announce(self._redis, self._keys, dict(zip(changed, snapshot_ids, strict=True)))
                     written = diff.endpoints_changed + diff.endpoints_removed
                     return Applied({name: goal.goal_id for name, goal in goals.items()}, written)
                 except WatchError:

@@ -1,9 +1,9 @@
 """Long poll over pub/sub with snapshot ids.
 
 A writer stores a config value and bumps that key's snapshot id in one MULTI
-(``bump_snapshot_id``), then publishes the key's name (``announce``: PUBLISH
-may not sit in a Redis Cluster transaction, and after EXEC a subscriber that
-hears it is sure to read the new id). A subscriber keeps the
+(``bump_snapshot_id``), then publishes the key's name with its new id
+(``announce``: PUBLISH may not sit in a Redis Cluster transaction, and after
+EXEC the value is there to be read). A subscriber keeps the
 ids it has seen; on start, on every (re)subscribe and every
 ``resync_interval_s`` it re-reads the ids and reports the keys whose id moved.
 Pub/sub is at-most-once; the ids make a missed message harmless.
@@ -38,10 +38,18 @@ def bump_snapshot_id(pipe: Pipeline, keys: Keys, config_key: str) -> None:
     pipe.hincrby(keys.snapshot_ids(), config_key, 1)
 
 
-async def announce(redis: aioredis.Redis, keys: Keys, *config_keys: str) -> None:
-    """Tell the subscribers that these config keys' snapshot ids moved (one PUBLISH each)."""
-    for config_key in config_keys:
-        await redis.publish(keys.config_channel(), config_key)
+async def announce(redis: aioredis.Redis, keys: Keys, snapshot_ids: dict[str, int]) -> None:
+    """Tell the subscribers that these config keys' snapshot ids moved to these values (one PUBLISH each).
+
+    The message carries the new id (``"deployments 17"``): a subscriber that sees it differ from the one it holds
+    reports the change without reading the ids back, which halves what a push costs each subscriber.
+    """
+    for config_key, snapshot_id in snapshot_ids.items():
+        await redis.publish(keys.config_channel(), f"{config_key}{_ID_SEPARATOR}{snapshot_id}")
+
+
+# Between the config key and its new snapshot id in a message (config keys hold no spaces).
+_ID_SEPARATOR = " "
 
 
 class LongPollSubscriber:
@@ -87,6 +95,18 @@ class LongPollSubscriber:
             await self._on_change(changed | ({EVERYTHING} if force else set()))
         self._seen = current
 
+    async def _heard(self, data: str) -> None:
+        """A change message: report it when its id is news; one without a readable id means "compare ids"."""
+        config_key, _, raw_id = data.rpartition(_ID_SEPARATOR)
+        if not config_key or not raw_id.isdigit():
+            if self._watched(data):
+                await self.sync()
+            return
+        if not self._watched(config_key) or self._seen.get(config_key) == int(raw_id):
+            return
+        await self._on_change({config_key})
+        self._seen[config_key] = int(raw_id)  # after: a change whose handling failed is reported again
+
     async def _run(self) -> None:
         backoff = Backoff()
         while not self._closing:
@@ -97,9 +117,10 @@ class LongPollSubscriber:
                     # Jitter keeps many subscribers from resyncing in lockstep.
                     timeout = self._resync_interval_s * random.uniform(0.9, 1.1)
                     message = await pubsub.get_message(timeout=timeout)
-                    # None (quiet period), a (re)subscribe confirmation, or a change: all mean "compare ids".
-                    if message is None or message["type"] != "message" or self._watched(text(message["data"])):
-                        await self.sync()
+                    if message is None or message["type"] != "message":
+                        await self.sync()  # a quiet period or a (re)subscribe confirmation: compare the ids
+                    else:
+                        await self._heard(text(message["data"]))
                     backoff.reset()
             except RETRYABLE_ERRORS as exc:
                 delay = backoff.next()

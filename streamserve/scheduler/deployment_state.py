@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from streamserve.backoff import Backoff
 from streamserve.config import DeploymentConfig
@@ -53,8 +54,10 @@ class Target:
         """Its replicas are started elsewhere: the scheduler watches them and starts none."""
         return self.cfg is not None and self.cfg.external_scaler_enabled
 
-    @property
+    @cached_property
     def version(self) -> str | None:
+        """The code version the replicas must run; computed once per target (each tick compares every replica's
+        with it: at 100,000 replicas, hashing the config each time was most of a tick)."""
         return self.cfg.code_version() if self.cfg is not None else None
 
     @property
@@ -141,9 +144,8 @@ class DeploymentState:
     #    STARTING with no pid to act on, and step 6 keeps them if they are wanted or retires them. A retired
     #    stray reads SHOULD_STOP in its record and leaves by itself.
     async def _observe_unrecorded(self, target: Target, beats: dict[str, Heartbeat], now_ms: int) -> None:
-        for replica_id, beat in list(beats.items()):
-            if replica_id in self.replicas:
-                continue
+        for replica_id in sorted(beats.keys() - self.replicas.keys()):  # a set difference: most beats are recorded
+            beat = beats[replica_id]
             if not target.external and beat.health not in (ReplicaHealth.STARTING, ReplicaHealth.READY):
                 continue  # a stray that failed or is leaving already: nothing to adopt
             if not _belongs_to(replica_id, self.name):
@@ -260,7 +262,7 @@ class DeploymentState:
         for _ in range(missing):
             await self._add_replica(target, now_ms)
         # Too many of the current version: retire those that serve nothing first, newest first.
-        for r in sorted(current, key=_retire_order)[: max(0, -missing)]:
+        for r in sorted(current, key=_retire_order)[:-missing] if missing < 0 else ():
             ready -= r.state is ReplicaState.RUNNING
             await self._retire(r, now_ms)
         # Outdated replicas go as soon as the ready count stays at or above the target without them; or, while

@@ -10,6 +10,7 @@ from streamserve.connection import async_redis
 from streamserve.jobs import jobs_redis_url
 from streamserve.logs import start_process
 from streamserve.procs import on_stop_signals
+from streamserve.scheduler.collector import collect_periodically
 from streamserve.scheduler.job_pool import JobWorkerPool
 from streamserve.scheduler.launcher import ProcessLauncher
 from streamserve.scheduler.scheduler import Scheduler
@@ -38,10 +39,12 @@ async def run(settings: Settings, stop_replicas_on_exit: bool) -> None:
         stop_replicas_on_exit=stop_replicas_on_exit,
         job_pool=JobWorkerPool(settings) if settings.job_workers else None,
     )
+    collector = asyncio.create_task(collect_periodically())
     try:
         with on_stop_signals(scheduler.should_exit.set):
             await scheduler.run()
     finally:
+        collector.cancel()
         await redis.aclose()
 
 

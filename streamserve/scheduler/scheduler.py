@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 from collections.abc import Mapping
 
 import redis.asyncio as aioredis
@@ -32,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 # How long job workers may take to finish their jobs on shutdown when no deployment says (a Redis outage).
 JOB_WORKERS_STOP_S = DeploymentConfig.model_fields["graceful_shutdown_timeout_s"].default
+# A deployment's consumers are listed at least this often even when no replica of ours was written off.
+FULL_RECLAIM_EVERY_MS = 5_000
 
 
 class Scheduler:
@@ -68,6 +71,10 @@ class Scheduler:
         self._gpus = GpuAllocator(host_gpus(settings.gpus))
         self._overcommitted: list[str] = []  # the last warning given about CPUs and memory, so it is given once
         self._known_groups: set[str] = set()
+        # Per deployment: the live consumers at its last reclaim, and when the next is due regardless (see _reclaim).
+        self._reclaimed: dict[str, tuple[set[str], int]] = {}
+        # Per deployment: each replica's last heartbeat, raw and parsed (see _decode_beats).
+        self._decoded_beats: dict[str, dict[bytes, tuple[bytes, Heartbeat]]] = {}
         self._standing_by = False
         # Set when Redis was away; the next tick counts replicas' silence from then (they could not beat either).
         self._redis_was_away = False
@@ -146,9 +153,10 @@ class Scheduler:
         now = self._clock()
         if self._redis_was_away:
             self._redis_was_away, self._silence_from_ms = False, now
+        decoded, self._decoded_beats = self._decoded_beats, {}
         for name in names:
             try:
-                beats = _decode_beats(beats_raw.get(name, {}), self._silence_from_ms)
+                beats = self._decode_beats(name, beats_raw.get(name, {}), decoded.get(name, {}))
                 await self._reconcile(name, desired.get(name), beats, ongoing.get(name, 0), now)
             except RETRYABLE_ERRORS:
                 raise
@@ -167,10 +175,11 @@ class Scheduler:
         state = self._state(name)
         await state.update(Target(cfg, shutting_down), beats, now, ongoing)
         if cfg is not None:
-            await self._reclaimer.reclaim(cfg, self._live_consumers(state, beats, now))
+            await self._reclaim(cfg, self._live_consumers(state, beats, now), now)
         if cfg is None and state.is_gone:
             await self._store.forget_deployment(name)
             self._known_groups.discard(name)
+            self._reclaimed.pop(name, None)
             del self._states[name]
             logger.info("deployment %s: deleted", name)
 
@@ -180,6 +189,44 @@ class Scheduler:
             for problem in problems:
                 logger.warning("scheduler: %s (the replicas may run short, or be killed for memory)", problem)
             self._overcommitted = problems
+
+    async def _reclaim(self, cfg: DeploymentConfig, live: set[str], now: int) -> None:
+        """Free what dead consumers hold: at once when the live set changed (a replica was written off), and every
+        FULL_RECLAIM_EVERY_MS in any case (a consumer no replica of ours answers for, left by an earlier farm).
+
+        Listing a group's consumers is the one per-replica read of a tick; at 1,000 replicas a deployment, doing it
+        every tick cost more than the rest of the tick.
+        """
+        last = self._reclaimed.get(cfg.name)
+        if last is not None and last[0] == live and now < last[1]:
+            return
+        await self._reclaimer.reclaim(cfg, live)
+        # Spread over the interval, so that the deployments' full listings do not all land on one tick.
+        self._reclaimed[cfg.name] = (live, now + int(FULL_RECLAIM_EVERY_MS * random.uniform(0.5, 1.0)))
+
+    def _decode_beats(
+        self, name: str, raw: dict[bytes, bytes], last: dict[bytes, tuple[bytes, Heartbeat]]
+    ) -> dict[str, Heartbeat]:
+        """The deployment's heartbeats, each dated no earlier than when Redis came back after an outage. A beat
+        whose bytes are those of the last tick is not parsed again (most are: replicas beat every second)."""
+        kept: dict[bytes, tuple[bytes, Heartbeat]] = {}
+        beats = {}
+        for rid, value in raw.items():
+            seen = last.get(rid)
+            if seen is not None and seen[0] == value:
+                beat = seen[1]
+            else:
+                try:
+                    beat = Heartbeat.decode(value)
+                except ProtocolError as exc:
+                    logger.warning("ignoring unreadable heartbeat of %s: %s", rid, exc)
+                    continue
+            kept[rid] = (value, beat)
+            if beat.ts_ms < self._silence_from_ms:
+                beat = beat.model_copy(update={"ts_ms": self._silence_from_ms})
+            beats[rid.decode()] = beat
+        self._decoded_beats[name] = kept
+        return beats
 
     def _live_consumers(self, state: DeploymentState, beats: dict[str, Heartbeat], now: int) -> set[str]:
         """Replicas we manage (still recorded) and any others whose heartbeat is fresh (started by hand)."""
@@ -230,17 +277,3 @@ class Scheduler:
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.should_exit.wait(), timeout=seconds)
-
-
-def _decode_beats(raw: dict[bytes, bytes], silence_from_ms: int) -> dict[str, Heartbeat]:
-    """The heartbeats, each dated no earlier than ``silence_from_ms`` (when Redis came back after an outage)."""
-    beats = {}
-    for rid, value in raw.items():
-        try:
-            beat = Heartbeat.decode(value)
-            beats[rid.decode()] = (
-                beat if beat.ts_ms >= silence_from_ms else beat.model_copy(update={"ts_ms": silence_from_ms})
-            )
-        except ProtocolError as exc:
-            logger.warning("ignoring unreadable heartbeat of %s: %s", rid, exc)
-    return beats

@@ -37,8 +37,8 @@ class RedisReplicaStore:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(self._keys.deployment_status(), deployment, record.encode())
             bump_snapshot_id(pipe, self._keys, ConfigKey.DEPLOYMENT_STATUS)
-            await pipe.execute()
-        await announce(self._redis, self._keys, ConfigKey.DEPLOYMENT_STATUS)
+            *_, snapshot_id = await pipe.execute()
+        await announce(self._redis, self._keys, {ConfigKey.DEPLOYMENT_STATUS: snapshot_id})
 
     async def save_autoscale(self, deployment: str, record: AutoscaleRecord | None) -> None:
         """Keep the autoscaled count (None: autoscaling was turned off, forget it), and add each decision to the
@@ -108,5 +108,5 @@ class RedisReplicaStore:
             pipe.hdel(self._keys.deployment_status(), deployment)
             pipe.hdel(self._keys.autoscaling(), deployment)
             bump_snapshot_id(pipe, self._keys, ConfigKey.DEPLOYMENT_STATUS)
-            await pipe.execute()
-        await announce(self._redis, self._keys, ConfigKey.DEPLOYMENT_STATUS)
+            *_, snapshot_id = await pipe.execute()
+        await announce(self._redis, self._keys, {ConfigKey.DEPLOYMENT_STATUS: snapshot_id})

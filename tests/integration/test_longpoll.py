@@ -15,8 +15,8 @@ KEYS = Keys()
 async def change(redis: aioredis.Redis, key: str) -> None:
     async with redis.pipeline(transaction=True) as pipe:
         bump_snapshot_id(pipe, KEYS, key)
-        await pipe.execute()
-    await announce(redis, KEYS, key)
+        [snapshot_id] = await pipe.execute()
+    await announce(redis, KEYS, {key: snapshot_id})
 
 
 async def wait_until(condition: object, timeout_s: float = 10.0) -> None:
@@ -40,6 +40,13 @@ async def test_sees_changes_and_catches_up_after_losing_its_connection(redis_url
         await sub.start()
         assert seen == [{EVERYTHING}]
 
+        async def subscribed() -> bool:
+            return bool((await writer.pubsub_numsub(KEYS.config_channel()))[0][1])
+
+        for _ in range(200):  # subscribed before the change: only its message can bring it
+            if await subscribed():
+                break
+            await asyncio.sleep(0.02)
         await change(writer, ConfigKey.DEPLOYMENTS)
         await wait_until(lambda: len(seen) == 2)
         assert seen[1] == {ConfigKey.DEPLOYMENTS}
