@@ -8,11 +8,14 @@ after a warm-up; prints one line; stops what it started.
 
 - client path (default): ``AsyncClient`` with 256 calls outstanding to a noop
   function replica (``examples.functions:noop``, max_ongoing_requests 64).
+- ``--batch``: the client path to ``examples.batched:scale`` (batches of up to 16).
 - ``--http``: ``POST /echo`` on 32 keep-alive connections to a gateway, one
   ``examples.echo:Echo`` replica (max_ongoing_requests 32); also the p50/p99
   of 2,000 sequential requests.
 
-    .venv/bin/python bench/cpu_probe.py [N] [--http]
+    .venv/bin/python -m bench.cpu_probe [N] [--http | --batch]
+
+Each line also gives the Redis commands per request (INFO commandstats).
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import resource
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
 import uvloop
 
 from bench.loadgen import Connection, http_probe, post_request
@@ -45,6 +50,8 @@ WARMUP = 2000
 READY_TRIES = 400  # tries 50 ms apart while the replica imports and reports ready: at most 20 s
 CLIENT = {"name": "noop", "import_path": "examples.functions:noop", "max_ongoing_requests": 64}
 HTTP = {"name": "echo", "import_path": "examples.echo:Echo", "max_ongoing_requests": 32, "route_prefix": "/echo"}
+BATCH = {"name": "scale", "import_path": "examples.batched:scale", "max_ongoing_requests": 64}
+PATHS: dict[str, dict[str, Any]] = {"client": CLIENT, "http": HTTP, "batch": BATCH}
 BODY = b'{"x":[1,2,3]}'
 
 
@@ -59,24 +66,53 @@ def own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def measure(pids: dict[str, int], n: int, send: Callable[[int], Awaitable[object]]) -> str:
-    """Warm up, then send n requests; req/s and CPU us per request of each process and of this one."""
+@dataclass
+class Measured:
+    """One probe's figures, per request: CPU of each process, and the Redis commands by name."""
+
+    req_s: float
+    cpu_us: dict[str, float]
+    commands: dict[str, float]
+
+    def line(self) -> str:
+        per_request = "   ".join(f"{name} {us:5.1f}" for name, us in self.cpu_us.items())
+        total = f"total {sum(self.cpu_us.values()):5.1f}"
+        commands = f"Redis commands/req {sum(self.commands.values()):.2f}"
+        return f"{self.req_s:7.0f} req/s   CPU us/req: {per_request}   {total}   {commands}"
+
+
+def command_calls(redis_url: str) -> dict[str, int]:
+    """Calls so far of every command, from INFO commandstats (``cmdstat_xadd`` -> ``xadd``)."""
+    with redis.Redis.from_url(redis_url) as client:
+        stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(fields["calls"]) for name, fields in stats.items()}
+
+
+async def measure(pids: dict[str, int], n: int, send: Callable[[int], Awaitable[object]], redis_url: str) -> Measured:
+    """Warm up, then send n requests; req/s, CPU us per request of each process and of this one, Redis commands."""
     await send(WARMUP)
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    calls_before = command_calls(redis_url)
     own, wall = own_cpu_seconds(), time.perf_counter()
     await send(n)
     wall = time.perf_counter() - wall
     used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     used["load generator"] = own_cpu_seconds() - own
-    per_request = "   ".join(f"{name} {seconds / n * 1e6:5.1f}" for name, seconds in used.items())
-    return f"{n / wall:7.0f} req/s   CPU us/req: {per_request}   total {sum(used.values()) / n * 1e6:5.1f}"
+    calls = {name: count - calls_before.get(name, 0) for name, count in command_calls(redis_url).items()}
+    calls["info"] = calls.get("info", 0) - 1  # our own INFO commandstats
+    return Measured(
+        req_s=n / wall,
+        cpu_us={name: seconds / n * 1e6 for name, seconds in used.items()},
+        commands={name: count / n for name, count in sorted(calls.items()) if count > 0},
+    )
 
 
-async def client_path(settings: Settings, pids: dict[str, int], n: int) -> str:
+async def client_path(settings: Settings, pids: dict[str, int], n: int, deployment: dict[str, Any]) -> Measured:
+    name = str(deployment["name"])
     async with AsyncClient(settings=settings) as client:
         for _ in range(READY_TRIES):
             try:
-                await client.call("noop", 1, timeout=1)
+                await client.call(name, {"x": 1}, timeout=1)
                 break
             except StreamServeError:
                 await asyncio.sleep(0.05)
@@ -84,15 +120,15 @@ async def client_path(settings: Settings, pids: dict[str, int], n: int) -> str:
 
         async def one(i: int) -> object:
             async with gate:
-                return await client.call("noop", {"i": i})
+                return await client.call(name, {"x": i})
 
         async def send(count: int) -> None:
             await asyncio.gather(*(one(i) for i in range(count)))
 
-        return "client path, 256 outstanding: " + await measure(pids, n, send)
+        return await measure(pids, n, send, settings.effective_redis_url)
 
 
-async def http_path(port: int, pids: dict[str, int], n: int) -> str:
+async def http_path(port: int, pids: dict[str, int], n: int, redis_url: str) -> tuple[Measured, str]:
     for _ in range(READY_TRIES):
         try:
             if (await http_probe(port, "/echo", BODY))[0] == 200:
@@ -120,7 +156,7 @@ async def http_path(port: int, pids: dict[str, int], n: int) -> str:
 
     conns = [await Connection.open(port) for _ in range(32)]
     try:
-        line = "HTTP c=32: " + await measure(pids, n, lambda count: send_on(conns, count))
+        measured = await measure(pids, n, lambda count: send_on(conns, count), redis_url)
         latencies.clear()
         await send_on(conns[:1], 2000)
     finally:
@@ -128,7 +164,7 @@ async def http_path(port: int, pids: dict[str, int], n: int) -> str:
             conn.close()
     ordered = sorted(latencies)
     p50, p99 = percentile(ordered, 0.5) * 1e3, percentile(ordered, 0.99) * 1e3
-    return f"{line}\nHTTP c=1: p50 {p50:.3f} ms   p99 {p99:.3f} ms"
+    return measured, f"HTTP c=1: p50 {p50:.3f} ms   p99 {p99:.3f} ms"
 
 
 def _child_options(env: dict[str, str]) -> dict[str, Any]:
@@ -136,8 +172,9 @@ def _child_options(env: dict[str, str]) -> dict[str, Any]:
     return {"env": env, "cwd": ROOT, "start_new_session": True, "preexec_fn": die_with_parent}
 
 
-async def probe(n: int, http: bool) -> str:
-    deployment = HTTP if http else CLIENT
+async def probe(n: int, path: str) -> tuple[Measured, str]:
+    """Run one path (``client``, ``batch`` or ``http``); its figures and a one-line summary."""
+    deployment = PATHS[path]
     with EmbeddedRedis(port=free_port()) as server:
         settings = Settings(redis_url=server.url)
         redis = async_redis(server.url)
@@ -150,12 +187,14 @@ async def probe(n: int, http: bool) -> str:
             started.append(replica)
             assert server.proc is not None
             pids = {"replica": replica.pid, "redis": server.proc.pid}
-            if not http:
-                return await client_path(settings, pids, n)
+            if path != "http":
+                measured = await client_path(settings, pids, n, deployment)
+                return measured, f"{path} path, 256 outstanding: {measured.line()}"
             port = free_port()
             gateway = subprocess.Popen(role_command("gateway", "--port", str(port)), **_child_options(env))
             started.append(gateway)
-            return await http_path(port, {"gateway": gateway.pid, **pids}, n)
+            measured, latency = await http_path(port, {"gateway": gateway.pid, **pids}, n, server.url)
+            return measured, f"HTTP c=32: {measured.line()}\n{latency}"
         finally:
             for proc in reversed(started):
                 stop_group(proc, 15)
@@ -165,8 +204,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("n", nargs="?", type=int, default=20_000, help="measured requests (default 20000)")
     parser.add_argument("--http", action="store_true", help="through a gateway over HTTP, not the Python client")
+    parser.add_argument("--batch", action="store_true", help="the client path to a batched deployment")
     args = parser.parse_args()
-    print(uvloop.run(probe(args.n, args.http)), f"  (load average {os.getloadavg()[0]:.1f})")
+    path = "http" if args.http else "batch" if args.batch else "client"
+    print(uvloop.run(probe(args.n, path))[1], f"  (load average {os.getloadavg()[0]:.1f})")
     return 0
 
 
