@@ -51,8 +51,8 @@ from streamserve.ids import ReplicaID
 from streamserve.keys import CONSUMER_GROUP, ConfigKey, Keys
 from streamserve.longpoll import EVERYTHING, LongPollSubscriber
 from streamserve.messages import Heartbeat, Request, now_ms
-from streamserve.procs import free_port, on_stop_signals
-from streamserve.scheduler.collector import collect_periodically
+from streamserve.procs import free_port
+from streamserve.scheduler.main import serve
 from streamserve.scheduler.scheduler import Scheduler
 from streamserve.settings import Settings
 from streamserve.states import ReplicaState
@@ -143,14 +143,7 @@ async def run_scheduler(url: str) -> None:
     """As ``streamserve scheduler`` runs it (streamserve/scheduler/main.py), with the launcher above."""
     settings = Settings(redis_url=url, check_redis=False, job_workers=0)
     client = async_redis(url)
-    scheduler = TimedScheduler(settings, client, SimLauncher())
-    collector = asyncio.create_task(collect_periodically())
-    try:
-        with on_stop_signals(scheduler.should_exit.set):
-            await scheduler.run()
-    finally:
-        collector.cancel()
-        await client.aclose()
+    await serve(TimedScheduler(settings, client, SimLauncher()), client)
 
 
 # -- the heartbeat writer ------------------------------------------------------------------------------

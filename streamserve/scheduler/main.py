@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import logging
 
+import redis.asyncio as aioredis
+
 from streamserve.connection import async_redis
 from streamserve.jobs import jobs_redis_url
 from streamserve.logs import start_process
@@ -39,6 +41,11 @@ async def run(settings: Settings, stop_replicas_on_exit: bool) -> None:
         stop_replicas_on_exit=stop_replicas_on_exit,
         job_pool=JobWorkerPool(settings) if settings.job_workers else None,
     )
+    await serve(scheduler, redis)
+
+
+async def serve(scheduler: Scheduler, redis: aioredis.Redis) -> None:
+    """Run ``scheduler`` as the process's one job until SIGTERM or SIGINT, then close ``redis``."""
     collector = asyncio.create_task(collect_periodically())
     try:
         with on_stop_signals(scheduler.should_exit.set):
