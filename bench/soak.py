@@ -8,12 +8,14 @@ sends a bounded mixed load: HTTP calls, client calls, asynchronous jobs, slow ca
 Every ``--fault-every`` seconds it injects the next fault in turn: kill -9 of a replica, of the scheduler,
 of the gateway, a Redis restart (SIGTERM, or SIGKILL with ``--redis-kill9``); `up` restarts the last three.
 
-Every request carries a unique id, and every execution appends it to a ledger file (bench/soak_deployments.py),
-so the report counts: sent, answered correctly, answered with an error (by kind), lost (no answer by its
-deadline, or a job that never reached a final status), and executions more than once (among callers that
-got a correct answer: the goal is none; and among the others). It samples the RSS of every process of the
-farm and Redis's used_memory every ``SAMPLE_EVERY_S``. Exit code 0 when nothing was lost and no caller that
-got a correct answer saw its request run twice.
+Every request carries a unique id, and every execution appends it, its pid and the time to a ledger file
+(bench/soak_deployments.py), so the report counts: sent, answered correctly, answered with an error (by kind),
+lost (no answer by its deadline, or a job that never reached a final status), executions more than once (among
+callers that got a correct answer: the goal is none; and among the others; each listed with who ran it when),
+and, apart, requests run again because the replica that ran them was killed before it replied (delivery is at
+least once). It samples the RSS of every process of the farm and Redis's used_memory every ``SAMPLE_EVERY_S``.
+Exit code 0 when nothing was lost and no caller that got a correct answer saw its request run twice; if it
+fails, the farm's log is kept beside ``--out``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import functools
 import itertools
 import os
 import random
+import shutil
 import signal
 import sys
 import threading
@@ -102,10 +105,16 @@ class Ledger:
     def body(self, outcome: Outcome, **extra: Any) -> dict[str, Any]:
         return {"id": outcome.request_id, "ledger": str(self.directory), **extra}
 
-    def executions(self) -> Counter[str]:
-        runs: Counter[str] = Counter()
+    def executions(self) -> dict[str, list[tuple[int, float]]]:
+        """Request id -> (pid, time) of each run of it, in the order they ran."""
+        runs: dict[str, list[tuple[int, float]]] = defaultdict(list)
         for path in self.directory.glob("*.txt"):
-            runs.update(path.read_text().split())
+            pid = int(path.stem)
+            for line in path.read_text().splitlines():
+                request_id, at = line.split()
+                runs[request_id].append((pid, float(at)))
+        for each in runs.values():
+            each.sort(key=lambda run: run[1])
         return runs
 
 
@@ -203,6 +212,8 @@ class Faults:
         self.farm = farm
         self.kill9_redis = kill9_redis
         self.log: list[tuple[float, str]] = []
+        self.killed_replicas: set[int] = set()  # pids of replicas sent SIGKILL
+        self.started_s, self.started_at = time.monotonic(), time.time()  # reset when the load starts
         self._next = itertools.cycle(FAULTS)
 
     def inject(self, now_s: float) -> None:
@@ -224,6 +235,8 @@ class Faults:
         except ProcessLookupError:
             self.log.append((now_s, f"{fault}: pid {pid} was gone already"))
             return
+        if fault == "replica":
+            self.killed_replicas.add(pid)
         self.log.append((now_s, f"{fault}: {sig.name} to pid {pid}"))
         print(f"soak: {now_s:7.1f}s  {fault}: {sig.name} to pid {pid}", flush=True)
 
@@ -267,7 +280,8 @@ def sample_memory(farm: Farm) -> dict[str, int]:
     return dict(sample)
 
 
-def run(minutes: float, fault_every_s: float, kill9_redis: bool) -> tuple[str, bool]:
+def run(minutes: float, fault_every_s: float, kill9_redis: bool, failed_log: Path | None = None) -> tuple[str, bool]:
+    """The report and whether the soak passed; ``failed_log``: where to copy the farm's log if it did not."""
     with Children() as children:
         workdir = children.temporary_directory()
         ledger_dir = workdir / "ledger"
@@ -287,6 +301,7 @@ def run(minutes: float, fault_every_s: float, kill9_redis: bool) -> tuple[str, b
         ]
         threads = [threading.Thread(target=load, daemon=True) for load in loads]
         started = time.monotonic()
+        faults.started_s, faults.started_at = started, time.time()
         samples: list[tuple[float, dict[str, int]]] = [(0.0, sample_memory(farm))]
         for thread in threads:
             thread.start()
@@ -311,7 +326,10 @@ def run(minutes: float, fault_every_s: float, kill9_redis: bool) -> tuple[str, b
         # Let what is still queued or running finish before counting executions.
         wait_until(lambda: (ds := deployments(farm)) != [] and all(d["queued"] + d["in_flight"] == 0 for d in ds), 60)
         farm.stop(60)
-        return report(ledger, faults, samples, minutes, fault_every_s)
+        text, good = report(ledger, faults, samples, minutes, fault_every_s)
+        if not good and failed_log is not None:
+            shutil.copyfile(farm.log_path, failed_log)
+        return text, good
 
 
 def report(
@@ -322,9 +340,12 @@ def report(
     ok = [o for o in outcomes if o.result == "ok"]
     lost = [o for o in outcomes if o.result == "lost"]
     errors = Counter(o.result for o in outcomes if o.result not in ("ok", "lost"))
-    twice_ok = [o for o in ok if runs[o.request_id] > 1]
-    never_ok = [o for o in ok if runs[o.request_id] == 0]
-    twice_err = [o for o in outcomes if o.result not in ("ok", "lost") and runs[o.request_id] > 1]
+    # At least once: a replica killed after running a request but before its reply went out had it run again.
+    again = [o for o in outcomes if len(runs.get(o.request_id, ())) > 1]
+    rerun = [o for o in again if all(pid in faults.killed_replicas for pid, _ in runs[o.request_id][:-1])]
+    twice_ok = [o for o in again if o.result == "ok" and o not in rerun]
+    twice_err = [o for o in again if o.result not in ("ok", "lost") and o not in rerun]
+    never_ok = [o for o in ok if not runs.get(o.request_id)]
     by_kind = Counter(o.kind for o in outcomes)
     lines = [
         f"## Soak: {minutes:g} min, a fault every {every_s:g} s",
@@ -335,6 +356,9 @@ def report(
         *(f"  - {kind}: {n}" for kind, n in errors.most_common()),
         f"- lost (no answer by the deadline + {MARGIN_S:g} s, or a job never final): {len(lost)}",
         f"- run more than once, among correct answers: {len(twice_ok)}; among errors: {len(twice_err)}",
+        *(f"  - {line}" for line in _duplicates(twice_ok + twice_err, runs, faults)),
+        f"- run again because the replica that ran it was killed before it replied (at least once): {len(rerun)}",
+        *(f"  - {line}" for line in _duplicates(rerun, runs, faults)),
         f"- answered correctly but never run (impossible unless the ledger lies): {len(never_ok)}",
         "",
         "Faults:",
@@ -355,17 +379,36 @@ def report(
     return "\n".join(lines) + "\n", not lost and not twice_ok and not never_ok
 
 
+def _duplicates(twice: list[Outcome], runs: dict[str, list[tuple[int, float]]], faults: Faults) -> list[str]:
+    """Which processes ran each request run more than once, and when (the first 20); a replica killed is marked."""
+    return [
+        f"{o.request_id} ({o.result}, sent at {o.sent_s - faults.started_s:.1f} s): run by "
+        + ", ".join(
+            f"pid {pid}{' (killed)' if pid in faults.killed_replicas else ''} at {at - faults.started_at:.1f} s"
+            for pid, at in runs[o.request_id]
+        )
+        for o in twice[:20]
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0, help="how long the load runs (default 30)")
     parser.add_argument("--fault-every", type=float, default=60.0, help="seconds between faults (default 60)")
     parser.add_argument("--redis-kill9", action="store_true", help="restart Redis with SIGKILL, not SIGTERM")
-    parser.add_argument("--out", type=Path, help="also write the report to this file")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="also write the report to this file (and the farm's log beside it, X.up.log, if it fails)",
+    )
     args = parser.parse_args(argv)
-    text, good = run(args.minutes, args.fault_every, args.redis_kill9)
+    failed_log = args.out.with_suffix(".up.log") if args.out is not None else None
+    text, good = run(args.minutes, args.fault_every, args.redis_kill9, failed_log)
     print(text)
     if args.out is not None:
         args.out.write_text(text)
+        if not good:
+            print(f"soak: the farm's log is in {failed_log}")
     return 0 if good else 1
 
 
