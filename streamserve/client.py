@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 
 from streamserve import scripts
 from streamserve.config import MAX_TIMEOUT_S, AppConfig, DeploymentConfig, EndpointConfig, load_config
-from streamserve.connection import JOB_POOL_SIZE, RedisRefusals, async_redis, sync_redis
+from streamserve.connection import JOB_POOL_SIZE, RedisRefusals, async_redis, is_cluster_client, sync_redis
 from streamserve.desired import DesiredState
 from streamserve.errors import (
     BadRequestError,
@@ -48,7 +48,7 @@ from streamserve.messages import (
     Request,
     now_ms,
 )
-from streamserve.pipelining import Pipeliner, Script
+from streamserve.pipelining import Command, Pipeliner, Script
 from streamserve.reply_stream import ReplyStream
 from streamserve.routes import Route, RouteCache
 from streamserve.settings import Settings
@@ -60,6 +60,8 @@ T = TypeVar("T")
 
 
 _ENQUEUE = Script(scripts.ENQUEUE)
+# The enqueue sent again after a lost connection: rare, so as EVAL with its source (no NOSCRIPT to handle).
+_ENQUEUE_AGAIN = scripts.ENQUEUE_AGAIN
 
 
 def _encode(body: Any) -> bytes:
@@ -381,11 +383,21 @@ class AsyncClient:
 
     async def _add(self, cfg: DeploymentConfig, request: Request) -> None:
         assert self._pipeliner is not None
+        stream = self._keys.requests(cfg.name)
         args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP]
         for key, value in request.encode().items():
             args += [key, value]
+
+        def again() -> list[Command]:
+            """The enqueue may have happened, its answer lost with the connection: it must not add the request
+            twice, and need not at all once the caller has its reply (or stopped waiting)."""
+            if request.reply_to and self._replies is not None and not self._replies.waits_for(request.request_id):
+                return [("ECHO", b"answered")]
+            keys = [stream] if not request.reply_to or is_cluster_client(self.redis) else [stream, request.reply_to]
+            return [("EVAL", _ENQUEUE_AGAIN, len(keys), *keys, *args[:2], request.request_id, *args[2:])]
+
         with self._refusals:
-            entry_id = await self._pipeliner.run_script(_ENQUEUE, [self._keys.requests(cfg.name)], args)
+            entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream], args, again)
         if entry_id == 0:
             raise OverloadedError(
                 f"deployment {cfg.name!r} has {cfg.max_queued_requests} requests queued (max_queued_requests)"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import hiredis
@@ -111,11 +111,19 @@ class ClusterRoundTrip:
     def __init__(self, cluster: aioredis.RedisCluster) -> None:
         self._router = ClusterRouter(cluster)
 
-    async def __call__(self, commands: list[Command]) -> list[Any]:
+    async def __call__(self, commands: list[Command], again: Callable[[], list[Command]]) -> list[Any]:
+        """The replies of ``commands``; those sent again after a lost connection are sent as ``again()`` has them
+        (they may have run: see Pipeliner.execute)."""
+        commands = list(commands)
         replies: list[Any] = [None] * len(commands)
         todo = list(range(len(commands)))
         asked: dict[int, ClusterNode] = {}
+        resend: set[int] = set()  # commands whose connection was lost: they may have run
         for attempt in range(RETRY_ATTEMPTS + 1):
+            if resend:  # asked for right before the writes (see Pipeliner._round_trip)
+                fresh = again()
+                for i in resend:
+                    commands[i] = fresh[i]
             groups: dict[tuple[str, bool], tuple[ClusterNode, list[int]]] = {}
             for i in todo:
                 node = asked.get(i) or await self._router.node_of(commands[i])
@@ -129,6 +137,7 @@ class ClusterRoundTrip:
                 if isinstance(result, BaseException):
                     if not isinstance(result, RETRYABLE_ERRORS) or attempt == RETRY_ATTEMPTS:
                         raise result
+                    resend.update(idx)
                     todo += idx
                     refresh = True
                     continue

@@ -33,6 +33,9 @@ from streamserve.messages import Fields, StreamBatches
 
 # One raw Redis command, e.g. ``("XACK", stream, group, entry_id)``.
 Command = tuple[EncodableT, ...]
+# What to send instead of some commands when their round trip is tried again after a lost connection: the
+# commands may have run already, their answer lost with the connection (same count, replies alike).
+Again = Callable[[], Sequence[Command]]
 
 
 class Pipeliner:
@@ -41,63 +44,76 @@ class Pipeliner:
     Each ``execute`` gets the replies of its own commands, in order; a command
     that failed in Redis comes back as the exception instance, and a failed
     round trip (connection lost after the retry policy gave up) raises in every
-    caller of that turn.
+    caller of that turn. A round trip that lost its connection is sent again by
+    the retry policy: commands that must not run twice say what to send then
+    (``again``).
     """
 
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
-        self._queued: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]] = []
+        self._queued: list[tuple[Sequence[Command], Again | None, asyncio.Future[list[Any]]]] = []
         self._sending: set[asyncio.Task[None]] = set()
         # A connection between round trips, kept out of the pool: checking one out and back costs redis-py a lock, a
         # timeout context and its metrics hooks each time. A round trip that starts while another holds it takes one
         # from the pool.
         self._kept: AbstractConnection | None = None
         # On a Redis Cluster, a turn's commands go to the masters of their keys (cluster_routing).
-        self._send_commands: Callable[[list[Command]], Awaitable[list[Any]]] = (
+        self._send_commands: Callable[[list[Command], Callable[[], list[Command]]], Awaitable[list[Any]]] = (
             ClusterRoundTrip(redis) if is_cluster_client(redis) else self._round_trip  # type: ignore[arg-type]
         )
 
-    def execute(self, *commands: Command) -> asyncio.Future[list[Any]]:
-        """Queue ``commands`` for this turn's round trip; the future holds their replies."""
+    def execute(self, *commands: Command, again: Again | None = None) -> asyncio.Future[list[Any]]:
+        """Queue ``commands`` for this turn's round trip; the future holds their replies.
+
+        ``again``: called if the round trip is sent again after losing its connection, for what to send instead
+        of ``commands`` (which may have run: say, an enqueue that must not add its request twice).
+        """
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         if not self._queued:
             task = asyncio.create_task(self._send())  # runs after this turn: the batch is what queued by then
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
-        self._queued.append((commands, future))
+        self._queued.append((commands, again, future))
         return future
 
-    async def run_script(self, script: Script, keys: Sequence[EncodableT], args: Sequence[EncodableT]) -> Any:
-        """EVALSHA ``script`` in this turn's round trip (loading it once if Redis does not know it)."""
-        [reply] = await self.execute(("EVALSHA", script.sha, len(keys), *keys, *args))
+    async def run_script(
+        self, script: Script, keys: Sequence[EncodableT], args: Sequence[EncodableT], again: Again | None = None
+    ) -> Any:
+        """EVALSHA ``script`` in this turn's round trip (loading it once if Redis does not know it); ``again`` as
+        for ``execute``."""
+        [reply] = await self.execute(("EVALSHA", script.sha, len(keys), *keys, *args), again=again)
         if isinstance(reply, NoScriptError):  # a restarted or flushed Redis: load it, then run it alone
             await self._redis.script_load(script.source)
-            [reply] = await self.execute(("EVALSHA", script.sha, len(keys), *keys, *args))
+            [reply] = await self.execute(("EVALSHA", script.sha, len(keys), *keys, *args), again=again)
         if isinstance(reply, Exception):
             raise reply
         return reply
 
     async def _send(self) -> None:
         batch, self._queued = self._queued, []
+
+        def again() -> list[Command]:
+            return [command for commands, resend, _ in batch for command in (resend() if resend else commands)]
+
         try:
-            replies = await self._send_commands([command for commands, _ in batch for command in commands])
+            replies = await self._send_commands([command for commands, _, _ in batch for command in commands], again)
         except BaseException as exc:
-            for _, future in batch:
+            for _, _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
             return
         start = 0
-        for commands, future in batch:
+        for commands, _, future in batch:
             if not future.done():  # a caller that was cancelled no longer wants its replies
                 future.set_result(replies[start : start + len(commands)])
             start += len(commands)
 
-    async def _round_trip(self, commands: list[Command]) -> list[Any]:
-        """Send ``commands`` in one write and read their replies, with the pool's retry policy."""
-        # hiredis's stub types its argument as a 1-tuple; it takes a command of any length.
-        packed = b"".join(hiredis.pack_command(command) for command in commands)  # type: ignore[arg-type]
+    async def _round_trip(self, commands: list[Command], again: Callable[[], list[Command]]) -> list[Any]:
+        """Send ``commands`` in one write and read their replies, with the pool's retry policy (which sends
+        ``again()`` instead)."""
+        packed: bytes | None = _pack(commands)  # None once it may have run: then again() is sent
         pool = self._redis.connection_pool
         connection, self._kept = self._kept, None
         if connection is None:
@@ -107,14 +123,20 @@ class Pipeliner:
             # One socket timeout for the whole exchange: redis-py would open a timeout context per reply.
             try:
                 async with asyncio.timeout(connection.socket_timeout):
-                    await connection.send_packed_command(packed)
+                    if not connection.is_connected:
+                        await connection.connect()
+                    # Asked for only now, right before the write: what it depends on (has the caller its reply
+                    # yet?) may have changed while the retry policy waited.
+                    await connection.send_packed_command(packed if packed is not None else _pack(again()))
                     return [await read_reply(connection) for _ in commands]
             except TimeoutError as exc:
                 await connection.disconnect(nowait=True)
                 raise RedisTimeoutError(f"no reply from Redis within {connection.socket_timeout}s") from exc
 
         async def reset(_error: Exception) -> None:
+            nonlocal packed
             await connection.disconnect()
+            packed = None
 
         try:
             replies: list[Any] = await connection.retry.call_with_retry(exchange, reset)
@@ -197,6 +219,11 @@ def _batches(reply: Any) -> StreamBatches:
     """A stream read's raw reply as entries by stream."""
     by_stream = reply.items() if isinstance(reply, dict) else reply or ()  # RESP3: a map; RESP2: pairs
     return [(stream, [(entry_id, _pairs(fields)) for entry_id, fields in entries]) for stream, entries in by_stream]
+
+
+def _pack(commands: Sequence[Command]) -> bytes:
+    # hiredis's stub types its argument as a 1-tuple; it takes a command of any length.
+    return b"".join(hiredis.pack_command(command) for command in commands)  # type: ignore[arg-type]
 
 
 def _pairs(flat: list[bytes] | None) -> Fields:

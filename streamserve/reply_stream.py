@@ -75,6 +75,11 @@ class ReplyStream:
         self._pending[request_id] = fut
         return fut
 
+    def waits_for(self, request_id: str) -> bool:
+        """Whether a caller still waits for the reply to ``request_id`` (not answered, failed or forgotten)."""
+        fut = self._pending.get(request_id)
+        return fut is not None and not fut.done()
+
     def forget(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
 

@@ -17,6 +17,16 @@ local function pending_count(stream, group)
 end
 """
 
+_ADMIT = """
+-- Add the request (fields ARGV[first..]) to KEYS[1] if the queue has room; the new entry id, or 0 when full.
+local function admit(limit, group, first)
+  local length = redis.call('XLEN', KEYS[1])
+  -- XLEN counts the entries being worked on too: only when it alone reaches the limit is XPENDING needed.
+  if length >= limit and length - pending_count(KEYS[1], group) >= limit then return 0 end
+  return redis.call('XADD', KEYS[1], '*', unpack(ARGV, first))
+end
+"""
+
 ENQUEUE = (
     """
 -- Admit a request only if the deployment's queue has room (check and add are one step).
@@ -27,12 +37,49 @@ ENQUEUE = (
 -- Returns the new entry id, or 0 when the queue is full.
 """
     + _PENDING_COUNT
+    + _ADMIT
     + """
-local length = redis.call('XLEN', KEYS[1])
-local limit = tonumber(ARGV[1])
--- XLEN counts the entries being worked on too: only when it alone reaches the limit is XPENDING needed.
-if length >= limit and length - pending_count(KEYS[1], ARGV[2]) >= limit then return 0 end
-return redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+return admit(tonumber(ARGV[1]), ARGV[2], 3)
+"""
+)
+
+ENQUEUE_AGAIN = (
+    """
+-- ENQUEUE sent again after its connection was lost before the answer came: the first sending may have been
+-- added (and even run) already. Add the request only if neither the request stream holds it (queued or being
+-- run: an entry stays until its replica acknowledges it) nor the caller's reply stream holds its reply (a
+-- replica adds the reply before it deletes the entry). Scans both: sent only on this rare path.
+-- KEYS[1]  the deployment's request stream
+-- KEYS[2]  the caller's reply stream (absent on a Redis Cluster, where it lives in another slot)
+-- ARGV[1]  max_queued_requests
+-- ARGV[2]  the consumer group name
+-- ARGV[3]  the request id
+-- ARGV[4..] the request's field/value pairs
+-- Returns the id of the entry found or added, or 0 when the queue is full.
+"""
+    + _PENDING_COUNT
+    + _ADMIT
+    + """
+local function find(stream, request_id)
+  local from = '-'
+  while true do
+    local batch = redis.call('XRANGE', stream, from, '+', 'COUNT', 200)
+    for _, entry in ipairs(batch) do
+      local fields = entry[2]
+      for j = 1, #fields, 2 do
+        if fields[j] == 'id' then
+          if fields[j + 1] == request_id then return entry[1] end
+          break
+        end
+      end
+    end
+    if #batch < 200 then return false end
+    from = '(' .. batch[#batch][1]
+  end
+end
+local found = find(KEYS[1], ARGV[3]) or (KEYS[2] and find(KEYS[2], ARGV[3]))
+if found then return found end
+return admit(tonumber(ARGV[1]), ARGV[2], 4)
 """
 )
 
