@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import ClusterDownError, OutOfMemoryError, ResponseError, SlotNotCoveredError, TryAgainError
@@ -140,7 +141,41 @@ def async_redis(url: str, *, max_connections: int = POOL_SIZE) -> aioredis.Redis
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=POOL_WAIT_S, **_options(AsyncRetry(backoff, RETRY_ATTEMPTS))
     )
+    pool.connection_class = closed_transport_is_lost(pool.connection_class)
     return aioredis.Redis.from_pool(pool)
+
+
+_GUARDED: dict[type[AbstractConnection], type[AbstractConnection]] = {}
+
+
+def closed_transport_is_lost(base: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``base`` (TCP, TLS or Unix socket), except that a write to a transport that Redis closed under it raises
+    redis-py's ConnectionError, which the retry policy retries and callers report as Redis unavailable.
+
+    On uvloop such a write raises RuntimeError ("the handler is closed"), which redis-py passes on as it is: a
+    Redis killed while a connection was being opened or written to then answered the caller 500.
+    """
+    guarded = _GUARDED.get(base)
+    if guarded is None:
+
+        class Guarded(base):  # type: ignore[valid-type,misc]
+            async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+                try:
+                    await super().send_packed_command(command, check_health)
+                except RuntimeError as exc:
+                    if not _is_closed_transport(exc):
+                        raise
+                    await self.disconnect(nowait=True)
+                    raise RedisConnectionError(f"connection to Redis lost while writing: {exc}") from exc
+
+        Guarded.__name__ = Guarded.__qualname__ = f"ClosedTransportIsLost{base.__name__}"
+        guarded = _GUARDED[base] = Guarded
+    return guarded
+
+
+def _is_closed_transport(exc: RuntimeError) -> bool:
+    # uvloop's words (uvloop/handles/handle.pyx, _ensure_alive); asyncio's own transports do not raise here.
+    return "handler is closed" in str(exc)
 
 
 def sync_redis(url: str, *, max_connections: int | None = None) -> redis.Redis:

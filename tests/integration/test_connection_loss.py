@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from typing import cast
+from typing import Any, cast
 
+import pytest
 import redis.asyncio as aioredis
+import uvloop
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from streamserve.client import AsyncClient
+from streamserve.connection import async_redis
 from streamserve.keys import CONSUMER_GROUP
 from streamserve.messages import Request, now_ms
+from streamserve.pipelining import Pipeliner
 from streamserve.settings import Settings
 from tests.integration.conftest import StartReplica
 
@@ -61,3 +66,32 @@ async def test_a_request_delivered_by_a_read_lost_with_its_connection_is_still_r
         await asyncio.sleep(0.05)
     pending = await aredis.xpending(requests, CONSUMER_GROUP)
     assert pending["pending"] == 0
+
+
+def test_a_write_to_a_socket_redis_closed_is_retried_on_uvloop(redis_url: str) -> None:
+    """On uvloop (what every process runs on) a write to a transport closed under the connection raises
+    RuntimeError, not a connection error: a Redis killed at that moment answered the gateway's caller 500. It must
+    count as a lost connection, which the retry policy sends again on a new one."""
+
+    async def scenario() -> None:
+        client = async_redis(redis_url)
+        pipeliner = Pipeliner(client)
+        try:
+            assert await pipeliner.execute(("PING",)) == [b"PONG"]
+            kept = cast(Any, pipeliner)._kept  # the connection the next round trip writes to
+            kept._writer.transport.abort()  # closed under it, as when Redis dies mid-write
+            await asyncio.sleep(0)
+            assert await pipeliner.execute(("PING",)) == [b"PONG"]
+            # A connection taken from the pool and written to directly says the same.
+            lost = await client.connection_pool.get_connection()
+            lost._writer.transport.abort()
+            await asyncio.sleep(0)
+            with pytest.raises(RedisConnectionError):
+                await lost.send_packed_command(b"*1\r\n$4\r\nPING\r\n", check_health=False)
+            await client.connection_pool.release(lost)
+        finally:
+            await pipeliner.aclose()
+            await client.aclose()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario())
