@@ -47,6 +47,7 @@ from streamserve.config import AppConfig, DeploymentConfig
 from streamserve.connection import async_redis
 from streamserve.desired import DesiredState
 from streamserve.embedded_redis import redis_server_binary
+from streamserve.heartbeats import queue_beats
 from streamserve.ids import ReplicaID
 from streamserve.keys import CONSUMER_GROUP, ConfigKey, Keys
 from streamserve.longpoll import EVERYTHING, LongPollSubscriber
@@ -150,11 +151,13 @@ async def run_scheduler(url: str) -> None:
 
 
 async def run_beats(url: str) -> None:
-    """Every BEAT_INTERVAL_S, one pipeline of HSETs: a heartbeat for each STARTING or RUNNING replica."""
+    """Every BEAT_INTERVAL_S, one pipeline: a heartbeat for each STARTING or RUNNING replica, written as replicas
+    write theirs (streamserve/heartbeats.py), a deployment's in one HSET and one ZADD."""
     client = async_redis(url)
     sent: Counter[str] = Counter()
     beating: dict[str, list[tuple[str, int, str]]] = {}
     silenced: set[bytes] = set()
+    told: set[str] = set()  # replicas beaten at least once
     reread_at = 0.0
     sample = {"ts_ms": 0, "health": "ready", "pid": 1, "host": HOST, "ongoing": 0, "message": "", "version": "v"}
     Heartbeat.decode(orjson.dumps(sample))  # the writer's heartbeats are what the scheduler reads
@@ -183,13 +186,15 @@ async def run_beats(url: str) -> None:
         async with client.pipeline(transaction=False) as pipe:
             for name, replicas in beating.items():
                 beats = {
-                    rid: orjson.dumps({**sample, "ts_ms": ts, "pid": pid, "version": version})
+                    rid: (ts, orjson.dumps({**sample, "ts_ms": ts, "pid": pid, "version": version}))
                     for rid, pid, version in replicas
                     if rid.encode() not in silenced
                 }
                 if beats:
-                    pipe.hset(KEYS.heartbeats(name), mapping=beats)  # type: ignore[arg-type]
-                    sent.update(hset=1)
+                    news = not beats.keys() <= told  # a replica's first beat says it is ready: news
+                    told.update(beats)
+                    queue_beats(pipe, KEYS, name, beats, news)
+                    sent.update(hset=1, zadd=1, incr=int(news))
             sent.update(hset=1)
             pipe.hset(WRITER, mapping=dict(sent))  # type: ignore[arg-type]
             await pipe.execute()
@@ -478,8 +483,8 @@ def report(results: list[dict[str, Any]], opts: Options) -> Section:
     per_replica, per_deployment = fit_memory(results)
     section.body += [
         "",
-        f"Redis memory: {per_replica:,.0f} bytes per replica (record + heartbeat + consumer), {per_deployment:,.0f} "
-        "bytes per deployment beyond its replicas (fitted over the sizes from INFO used_memory).",
+        f"Redis memory: {per_replica:,.0f} bytes per replica (record, heartbeat and its time, consumer), "
+        f"{per_deployment:,.0f} bytes per deployment beyond its replicas (fitted over the sizes, INFO used_memory).",
         "",
         "Commands per tick, the most frequent: "
         + "; ".join(

@@ -120,8 +120,16 @@ class Keys:
         return self._tagged(deployment, "replicas")
 
     def heartbeats(self, deployment: str) -> str:
-        """Hash: replica id -> Heartbeat JSON, each field written only by its replica."""
+        """Hash: replica id -> Heartbeat JSON, each field written only by its replica (see heartbeats.py)."""
         return self._tagged(deployment, "heartbeats")
+
+    def heartbeat_times(self, deployment: str) -> str:
+        """Sorted set: replica id -> when it last beat (epoch ms), written with each heartbeat."""
+        return self._tagged(deployment, "heartbeat_times")
+
+    def heartbeat_news(self, deployment: str) -> str:
+        """String: a counter bumped each time a heartbeat says something new (or is removed)."""
+        return self._tagged(deployment, "heartbeat_news")
 
     def dead_letters(self, deployment: str) -> str:
         """Stream: requests that were delivered too many times."""
@@ -149,6 +157,8 @@ class Keys:
             self.requests(deployment),
             self.replicas(deployment),
             self.heartbeats(deployment),
+            self.heartbeat_times(deployment),
+            self.heartbeat_news(deployment),
             self.dead_letters(deployment),
             self.metrics(deployment),
             self.metrics_history(deployment),

@@ -8,6 +8,7 @@ single place a state is validated, persisted and logged.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from enum import Enum
 
 from streamserve.ids import ReplicaID
@@ -47,7 +48,15 @@ class Stopped(str, Enum):
 class ReplicaWrapper:
     """A replica record plus the means to act on its process."""
 
-    def __init__(self, record: ReplicaRecord, launcher: Launcher, store: ReplicaStore, deployment: str) -> None:
+    def __init__(
+        self,
+        record: ReplicaRecord,
+        launcher: Launcher,
+        store: ReplicaStore,
+        deployment: str,
+        moved: Callable[[ReplicaWrapper, ReplicaState], None] | None = None,
+    ) -> None:
+        """``moved(replica, old_state)`` is called after each transition (the owner files replicas by state)."""
         self.record = record
         self.id = ReplicaID.from_str(record.replica_id)
         self._launcher = launcher
@@ -55,6 +64,7 @@ class ReplicaWrapper:
         self._deployment = deployment
         self.failure = ""
         self._seen_exited = False  # its process was found gone while STARTING (decided on the next look)
+        self._moved = moved
 
     @property
     def state(self) -> ReplicaState:
@@ -79,6 +89,8 @@ class ReplicaWrapper:
         old = self.record.state
         check_replica_transition(old, new)
         self.record = self.record.model_copy(update={"state": new, "updated_ms": now_ms, **changes})
+        if self._moved is not None:
+            self._moved(self, old)
         await self._store.save(self._deployment, self.record)
         suffix = f" ({self.record.message})" if self.record.message else ""
         logger.info("replica %s: %s -> %s%s", self.id, old.value, new.value, suffix)
@@ -120,8 +132,13 @@ class ReplicaWrapper:
             return None
         return self._launcher.is_alive(self.record.pid, self.id)
 
-    def check_started(self, beat: Heartbeat | None, now_ms: int, timeouts: Timeouts) -> Started:
-        """For a STARTING replica: ready, still starting, or failed (and why, in ``failure``)."""
+    def check_started(
+        self, beat: Heartbeat | None, last_beat_ms: int | None, now_ms: int, timeouts: Timeouts
+    ) -> Started:
+        """For a STARTING replica: ready, still starting, or failed (and why, in ``failure``).
+
+        ``beat``: what its heartbeat last said; ``last_beat_ms``: when it last beat (None: it has no heartbeat).
+        """
         if beat is not None and beat.health is ReplicaHealth.READY:
             return Started.READY
         if beat is not None and beat.health is ReplicaHealth.FAILED:
@@ -131,8 +148,8 @@ class ReplicaWrapper:
             # Not ours to time out: a worker may load a model for as long as it keeps its heartbeat fresh.
             if beat is None:
                 return Started.GONE
-            if now_ms - beat.ts_ms > timeouts.heartbeat_timeout_ms:
-                self.failure = f"no heartbeat for {(now_ms - beat.ts_ms) / 1000:.1f}s while starting"
+            if last_beat_ms is not None and now_ms - last_beat_ms > timeouts.heartbeat_timeout_ms:
+                self.failure = f"no heartbeat for {(now_ms - last_beat_ms) / 1000:.1f}s while starting"
                 return Started.FAILED
             return Started.STARTING
         if self._process_alive() is False:
@@ -149,34 +166,39 @@ class ReplicaWrapper:
             return Started.FAILED
         return Started.STARTING
 
-    def check_alive(self, beat: Heartbeat | None, now_ms: int, heartbeat_timeout_ms: int) -> Alive:
-        """For a RUNNING replica: OK while its process lives and its heartbeat is fresh."""
-        if self.is_external:
+    def check_alive(
+        self, beat: Heartbeat | None, last_beat_ms: int | None, now_ms: int, heartbeat_timeout_ms: int
+    ) -> Alive:
+        """For a RUNNING replica: OK while its process lives and its heartbeat is fresh (arguments as for
+        ``check_started``)."""
+        # Attributes read directly, not through the properties above: this runs for every RUNNING replica each tick.
+        record = self.record
+        if record.external:
             if beat is None:
                 return Alive.GONE
             if beat.health is ReplicaHealth.DRAINING:
                 return Alive.DRAINING
-        if self._process_alive() is False:
-            code = self._launcher.exit_code(self.record.pid)
+        elif record.pid and record.host == self._launcher.host and not self._launcher.is_alive(record.pid, self.id):
+            code = self._launcher.exit_code(record.pid)
             self.failure = f"process exited with code {code}" if code is not None else "process died"
             return Alive.DEAD
-        last = beat.ts_ms if beat is not None else self.record.updated_ms
+        last = last_beat_ms if last_beat_ms is not None else record.updated_ms
         if now_ms - last > heartbeat_timeout_ms:
             self.failure = f"no heartbeat for {(now_ms - last) / 1000:.1f}s"
             return Alive.DEAD
-        if beat is not None and beat.health is ReplicaHealth.UNHEALTHY and not self.is_external:
+        if beat is not None and beat.health is ReplicaHealth.UNHEALTHY and not record.external:
             self.failure = beat.message or "check_health() failed"
             return Alive.UNHEALTHY
         return Alive.ALIVE
 
-    def check_stopped(self, beat: Heartbeat | None, now_ms: int, heartbeat_timeout_ms: int) -> Stopped:
+    def check_stopped(self, last_beat_ms: int | None, now_ms: int, heartbeat_timeout_ms: int) -> Stopped:
         """For a STOPPING replica: OK once the process is gone; kills it past the deadline.
 
         Where we cannot see the process, its heartbeat tells: removed (it said
         goodbye) or expired (it died) both mean gone.
         """
         alive = self._process_alive()
-        if alive is None and (beat is None or now_ms - beat.ts_ms > heartbeat_timeout_ms):
+        if alive is None and (last_beat_ms is None or now_ms - last_beat_ms > heartbeat_timeout_ms):
             return Stopped.GONE
         if alive is False:
             return Stopped.GONE

@@ -14,13 +14,13 @@ import redis.asyncio as aioredis
 from streamserve.config import DeploymentConfig
 from streamserve.connection import RETRYABLE_ERRORS
 from streamserve.desired import DesiredState
-from streamserve.errors import ProtocolError
 from streamserve.key_migration import migrate_farm_keys
-from streamserve.messages import Heartbeat, now_ms
+from streamserve.messages import now_ms
 from streamserve.metrics.history import MetricsHistory
 from streamserve.resources import GpuAllocator, host_gpus, host_memory_bytes, overcommit
 from streamserve.scheduler.deployment_state import DeploymentState, Target
 from streamserve.scheduler.goals import GoalTracker
+from streamserve.scheduler.heartbeat_reader import Beats, HeartbeatReader
 from streamserve.scheduler.job_pool import JobWorkerPool
 from streamserve.scheduler.leader import LeaderLock
 from streamserve.scheduler.reclaim import Reclaimer
@@ -56,6 +56,7 @@ class Scheduler:
         self._launcher = launcher
         self._clock = clock
         self._store = RedisReplicaStore(redis, self._keys)
+        self._heartbeats = HeartbeatReader(redis, self._keys, int(settings.heartbeat_timeout_s * 1000))
         self._desired = DesiredState(redis, self._keys)
         self._timeouts = Timeouts(
             heartbeat_timeout_ms=int(settings.heartbeat_timeout_s * 1000),
@@ -73,8 +74,6 @@ class Scheduler:
         self._known_groups: set[str] = set()
         # Per deployment: the live consumers at its last reclaim, and when the next is due regardless (see _reclaim).
         self._reclaimed: dict[str, tuple[set[str], int]] = {}
-        # Per deployment: each replica's last heartbeat, raw and parsed (see _decode_beats).
-        self._decoded_beats: dict[str, dict[bytes, tuple[bytes, Heartbeat]]] = {}
         self._standing_by = False
         # Set when Redis was away; the next tick counts replicas' silence from then (they could not beat either).
         self._redis_was_away = False
@@ -147,17 +146,15 @@ class Scheduler:
         desired = await self._desired.deployments()
         self._warn_if_overcommitted(desired)
         names = sorted(set(desired) | set(self._states))
-        beats_raw = await self._store.heartbeats(names)
-        autoscaled = [name for name, cfg in desired.items() if cfg.autoscaling_config is not None]
-        ongoing = await self._store.ongoing(autoscaled) if autoscaled else {}
         now = self._clock()
         if self._redis_was_away:
             self._redis_was_away, self._silence_from_ms = False, now
-        decoded, self._decoded_beats = self._decoded_beats, {}
+        beats = await self._heartbeats.read(names, now, self._silence_from_ms)
+        autoscaled = [name for name, cfg in desired.items() if cfg.autoscaling_config is not None]
+        ongoing = await self._store.ongoing(autoscaled) if autoscaled else {}
         for name in names:
             try:
-                beats = self._decode_beats(name, beats_raw.get(name, {}), decoded.get(name, {}))
-                await self._reconcile(name, desired.get(name), beats, ongoing.get(name, 0), now)
+                await self._reconcile(name, desired.get(name), beats[name], ongoing.get(name, 0), now)
             except RETRYABLE_ERRORS:
                 raise
             except Exception:
@@ -166,16 +163,14 @@ class Scheduler:
         await self._goals.update(goals, desired, self._states, now)
         await self._history.maybe_sample(sorted(desired), now)
 
-    async def _reconcile(
-        self, name: str, cfg: DeploymentConfig | None, beats: dict[str, Heartbeat], ongoing: int, now: int
-    ) -> None:
+    async def _reconcile(self, name: str, cfg: DeploymentConfig | None, beats: Beats, ongoing: int, now: int) -> None:
         shutting_down = self._stop_replicas_on_exit and self.should_exit.is_set()
         if cfg is not None:
             await self._ensure_group_once(cfg)
         state = self._state(name)
         await state.update(Target(cfg, shutting_down), beats, now, ongoing)
         if cfg is not None:
-            await self._reclaim(cfg, self._live_consumers(state, beats, now), now)
+            await self._reclaim(cfg, set(state.replicas) | beats.heard(), now)
         if cfg is None and state.is_gone:
             await self._store.forget_deployment(name)
             self._known_groups.discard(name)
@@ -203,35 +198,6 @@ class Scheduler:
         await self._reclaimer.reclaim(cfg, live)
         # Spread over the interval, so that the deployments' full listings do not all land on one tick.
         self._reclaimed[cfg.name] = (live, now + int(FULL_RECLAIM_EVERY_MS * random.uniform(0.5, 1.0)))
-
-    def _decode_beats(
-        self, name: str, raw: dict[bytes, bytes], last: dict[bytes, tuple[bytes, Heartbeat]]
-    ) -> dict[str, Heartbeat]:
-        """The deployment's heartbeats, each dated no earlier than when Redis came back after an outage. A beat
-        whose bytes are those of the last tick is not parsed again (most are: replicas beat every second)."""
-        kept: dict[bytes, tuple[bytes, Heartbeat]] = {}
-        beats = {}
-        for rid, value in raw.items():
-            seen = last.get(rid)
-            if seen is not None and seen[0] == value:
-                beat = seen[1]
-            else:
-                try:
-                    beat = Heartbeat.decode(value)
-                except ProtocolError as exc:
-                    logger.warning("ignoring unreadable heartbeat of %s: %s", rid, exc)
-                    continue
-            kept[rid] = (value, beat)
-            if beat.ts_ms < self._silence_from_ms:
-                beat = beat.model_copy(update={"ts_ms": self._silence_from_ms})
-            beats[rid.decode()] = beat
-        self._decoded_beats[name] = kept
-        return beats
-
-    def _live_consumers(self, state: DeploymentState, beats: dict[str, Heartbeat], now: int) -> set[str]:
-        """Replicas we manage (still recorded) and any others whose heartbeat is fresh (started by hand)."""
-        fresh = {rid for rid, beat in beats.items() if now - beat.ts_ms <= self._timeouts.heartbeat_timeout_ms}
-        return set(state.replicas) | fresh
 
     async def _ensure_group_once(self, cfg: DeploymentConfig) -> None:
         """Create the consumer group at id 0 so requests queued before any replica are still served."""

@@ -7,6 +7,7 @@ import logging
 import redis.asyncio as aioredis
 
 from streamserve.errors import ProtocolError
+from streamserve.heartbeats import queue_removal
 from streamserve.keys import ConfigKey, Keys
 from streamserve.longpoll import announce, bump_snapshot_id
 from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, ReplicaRecord, text
@@ -30,7 +31,7 @@ class RedisReplicaStore:
     async def remove(self, deployment: str, replica_id: str) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hdel(self._keys.replicas(deployment), replica_id)
-            pipe.hdel(self._keys.heartbeats(deployment), replica_id)
+            queue_removal(pipe, self._keys, deployment, [replica_id])
             await pipe.execute()
 
     async def save_health(self, deployment: str, record: DeploymentHealthRecord) -> None:
@@ -88,14 +89,6 @@ class RedisReplicaStore:
             raw = await self._redis.hgetall(key)
             found[name] = [ReplicaRecord.decode(v) for v in raw.values()]
         return found
-
-    async def heartbeats(self, names: list[str]) -> dict[str, dict[bytes, bytes]]:
-        """The raw heartbeat hashes of several deployments in one round trip."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for name in names:
-                pipe.hgetall(self._keys.heartbeats(name))
-            results = await pipe.execute()
-        return dict(zip(names, results, strict=True))
 
     async def forget_deployment(self, deployment: str) -> None:
         """Drop every key of a deleted deployment whose replicas are all gone.

@@ -28,6 +28,7 @@ from streamserve.config import DeploymentConfig
 from streamserve.connection import RETRYABLE_ERRORS, redacted
 from streamserve.desired import DesiredState
 from streamserve.errors import BadRequestError, NotFoundError, ProtocolError, ResponseTooLargeError
+from streamserve.heartbeats import News, news_of, queue_beats, queue_removal
 from streamserve.ids import ReplicaID
 from streamserve.jsonvalues import dumps
 from streamserve.keys import CONSUMER_GROUP, ConfigKey
@@ -101,6 +102,7 @@ class Replica:
         self._stopping = asyncio.Event()
         self._exit_code = 0
         self._beat_lock = asyncio.Lock()
+        self._told: News | None = None  # what its last heartbeat said (heartbeats.news_of), None before the first
         self._counted = False  # a scheduler has recorded this replica (so a record that vanishes means "leave")
         self._drain_limit_s = math.inf  # shortened when the farm is gone: nobody is left to answer
         self._loaded_version = ""  # the code version it runs, once loaded (the config may move on meanwhile)
@@ -315,7 +317,9 @@ class Replica:
         """
         with contextlib.suppress(*RETRYABLE_ERRORS, ResponseError):
             if not self.restart_reason:
-                await self._redis.hdel(self._keys.heartbeats(self._name), self._consumer)
+                async with self._redis.pipeline(transaction=True) as pipe:
+                    queue_removal(pipe, self._keys, self._name, [self._consumer])
+                    await pipe.execute()
             pending = await self._redis.xpending_range(self._stream, CONSUMER_GROUP, "-", "+", 1, self._consumer)
             if not pending:
                 await self._redis.xgroup_delconsumer(self._stream, CONSUMER_GROUP, self._consumer)
@@ -342,14 +346,16 @@ class Replica:
             message=self._message,
             version=self._loaded_version,
         )
-        key = self._keys.heartbeats(self._name)
+        news = news_of(beat)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, self._consumer, beat.encode())
+            beats = {self._consumer: (beat.ts_ms, beat.encode())}
+            queue_beats(pipe, self._keys, self._name, beats, news != self._told)
             if self._takes_over is not None:
-                pipe.hdel(key, self._takes_over)
+                queue_removal(pipe, self._keys, self._name, [self._takes_over])
             pipe.hget(self._keys.replicas(self._name), self._consumer)
+            self._told = None  # unknown until the transaction's answer comes: a lost one may or may not have run
             *_, record = await pipe.execute()
-        self._takes_over = None
+        self._takes_over, self._told = None, news
         self._obey(record)
 
     def _obey(self, raw_record: bytes | None) -> None:

@@ -42,7 +42,7 @@ async def tick(h: Harness, t: Target, ongoing: int = 0, advance_ms: int = 200) -
     """One scheduler tick: replicas are ready once started and exit once told to stop."""
     h.now += advance_ms
     h.beat_all()
-    await h.state.update(t, h.beats, h.now, ongoing)
+    await h.state.update(t, h.view(), h.now, ongoing)
     for pid in h.launcher.terminated:
         h.launcher.exit(pid)
 

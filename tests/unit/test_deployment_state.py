@@ -11,6 +11,7 @@ from streamserve.config import DeploymentConfig
 from streamserve.ids import ReplicaID
 from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, Heartbeat, ReplicaRecord
 from streamserve.scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, DeploymentState, Target
+from streamserve.scheduler.heartbeat_reader import Beats
 from streamserve.states import DeploymentHealth, ReplicaHealth, ReplicaState
 from streamserve.types import Timeouts
 
@@ -83,15 +84,18 @@ class Harness:
     def __init__(self) -> None:
         self.launcher = FakeLauncher()
         self.store = MemoryStore()
-        self.state = DeploymentState(
-            "echo", self.launcher, self.store, Timeouts(heartbeat_timeout_ms=10_000, start_timeout_ms=60_000)
-        )
+        self.state_timeouts = Timeouts(heartbeat_timeout_ms=10_000, start_timeout_ms=60_000)
+        self.state = DeploymentState("echo", self.launcher, self.store, self.state_timeouts)
         self.now = 1_000_000
         self.beats = self.store.beats
 
     async def tick(self, target: Target, advance_ms: int = 100) -> None:
         self.now += advance_ms
-        await self.state.update(target, self.beats, self.now)
+        await self.state.update(target, self.view(), self.now)
+
+    def view(self) -> Beats:
+        """The heartbeats as the scheduler's reader gives them: each beat's time is its ts_ms."""
+        return Beats.at(self.beats, {}, self.now, self.state_timeouts.heartbeat_timeout_ms)
 
     def beat_all(self, health: ReplicaHealth = ReplicaHealth.READY, message: str = "") -> None:
         for r in self.state.replicas.values():
