@@ -90,6 +90,9 @@ class LocalRedisCluster:
             "--cluster-enabled", "yes",
             "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+            # A replica takes over however long it was cut off from its master: on a loaded machine the cluster
+            # can take longer to form than the default allows (node timeout x 10), and then no replica would.
+            "--cluster-replica-validity-factor", "0",
             "--save", "",
             "--appendonly", "no",
             "--maxmemory", "256mb",
@@ -116,6 +119,9 @@ class LocalRedisCluster:
                 info = client.cluster("info")
                 if info.get("cluster_state") != "ok" or int(info.get("cluster_known_nodes", 0)) != len(self.ports):
                     return False
+                replication = client.info("replication")
+                if replication.get("role") == "slave" and replication.get("master_link_status") != "up":
+                    return False  # a replica that has not synced with its master yet
             except redis.RedisError:
                 return False
             finally:

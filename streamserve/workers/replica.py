@@ -16,7 +16,7 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -57,6 +57,8 @@ READ_BLOCK_MS = 500
 UNDELIVERED_MAX = 1000
 # How long a replica whose `streamserve up` was killed drains: its Redis is likely gone with it.
 FARM_GONE_DRAIN_S = 5.0
+# How long each step of a replica's exit after its drain may take (closing subscriptions, last writes to Redis).
+WIND_DOWN_STEP_S = 10.0
 
 
 class Replica:
@@ -167,19 +169,32 @@ class Replica:
             return self._exit_code
         finally:
             if longpoll is not None:
-                await longpoll.close()
+                await self._wind_down("the config subscription", longpoll.close())
             heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
-            await self._batchers.aclose()
+            await self._wind_down("the heartbeat", heartbeat)
+            await self._wind_down("the batches", self._batchers.aclose())
             if self._threads is not None:
                 self._threads.close()  # a handler still running past the drain's grace period is not answered
-            await self._pipeliner.aclose()
+            await self._wind_down("the replies", self._pipeliner.aclose())
             if metrics is not None:
-                await metrics.aclose()
+                await self._wind_down("the last metrics", metrics.aclose())
             if loaded:
-                await self._goodbye()
+                await self._wind_down("the goodbye", self._goodbye())
             logger.info("replica %s: exited after %d requests (%d failed)", self.replica_id, self._served, self._failed)
+
+    async def _wind_down(self, what: str, step: Awaitable[object]) -> None:
+        """One step of the exit, bounded: a replica that drained must exit, even if a step hangs (it is named)."""
+        try:
+            async with asyncio.timeout(WIND_DOWN_STEP_S):
+                await step
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the exit itself was cancelled (a cancelled step, such as the heartbeat task, is not)
+        except TimeoutError:
+            logger.warning(
+                "replica %s: %s did not finish within %gs; exiting anyway", self.replica_id, what, WIND_DOWN_STEP_S
+            )
 
     async def _refusal(self) -> str:
         """Why this worker must not start ("" when it may)."""
