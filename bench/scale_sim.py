@@ -178,10 +178,9 @@ async def run_beats(url: str) -> None:
                     if r["state"] in ("STARTING", "RUNNING")
                 ]
             reread_at = started + 5.0
-        elif started >= reread_at:
-            sent.update(get=1)
+        else:  # every beat: a replica silenced now stops beating now, so "re-queued after" times the scheduler alone
+            sent.update(get=int(started >= reread_at), smembers=1)
             silenced = await client.smembers(SILENCED)
-            sent.update(smembers=1)
         ts = now_ms()
         async with client.pipeline(transaction=False) as pipe:
             for name, replicas in beating.items():
