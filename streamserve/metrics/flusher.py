@@ -33,12 +33,14 @@ class MetricsFlusher:
         self.figures = figures
         self._interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
+        self._closing = False  # the loop ends on it too: redis-py can swallow a cancellation that lands in a write
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="metrics-flusher")
 
     async def aclose(self) -> None:
         """Stop, after one last flush."""
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -47,7 +49,7 @@ class MetricsFlusher:
             await self.flush()
 
     async def _loop(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self._interval_s)
             try:
                 await self.flush()

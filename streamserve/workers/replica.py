@@ -104,6 +104,7 @@ class Replica:
         self._stopping = asyncio.Event()
         self._exit_code = 0
         self._beat_lock = asyncio.Lock()
+        self._heartbeat_stop = asyncio.Event()  # set when the replica exits: the heartbeat loop ends
         self._told: News | None = None  # what its last heartbeat said (heartbeats.news_of), None before the first
         self._counted = False  # a scheduler has recorded this replica (so a record that vanishes means "leave")
         self._drain_limit_s = math.inf  # shortened when the farm is gone: nobody is left to answer
@@ -170,6 +171,7 @@ class Replica:
         finally:
             if longpoll is not None:
                 await self._wind_down("the config subscription", longpoll.close())
+            self._heartbeat_stop.set()
             heartbeat.cancel()
             await self._wind_down("the heartbeat", heartbeat)
             await self._wind_down("the batches", self._batchers.aclose())
@@ -194,6 +196,10 @@ class Replica:
         except TimeoutError:
             logger.warning(
                 "replica %s: %s did not finish within %gs; exiting anyway", self.replica_id, what, WIND_DOWN_STEP_S
+            )
+        except Exception as exc:  # e.g. Redis gone for good: the exit goes on
+            logger.warning(
+                "replica %s: %s failed on the way out: %s: %s", self.replica_id, what, type(exc).__name__, exc
             )
 
     async def _refusal(self) -> str:
@@ -396,7 +402,9 @@ class Replica:
 
     async def _heartbeat_loop(self) -> None:
         supervisor = self._settings.supervisor
-        while True:
+        # Ends on the flag as well as on cancellation: redis-py can swallow a cancellation that lands in a write
+        # (CI saw a replica whose heartbeat task went on beating after it was cancelled, so it never exited).
+        while not self._heartbeat_stop.is_set():
             if supervisor is not None and not is_running(supervisor):
                 self._leave(1, f"the `streamserve up` that started it (pid {supervisor.partition(':')[0]}) is gone")
                 self._drain_limit_s = FARM_GONE_DRAIN_S
@@ -405,7 +413,8 @@ class Replica:
                 await self._beat()
             except RETRYABLE_ERRORS as exc:
                 logger.warning("replica %s: heartbeat failed: %s", self.replica_id, exc)
-            await asyncio.sleep(self._settings.heartbeat_interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heartbeat_stop.wait(), self._settings.heartbeat_interval_s)
 
     # -- serving ----------------------------------------------------------------
 

@@ -50,3 +50,46 @@ async def test_a_hanging_exit_step_is_cut_short_and_named(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await redis.aclose()
+
+
+async def test_a_heartbeat_that_loses_its_cancellation_still_ends(
+    settings: Settings, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py can swallow a cancellation that lands in a write: the heartbeat loop then went on beating, and the
+    replica waited for it forever. It ends on the replica's own flag too, at once."""
+    caplog.set_level(logging.WARNING, logger=replica_module.__name__)
+    cfg = await deploy(settings)
+    redis = async_redis(settings.effective_redis_url)
+    replica = Replica(settings, redis, ReplicaID.new(cfg.name))
+    task = asyncio.create_task(replica.run())
+    try:
+        beats = settings.keys.heartbeats(cfg.name)
+        for _ in range(200):
+            raw = await redis.hget(beats, replica.replica_id.to_str())
+            if raw is not None and b'"ready"' in raw:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the replica did not become ready")
+
+        swallowed: list[bool] = []
+
+        async def beat_that_swallows_its_cancellation() -> None:
+            try:
+                await asyncio.sleep(0.5)  # a write in progress: most of the loop's time is spent here
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed.append(True)  # the first one only, as the library did
+
+        monkeypatch.setattr(replica, "_beat", beat_that_swallows_its_cancellation)
+        await asyncio.sleep(0.3)  # the loop is inside a beat now
+        replica.request_stop()
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(task, timeout=30) == 0
+        assert asyncio.get_running_loop().time() - started < replica_module.WIND_DOWN_STEP_S / 2
+        assert "did not finish" not in caplog.text
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await redis.aclose()
