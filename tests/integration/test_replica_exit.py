@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 import pytest
+import redis.asyncio as aioredis
 
 from streamserve.connection import async_redis
 from streamserve.ids import ReplicaID
@@ -15,24 +18,36 @@ from streamserve.workers.replica import Replica
 from tests.integration.conftest import deploy
 
 
-async def test_a_hanging_exit_step_is_cut_short_and_named(
-    settings: Settings, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(replica_module, "WIND_DOWN_STEP_S", 0.5)
-    caplog.set_level(logging.WARNING, logger=replica_module.__name__)
+@contextlib.asynccontextmanager
+async def serving_replica(settings: Settings) -> AsyncIterator[tuple[Replica, asyncio.Task[int], aioredis.Redis]]:
+    """A replica of the deployment ``rec``, run in this process until it is ready; its task, and a client."""
     cfg = await deploy(settings)
     redis = async_redis(settings.effective_redis_url)
     replica = Replica(settings, redis, ReplicaID.new(cfg.name))
     task = asyncio.create_task(replica.run())
     try:
-        beats = settings.keys.heartbeats(cfg.name)
+        beats, rid = settings.keys.heartbeats(cfg.name), replica.replica_id.to_str()
         for _ in range(200):
-            raw = await redis.hget(beats, replica.replica_id.to_str())
+            raw = await redis.hget(beats, rid)
             if raw is not None and b'"ready"' in raw:
                 break
             await asyncio.sleep(0.05)
         else:
             raise AssertionError("the replica did not become ready")
+        yield replica, task, redis
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await redis.aclose()
+
+
+async def test_a_hanging_exit_step_is_cut_short_and_named(
+    settings: Settings, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replica_module, "WIND_DOWN_STEP_S", 0.5)
+    caplog.set_level(logging.WARNING, logger=replica_module.__name__)
+    async with serving_replica(settings) as (replica, task, redis):
+        beats = settings.keys.heartbeats(replica.replica_id.deployment)
 
         async def never() -> None:
             await asyncio.Event().wait()
@@ -46,10 +61,6 @@ async def test_a_hanging_exit_step_is_cut_short_and_named(
         # The steps after it still ran: its heartbeat is gone.
         assert await redis.hget(beats, replica.replica_id.to_str()) is None
         await closed()
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await redis.aclose()
 
 
 async def test_a_heartbeat_that_loses_its_cancellation_still_ends(
@@ -58,20 +69,7 @@ async def test_a_heartbeat_that_loses_its_cancellation_still_ends(
     """redis-py can swallow a cancellation that lands in a write: the heartbeat loop then went on beating, and the
     replica waited for it forever. It ends on the replica's own flag too, at once."""
     caplog.set_level(logging.WARNING, logger=replica_module.__name__)
-    cfg = await deploy(settings)
-    redis = async_redis(settings.effective_redis_url)
-    replica = Replica(settings, redis, ReplicaID.new(cfg.name))
-    task = asyncio.create_task(replica.run())
-    try:
-        beats = settings.keys.heartbeats(cfg.name)
-        for _ in range(200):
-            raw = await redis.hget(beats, replica.replica_id.to_str())
-            if raw is not None and b'"ready"' in raw:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the replica did not become ready")
-
+    async with serving_replica(settings) as (replica, task, _redis):
         swallowed: list[bool] = []
 
         async def beat_that_swallows_its_cancellation() -> None:
@@ -89,7 +87,3 @@ async def test_a_heartbeat_that_loses_its_cancellation_still_ends(
         assert await asyncio.wait_for(task, timeout=30) == 0
         assert asyncio.get_running_loop().time() - started < replica_module.WIND_DOWN_STEP_S / 2
         assert "did not finish" not in caplog.text
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await redis.aclose()
