@@ -45,12 +45,6 @@ class Beats:
         """The replicas heard from within the heartbeat timeout."""
         return self.said.keys() - self.silent.keys()
 
-    @classmethod
-    def at(cls, said: Mapping[str, Heartbeat], times: Mapping[str, int], now_ms: int, timeout_ms: int) -> Beats:
-        """From each replica's last beat time (a heartbeat missing from ``times``: its own ``ts_ms``)."""
-        last = {rid: beat.ts_ms for rid, beat in said.items()} | dict(times)
-        return cls(said, {rid: ts for rid, ts in last.items() if now_ms - ts > timeout_ms}, now_ms)
-
 
 @dataclass
 class _Known:
@@ -58,7 +52,6 @@ class _Known:
 
     news: bytes | None  # the counter's value when the heartbeats hash was last read
     said: dict[str, Heartbeat] = field(default_factory=dict)
-    raw: dict[str, bytes] = field(default_factory=dict)  # the bytes each parse came from
     untimed: dict[str, int] = field(default_factory=dict)  # heartbeats with no time in heartbeat_times: their ts_ms
 
 
@@ -99,25 +92,22 @@ class HeartbeatReader:
         return beats
 
     async def _reread(self, names: list[str], news: Mapping[str, bytes | None]) -> None:
-        """Read the heartbeats hashes of ``names`` again; parse only the heartbeats whose bytes changed."""
+        """Read and parse the heartbeats hashes of ``names`` again (with which replicas have a beat time)."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.hgetall(self._keys.heartbeats(name))
                 pipe.zrange(self._keys.heartbeat_times(name), 0, -1)
             replies = await pipe.execute()
         for name, raw_beats, timed in zip(names, replies[0::2], replies[1::2], strict=True):
-            last = self._known.get(name) or _Known(None)
             known = self._known[name] = _Known(news[name])
             timed_ids = set(timed)
             for rid_bytes, raw in raw_beats.items():
                 rid = rid_bytes.decode()
-                beat = last.said.get(rid) if last.raw.get(rid) == raw else None
-                if beat is None:
-                    try:
-                        beat = Heartbeat.decode(raw)
-                    except ProtocolError as exc:
-                        logger.warning("ignoring unreadable heartbeat of %s: %s", rid, exc)
-                        continue
-                known.said[rid], known.raw[rid] = beat, raw
+                try:
+                    beat = Heartbeat.decode(raw)
+                except ProtocolError as exc:
+                    logger.warning("ignoring unreadable heartbeat of %s: %s", rid, exc)
+                    continue
+                known.said[rid] = beat
                 if rid_bytes not in timed_ids:  # written by something older than heartbeat_times
                     known.untimed[rid] = beat.ts_ms

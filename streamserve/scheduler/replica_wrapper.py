@@ -171,22 +171,20 @@ class ReplicaWrapper:
     ) -> Alive:
         """For a RUNNING replica: OK while its process lives and its heartbeat is fresh (arguments as for
         ``check_started``)."""
-        # Attributes read directly, not through the properties above: this runs for every RUNNING replica each tick.
-        record = self.record
-        if record.external:
+        if self.is_external:
             if beat is None:
                 return Alive.GONE
             if beat.health is ReplicaHealth.DRAINING:
                 return Alive.DRAINING
-        elif record.pid and record.host == self._launcher.host and not self._launcher.is_alive(record.pid, self.id):
-            code = self._launcher.exit_code(record.pid)
+        if self._process_alive() is False:
+            code = self._launcher.exit_code(self.record.pid)
             self.failure = f"process exited with code {code}" if code is not None else "process died"
             return Alive.DEAD
-        last = last_beat_ms if last_beat_ms is not None else record.updated_ms
+        last = last_beat_ms if last_beat_ms is not None else self.record.updated_ms
         if now_ms - last > heartbeat_timeout_ms:
             self.failure = f"no heartbeat for {(now_ms - last) / 1000:.1f}s"
             return Alive.DEAD
-        if beat is not None and beat.health is ReplicaHealth.UNHEALTHY and not record.external:
+        if beat is not None and beat.health is ReplicaHealth.UNHEALTHY and not self.is_external:
             self.failure = beat.message or "check_health() failed"
             return Alive.UNHEALTHY
         return Alive.ALIVE

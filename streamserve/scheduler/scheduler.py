@@ -56,12 +56,12 @@ class Scheduler:
         self._launcher = launcher
         self._clock = clock
         self._store = RedisReplicaStore(redis, self._keys)
-        self._heartbeats = HeartbeatReader(redis, self._keys, int(settings.heartbeat_timeout_s * 1000))
         self._desired = DesiredState(redis, self._keys)
         self._timeouts = Timeouts(
             heartbeat_timeout_ms=int(settings.heartbeat_timeout_s * 1000),
             start_timeout_ms=int(settings.start_timeout_s * 1000),
         )
+        self._heartbeats = HeartbeatReader(redis, self._keys, self._timeouts.heartbeat_timeout_ms)
         self._lock = LeaderLock(redis, self._keys)
         self._reclaimer = Reclaimer(redis, self._keys)
         self._goals = GoalTracker(redis, self._keys)

@@ -95,7 +95,9 @@ class Harness:
 
     def view(self) -> Beats:
         """The heartbeats as the scheduler's reader gives them: each beat's time is its ts_ms."""
-        return Beats.at(self.beats, {}, self.now, self.state_timeouts.heartbeat_timeout_ms)
+        timeout_ms = self.state_timeouts.heartbeat_timeout_ms
+        silent = {rid: beat.ts_ms for rid, beat in self.beats.items() if self.now - beat.ts_ms > timeout_ms}
+        return Beats(self.beats, silent, self.now)
 
     def beat_all(self, health: ReplicaHealth = ReplicaHealth.READY, message: str = "") -> None:
         for r in self.state.replicas.values():
