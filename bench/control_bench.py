@@ -80,7 +80,7 @@ def deploy_to_first_answer(farm: Farm, opts: Options, tmp: Path) -> dict[str, Sp
 def config_changes(farm: Farm, report_url: str, opts: Options) -> tuple[Spread, Spread, int]:
     """Change conf's user_config ``CHANGES`` times per repetition; per change, the time until every replica ran it."""
     from streamserve import Client
-    from streamserve.config import parse_config
+    from streamserve.wire.config import parse_config
 
     reports = redis.Redis.from_url(report_url)
     changes = QUICK_CHANGES if opts.quick else CHANGES

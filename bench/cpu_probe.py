@@ -36,14 +36,14 @@ import uvloop
 
 from bench.loadgen import Connection, http_probe, post_request
 from bench.stats import percentile
-from streamserve.client import AsyncClient
-from streamserve.config import parse_config
-from streamserve.connection import async_redis
-from streamserve.desired import DesiredState
-from streamserve.embedded_redis import EmbeddedRedis
-from streamserve.errors import StreamServeError
-from streamserve.procs import die_with_parent, free_port, role_command, stop_group
-from streamserve.settings import Settings
+from streamserve.client.clients import AsyncClient
+from streamserve.control.desired_state import DesiredState
+from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.processes import die_with_parent, free_port, role_command, stop_group
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import async_redis
+from streamserve.wire.config import parse_config
+from streamserve.wire.errors import StreamServeError
 from tests.e2e.farm import ROOT
 
 WARMUP = 2000

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench.children import READY_TIMEOUT_S, Children, python_path
-from streamserve.procs import wait_until
+from streamserve.runtime.processes import wait_until
 from tests.e2e.farm import Farm
 
 NO_JOB_WORKERS = {"STREAMSERVE_JOB_WORKERS": "0"}
@@ -45,9 +45,9 @@ def start_farm(
 
 def status_of(redis_url: str) -> list[dict[str, Any]]:
     """Every deployment's status as dicts (name, target, running, queued, replicas, ...)."""
-    from streamserve.connection import async_redis
-    from streamserve.settings import Settings
-    from streamserve.status import StatusReader
+    from streamserve.control.status import StatusReader
+    from streamserve.runtime.settings import Settings
+    from streamserve.transport.connections import async_redis
 
     async def read() -> list[dict[str, Any]]:
         redis = async_redis(redis_url)

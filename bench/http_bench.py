@@ -23,7 +23,7 @@ from bench.servers import NOOP_CONCURRENCY, NOOP_CONFIG, celery_worker, py
 from bench.standalone import standalone
 from bench.stats import Summary, ratio
 from bench.versions import installed
-from streamserve.procs import free_port
+from streamserve.runtime.processes import free_port
 
 PATH = "/noop"
 BODY = orjson.dumps(NOOP_BODY)

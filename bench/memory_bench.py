@@ -114,7 +114,7 @@ def per_queued_request(farm: Farm, queued: int, client: redis.Redis) -> tuple[fl
     (used_memory less client buffers) per request, which also counts anything else a call stores.
     """
     from streamserve import AsyncClient
-    from streamserve.settings import Settings
+    from streamserve.runtime.settings import Settings
 
     stream = Settings(redis_url=farm.effective_redis_url).keys.requests("parked")
 

@@ -37,26 +37,26 @@ from typing import Any
 
 import orjson
 import redis
+from streamserve.scheduler.main import serve
+from streamserve.scheduler.scheduler import Scheduler
 
 from bench.children import Child, Children, python_path
 from bench.options import Options
 from bench.section import Section, md_table, verdict
 from bench.standalone import standalone
 from bench.stats import percentile
-from streamserve.config import AppConfig, DeploymentConfig
-from streamserve.connection import async_redis
-from streamserve.desired import DesiredState
-from streamserve.embedded_redis import redis_server_binary
-from streamserve.heartbeats import queue_beats
-from streamserve.ids import ReplicaID
-from streamserve.keys import CONSUMER_GROUP, ConfigKey, Keys
-from streamserve.longpoll import EVERYTHING, LongPollSubscriber
-from streamserve.messages import Heartbeat, Request, now_ms
-from streamserve.procs import free_port
-from streamserve.scheduler.main import serve
-from streamserve.scheduler.scheduler import Scheduler
-from streamserve.settings import Settings
-from streamserve.states import ReplicaState
+from streamserve.control.desired_state import DesiredState
+from streamserve.control.heartbeats import queue_beats
+from streamserve.control.long_poll import EVERYTHING, LongPollSubscriber
+from streamserve.runtime.embedded_redis import redis_server_binary
+from streamserve.runtime.processes import free_port
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import async_redis
+from streamserve.wire.config import AppConfig, DeploymentConfig
+from streamserve.wire.ids import ReplicaID
+from streamserve.wire.keys import CONSUMER_GROUP, ConfigKey, Keys
+from streamserve.wire.messages import Heartbeat, Request, now_ms
+from streamserve.wire.states import ReplicaState
 
 DEPLOYMENTS = 100
 SIZES = (10, 100, 1000)
@@ -141,7 +141,7 @@ class TimedScheduler(Scheduler):
 
 
 async def run_scheduler(url: str) -> None:
-    """As ``streamserve scheduler`` runs it (streamserve/scheduler/main.py), with the launcher above."""
+    """As ``streamserve scheduler`` runs it (scheduler/main.py), with the launcher above."""
     settings = Settings(redis_url=url, check_redis=False, job_workers=0)
     client = async_redis(url)
     await serve(TimedScheduler(settings, client, SimLauncher()), client)
@@ -152,7 +152,7 @@ async def run_scheduler(url: str) -> None:
 
 async def run_beats(url: str) -> None:
     """Every BEAT_INTERVAL_S, one pipeline: a heartbeat for each STARTING or RUNNING replica, written as replicas
-    write theirs (streamserve/heartbeats.py), a deployment's in one HSET and one ZADD."""
+    write theirs (src/streamserve/control/heartbeats.py), a deployment's in one HSET and one ZADD."""
     client = async_redis(url)
     sent: Counter[str] = Counter()
     beating: dict[str, list[tuple[str, int, str]]] = {}

@@ -41,9 +41,9 @@ import orjson
 import redis
 
 from bench.children import Children, python_path
-from streamserve.client import Client
-from streamserve.errors import StreamServeError
-from streamserve.procs import wait_until
+from streamserve.client.clients import Client
+from streamserve.runtime.processes import wait_until
+from streamserve.wire.errors import StreamServeError
 from tests.e2e.farm import Farm, role_of
 
 CONFIG = """

@@ -27,7 +27,7 @@ VERSIONED = {
 
 
 def redis_server_version() -> str:
-    from streamserve.embedded_redis import redis_server_binary
+    from streamserve.runtime.embedded_redis import redis_server_binary
 
     out = subprocess.run([redis_server_binary(), "--version"], capture_output=True, text=True, timeout=10, check=False)
     words = [w for w in out.stdout.split() if w.startswith("v=")]

@@ -9,9 +9,9 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from streamserve.embedded_redis import EmbeddedRedis
-from streamserve.procs import free_port
-from streamserve.settings import Settings
+from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.processes import free_port
+from streamserve.runtime.settings import Settings
 from tests.e2e.farm import Processes
 from tests.redis_cluster import LocalRedisCluster
 

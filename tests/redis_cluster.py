@@ -11,8 +11,8 @@ from pathlib import Path
 
 import redis
 
-from streamserve.embedded_redis import redis_server_binary
-from streamserve.procs import die_with_parent, port_is_free, stop_group, wait_until
+from streamserve.runtime.embedded_redis import redis_server_binary
+from streamserve.runtime.processes import die_with_parent, port_is_free, stop_group, wait_until
 
 MASTERS = 3
 # Each node also listens on its port + 10000 (the cluster bus): both must be free, and below 65536.

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-CODE = [p for p in ("streamserve", "examples", "tests", "bench") if (ROOT / p).exists()]
+CODE = [p for p in ("src", "app", "workers", "scheduler", "examples", "tests", "bench") if (ROOT / p).exists()]
 
 
 @pytest.mark.parametrize(
@@ -18,7 +18,7 @@ CODE = [p for p in ("streamserve", "examples", "tests", "bench") if (ROOT / p).e
     [
         [str(BIN / "ruff"), "check", *CODE],
         [str(BIN / "ruff"), "format", "--check", *CODE],
-        [str(BIN / "mypy")],
+        [sys.executable, "-m", "tests.harness.typecheck"],
     ],
     ids=["ruff-check", "ruff-format", "mypy"],
 )

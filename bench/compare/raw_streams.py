@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 REQUESTS = "bench-raw:requests"
 GROUP = "workers"
 READ_BLOCK_MS = 1000
-POOL_SIZE = 64  # the connection pool of streamserve's asyncio client (streamserve.connection.POOL_SIZE)
+POOL_SIZE = 64  # the connection pool of streamserve's asyncio client (streamserve.transport.connections.POOL_SIZE)
 
 
 def serve(url: str, batch: int) -> None:

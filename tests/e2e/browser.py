@@ -25,7 +25,7 @@ from playwright.sync_api import BrowserContext, Page, Playwright, sync_playwrigh
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from streamserve.procs import wait_until
+from streamserve.runtime.processes import wait_until
 from tests.e2e.farm import marked_env, pids_with_marker
 
 # The browser the tests drive, or None where there is none (the tests then skip).

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import orjson
 
-from streamserve.procs import free_port, wait_until
+from streamserve.runtime.processes import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))

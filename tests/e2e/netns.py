@@ -38,9 +38,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from streamserve.embedded_redis import DEFAULT_PORT as REDIS_PORT
-from streamserve.embedded_redis import redis_server_binary
-from streamserve.procs import wait_until
+from streamserve.runtime.embedded_redis import DEFAULT_PORT as REDIS_PORT
+from streamserve.runtime.embedded_redis import redis_server_binary
+from streamserve.runtime.processes import wait_until
 
 # Reserved for network benchmarking (RFC 2544): no real service lives there.
 TEST_RANGE = ipaddress.IPv4Network("198.18.0.0/15")

@@ -16,9 +16,9 @@ import orjson
 import pytest
 import yaml
 
-from streamserve.embedded_redis import EmbeddedRedis
-from streamserve.keys import Keys
-from streamserve.procs import free_port
+from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.processes import free_port
+from streamserve.wire.keys import Keys
 from tests.e2e.farm import FAST_HEARTBEATS, Farm, running_farm
 from tests.e2e.test_autoscaling import (  # noqa: F401 (collected here, on the cluster)
     test_first_request_to_an_idle_deployment_waits_for_a_replica_and_succeeds,

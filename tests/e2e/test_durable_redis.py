@@ -11,7 +11,7 @@ import httpx
 import orjson
 import pytest
 
-from streamserve.client import Client
+from streamserve.client.clients import Client
 from tests.e2e.farm import Farm, farm_on, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamserve import Client, GoalFailedError
-from streamserve.config import parse_config
+from streamserve.wire.config import parse_config
 from tests.e2e.farm import Farm
 
 pytestmark = pytest.mark.e2e

@@ -28,14 +28,33 @@ def run(cmd: list[str], cwd: Path, timeout: float = 600) -> subprocess.Completed
     return result
 
 
+def dockerfile_copies() -> list[str]:
+    """The paths docker/Dockerfile's COPY lines take from the build context (the repository root)."""
+    paths: list[str] = []
+    for line in (ROOT / "docker" / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY "):
+            *sources, _destination = line.split()[1:]
+            paths.extend(source.rstrip("/") for source in sources)
+    return paths
+
+
+def test_the_dockerfile_copies_every_source_folder() -> None:
+    assert set(dockerfile_copies()) >= {"pyproject.toml", "README.md", "src", "app", "workers", "scheduler"}
+
+
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with the wheel built from this checkout, installed as a user would (deps from the index)."""
     tmp = tmp_path_factory.mktemp("wheel")
-    source = tmp / "source"  # a copy: building in the checkout would leave build/ behind in it
-    shutil.copytree(ROOT / "streamserve", source / "streamserve", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source / name)
+    # Built from what docker/Dockerfile copies, and nothing else: a source folder its COPY lines miss fails here,
+    # not in a user's image build (no Docker engine runs in CI). A copy also keeps build/ out of the checkout.
+    source = tmp / "source"
+    for path in dockerfile_copies():
+        if (ROOT / path).is_dir():
+            shutil.copytree(ROOT / path, source / path, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            source.mkdir(exist_ok=True)
+            shutil.copy(ROOT / path, source / path)
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(source)], tmp)
     (wheel,) = tmp.glob("streamserve-*.whl")
     venv = tmp / "venv"
@@ -82,9 +101,15 @@ def test_version_and_usage_exit_codes(venv: Path, tmp_path: Path) -> None:
     assert module.stdout.strip() == f"streamserve {__version__}"
 
 
-@pytest.fixture
-def user_farm(venv: Path, project: Path) -> Iterator[Farm]:
-    farm = Farm(project / "cfg.yaml", project / "up.log", command=str(venv / "bin" / "streamserve"), cwd=project)
+@pytest.fixture(params=["wheel", "editable"])
+def user_farm(request: pytest.FixtureRequest, project: Path) -> Iterator[Farm]:
+    """``up`` in a user project's folder: from the wheel's venv, and from this checkout's editable install (the
+    four source folders reached through setuptools' import hook, with the repository nowhere on the path)."""
+    if request.param == "wheel":
+        command = request.getfixturevalue("venv") / "bin" / "streamserve"
+    else:
+        command = Path(sys.executable).parent / "streamserve"
+    farm = Farm(project / "cfg.yaml", project / "up.log", command=str(command), cwd=project)
     farm.start()
     try:
         yield farm

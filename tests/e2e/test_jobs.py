@@ -16,7 +16,7 @@ import redis
 from rq import Queue, Worker
 
 from streamserve import Client
-from streamserve.keys import Keys
+from streamserve.wire.keys import Keys
 from tests.e2e.farm import Farm, pids_with_marker, wait_for
 
 RQ = str(Path(sys.executable).with_name("rq"))

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from streamserve import Client
-from streamserve.settings import Settings
+from streamserve.runtime.settings import Settings
 from tests.e2e.farm import FAST_HEARTBEATS, Farm, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -15,8 +15,8 @@ import redis
 import redis.asyncio as aioredis
 
 from streamserve import Client
-from streamserve.keys import CONSUMER_GROUP, Keys
-from streamserve.status import StatusReader
+from streamserve.control.status import StatusReader
+from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from tests.e2e.farm import Farm, running_farm, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from streamserve.procs import free_port
+from streamserve.runtime.processes import free_port
 from tests.e2e.farm import Farm, wait_for
 
 pytestmark = pytest.mark.e2e

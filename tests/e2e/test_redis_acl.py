@@ -11,8 +11,8 @@ import httpx
 import pytest
 import redis
 
-from streamserve.embedded_redis import redis_server_binary
-from streamserve.procs import free_port, stop_group, wait_until
+from streamserve.runtime.embedded_redis import redis_server_binary
+from streamserve.runtime.processes import free_port, stop_group, wait_until
 from tests.e2e.farm import ROOT, Farm, wait_for
 
 pytestmark = pytest.mark.e2e

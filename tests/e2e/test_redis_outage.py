@@ -18,9 +18,9 @@ import orjson
 import pytest
 import redis
 
-from streamserve.embedded_redis import EmbeddedRedis
-from streamserve.keys import CONSUMER_GROUP, Keys
-from streamserve.procs import free_port
+from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.processes import free_port
+from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from tests.e2e.farm import Processes, wait_for
 
 pytestmark = pytest.mark.e2e

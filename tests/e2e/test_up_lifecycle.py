@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from streamserve.procs import port_is_free
+from streamserve.runtime.processes import port_is_free
 from tests.e2e.farm import ROOT, STREAMSERVE, Farm, pids_with_marker, wait_for
 
 pytestmark = pytest.mark.e2e

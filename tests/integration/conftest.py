@@ -14,16 +14,16 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
-
 from streamserve.app.gateway import create_app
-from streamserve.client import AsyncClient
-from streamserve.config import AppConfig, DeploymentConfig
-from streamserve.connection import async_redis
-from streamserve.desired import DesiredState
-from streamserve.ids import ReplicaID
-from streamserve.procs import free_port, wait_until
-from streamserve.settings import Settings
 from streamserve.workers.replica import Replica
+
+from streamserve.client.clients import AsyncClient
+from streamserve.control.desired_state import DesiredState
+from streamserve.runtime.processes import free_port, wait_until
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import async_redis
+from streamserve.wire.config import AppConfig, DeploymentConfig
+from streamserve.wire.ids import ReplicaID
 from tests import deployments
 from tests.e2e.farm import ROOT
 

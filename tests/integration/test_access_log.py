@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from streamserve.procs import wait_until
+from streamserve.runtime.processes import wait_until
 from tests.integration.conftest import STREAMSERVE, StartReplica, gateway_process
 
 

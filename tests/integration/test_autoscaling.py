@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import redis.asyncio as aioredis
-
-from streamserve.client import AsyncClient
-from streamserve.messages import ReplicaRecord, Request, now_ms
 from streamserve.scheduler.scheduler import Scheduler
-from streamserve.settings import Settings
-from streamserve.states import ACTIVE_REPLICA_STATES
-from streamserve.status import StatusReader
+
+from streamserve.client.clients import AsyncClient
+from streamserve.control.status import StatusReader
+from streamserve.runtime.settings import Settings
+from streamserve.wire.messages import ReplicaRecord, Request, now_ms
+from streamserve.wire.states import ACTIVE_REPLICA_STATES
 from tests.integration.conftest import StartReplica, deploy
 from tests.unit.test_deployment_state import FakeLauncher
 

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from streamserve.client import AsyncClient
-from streamserve.errors import RemoteError, RequestTimeoutError
-from streamserve.keys import CONSUMER_GROUP
-from streamserve.messages import Request, now_ms
-from streamserve.settings import Settings
+from streamserve.client.clients import AsyncClient
+from streamserve.runtime.settings import Settings
+from streamserve.wire.errors import RemoteError, RequestTimeoutError
+from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.wire.messages import Request, now_ms
 from tests import deployments
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_replica_and_client import wait_for

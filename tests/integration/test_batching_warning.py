@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from streamserve.client import AsyncClient
+from streamserve.client.clients import AsyncClient
 from tests import deployments
 from tests.integration.conftest import StartReplica
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import subprocess
 
 import redis.asyncio as aioredis
-
-from streamserve.messages import DeploymentHealthRecord, now_ms
-from streamserve.procs import free_port
 from streamserve.scheduler.leader import LeaderLock
 from streamserve.scheduler.store import RedisReplicaStore
-from streamserve.settings import Settings
-from streamserve.states import DeploymentHealth
+
+from streamserve.runtime.processes import free_port
+from streamserve.runtime.settings import Settings
+from streamserve.wire.messages import DeploymentHealthRecord, now_ms
+from streamserve.wire.states import DeploymentHealth
 from tests.integration.conftest import STREAMSERVE, deploy
 
 

@@ -13,8 +13,8 @@ import orjson
 import pytest
 import redis
 
-from streamserve.cli import main as cli_main
-from streamserve.settings import Settings
+from streamserve.cli.main import main as cli_main
+from streamserve.runtime.settings import Settings
 
 CONFIG = """\
 deployments:

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from streamserve.client import AsyncClient
-from streamserve.settings import Settings
+from streamserve.client.clients import AsyncClient
+from streamserve.runtime.settings import Settings
 from tests.integration.conftest import StartReplica
 from tests.integration.test_stream_bounds import eventually
 

@@ -10,12 +10,12 @@ import redis.asyncio as aioredis
 import uvloop
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from streamserve.client import AsyncClient
-from streamserve.connection import async_redis
-from streamserve.keys import CONSUMER_GROUP
-from streamserve.messages import Request, now_ms
-from streamserve.pipelining import Pipeliner
-from streamserve.settings import Settings
+from streamserve.client.clients import AsyncClient
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import async_redis
+from streamserve.transport.pipelining import Pipeliner
+from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.wire.messages import Request, now_ms
 from tests.integration.conftest import StartReplica
 
 

@@ -6,14 +6,14 @@ import re
 
 import httpx
 import redis.asyncio as aioredis
+from streamserve.scheduler.store import RedisReplicaStore
 
-from streamserve.messages import AutoscaleRecord
 from streamserve.metrics.definitions import REQUEST_DURATION, REQUESTS
 from streamserve.metrics.figures import Figures
 from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.metrics.history import SAMPLE_EVERY_MS, MetricsHistory
-from streamserve.scheduler.store import RedisReplicaStore
-from streamserve.settings import Settings
+from streamserve.runtime.settings import Settings
+from streamserve.wire.messages import AutoscaleRecord
 from tests.integration.conftest import StartReplica
 
 

@@ -18,8 +18,8 @@ from examples.embed.model import (  # sets HF_HUB_OFFLINE before the imports bel
     MAX_BATCH_SIZE,
     Embedder,
 )
-from streamserve.client import AsyncClient
-from streamserve.errors import RemoteError
+from streamserve.client.clients import AsyncClient
+from streamserve.wire.errors import RemoteError
 from tests.integration.conftest import StartReplica
 
 np = pytest.importorskip("numpy", reason=EXTRA_HINT)

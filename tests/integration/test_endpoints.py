@@ -10,11 +10,11 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
-from streamserve.client import AsyncClient
-from streamserve.config import AppConfig, EndpointConfig
-from streamserve.desired import DesiredState
-from streamserve.errors import ConfigError, ConflictError, NotFoundError
-from streamserve.settings import Settings
+from streamserve.client.clients import AsyncClient
+from streamserve.control.desired_state import DesiredState
+from streamserve.runtime.settings import Settings
+from streamserve.wire.config import AppConfig, EndpointConfig
+from streamserve.wire.errors import ConfigError, ConflictError, NotFoundError
 from tests import deployments
 from tests.integration.conftest import StartReplica, deploy
 

@@ -8,8 +8,8 @@ import httpx
 import numpy
 import pytest
 
-from streamserve.client import AsyncClient
-from streamserve.errors import BadRequestError, RemoteError
+from streamserve.client.clients import AsyncClient
+from streamserve.wire.errors import BadRequestError, RemoteError
 from tests.integration.conftest import StartReplica
 
 

@@ -8,7 +8,7 @@ import asyncio
 import httpx
 import redis.asyncio as aioredis
 
-from streamserve.settings import Settings
+from streamserve.runtime.settings import Settings
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_gateway_app import wait_for_routes
 

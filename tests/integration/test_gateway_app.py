@@ -9,7 +9,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from streamserve.settings import Settings
+from streamserve.runtime.settings import Settings
 from tests.integration.conftest import StartReplica, deploy, gateway_http
 
 

@@ -18,16 +18,16 @@ import httpx
 import pytest
 import redis
 from pydantic import SecretStr
-
 from streamserve.app.gateway import create_app
-from streamserve.client import AsyncClient
-from streamserve.connection import async_redis
-from streamserve.embedded_redis import EmbeddedRedis, redis_server_binary
-from streamserve.errors import RedisUnavailableError
-from streamserve.ids import ReplicaID
-from streamserve.procs import free_port, stop_group, wait_until
-from streamserve.settings import Settings
 from streamserve.workers.replica import Replica
+
+from streamserve.client.clients import AsyncClient
+from streamserve.runtime.embedded_redis import EmbeddedRedis, redis_server_binary
+from streamserve.runtime.processes import free_port, stop_group, wait_until
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import async_redis
+from streamserve.wire.errors import RedisUnavailableError
+from streamserve.wire.ids import ReplicaID
 from tests.e2e.farm import ROOT, STREAMSERVE
 from tests.integration.conftest import deploy, gateway_http
 from tests.integration.test_gateway_app import wait_for_routes

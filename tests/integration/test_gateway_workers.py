@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from streamserve.procs import wait_until
+from streamserve.runtime.processes import wait_until
 from tests.e2e.farm import descendants
 from tests.integration.conftest import STREAMSERVE, StartReplica, gateway_process
 

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from streamserve.client import AsyncClient
-from streamserve.errors import RemoteError
-from streamserve.logs import TextFormatter
+from streamserve.client.clients import AsyncClient
+from streamserve.runtime.logging_setup import TextFormatter
+from streamserve.wire.errors import RemoteError
 from tests.integration.conftest import StartReplica
 
 

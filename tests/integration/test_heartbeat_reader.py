@@ -1,5 +1,5 @@
 """Heartbeats as the scheduler reads them: a replica's news reaches it at once, silence is found by one range query,
-and a farm whose replicas merely keep beating is read without a single heartbeat hash (streamserve/heartbeats.py)."""
+and a farm whose replicas merely keep beating is read without a single heartbeat hash (control/heartbeats.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
-
-from streamserve.connection import async_redis
-from streamserve.heartbeats import queue_beats, queue_removal
-from streamserve.keys import Keys
-from streamserve.messages import Heartbeat, now_ms
 from streamserve.scheduler.heartbeat_reader import HeartbeatReader
-from streamserve.settings import Settings
-from streamserve.states import ReplicaHealth
+
+from streamserve.control.heartbeats import queue_beats, queue_removal
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import async_redis
+from streamserve.wire.keys import Keys
+from streamserve.wire.messages import Heartbeat, now_ms
+from streamserve.wire.states import ReplicaHealth
 from tests.integration.conftest import StartReplica
 
 KEYS = Keys()

@@ -14,9 +14,9 @@ import pytest
 import schemathesis
 from pydantic import SecretStr
 from schemathesis import checks
-
 from streamserve.app.gateway import create_app
-from streamserve.settings import Settings
+
+from streamserve.runtime.settings import Settings
 
 EXAMPLES_PER_OPERATION = 25
 CHECKS = [

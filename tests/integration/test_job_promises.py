@@ -26,13 +26,13 @@ import redis
 import redis.asyncio as aioredis
 from rq import Queue
 from rq.registry import StartedJobRegistry
+from streamserve.workers import job_function
 
-from streamserve import job_function
-from streamserve.client import AsyncClient
-from streamserve.errors import UnavailableError
-from streamserve.jobs import JOB_SERIALIZER
-from streamserve.keys import CONSUMER_GROUP
-from streamserve.settings import Settings
+from streamserve.client.clients import AsyncClient
+from streamserve.client.jobs import JOB_SERIALIZER
+from streamserve.runtime.settings import Settings
+from streamserve.wire.errors import UnavailableError
+from streamserve.wire.keys import CONSUMER_GROUP
 from tests.e2e.farm import Processes
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_gateway_app import wait_for_routes

@@ -14,14 +14,14 @@ from rq import Queue
 from rq.job import Job
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker
+from streamserve.workers import job_function
 
-from streamserve import job_function
-from streamserve.client import AsyncClient
-from streamserve.errors import BadRequestError, NotFoundError
-from streamserve.jobs import JOB_FUNCTION, JOB_SERIALIZER, JobInfo
-from streamserve.keys import CONSUMER_GROUP
-from streamserve.settings import Settings
-from streamserve.states import JobStatus
+from streamserve.client.clients import AsyncClient
+from streamserve.client.jobs import JOB_FUNCTION, JOB_SERIALIZER, JobInfo
+from streamserve.runtime.settings import Settings
+from streamserve.wire.errors import BadRequestError, NotFoundError
+from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.wire.states import JobStatus
 from tests import deployments
 from tests.integration.conftest import StartReplica
 from tests.integration.test_gateway_app import wait_for_routes

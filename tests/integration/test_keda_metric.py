@@ -1,6 +1,6 @@
 """Which Redis figure KEDA's ``redis-streams`` trigger must scale a deployment on (issue 13), measured.
 
-The manifests (streamserve/manifests/keda_objects.py) use stream-length mode: no ``consumerGroup``, so
+The manifests (src/streamserve/manifests/keda_objects.py) use stream-length mode: no ``consumerGroup``, so
 KEDA reads XLEN of the request stream. With a ``consumerGroup`` it reads XPENDING's count instead, and
 with ``lagCount`` too the group's ``lag`` from XINFO GROUPS (Redis 7+ only; KEDA refuses older servers).
 KEDA's trigger is active while its figure is above ``activationLagCount`` (0 by default), and go-redis
@@ -38,14 +38,14 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
-
-from streamserve.client import AsyncClient
-from streamserve.embedded_redis import EmbeddedRedis
-from streamserve.keys import CONSUMER_GROUP
-from streamserve.messages import Heartbeat
-from streamserve.procs import free_port
-from streamserve.settings import Settings
 from streamserve.workers.replica import Replica
+
+from streamserve.client.clients import AsyncClient
+from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.processes import free_port
+from streamserve.runtime.settings import Settings
+from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.wire.messages import Heartbeat
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_gateway_health_and_urls import DEBIAN_REDIS_SERVER
 from tests.integration.test_gateway_health_and_urls import redis_server as own_redis_server

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import redis.asyncio as aioredis
-
-from streamserve.desired import DesiredState
-from streamserve.procs import wait_until
 from streamserve.scheduler.scheduler import Scheduler
-from streamserve.settings import Settings
+
+from streamserve.control.desired_state import DesiredState
+from streamserve.runtime.processes import wait_until
+from streamserve.runtime.settings import Settings
 from tests.integration.conftest import deploy
 from tests.unit.test_deployment_state import FakeLauncher
 

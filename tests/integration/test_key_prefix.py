@@ -17,10 +17,10 @@ import httpx
 import orjson
 import pytest
 import redis.asyncio as aioredis
-
-from streamserve.client import AsyncClient
 from streamserve.scheduler.scheduler import Scheduler
-from streamserve.settings import Settings
+
+from streamserve.client.clients import AsyncClient
+from streamserve.runtime.settings import Settings
 from tests.e2e.farm import ROOT, STREAMSERVE
 from tests.integration.conftest import StartReplica
 from tests.integration.test_gateway_app import wait_for_routes

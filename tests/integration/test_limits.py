@@ -12,10 +12,10 @@ import httpx
 import pytest
 import redis
 
-from streamserve.client import AsyncClient
-from streamserve.errors import RemoteError
-from streamserve.procs import wait_until
-from streamserve.settings import Settings
+from streamserve.client.clients import AsyncClient
+from streamserve.runtime.processes import wait_until
+from streamserve.runtime.settings import Settings
+from streamserve.wire.errors import RemoteError
 from tests.integration.conftest import StartReplica, deploy, gateway_process
 
 STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))

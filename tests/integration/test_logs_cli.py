@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from streamserve import Client
-from streamserve.config import AppConfig, DeploymentConfig
-from streamserve.connection import sync_redis
-from streamserve.errors import RemoteError
-from streamserve.procs import wait_until
+from streamserve.runtime.processes import wait_until
+from streamserve.transport.connections import sync_redis
+from streamserve.wire.config import AppConfig, DeploymentConfig
+from streamserve.wire.errors import RemoteError
 from tests.e2e.farm import ROOT, Processes, wait_for
 from tests.integration.conftest import STREAMSERVE
 

@@ -6,8 +6,8 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from streamserve.keys import ConfigKey, Keys
-from streamserve.longpoll import EVERYTHING, LongPollSubscriber, announce, bump_snapshot_id
+from streamserve.control.long_poll import EVERYTHING, LongPollSubscriber, announce, bump_snapshot_id
+from streamserve.wire.keys import ConfigKey, Keys
 
 KEYS = Keys()
 

@@ -15,10 +15,10 @@ from urllib.parse import urlsplit
 import pytest
 import redis.asyncio as aioredis
 
-from streamserve import scripts
-from streamserve.client import AsyncClient
-from streamserve.procs import free_port
-from streamserve.settings import Settings
+from streamserve.client.clients import AsyncClient
+from streamserve.runtime.processes import free_port
+from streamserve.runtime.settings import Settings
+from streamserve.wire import scripts
 from tests import deployments
 from tests.integration.conftest import StartReplica, deploy
 

@@ -11,9 +11,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamserve.client import AsyncClient
-from streamserve.errors import RemoteError
-from streamserve.settings import Settings
+from streamserve.client.clients import AsyncClient
+from streamserve.runtime.settings import Settings
+from streamserve.wire.errors import RemoteError
 from tests import deployments
 from tests.integration.conftest import StartReplica, gateway_process
 
@@ -127,7 +127,7 @@ async def test_metrics_off_counts_nothing(
 
 
 async def _metrics_hash(settings: Settings, deployment: str, field: str) -> bool:
-    from streamserve.connection import async_redis
+    from streamserve.transport.connections import async_redis
 
     redis = async_redis(settings.effective_redis_url)
     try:

@@ -17,14 +17,14 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from streamserve.client import AsyncClient
-from streamserve.connection import async_redis, is_cluster, sync_redis
-from streamserve.embedded_redis import EmbeddedRedis
-from streamserve.errors import UnavailableError
-from streamserve.keys import ConfigKey, Keys
-from streamserve.longpoll import LongPollSubscriber
-from streamserve.procs import free_port, wait_until
-from streamserve.settings import Settings
+from streamserve.client.clients import AsyncClient
+from streamserve.control.long_poll import LongPollSubscriber
+from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.processes import free_port, wait_until
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import async_redis, is_cluster, sync_redis
+from streamserve.wire.errors import UnavailableError
+from streamserve.wire.keys import ConfigKey, Keys
 from tests.e2e.farm import ROOT, marked_env
 from tests.integration.conftest import StartReplica
 from tests.integration.test_longpoll import change

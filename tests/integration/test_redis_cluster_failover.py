@@ -15,11 +15,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from streamserve.connection import async_redis
-from streamserve.keys import ConfigKey, Keys
-from streamserve.longpoll import LongPollSubscriber
-from streamserve.procs import wait_until
-from streamserve.settings import Settings
+from streamserve.control.long_poll import LongPollSubscriber
+from streamserve.runtime.processes import wait_until
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import async_redis
+from streamserve.wire.keys import ConfigKey, Keys
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_longpoll import change
 from tests.redis_cluster import LocalRedisCluster

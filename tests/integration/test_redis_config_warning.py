@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from streamserve.embedded_redis import redis_server_binary
-from streamserve.procs import free_port, stop_group, wait_until
-from streamserve.redis_checks import redis_problems
+from streamserve.runtime.embedded_redis import redis_server_binary
+from streamserve.runtime.processes import free_port, stop_group, wait_until
+from streamserve.transport.redis_checks import redis_problems
 from tests.e2e.farm import Processes, wait_for
 
 WARNING = "may lose the farm's work"

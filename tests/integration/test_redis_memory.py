@@ -10,17 +10,17 @@ from pathlib import Path
 import orjson
 import pytest
 import redis
-
-from streamserve.client import AsyncClient
-from streamserve.config import AppConfig, DeploymentConfig
-from streamserve.connection import async_redis
-from streamserve.desired import DesiredState
-from streamserve.embedded_redis import EmbeddedRedis
-from streamserve.errors import OverloadedError
-from streamserve.ids import ReplicaID
-from streamserve.procs import free_port
-from streamserve.settings import Settings
 from streamserve.workers.replica import Replica
+
+from streamserve.client.clients import AsyncClient
+from streamserve.control.desired_state import DesiredState
+from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.processes import free_port
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import async_redis
+from streamserve.wire.config import AppConfig, DeploymentConfig
+from streamserve.wire.errors import OverloadedError
+from streamserve.wire.ids import ReplicaID
 from tests.integration.conftest import gateway_http
 
 STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))

@@ -7,8 +7,9 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from streamserve.client import AsyncClient
-from streamserve.errors import (
+from streamserve.client.clients import AsyncClient
+from streamserve.runtime.settings import Settings
+from streamserve.wire.errors import (
     BadRequestError,
     ConfigError,
     NotFoundError,
@@ -18,9 +19,8 @@ from streamserve.errors import (
     RequestTimeoutError,
     UnavailableError,
 )
-from streamserve.keys import CONSUMER_GROUP
-from streamserve.messages import Request, now_ms
-from streamserve.settings import Settings
+from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.wire.messages import Request, now_ms
 from tests import deployments
 from tests.integration.conftest import StartReplica, deploy
 

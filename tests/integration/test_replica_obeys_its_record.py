@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 import redis.asyncio as aioredis
-
-from streamserve.messages import ReplicaRecord, now_ms
-from streamserve.settings import Settings
-from streamserve.states import ReplicaState
 from streamserve.workers.replica import Replica
+
+from streamserve.runtime.settings import Settings
+from streamserve.wire.messages import ReplicaRecord, now_ms
+from streamserve.wire.states import ReplicaState
 from tests.integration.conftest import StartReplica
 
 

@@ -12,8 +12,8 @@ import redis
 import redis.asyncio as aioredis
 from rq.job import Job
 
-from streamserve.jobs import JOB_SERIALIZER
-from streamserve.settings import Settings
+from streamserve.client.jobs import JOB_SERIALIZER
+from streamserve.runtime.settings import Settings
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_gateway_app import wait_for_routes
 from tests.integration.test_replica_and_client import wait_for

@@ -8,10 +8,10 @@ from typing import cast
 import pytest
 import redis.asyncio as aioredis
 
-from streamserve.keys import CONSUMER_GROUP
-from streamserve.messages import Request, now_ms
-from streamserve.settings import Settings
-from streamserve.streams import DeadLetter, Requeuer, ensure_group
+from streamserve.runtime.settings import Settings
+from streamserve.transport.streams import DeadLetter, Requeuer, ensure_group
+from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.wire.messages import Request, now_ms
 
 REASON = "replica rec#dead died holding it"
 Entry = tuple[bytes, dict[bytes, bytes]]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import redis.asyncio as aioredis
-
-from streamserve.messages import ReplicaRecord
 from streamserve.scheduler.scheduler import Scheduler
-from streamserve.settings import Settings
-from streamserve.states import ACTIVE_REPLICA_STATES
+
+from streamserve.runtime.settings import Settings
+from streamserve.wire.messages import ReplicaRecord
+from streamserve.wire.states import ACTIVE_REPLICA_STATES
 from tests.integration.conftest import deploy
 from tests.unit.test_deployment_state import FakeLauncher
 

@@ -18,18 +18,18 @@ import httpx
 import orjson
 import pytest
 import redis as sync_redis_module
-
-from streamserve.client import AsyncClient
-from streamserve.config import AppConfig, DeploymentConfig
-from streamserve.connection import async_redis
-from streamserve.desired import DesiredState
-from streamserve.errors import ConfigError
-from streamserve.ids import ReplicaID
-from streamserve.messages import Heartbeat
-from streamserve.procs import free_port, port_is_free
-from streamserve.settings import Settings
-from streamserve.states import ReplicaHealth
 from streamserve.workers.replica import Replica
+
+from streamserve.client.clients import AsyncClient
+from streamserve.control.desired_state import DesiredState
+from streamserve.runtime.processes import free_port, port_is_free
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import async_redis
+from streamserve.wire.config import AppConfig, DeploymentConfig
+from streamserve.wire.errors import ConfigError
+from streamserve.wire.ids import ReplicaID
+from streamserve.wire.messages import Heartbeat
+from streamserve.wire.states import ReplicaHealth
 from tests.integration.conftest import gateway_http, gateway_process
 
 STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))

@@ -17,12 +17,12 @@ import pytest
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
 
-from streamserve.client import AsyncClient
-from streamserve.errors import UnavailableError
-from streamserve.keys import CONSUMER_GROUP
-from streamserve.messages import Request, now_ms
-from streamserve.settings import Settings
-from streamserve.streams import Requeuer, ensure_group
+from streamserve.client.clients import AsyncClient
+from streamserve.runtime.settings import Settings
+from streamserve.transport.streams import Requeuer, ensure_group
+from streamserve.wire.errors import UnavailableError
+from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.wire.messages import Request, now_ms
 from tests import deployments
 from tests.integration.conftest import StartReplica
 

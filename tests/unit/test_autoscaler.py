@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pytest
-
-from streamserve.config import AutoscalingConfig
 from streamserve.scheduler.autoscaler import AutoscalePolicy, Decision
+
+from streamserve.wire.config import AutoscalingConfig
 
 TICK_MS = 200
 

@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 from fakeredis import FakeAsyncRedis
-
-from streamserve.config import AppConfig, DeploymentConfig
-from streamserve.desired import DesiredState
-from streamserve.keys import Keys
 from streamserve.scheduler.deployment_state import DeploymentState, Target
 from streamserve.scheduler.goals import GoalTracker
-from streamserve.states import DeploymentHealth, GoalStatus, ReplicaState
-from streamserve.types import Timeouts
+from streamserve.scheduler.types import Timeouts
+
+from streamserve.control.desired_state import DesiredState
+from streamserve.wire.config import AppConfig, DeploymentConfig
+from streamserve.wire.keys import Keys
+from streamserve.wire.states import DeploymentHealth, GoalStatus, ReplicaState
 from tests.unit.test_deployment_state import Harness
 
 AUTO = {

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamserve.backoff import Backoff
+from streamserve.transport.backoff import Backoff
 
 
 def test_delays_double_up_to_the_cap_and_reset() -> None:

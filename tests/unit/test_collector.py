@@ -1,4 +1,4 @@
-"""The scheduler process collects garbage on a timer, not automatically (streamserve/scheduler/collector.py)."""
+"""The scheduler process collects garbage on a timer, not automatically (scheduler/collector.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import asyncio
 import gc
 
 import pytest
-
 from streamserve.scheduler import collector
 
 

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from streamserve import cli
-from streamserve.config import AppConfig, DeploymentConfig, EndpointConfig, load_config, parse_config
-from streamserve.errors import ConfigError, ProtocolError
+from streamserve.cli import main as cli
+from streamserve.wire.config import AppConfig, DeploymentConfig, EndpointConfig, load_config, parse_config
+from streamserve.wire.errors import ConfigError, ProtocolError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,14 +6,14 @@ import itertools
 from collections import Counter
 
 import pytest
-
-from streamserve.config import DeploymentConfig
-from streamserve.ids import ReplicaID
-from streamserve.messages import AutoscaleRecord, DeploymentHealthRecord, Heartbeat, ReplicaRecord
 from streamserve.scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, DeploymentState, Target
 from streamserve.scheduler.heartbeat_reader import Beats
-from streamserve.states import DeploymentHealth, ReplicaHealth, ReplicaState
-from streamserve.types import Timeouts
+from streamserve.scheduler.types import Timeouts
+
+from streamserve.wire.config import DeploymentConfig
+from streamserve.wire.ids import ReplicaID
+from streamserve.wire.messages import AutoscaleRecord, DeploymentHealthRecord, Heartbeat, ReplicaRecord
+from streamserve.wire.states import DeploymentHealth, ReplicaHealth, ReplicaState
 
 HOST = "testhost"
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from streamserve.ids import ReplicaID
-from streamserve.messages import Heartbeat
 from streamserve.scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, Target
-from streamserve.states import DeploymentHealth, ReplicaHealth, ReplicaState
+
+from streamserve.wire.ids import ReplicaID
+from streamserve.wire.messages import Heartbeat
+from streamserve.wire.states import DeploymentHealth, ReplicaHealth, ReplicaState
 from tests.unit.test_deployment_state import Harness, bring_up, external_target, target
 
 S = ReplicaState

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-
-from streamserve.config import DeploymentConfig, parse_config
-from streamserve.errors import ConfigError
-from streamserve.messages import ReplicaRecord
-from streamserve.resources import GpuAllocator, host_gpus, overcommit
 from streamserve.scheduler.deployment_state import DeploymentState
-from streamserve.states import ReplicaState
-from streamserve.types import Timeouts
+from streamserve.scheduler.types import Timeouts
+
+from streamserve.control.resources import GpuAllocator, host_gpus, overcommit
+from streamserve.wire.config import DeploymentConfig, parse_config
+from streamserve.wire.errors import ConfigError
+from streamserve.wire.messages import ReplicaRecord
+from streamserve.wire.states import ReplicaState
 from tests.unit.test_deployment_state import Harness, bring_up, target
 
 S = ReplicaState

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
 from streamserve.workers.threads import HandlerThreads
 
 WAIT_S = 10.0  # bound on every wait below: a hand-off that never happens fails the test instead of hanging it

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 from rq.job import JobStatus as RQJobStatus
-
 from streamserve.app.gateway import _prefers_async
-from streamserve.jobs import _STATUS_OF, JobInfo, error_from_traceback
-from streamserve.keys import Keys
-from streamserve.settings import Settings
-from streamserve.states import JobStatus
+
+from streamserve.client.jobs import _STATUS_OF, JobInfo, error_from_traceback
+from streamserve.runtime.settings import Settings
+from streamserve.wire.keys import Keys
+from streamserve.wire.states import JobStatus
 
 
 def test_every_rq_status_has_a_caller_status() -> None:

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 from redis.crc import key_slot
 
-from streamserve.errors import ProtocolError
-from streamserve.ids import ReplicaID
-from streamserve.keys import Keys
-from streamserve.states import REPLICA_TRANSITIONS, InvalidTransitionError, ReplicaState, check_replica_transition
+from streamserve.wire.errors import ProtocolError
+from streamserve.wire.ids import ReplicaID
+from streamserve.wire.keys import Keys
+from streamserve.wire.states import REPLICA_TRANSITIONS, InvalidTransitionError, ReplicaState, check_replica_transition
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY_LITERAL = re.compile(r"""["']streamserve:\S""")

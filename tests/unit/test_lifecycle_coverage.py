@@ -6,9 +6,9 @@ would then promise more than the scheduler does (or hide a path no test runs).
 
 from __future__ import annotations
 
-from streamserve.ids import ReplicaID
-from streamserve.messages import Heartbeat, ReplicaRecord
-from streamserve.states import REPLICA_TRANSITIONS, ReplicaHealth, ReplicaState
+from streamserve.wire.ids import ReplicaID
+from streamserve.wire.messages import Heartbeat, ReplicaRecord
+from streamserve.wire.states import REPLICA_TRANSITIONS, ReplicaHealth, ReplicaState
 from tests.unit.test_deployment_state import FakeLauncher, Harness, MemoryStore, bring_up, external_target, target
 
 S = ReplicaState

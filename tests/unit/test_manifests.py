@@ -18,12 +18,12 @@ import pytest
 import yaml
 from fakeredis import FakeAsyncRedis, FakeServer
 
-import streamserve.cli
-from streamserve.cli import main
-from streamserve.config import load_config
-from streamserve.desired import DesiredState
-from streamserve.keys import Keys
-from streamserve.status import DeploymentStatus, StatusReader
+import streamserve.cli.main
+from streamserve.cli.main import main
+from streamserve.control.desired_state import DesiredState
+from streamserve.control.status import DeploymentStatus, StatusReader
+from streamserve.wire.config import load_config
+from streamserve.wire.keys import Keys
 from tests.unit.keda_schema import keda_validator
 
 K8S_VERSION = "1.33"
@@ -432,7 +432,7 @@ def on_fakeredis(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[
             for name, d in sorted(deployments.items())
         ]
 
-    monkeypatch.setattr(streamserve.cli, "async_redis", fake_redis)
+    monkeypatch.setattr(streamserve.cli.main, "async_redis", fake_redis)
     monkeypatch.setattr(StatusReader, "status", listed)
 
     def streamserve_command(*args: str) -> tuple[int, str]:

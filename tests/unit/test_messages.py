@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from streamserve.errors import ProtocolError
-from streamserve.messages import Heartbeat, Reply, ReplyStatus, Request
-from streamserve.states import ReplicaHealth
+from streamserve.wire.errors import ProtocolError
+from streamserve.wire.messages import Heartbeat, Reply, ReplyStatus, Request
+from streamserve.wire.states import ReplicaHealth
 
 
 def as_redis(fields: dict[str, object]) -> dict[bytes, bytes]:

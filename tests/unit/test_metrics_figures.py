@@ -8,13 +8,13 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from streamserve.connection import RETRYABLE_ERRORS
-from streamserve.keys import Keys
+from streamserve.control.status import DeploymentStatus, ReplicaStatus
 from streamserve.metrics.definitions import BATCH_SIZE, HANDLED, REQUEST_DURATION, REQUESTS
 from streamserve.metrics.exposition import _Families, families
 from streamserve.metrics.figures import Figures
 from streamserve.metrics.flusher import MetricsFlusher
-from streamserve.status import DeploymentStatus, ReplicaStatus
+from streamserve.transport.connections import RETRYABLE_ERRORS
+from streamserve.wire.keys import Keys
 
 
 def test_a_value_lands_in_the_first_bucket_whose_bound_holds_it() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamserve.redis_checks import RedisDurability, problems, warning_text
+from streamserve.transport.redis_checks import RedisDurability, problems, warning_text
 
 DURABLE = RedisDurability(aof_enabled=True, save_points=None, maxmemory_policy="noeviction")
 

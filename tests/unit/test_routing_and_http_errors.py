@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 import pytest
-
 from streamserve.app.errors import status_for
 from streamserve.app.routing import RouteTable
-from streamserve.errors import (
+
+from streamserve.wire.errors import (
     BadRequestError,
     DeadLetterError,
     NotFoundError,

@@ -7,11 +7,11 @@ the pid the fake launcher gave it, in start order.
 from __future__ import annotations
 
 import pytest
-
-from streamserve.messages import Heartbeat
 from streamserve.scheduler.deployment_state import DeploymentState
-from streamserve.states import ReplicaHealth, ReplicaState
-from streamserve.types import Timeouts
+from streamserve.scheduler.types import Timeouts
+
+from streamserve.wire.messages import Heartbeat
+from streamserve.wire.states import ReplicaHealth, ReplicaState
 from tests.unit.test_deployment_state import HOST, Harness, target
 
 

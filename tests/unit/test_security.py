@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from streamserve.errors import ConfigError
-from streamserve.security import ImportAllowList, check_exposure, is_loopback
-from streamserve.settings import Settings
+from streamserve.control.security import ImportAllowList, check_exposure, is_loopback
+from streamserve.runtime.settings import Settings
+from streamserve.wire.errors import ConfigError
 
 
 def test_allow_list_takes_modules_under_its_prefixes_only() -> None:

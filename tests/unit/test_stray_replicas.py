@@ -3,9 +3,9 @@ when it is wanted, at the wanted version, and otherwise retired through its reco
 
 from __future__ import annotations
 
-from streamserve.ids import ReplicaID
-from streamserve.messages import Heartbeat
-from streamserve.states import ReplicaHealth, ReplicaState
+from streamserve.wire.ids import ReplicaID
+from streamserve.wire.messages import Heartbeat
+from streamserve.wire.states import ReplicaHealth, ReplicaState
 from tests.unit.test_deployment_state import Harness, bring_up, target
 
 S = ReplicaState

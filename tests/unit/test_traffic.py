@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from streamserve import cli
-from streamserve.config import DeploymentConfig, EndpointConfig, desired_state_problems, parse_config
-from streamserve.errors import ConfigError
-from streamserve.traffic import TrafficPolicy
+from streamserve.cli import main as cli
+from streamserve.client.traffic import TrafficPolicy
+from streamserve.wire.config import DeploymentConfig, EndpointConfig, desired_state_problems, parse_config
+from streamserve.wire.errors import ConfigError
 
 
 def endpoint(**fields: object) -> EndpointConfig:

@@ -1,0 +1,110 @@
+"""The admin API under ``/-/``: the CLI's writes over HTTP, guarded by an API key when one is set."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Depends, Request, Response
+from streamserve.app.bodies import read_body
+from streamserve.app.errors import json_response
+from streamserve.app.openapi import DEPLOY_BODY, SCALE_BODY, TRAFFIC_BODY
+
+from streamserve.client.clients import AsyncClient
+from streamserve.control.desired_state import DesiredState
+from streamserve.control.goal_records import GoalStore
+from streamserve.runtime.settings import Settings
+from streamserve.wire.config import parse_config
+from streamserve.wire.errors import (
+    BadRequestError,
+    ForbiddenError,
+    GoalFailedError,
+    RequestTimeoutError,
+    UnauthorizedError,
+)
+from streamserve.wire.states import FINAL_GOAL_STATUSES
+
+MAX_GOAL_WAIT_S = 60.0
+
+
+def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
+    def require_api_key(request: Request) -> None:
+        """With STREAMSERVE_API_KEY set, writes need ``Authorization: Bearer <key>`` (or ``X-API-Key``)."""
+        if not settings.admin:
+            raise ForbiddenError(
+                "admin writes are switched off on this gateway (STREAMSERVE_ADMIN=off); "
+                "deploy with the streamserve CLI or the Python client"
+            )
+        if settings.api_key is None:
+            return
+        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+        given = request.headers.get("x-api-key") or (credentials.strip() if scheme.lower() == "bearer" else "")
+        if not hmac.compare_digest(given.encode(), settings.api_key.get_secret_value().encode()):
+            raise UnauthorizedError("admin writes need Authorization: Bearer <STREAMSERVE_API_KEY>")
+
+    def desired() -> DesiredState:
+        return DesiredState(client.redis, settings.keys, settings.import_allow_list)
+
+    router = APIRouter(prefix="/-")
+    guarded = [Depends(require_api_key)]
+
+    @router.post("/deploy", dependencies=guarded, openapi_extra=DEPLOY_BODY)
+    async def deploy(request: Request) -> Response:
+        """Body: a config as JSON (the YAML file's shape). Answers {"goals": {deployment: goal id}}."""
+        config = parse_config(await _json_body(request, settings), "request body")
+        applied = await desired().apply(config)
+        return json_response({"goals": applied.goals, "endpoints": applied.endpoints})
+
+    @router.post("/deployments/{name}/scale", dependencies=guarded, openapi_extra=SCALE_BODY)
+    async def scale(name: str, request: Request) -> Response:
+        """Body: {"num_replicas": N}. Answers {"goal_id": id or null when nothing changed}."""
+        body = await _json_body(request, settings)
+        replicas = body.get("num_replicas") if isinstance(body, dict) else None
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise BadRequestError('body must be {"num_replicas": N} with N >= 0')
+        return json_response({"goal_id": await desired().scale(name, replicas)})
+
+    @router.delete("/deployments/{name}", dependencies=guarded)
+    async def delete(name: str) -> Response:
+        return json_response({"goal_id": await desired().delete(name)})
+
+    @router.post("/endpoints/{name}/traffic", dependencies=guarded, openapi_extra=TRAFFIC_BODY)
+    async def traffic(name: str, request: Request) -> Response:
+        """Body: {"traffic": {deployment: weight}, "shadow": {deployment: fraction}} (shadow optional: kept)."""
+        body = await _json_body(request, settings)
+        if not isinstance(body, dict) or not isinstance(body.get("traffic"), dict) or set(body) - {"traffic", "shadow"}:
+            raise BadRequestError('body must be {"traffic": {deployment: weight}, "shadow": {deployment: fraction}}')
+        endpoint = await desired().set_traffic(name, body["traffic"], body.get("shadow"))
+        return json_response(endpoint.model_dump(mode="json"))
+
+    @router.delete("/endpoints/{name}", dependencies=guarded)
+    async def delete_endpoint(name: str) -> Response:
+        await desired().delete_endpoint(name)
+        return json_response({"deleted": name})
+
+    @router.get("/goals/{goal_id}")
+    async def goal(goal_id: str, wait: float = 0.0) -> Response:
+        """A goal's record; ``?wait=S`` holds the answer up to S seconds (at most 60) until it is final."""
+        if not 0 <= wait <= MAX_GOAL_WAIT_S:
+            raise BadRequestError(f"wait must be between 0 and {MAX_GOAL_WAIT_S:g} seconds")
+        goals = GoalStore(client.redis, settings.keys)
+        try:
+            record = await asyncio.wait_for(goals.wait(goal_id), wait) if wait else None
+        except (TimeoutError, GoalFailedError, RequestTimeoutError):
+            record = None
+        if record is None or record.status not in FINAL_GOAL_STATUSES:
+            record = await goals.get(goal_id)
+        return json_response(record.model_dump(mode="json"))
+
+    return router
+
+
+async def _json_body(request: Request, settings: Settings) -> Any:
+    length = request.headers.get("content-length")
+    body = await read_body(request.receive, length, settings.max_request_bytes, settings.body_timeout_s)
+    try:
+        return orjson.loads(body or b"null")
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(f"request body is not valid JSON: {exc}") from None

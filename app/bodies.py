@@ -1,0 +1,41 @@
+"""Reading a request body under the size limit, for the deployment routes and the admin API alike."""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.types import Receive
+
+from streamserve.wire.errors import BodyTimeoutError, PayloadTooLargeError
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before its request body arrived: nobody to answer."""
+
+
+async def read_body(receive: Receive, content_length: str | None, limit: int, timeout_s: float) -> bytes:
+    """The whole body; 413 as soon as it is known to pass ``limit`` (by Content-Length, or while it streams),
+    408 if it has not all arrived within ``timeout_s`` (a slow client must not hold a connection forever)."""
+    if content_length is not None and content_length.isdigit() and int(content_length) > limit:
+        raise PayloadTooLargeError(f"request body of {content_length} bytes is above max_request_bytes ({limit})")
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read(receive, limit)
+    except TimeoutError:
+        raise BodyTimeoutError(f"the request body did not arrive within {timeout_s:g}s (body_timeout_s)") from None
+
+
+async def _read(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:  # chunked, or a Content-Length that understated it
+            raise PayloadTooLargeError(f"request body is above max_request_bytes ({limit})")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)

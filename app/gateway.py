@@ -1,0 +1,396 @@
+"""The gateway: ``POST <route_prefix>`` -> enqueue -> await reply -> HTTP response.
+
+Deployment POSTs, the hot path, are served by ``Gateway`` straight on ASGI;
+everything else (the admin API, ``/-/`` reads, docs, other methods) goes to
+a FastAPI app. Through FastAPI's routing, dependency solving and middleware
+stack a request cost the gateway twice the CPU (bench/README.md).
+
+With ``Prefer: respond-async`` the same POST is checked the same way, then
+queued as an asynchronous job (RQ): 202 and ``Location: /-/jobs/<id>``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse
+from redis.exceptions import ResponseError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from streamserve.app.admin import admin_router
+from streamserve.app.bodies import ClientDisconnected, read_body
+from streamserve.app.dashboard import dashboard_router
+from streamserve.app.errors import (
+    error_response,
+    handle_client_disconnected,
+    handle_request_validation_error,
+    handle_streamserve_error,
+    json_response,
+    redis_error_handler,
+)
+from streamserve.app.observe import CLIENT_CLOSED, RequestObserver
+from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
+from streamserve.app.routing import RouteTable
+
+from streamserve.client.clients import AsyncClient, error_of
+from streamserve.control.status import StatusReader
+from streamserve.metrics.exposition import CONTENT_TYPE, farm_metrics
+from streamserve.metrics.figures import Figures
+from streamserve.metrics.flusher import MetricsFlusher
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import RedisRefusals
+from streamserve.wire.config import GATEWAY_PREFIX, RESERVED_ROUTE_PREFIXES
+from streamserve.wire.errors import (
+    BadRequestError,
+    HeadersTooLargeError,
+    MethodNotAllowedError,
+    NotFoundError,
+    RedisUnavailableError,
+    StreamServeError,
+    UnavailableError,
+)
+from streamserve.wire.ids import new_request_id
+from streamserve.wire.json_values import check_decoded
+from streamserve.wire.messages import ReplyStatus
+from streamserve.wire.states import JobStatus
+
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# X-Request-Timeout: plain decimal seconds (float() would also take "1_0", "+2", "1e3" and "inf").
+SECONDS_RE = re.compile(r"^(\d+\.?\d*|\.\d+)$")
+_JSON = (b"content-type", b"application/json")
+
+
+class Gateway:
+    """Serves deployment routes; holds the gateway's one client (one reply stream, one reader) and route table."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.client = AsyncClient(settings=settings)
+        figures = Figures() if settings.metrics else None
+        self.observer = RequestObserver(figures, settings.access_log, settings.log_format)
+        self._routes_generation = -1
+        self._routes = RouteTable({})
+
+    def routes(self) -> RouteTable:
+        if self.client.generation != self._routes_generation:
+            self._routes_generation = self.client.generation
+            self._routes = RouteTable.build(self.client.deployments(), self.client.endpoints())
+        return self._routes
+
+    def match(self, path: str) -> str:
+        """The deployment or endpoint serving ``path``; NotFoundError for none (and for the gateway's own paths)."""
+        name = None if path.startswith(RESERVED_ROUTE_PREFIXES) else self.routes().match(path)
+        if name is None:
+            raise NotFoundError(f"no deployment serves {path}")
+        return name
+
+    def refuse_method(self, request: Request, gateway_routes: list[BaseRoute]) -> Response:
+        """What no route takes: 405 with ``Allow`` where the path is served with other methods, else 404.
+
+        ``gateway_routes``: the gateway's own routes (``/-/...``), asked which methods they answer for the path.
+        """
+        given, request_id = _request_id(request.headers.get("x-request-id"))
+        path = request.url.path
+        try:
+            _check_request_id(given, request_id)
+            if path.startswith(GATEWAY_PREFIX) and (allowed := _methods_answered(gateway_routes, path)):
+                raise MethodNotAllowedError(f"{request.method} {path}: not answered here", allowed)
+            self.match(path)
+            raise MethodNotAllowedError(f"{request.method} {path}: deployments answer POST only")
+        except StreamServeError as exc:
+            return error_response(exc, {"X-Request-ID": request_id})
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI: answer one ``POST <route_prefix>``, every error in the gateway's JSON shape; count and log it."""
+        started = time.perf_counter()
+        headers = _Headers(scope["headers"])
+        given, request_id = _request_id(headers.get(b"x-request-id"))
+        reply_headers = {"X-Request-ID": request_id}
+        answer = _Answer()
+        try:
+            await self._answer(scope, receive, send, headers, given, request_id, reply_headers, answer)
+        finally:
+            path = scope["path"]
+            self.observer.done("POST", path, answer.status, started, request_id, answer.deployment, answer.replica)
+
+    async def _answer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: _Headers,
+        given: str | None,
+        request_id: str,
+        reply_headers: dict[str, str],
+        answer: _Answer,
+    ) -> None:
+        """Answer the request; ``answer`` learns what was answered, by whom."""
+        try:
+            _check_request_id(given, request_id)
+            answer.deployment = name = self.match(scope["path"])
+            limit = self.settings.max_request_bytes
+            body = await read_body(receive, headers.get(b"content-length"), limit, self.settings.body_timeout_s)
+            body = body or b"null"
+            try:
+                value = orjson.loads(body)
+                check_decoded(body, value)
+            except orjson.JSONDecodeError as exc:
+                raise BadRequestError(f"request body is not valid JSON: {exc}") from None
+            except ValueError as exc:
+                raise BadRequestError(f"request body: {exc}") from None
+            header_timeout = _header_timeout(headers.get(b"x-request-timeout"))
+            if _prefers_async(headers.getlist(b"prefer")):
+                response = await self._submit_job(name, value, header_timeout, reply_headers)
+                answer.status = response.status_code
+                await response(scope, receive, send)
+                return
+            route = await self.client.route(name)
+            reply_headers["X-Deployment"] = answer.deployment = deployment = route.deployment.name
+            timeout = min(route.deployment.request_timeout_s, header_timeout)
+            reply = await self.client.request(route, body, timeout=timeout, request_id=request_id)
+            answer.replica = reply.replica_id
+            if reply.status is not ReplyStatus.OK:
+                raise error_of(reply)
+        except StreamServeError as exc:
+            response = error_response(exc, reply_headers)
+            answer.status = response.status_code
+            await response(scope, receive, send)
+            return
+        except ClientDisconnected:
+            return
+        answer.status = 200
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    _JSON,
+                    (b"content-length", str(len(reply.body)).encode()),
+                    (b"x-request-id", request_id.encode()),
+                    (b"x-deployment", deployment.encode()),
+                    (b"x-replica", reply.replica_id.encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": reply.body})
+
+    async def _submit_job(
+        self, name: str, value: object, header_timeout: float, reply_headers: dict[str, str]
+    ) -> Response:
+        """Queue the call as a job: 202 with the job's URL. The deployment is picked when the job runs."""
+        timeout = None
+        if header_timeout != float("inf"):  # it can only shorten the deployment's timeout, as for a direct call
+            timeout = min((await self.client.route(name)).deployment.request_timeout_s, header_timeout)
+        job_id = await self.client.submit_job(name, value, timeout=timeout)
+        headers = {**reply_headers, "Location": f"/-/jobs/{job_id}", "Preference-Applied": "respond-async"}
+        return json_response({"job_id": job_id, "status": JobStatus.QUEUED.value}, status_code=202, headers=headers)
+
+
+class _Answer:
+    """What a request got, for its count and access line: status (CLIENT_CLOSED until one is sent), the deployment
+    (or endpoint, before one is picked) it went to, the replica that answered."""
+
+    __slots__ = ("deployment", "replica", "status")
+
+    def __init__(self) -> None:
+        self.status = CLIENT_CLOSED
+        self.deployment = ""
+        self.replica = ""
+
+
+class _Headers:
+    """The few request headers the gateway reads, from ASGI's raw (lower-cased name, value) pairs."""
+
+    def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
+        self._raw = raw
+
+    def get(self, name: bytes) -> str | None:
+        for key, value in self._raw:
+            if key == name:
+                return value.decode("latin-1")
+        return None
+
+    def getlist(self, name: bytes) -> list[str]:
+        return [value.decode("latin-1") for key, value in self._raw if key == name]
+
+
+def _request_id(given: str | None) -> tuple[str | None, str]:
+    """The caller's X-Request-ID and the one to use: the same when it is valid, else a new one."""
+    return given, given if given is not None and REQUEST_ID_RE.match(given) else new_request_id()
+
+
+def _check_request_id(given: str | None, request_id: str) -> None:
+    if given is not None and given != request_id:
+        raise BadRequestError("X-Request-ID must be 1-128 of A-Z a-z 0-9 . _ : -")
+
+
+def _prefers_async(prefer_headers: list[str]) -> bool:
+    """Whether ``Prefer`` headers (RFC 7240; several, comma-separated, with parameters) ask for respond-async."""
+    for header in prefer_headers:
+        for preference in header.split(","):
+            if preference.split(";", 1)[0].split("=", 1)[0].strip().lower() == "respond-async":
+                return True
+    return False
+
+
+def _methods_answered(routes: list[BaseRoute], path: str) -> tuple[str, ...]:
+    """The methods some route answers at ``path`` (asked the way Starlette's router asks)."""
+    scope: dict[str, Any] = {"type": "http", "path": path, "root_path": "", "headers": []}
+    return tuple(m for m in HTTP_METHODS if any(r.matches({**scope, "method": m})[0] is Match.FULL for r in routes))
+
+
+def _header_timeout(raw: str | None) -> float:
+    if raw is None:
+        return float("inf")
+    value = float(raw) if SECONDS_RE.match(raw.strip()) else 0.0
+    if not 0 < value < float("inf"):
+        raise BadRequestError(f"X-Request-Timeout must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+class GatewayApp:
+    """The gateway's ASGI app: deployment POSTs to ``Gateway.serve``, everything else to the FastAPI app."""
+
+    def __init__(self, gateway: Gateway, api: ASGIApp) -> None:
+        self.gateway = gateway
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.api(scope, receive, send)  # lifespan
+            return
+        deployment_post = scope["method"] == "POST" and not scope["path"].startswith(GATEWAY_PREFIX)
+        if deployment_post and self._headers_fit(scope):
+            await self.gateway.serve(scope, receive, send)
+            return
+        await self._other(scope, receive, send)
+
+    async def _other(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Everything but a deployment POST (or one refused for its headers): the FastAPI app, with its access line."""
+        observer = self.gateway.observer
+        if not observer.access_log:
+            if self._headers_fit(scope):
+                await self.api(scope, receive, send)
+            else:
+                await self._refuse_headers(scope, receive, send)
+            return
+        started, status = time.perf_counter(), CLIENT_CLOSED
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            if self._headers_fit(scope):
+                await self.api(scope, receive, send_and_note)
+            else:
+                await self._refuse_headers(scope, receive, send_and_note)
+        finally:
+            request_id = _Headers(scope["headers"]).get(b"x-request-id") or ""
+            observer.done(scope["method"], scope["path"], status, started, request_id[:128], "", "")
+
+    def _headers_fit(self, scope: Scope) -> bool:
+        return sum(len(name) + len(value) for name, value in scope["headers"]) <= self.gateway.settings.max_header_bytes
+
+    async def _refuse_headers(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit = self.gateway.settings.max_header_bytes
+        error = HeadersTooLargeError(f"the request's headers are above max_header_bytes ({limit})")
+        await error_response(error, {})(scope, receive, send)
+
+
+def create_app(settings: Settings) -> GatewayApp:
+    """Build the gateway; its client connects at startup (ASGI lifespan) and closes at shutdown."""
+    gateway = Gateway(settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await gateway.client.start()
+        flusher = None
+        if gateway.observer.figures is not None:
+            flusher = MetricsFlusher(gateway.client.redis, settings.keys, gateway.observer.figures)
+            flusher.start()
+        try:
+            yield
+        finally:
+            if flusher is not None:
+                await flusher.aclose()
+            gateway.observer.flush()
+            await gateway.client.aclose()
+
+    api = FastAPI(
+        title="streamserve gateway",
+        lifespan=lifespan,
+        docs_url="/-/docs",
+        openapi_url="/-/openapi.json",
+        responses=ERROR_RESPONSES,
+    )
+    api.add_exception_handler(StreamServeError, handle_streamserve_error)
+    api.add_exception_handler(RequestValidationError, handle_request_validation_error)
+    api.add_exception_handler(ClientDisconnected, handle_client_disconnected)
+    api.add_exception_handler(ResponseError, redis_error_handler(RedisRefusals(settings.effective_redis_url)))
+
+    @api.get("/-/healthz")
+    async def healthz() -> Response:
+        try:
+            await gateway.client.ping()
+        except RedisUnavailableError as exc:
+            return error_response(exc, {})
+        return json_response({"status": "ok"})
+
+    @api.get("/-/ready")
+    async def ready() -> Response:
+        """Readiness: the route table is loaded and Redis answers now (a load balancer sends traffic only then)."""
+        if not gateway.client.routes_loaded:
+            return error_response(UnavailableError("the gateway has not loaded its routes yet"), {})
+        try:
+            await gateway.client.ping()
+        except RedisUnavailableError as exc:
+            return error_response(exc, {})
+        return json_response({"status": "ready"})
+
+    @api.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> Response:
+        """The whole farm in Prometheus's text format (every gateway shows the same figures)."""
+        return Response(await farm_metrics(gateway.client.redis, settings.keys), media_type=CONTENT_TYPE)
+
+    @api.get("/-/routes")
+    async def routes() -> dict[str, str]:
+        return gateway.routes().routes
+
+    @api.get("/-/status")
+    async def status() -> Response:
+        return json_response(await StatusReader(gateway.client.redis, settings.keys).report())
+
+    @api.get("/-/jobs/{job_id}")
+    async def job(job_id: str) -> Response:
+        """An asynchronous job's status, with its result or error once it has one; 404 once its TTL passed."""
+        return json_response((await gateway.client.job(job_id)).to_json())
+
+    api.include_router(admin_router(settings, gateway.client))
+    api.include_router(dashboard_router(gateway.client, settings.keys))
+
+    gateway_routes = list(api.routes)
+
+    @api.api_route("/{path:path}", methods=list(HTTP_METHODS), include_in_schema=False)
+    async def other_methods(request: Request) -> Response:
+        """What no route above takes: unknown paths (404), other methods than a route answers (405 with Allow)."""
+        return gateway.refuse_method(request, gateway_routes)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        """What the catch-all cannot match either (``OPTIONS *``): 404 in the gateway's error shape."""
+        return error_response(NotFoundError(f"nothing is served at {request.url.path}"), {})
+
+    api.add_exception_handler(StarletteHTTPException, not_found)
+    api.openapi = lambda: openapi_document(api)  # type: ignore[method-assign]
+    return GatewayApp(gateway, api)

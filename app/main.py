@@ -1,0 +1,68 @@
+"""Entry point of the gateway process: ``python -m streamserve gateway [--workers N]``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+import uvicorn
+from streamserve.app.gateway import GatewayApp, create_app
+
+from streamserve.control.security import check_exposure
+from streamserve.runtime.gc_freeze import freeze_startup_objects
+from streamserve.runtime.logging_setup import setup_logging, start_process
+from streamserve.runtime.settings import Settings, add_gateway_workers_option, add_no_admin_option
+
+# The server settings of the gateway (the benchmark's bare app uses the same).
+UVICORN_OPTIONS: dict[str, Any] = {
+    "loop": "uvloop",
+    "http": "httptools",
+    "log_level": "warning",
+    "access_log": False,
+}
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+# How long a gateway answers what it holds after SIGTERM.
+GRACEFUL_SHUTDOWN_S = 30
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streamserve gateway", description="Run the HTTP gateway.")
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface to bind (default {DEFAULT_HOST})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to bind (default {DEFAULT_PORT})")
+    add_gateway_workers_option(parser, "--workers")
+    add_no_admin_option(parser)
+    return parser
+
+
+def worker_app() -> GatewayApp:
+    """One of ``--workers N`` gateway processes (uvicorn imports this in each): settings from the environment the
+    first process wrote (Settings.to_env), its own logging, its own client and reply stream."""
+    settings = Settings()
+    setup_logging(settings.debug, settings.log_format, role="gateway")
+    app = create_app(settings)
+    freeze_startup_objects()
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, settings = start_process(build_parser(), argv)
+    check_exposure(args.host, api_key_set=settings.api_key is not None, admin=settings.admin)
+    server = {
+        "host": args.host,
+        "port": args.port,
+        "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S,
+        "log_config": None,  # uvicorn's own records go through streamserve's handler (and its format) too
+        **UVICORN_OPTIONS,
+    }
+    if args.gateway_workers > 1:
+        # uvicorn's supervisor holds the socket and runs (and restarts) the workers; it serves nothing itself.
+        os.environ.update(settings.to_env())
+        uvicorn.run(f"{__name__}:worker_app", factory=True, workers=args.gateway_workers, **server)
+        return 0
+    app = create_app(settings)
+    freeze_startup_objects()
+    uvicorn.run(app, **server)
+    return 0

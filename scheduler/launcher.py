@@ -1,0 +1,84 @@
+"""Starting and signalling replica processes on this host: the only code that touches OS processes.
+
+Replicas run in their own session (process group), detached from the
+scheduler, so a scheduler crash leaves them serving. A process is only ever
+signalled after checking that it still is the replica we think it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+from streamserve.control.resources import GPU_DEVICES_ENV
+from streamserve.runtime.processes import role_command, runs_replica
+from streamserve.runtime.settings import Settings
+from streamserve.wire.ids import ReplicaID
+
+logger = logging.getLogger(__name__)
+
+
+class ProcessLauncher:
+    """Starts ``python -m streamserve worker`` processes and tells whether they live."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._env = {**os.environ, **settings.to_env()}
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self.host = socket.gethostname()
+
+    def start(self, replica_id: ReplicaID, gpus: tuple[str, ...] = ()) -> int:
+        """Spawn the replica in a new session, seeing only ``gpus`` if it asked for any; return its pid (also
+        its process group id)."""
+        cmd = role_command("worker", replica_id.deployment, "--replica-id", replica_id.to_str())
+        env = {**self._env, GPU_DEVICES_ENV: ",".join(gpus)} if gpus else self._env
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        self._children[proc.pid] = proc
+        return proc.pid
+
+    def is_alive(self, pid: int, replica_id: ReplicaID) -> bool:
+        """True while the process runs and still is this replica (guards against pid reuse)."""
+        child = self._children.get(pid)
+        if child is not None:
+            return child.poll() is None
+        return runs_replica(pid, replica_id)
+
+    def find(self, replica_id: ReplicaID) -> int | None:
+        """The pid of a process already running this replica, if any.
+
+        A scheduler killed between spawning a replica and recording that it did
+        leaves a live process behind a SHOULD_START record; the next leader
+        takes that process over instead of starting a second one.
+        """
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit() and runs_replica(int(proc.name), replica_id):
+                return int(proc.name)
+        return None
+
+    def exit_code(self, pid: int) -> int | None:
+        """The exit code of a child that has ended, if we started it."""
+        child = self._children.get(pid)
+        return None if child is None else child.poll()
+
+    def terminate(self, pid: int, replica_id: ReplicaID) -> None:
+        """Ask the replica to drain and exit."""
+        if self.is_alive(pid, replica_id):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    def kill(self, pid: int, replica_id: ReplicaID) -> None:
+        """End the replica's whole process group at once."""
+        if self.is_alive(pid, replica_id):
+            logger.warning("replica %s (pid %d) did not stop in time: killing its process group", replica_id, pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def forget(self, pid: int) -> None:
+        """Drop a reaped child."""
+        child = self._children.pop(pid, None)
+        if child is not None:
+            child.poll()

@@ -1,0 +1,63 @@
+"""Entry point of the scheduler process: ``python -m streamserve scheduler``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+import redis.asyncio as aioredis
+from streamserve.scheduler.collector import collect_periodically
+from streamserve.scheduler.job_pool import JobWorkerPool
+from streamserve.scheduler.launcher import ProcessLauncher
+from streamserve.scheduler.scheduler import Scheduler
+
+from streamserve.client.jobs import jobs_redis_url
+from streamserve.runtime.logging_setup import start_process
+from streamserve.runtime.processes import on_stop_signals
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import async_redis
+
+logger = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streamserve scheduler", description="Run the scheduler (controller).")
+    parser.add_argument(
+        "--stop-replicas-on-exit",
+        action="store_true",
+        help="stop every replica when this scheduler exits (what `streamserve up` does); "
+        "by default replicas keep serving and the next scheduler adopts them",
+    )
+    return parser
+
+
+async def run(settings: Settings, stop_replicas_on_exit: bool) -> None:
+    redis = async_redis(settings.effective_redis_url)
+    scheduler = Scheduler(
+        settings,
+        redis,
+        ProcessLauncher(settings),
+        stop_replicas_on_exit=stop_replicas_on_exit,
+        job_pool=JobWorkerPool(settings) if settings.job_workers else None,
+    )
+    await serve(scheduler, redis)
+
+
+async def serve(scheduler: Scheduler, redis: aioredis.Redis) -> None:
+    """Run ``scheduler`` as the process's one job until SIGTERM or SIGINT, then close ``redis``."""
+    collector = asyncio.create_task(collect_periodically())
+    try:
+        with on_stop_signals(scheduler.should_exit.set):
+            await scheduler.run()
+    finally:
+        collector.cancel()
+        await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, settings = start_process(build_parser(), argv)
+    if settings.job_workers:
+        jobs_redis_url(settings)  # refused now (ConfigError, exit 2) rather than by every job worker it would start
+    asyncio.run(run(settings, args.stop_replicas_on_exit))
+    return 0

@@ -1,0 +1,98 @@
+"""Recovering work from dead replicas: their pending entries go back to the queue or to the dead-letter stream."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Set
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from streamserve.transport.streams import DeadLetter, Requeuer, send_reply
+from streamserve.wire.config import DeploymentConfig
+from streamserve.wire.keys import CONSUMER_GROUP, Keys
+from streamserve.wire.messages import Reply, ReplyStatus, text
+
+logger = logging.getLogger(__name__)
+
+MOVE_BATCH = 100
+
+
+@dataclass
+class ReclaimResult:
+    requeued: int = 0
+    dead_lettered: int = 0
+    consumers_removed: int = 0
+
+
+class Reclaimer:
+    """Finds consumers of a deployment's group that no live replica answers for, and frees what they held.
+
+    Entries are re-queued (a new entry with ``attempts`` + 1) rather than
+    claimed onto a live consumer: replicas then take them through their one
+    read path, within ``max_ongoing_requests``, and the attempt count needs no
+    Redis 7 delivery counters.
+    """
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._requeuer = Requeuer(redis)
+
+    async def reclaim(self, cfg: DeploymentConfig, live: Set[str]) -> ReclaimResult:
+        """Free everything held by consumers not in ``live`` (replica ids still running or draining)."""
+        stream = self._keys.requests(cfg.name)
+        result = ReclaimResult()
+        try:
+            consumers = await self._redis.xinfo_consumers(stream, CONSUMER_GROUP)
+        except ResponseError:  # no stream or no group yet
+            return result
+        for consumer in consumers:
+            name = text(consumer["name"])
+            if name in live:
+                continue
+            if int(consumer["pending"]) > 0:
+                await self._free(cfg, stream, name, result)
+            await self._redis.xgroup_delconsumer(stream, CONSUMER_GROUP, name)
+            result.consumers_removed += 1
+        return result
+
+    async def _free(self, cfg: DeploymentConfig, stream: str, consumer: str, result: ReclaimResult) -> None:
+        reason = f"its replica died while running it (the last one: {consumer})"
+        while True:
+            pending = await self._redis.xpending_range(stream, CONSUMER_GROUP, "-", "+", MOVE_BATCH, consumer)
+            if not pending:
+                return
+            ids = [p["message_id"] for p in pending]
+            dead = await self._requeuer.requeue(
+                stream,
+                self._keys.dead_letters(cfg.name),
+                ids,
+                charge=True,
+                max_delivery_attempts=cfg.max_delivery_attempts,
+                reason=reason,
+            )
+            result.dead_lettered += len(dead)
+            result.requeued += len(ids) - len(dead)
+            for letter in dead:
+                await self._tell_caller(cfg, letter, reason)
+            logger.warning(
+                "deployment %s: freed %d request(s) of dead replica %s (%d to the dead-letter stream)",
+                cfg.name,
+                len(ids),
+                consumer,
+                len(dead),
+            )
+
+    async def _tell_caller(self, cfg: DeploymentConfig, letter: DeadLetter, why: str) -> None:
+        if not letter.reply_to:
+            return
+        message = (
+            f"request {letter.request_id} was delivered {letter.deliveries} times and each time {why}; "
+            f"it was moved to {self._keys.dead_letters(cfg.name)}"
+        )
+        reply = Reply(
+            letter.request_id, ReplyStatus.DEAD_LETTER, "", error_type="DeadLetterError", error_message=message
+        )
+        await send_reply(self._redis, letter.reply_to, reply)

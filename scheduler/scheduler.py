@@ -1,0 +1,245 @@
+"""The scheduler process: lead (or stand by), then reconcile every deployment on each tick."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+from collections.abc import Mapping
+
+import redis.asyncio as aioredis
+from streamserve.scheduler.deployment_state import DeploymentState, Target
+from streamserve.scheduler.goals import GoalTracker
+from streamserve.scheduler.heartbeat_reader import Beats, HeartbeatReader
+from streamserve.scheduler.job_pool import JobWorkerPool
+from streamserve.scheduler.key_migration import migrate_farm_keys
+from streamserve.scheduler.leader import LeaderLock
+from streamserve.scheduler.reclaim import Reclaimer
+from streamserve.scheduler.store import RedisReplicaStore
+from streamserve.scheduler.types import Clock, Launcher, Timeouts
+
+from streamserve.control.desired_state import DesiredState
+from streamserve.control.resources import GpuAllocator, host_gpus, host_memory_bytes, overcommit
+from streamserve.metrics.history import MetricsHistory
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import RETRYABLE_ERRORS
+from streamserve.transport.streams import ensure_group
+from streamserve.wire.config import DeploymentConfig
+from streamserve.wire.messages import now_ms
+
+logger = logging.getLogger(__name__)
+
+# How long job workers may take to finish their jobs on shutdown when no deployment says (a Redis outage).
+JOB_WORKERS_STOP_S = DeploymentConfig.model_fields["graceful_shutdown_timeout_s"].default
+# A deployment's consumers are listed at least this often even when no replica of ours was written off.
+FULL_RECLAIM_EVERY_MS = 5_000
+
+
+class Scheduler:
+    """Owns the reconcile loop; ``should_exit`` asks for a graceful stop."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        redis: aioredis.Redis,
+        launcher: Launcher,
+        *,
+        stop_replicas_on_exit: bool = False,
+        job_pool: JobWorkerPool | None = None,
+        clock: Clock = now_ms,
+    ) -> None:
+        self._settings = settings
+        self._redis = redis
+        self._keys = settings.keys
+        self._launcher = launcher
+        self._clock = clock
+        self._store = RedisReplicaStore(redis, self._keys)
+        self._desired = DesiredState(redis, self._keys)
+        self._timeouts = Timeouts(
+            heartbeat_timeout_ms=int(settings.heartbeat_timeout_s * 1000),
+            start_timeout_ms=int(settings.start_timeout_s * 1000),
+        )
+        self._heartbeats = HeartbeatReader(redis, self._keys, self._timeouts.heartbeat_timeout_ms)
+        self._lock = LeaderLock(redis, self._keys)
+        self._reclaimer = Reclaimer(redis, self._keys)
+        self._goals = GoalTracker(redis, self._keys)
+        self._history = MetricsHistory(redis, self._keys)
+        self._stop_replicas_on_exit = stop_replicas_on_exit
+        self._job_pool = job_pool
+        self._states: dict[str, DeploymentState] = {}
+        self._gpus = GpuAllocator(host_gpus(settings.gpus))
+        self._overcommitted: list[str] = []  # the last warning given about CPUs and memory, so it is given once
+        self._known_groups: set[str] = set()
+        # Per deployment: the live consumers at its last reclaim, and when the next is due regardless (see _reclaim).
+        self._reclaimed: dict[str, tuple[set[str], int]] = {}
+        self._standing_by = False
+        # Set when Redis was away; the next tick counts replicas' silence from then (they could not beat either).
+        self._redis_was_away = False
+        self._silence_from_ms = 0
+        self.should_exit = asyncio.Event()
+        self.ticks = 0
+
+    async def run(self) -> None:
+        """Lead when possible, tick until asked to exit, then shut down."""
+        logger.info("scheduler %s: starting", self._lock.holder_id)
+        try:
+            while not self.should_exit.is_set():
+                try:
+                    await self._lead_or_wait()
+                except RETRYABLE_ERRORS as exc:
+                    logger.warning("scheduler: Redis unavailable (%s); retrying", exc)
+                    self._redis_was_away = True
+                await self._sleep(self._settings.tick_interval_s)
+            await self._shutdown()
+        finally:
+            logger.info("scheduler %s: exited after %d ticks", self._lock.holder_id, self.ticks)
+
+    async def _lead_or_wait(self) -> None:
+        was_leader = self._lock.held
+        if not await self._lock.acquire_or_renew():
+            if was_leader:
+                logger.warning("scheduler %s: lost leadership; standing by", self._lock.holder_id)
+                self._states.clear()
+            elif not self._standing_by:
+                leader = await self._lock.current_leader()
+                logger.info("scheduler %s: standing by while scheduler %s leads", self._lock.holder_id, leader)
+            self._standing_by = True
+            if self._job_pool is not None:
+                self._job_pool.stop()  # only the leader runs job workers: the pool's size is the farm's
+            return
+        self._standing_by = False
+        if not was_leader:
+            logger.info("scheduler %s: leading", self._lock.holder_id)
+            await self._adopt()
+        await self.tick()
+        if self._job_pool is not None:
+            await self._job_pool.keep_running()
+
+    async def _adopt(self) -> None:
+        """Take over whatever replicas Redis records, instead of starting duplicates, and the autoscaled counts."""
+        self._states.clear()
+        await migrate_farm_keys(self._redis, self._keys)
+        self._gpus = GpuAllocator(self._gpus.devices)  # the adopted records say who holds which device
+        if self._gpus.devices:
+            logger.info("scheduler: GPUs on this host: %s", ", ".join(self._gpus.devices))
+        for name, records in (await self._store.load_all()).items():
+            state = self._state(name)
+            for record in records:
+                state.adopt(record)
+            logger.info("scheduler: adopted %d replica(s) of %s", len(records), name)
+        for name, autoscaled in (await self._store.load_autoscale()).items():
+            self._state(name).restore_autoscaled(autoscaled)
+            logger.info("scheduler: %s resumes autoscaling at %d replica(s)", name, autoscaled.replicas)
+
+    def _state(self, name: str) -> DeploymentState:
+        state = self._states.get(name)
+        if state is None:
+            state = self._states[name] = DeploymentState(name, self._launcher, self._store, self._timeouts, self._gpus)
+        return state
+
+    async def tick(self) -> None:
+        """One reconcile pass over every deployment, desired or still winding down."""
+        self.ticks += 1
+        goals = await self._goals.load()  # before the desired state: see GoalTracker.load
+        desired = await self._desired.deployments()
+        self._warn_if_overcommitted(desired)
+        names = sorted(set(desired) | set(self._states))
+        now = self._clock()
+        if self._redis_was_away:
+            self._redis_was_away, self._silence_from_ms = False, now
+        beats = await self._heartbeats.read(names, now, self._silence_from_ms)
+        autoscaled = [name for name, cfg in desired.items() if cfg.autoscaling_config is not None]
+        ongoing = await self._store.ongoing(autoscaled) if autoscaled else {}
+        for name in names:
+            try:
+                await self._reconcile(name, desired.get(name), beats[name], ongoing.get(name, 0), now)
+            except RETRYABLE_ERRORS:
+                raise
+            except Exception:
+                # One deployment's surprise must not stop the others from being reconciled.
+                logger.exception("deployment %s: reconcile step failed; retrying next tick", name)
+        await self._goals.update(goals, desired, self._states, now)
+        await self._history.maybe_sample(sorted(desired), now)
+
+    async def _reconcile(self, name: str, cfg: DeploymentConfig | None, beats: Beats, ongoing: int, now: int) -> None:
+        shutting_down = self._stop_replicas_on_exit and self.should_exit.is_set()
+        if cfg is not None:
+            await self._ensure_group_once(cfg)
+        state = self._state(name)
+        await state.update(Target(cfg, shutting_down), beats, now, ongoing)
+        if cfg is not None:
+            await self._reclaim(cfg, set(state.replicas) | beats.heard(), now)
+        if cfg is None and state.is_gone:
+            await self._store.forget_deployment(name)
+            self._known_groups.discard(name)
+            self._reclaimed.pop(name, None)
+            del self._states[name]
+            logger.info("deployment %s: deleted", name)
+
+    def _warn_if_overcommitted(self, desired: Mapping[str, DeploymentConfig]) -> None:
+        problems = overcommit(desired.values(), os.cpu_count() or 1, host_memory_bytes())
+        if problems != self._overcommitted:
+            for problem in problems:
+                logger.warning("scheduler: %s (the replicas may run short, or be killed for memory)", problem)
+            self._overcommitted = problems
+
+    async def _reclaim(self, cfg: DeploymentConfig, live: set[str], now: int) -> None:
+        """Free what dead consumers hold: at once when the live set changed (a replica was written off), and every
+        FULL_RECLAIM_EVERY_MS in any case (a consumer no replica of ours answers for, left by an earlier farm).
+
+        Listing a group's consumers is the one per-replica read of a tick; at 1,000 replicas a deployment, doing it
+        every tick cost more than the rest of the tick.
+        """
+        last = self._reclaimed.get(cfg.name)
+        if last is not None and last[0] == live and now < last[1]:
+            return
+        await self._reclaimer.reclaim(cfg, live)
+        # Spread over the interval, so that the deployments' full listings do not all land on one tick.
+        self._reclaimed[cfg.name] = (live, now + int(FULL_RECLAIM_EVERY_MS * random.uniform(0.5, 1.0)))
+
+    async def _ensure_group_once(self, cfg: DeploymentConfig) -> None:
+        """Create the consumer group at id 0 so requests queued before any replica are still served."""
+        if cfg.name in self._known_groups:
+            return
+        await ensure_group(self._redis, self._keys.requests(cfg.name))
+        self._known_groups.add(cfg.name)
+
+    async def _shutdown(self) -> None:
+        await self._stop_job_workers()  # first, so that the jobs they run still find live replicas
+        if self._lock.held and self._stop_replicas_on_exit:
+            logger.info("scheduler: stopping all replicas before exit")
+            try:
+                await self._adopt()
+                while not all(s.runs_no_process for s in self._states.values()):
+                    await self._lock.acquire_or_renew()
+                    await self.tick()
+                    await asyncio.sleep(self._settings.tick_interval_s)
+            except RETRYABLE_ERRORS as exc:
+                logger.warning("scheduler: Redis lost while stopping replicas: %s", exc)
+        with contextlib.suppress(*RETRYABLE_ERRORS):
+            await self._lock.release()
+
+    async def _stop_job_workers(self) -> None:
+        """Let job workers finish their calls for as long as the deployments they call may drain, then kill them."""
+        if self._job_pool is None:
+            return
+        self._job_pool.stop()
+        try:
+            desired = await self._desired.deployments()
+            drain_s = max((cfg.graceful_shutdown_timeout_s for cfg in desired.values()), default=JOB_WORKERS_STOP_S)
+        except RETRYABLE_ERRORS:
+            drain_s = JOB_WORKERS_STOP_S
+        deadline = asyncio.get_running_loop().time() + drain_s
+        while self._job_pool.pids and asyncio.get_running_loop().time() < deadline:
+            if self._lock.held:
+                with contextlib.suppress(*RETRYABLE_ERRORS):
+                    await self._lock.acquire_or_renew()
+            await asyncio.sleep(0.1)
+        await self._job_pool.kill()
+        self._job_pool.close()
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.should_exit.wait(), timeout=seconds)

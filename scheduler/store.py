@@ -1,0 +1,105 @@
+"""Where the scheduler persists replica records, deployment verdicts and autoscaling decisions in Redis."""
+
+from __future__ import annotations
+
+import logging
+
+import redis.asyncio as aioredis
+
+from streamserve.control.heartbeats import queue_removal
+from streamserve.control.long_poll import announce, bump_snapshot_id
+from streamserve.wire.errors import ProtocolError
+from streamserve.wire.keys import ConfigKey, Keys
+from streamserve.wire.messages import AutoscaleRecord, DeploymentHealthRecord, ReplicaRecord, text
+
+logger = logging.getLogger(__name__)
+
+# Autoscaling decisions kept per deployment (Keys.autoscale_decisions).
+AUTOSCALE_DECISIONS_KEPT = 50
+
+
+class RedisReplicaStore:
+    """The production ReplicaStore: one hash per deployment, plus the status hash."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+
+    async def save(self, deployment: str, record: ReplicaRecord) -> None:
+        await self._redis.hset(self._keys.replicas(deployment), record.replica_id, record.encode())
+
+    async def remove(self, deployment: str, replica_id: str) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self._keys.replicas(deployment), replica_id)
+            queue_removal(pipe, self._keys, deployment, [replica_id])
+            await pipe.execute()
+
+    async def save_health(self, deployment: str, record: DeploymentHealthRecord) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._keys.deployment_status(), deployment, record.encode())
+            bump_snapshot_id(pipe, self._keys, ConfigKey.DEPLOYMENT_STATUS)
+            *_, snapshot_id = await pipe.execute()
+        await announce(self._redis, self._keys, {ConfigKey.DEPLOYMENT_STATUS: snapshot_id})
+
+    async def save_autoscale(self, deployment: str, record: AutoscaleRecord | None) -> None:
+        """Keep the autoscaled count (None: autoscaling was turned off, forget it), and add each decision to the
+        deployment's capped list of recent ones (the dashboard shows them)."""
+        if record is None:
+            await self._redis.hdel(self._keys.autoscaling(), deployment)
+            return
+        # Two slots on a Redis Cluster (farm-wide hash, deployment's stream): no transaction; the list is a log.
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hset(self._keys.autoscaling(), deployment, record.encode())
+            pipe.xadd(
+                self._keys.autoscale_decisions(deployment),
+                {"record": record.encode()},
+                maxlen=AUTOSCALE_DECISIONS_KEPT,
+                approximate=False,
+            )
+            await pipe.execute()
+
+    async def load_autoscale(self) -> dict[str, AutoscaleRecord]:
+        """The autoscaled counts an earlier scheduler decided, by deployment (unreadable ones are skipped)."""
+        found = {}
+        for name, raw in (await self._redis.hgetall(self._keys.autoscaling())).items():
+            try:
+                found[text(name)] = AutoscaleRecord.decode(raw)
+            except ProtocolError as exc:
+                logger.warning("ignoring unreadable autoscaling record of %s: %s", text(name), exc)
+        return found
+
+    async def ongoing(self, names: list[str]) -> dict[str, int]:
+        """Queued + in-flight requests of several deployments in one round trip.
+
+        That is the request stream's length: an entry stays in the stream
+        while a replica works on it (pending in the group) and is deleted when
+        the replica acknowledges it, so XLEN counts both without XPENDING.
+        """
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.xlen(self._keys.requests(name))
+            results = await pipe.execute()
+        return {name: int(length) for name, length in zip(names, results, strict=True)}
+
+    async def load_all(self) -> dict[str, list[ReplicaRecord]]:
+        """Every recorded replica of every deployment (found by SCAN, so deleted deployments too)."""
+        found: dict[str, list[ReplicaRecord]] = {}
+        async for key in self._redis.scan_iter(match=self._keys.replicas_pattern(), count=500):
+            name = self._keys.deployment_of_replicas_key(key.decode())
+            raw = await self._redis.hgetall(key)
+            found[name] = [ReplicaRecord.decode(v) for v in raw.values()]
+        return found
+
+    async def forget_deployment(self, deployment: str) -> None:
+        """Drop every key of a deleted deployment whose replicas are all gone.
+
+        Its own keys go first (one slot), then its entries in the farm-wide hashes (another slot on a cluster):
+        a scheduler that dies in between finds the deployment still listed and forgets it again.
+        """
+        await self._redis.delete(*self._keys.deployment_keys(deployment))
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self._keys.deployment_status(), deployment)
+            pipe.hdel(self._keys.autoscaling(), deployment)
+            bump_snapshot_id(pipe, self._keys, ConfigKey.DEPLOYMENT_STATUS)
+            *_, snapshot_id = await pipe.execute()
+        await announce(self._redis, self._keys, {ConfigKey.DEPLOYMENT_STATUS: snapshot_id})

@@ -1,0 +1,3 @@
+from streamserve.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,317 @@
+"""`streamserve up`: Redis (embedded unless a URL is given), one scheduler, one gateway, on this machine.
+
+The scheduler and gateway run as child processes in their own sessions, so
+Ctrl-C reaches only this supervisor, which then stops them in order:
+gateway, scheduler (which drains and stops every replica), Redis. A second
+Ctrl-C stops everything at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import httpx
+import redis
+
+from streamserve.client.jobs import jobs_redis_url
+from streamserve.control.desired_state import Applied, DesiredState
+from streamserve.control.goal_records import GoalStore
+from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.processes import (
+    die_with_parent,
+    pids_with_env,
+    port_is_free,
+    process_ref,
+    role_command,
+    runs_replica,
+    stop_group,
+    wait_until,
+)
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import RedisRefusals, async_redis, redacted, sync_redis
+from streamserve.transport.redis_checks import redis_problems, warning_text
+from streamserve.wire.config import AppConfig
+from streamserve.wire.errors import StreamServeError
+from streamserve.wire.ids import ReplicaID
+from streamserve.wire.messages import GoalRecord, ReplicaRecord
+from streamserve.wire.states import FINAL_GOAL_STATUSES, GoalStatus
+
+GATEWAY_READY_TIMEOUT_S = 30.0
+# Where the embedded Redis keeps its data unless --data-dir says otherwise (relative to the current directory).
+DEFAULT_DATA_DIR = Path(".streamserve")
+# How long the gateway may take to answer what it holds after Ctrl-C (a second Ctrl-C cuts it short).
+GATEWAY_DRAIN_S = 10.0
+MAX_RESTARTS = 5
+# A child that exits more than MAX_RESTARTS times within RESTART_WINDOW_S brings the farm down.
+RESTART_WINDOW_S = 60.0
+
+
+@dataclass
+class UpOptions:
+    config: AppConfig
+    config_path: Path
+    host: str
+    port: int
+    redis_port: int | None = None
+    redis_maxmemory: str | None = None
+    # Where the embedded Redis keeps its data (None: DEFAULT_DATA_DIR); fresh: start it empty.
+    data_dir: Path | None = None
+    fresh: bool = False
+    # Gateway processes on the one port (``streamserve gateway --workers``).
+    gateway_workers: int = 1
+
+
+def _own_command() -> str:
+    """How the user ran us (``.venv/bin/streamserve`` or ``streamserve``), to print commands they can paste."""
+    argv0 = sys.argv[0]
+    if argv0.endswith("__main__.py"):
+        return f"{sys.executable} -m streamserve"
+    return argv0 if os.sep in argv0 else "streamserve"
+
+
+class Farm:
+    """Runs and supervises the processes of one machine's farm."""
+
+    def __init__(self, settings: Settings, options: UpOptions) -> None:
+        self.settings = settings
+        self.options = options
+        self.redis: EmbeddedRedis | None = None
+        self.scheduler: subprocess.Popen[bytes] | None = None
+        self.gateway: subprocess.Popen[bytes] | None = None
+        self._signals = 0
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            print(f"\nstreamserve: {signal.Signals(signum).name}, stopping (again to force)", flush=True)
+
+    def run(self) -> int:
+        opts = self.options
+        if not port_is_free(opts.host, opts.port):
+            print(f"error: {opts.host}:{opts.port} is in use; pass --port to pick another", file=sys.stderr)
+            return 1
+        embedded_only = opts.redis_port is not None or opts.redis_maxmemory or opts.data_dir is not None or opts.fresh
+        if embedded_only and self.settings.redis_url is not None:
+            print(
+                "error: --redis-port, --redis-maxmemory, --data-dir and --fresh are for the embedded Redis; "
+                "drop them or drop --redis-url",
+                file=sys.stderr,
+            )
+            return 2
+        # A closed terminal (SIGHUP) or a service manager's stop (SIGTERM) stops the farm as Ctrl-C does.
+        stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in stop_signals}
+        try:
+            return self._run()
+        except StreamServeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            self._shutdown()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> int:
+        opts = self.options
+        if self.settings.redis_url is None:
+            data_dir = opts.data_dir or DEFAULT_DATA_DIR
+            self.redis = EmbeddedRedis(port=opts.redis_port, maxmemory=opts.redis_maxmemory, data_dir=data_dir)
+            if opts.fresh:
+                self.redis.forget_data()
+            self.redis.start()
+            self.settings = self.settings.model_copy(update={"redis_url": self.redis.url})
+        elif self.settings.check_redis and (lines := redis_problems(self.settings.effective_redis_url)):
+            print(f"warning: {warning_text(self.settings.effective_redis_url, lines)}", file=sys.stderr, flush=True)
+        if self.settings.job_workers:
+            jobs_redis_url(self.settings)  # on a Redis Cluster, refused now, naming the fix
+        # Replicas watch this process: killed with -9, it cannot stop them, so they leave by themselves.
+        # The Redis is checked (the embedded one keeps everything): the processes started here need not warn.
+        update = {"supervisor": process_ref(os.getpid()), "check_redis": False}
+        self.settings = self.settings.model_copy(update=update)
+        url = self.settings.effective_redis_url
+        changed = asyncio.run(self._apply(url))
+        env = {**os.environ, **self.settings.to_env()}
+        self.scheduler = self._spawn(role_command("scheduler", "--stop-replicas-on-exit"), env)
+        gateway = ("--host", opts.host, "--port", str(opts.port), "--workers", str(opts.gateway_workers))
+        self.gateway = self._spawn(role_command("gateway", *gateway), env)
+        gateway_url = f"http://{opts.host}:{opts.port}"
+        if not self._wait_for_gateway(gateway_url):
+            if self._signals:
+                return 130
+            print("error: the gateway did not come up; see the log above", file=sys.stderr)
+            return 1
+        if changed.goals:
+            print(f"streamserve: starting the replicas of {', '.join(changed.goals)}", flush=True)
+        failed = self._wait_for_replicas(url, changed.goals)
+        if self._signals:
+            return 130
+        self._banner(gateway_url, url, changed, failed)
+        restarts: list[float] = []
+        while not self._signals:
+            if self.redis is not None and not self.redis.running:
+                # Same port, same data: processes reconnect and the long poll catches up by itself.
+                restarts = [t for t in restarts if time.monotonic() - t < RESTART_WINDOW_S] + [time.monotonic()]
+                if len(restarts) > MAX_RESTARTS:
+                    print("error: the embedded redis-server keeps dying; stopping", file=sys.stderr)
+                    return 1
+                print("streamserve: the embedded redis-server died; restarting it on its data", file=sys.stderr)
+                self.redis.start()
+            for name in ("scheduler", "gateway"):
+                proc: subprocess.Popen[bytes] = getattr(self, name)
+                if proc.poll() is None:
+                    continue
+                # Replicas keep serving meanwhile; a restarted scheduler adopts them.
+                restarts = [t for t in restarts if time.monotonic() - t < RESTART_WINDOW_S] + [time.monotonic()]
+                if len(restarts) > MAX_RESTARTS:
+                    print(f"error: the {name} keeps exiting (code {proc.returncode}); stopping", file=sys.stderr)
+                    return 1
+                print(f"streamserve: the {name} exited with code {proc.returncode}; restarting it", file=sys.stderr)
+                setattr(self, name, self._spawn(proc.args, env))  # type: ignore[arg-type]
+            time.sleep(0.2)
+        return 0
+
+    async def _apply(self, url: str) -> Applied:
+        redis = async_redis(url)
+        try:
+            with RedisRefusals(url):
+                await redis.ping()
+                return await DesiredState(redis, self.settings.keys, self.settings.import_allow_list).apply(
+                    self.options.config
+                )
+        finally:
+            await redis.aclose()
+
+    def _spawn(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent
+        )
+
+    def _wait_for_gateway(self, base_url: str) -> bool:
+        def ready() -> bool:
+            if self._signals or (self.gateway is not None and self.gateway.poll() is not None):
+                return True
+            try:
+                return httpx.get(f"{base_url}/-/healthz", timeout=1.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(ready, GATEWAY_READY_TIMEOUT_S, interval_s=0.1)
+        return not self._signals and self.gateway is not None and self.gateway.poll() is None
+
+    def _wait_for_replicas(self, url: str, goal_ids: dict[str, str]) -> dict[str, str]:
+        """Wait (bounded; Ctrl-C stops it) until the config's replicas run; {deployment: why} for those that cannot."""
+        goals = asyncio.run(self._final_goals(url, list(goal_ids.values())))
+        pending = f"still starting after {self.settings.start_timeout_s:g}s"
+        return {
+            g.deployment: g.message or (pending if g.status is GoalStatus.PENDING else g.status.value)
+            for g in goals
+            if g.status is not GoalStatus.DONE
+        }
+
+    async def _final_goals(self, url: str, goal_ids: list[str]) -> list[GoalRecord]:
+        """The goals once all are final, or as they stand at the start timeout or Ctrl-C."""
+        redis = async_redis(url)
+        try:
+            store = GoalStore(redis, self.settings.keys)
+            deadline = time.monotonic() + self.settings.start_timeout_s
+            while True:
+                goals = await store.many(goal_ids)
+                if self._signals or time.monotonic() > deadline:
+                    return goals
+                if all(g.status in FINAL_GOAL_STATUSES for g in goals):
+                    return goals
+                await asyncio.sleep(0.1)
+        finally:
+            await redis.aclose()
+
+    def _banner(self, gateway_url: str, redis_url: str, changed: Applied, failed: dict[str, str]) -> None:
+        deployments = self.options.config.deployments
+        lines = [
+            "streamserve is up",
+            f"  gateway   {gateway_url}"
+            + (f"  ({self.options.gateway_workers} processes)" if self.options.gateway_workers > 1 else ""),
+            f"  dashboard {gateway_url}/-/dashboard   (metrics: {gateway_url}/metrics, logs: streamserve logs NAME)",
+            f"  redis     {redacted(redis_url)}" + ("  (embedded)" if self.redis else ""),
+            *(
+                [f"  data      {self.redis.data_dir}/  (append-only file, written every second; --fresh starts empty)"]
+                if self.redis is not None and self.redis.data_dir is not None
+                else []
+            ),
+            f"  config    {self.options.config_path}"
+            + (f"  (updated: {', '.join([*changed.goals, *changed.endpoints])})" if changed else ""),
+        ]
+        if self.settings.job_workers:
+            lines.append(
+                f"  jobs      {self.settings.job_workers} job worker(s): POST with 'Prefer: respond-async',"
+                " then GET /-/jobs/ID"
+            )
+        for d in deployments:
+            route = f"POST {gateway_url}{d.route_prefix}" if d.route_prefix else "client only"
+            auto = d.autoscaling_config
+            count = f"{d.wanted_replicas()} replica(s)"
+            if auto is not None:
+                count = f"{auto.min_replicas}-{auto.max_replicas} replicas (autoscaled)"
+            if d.external_scaler_enabled:
+                count = f"externally scaled (start workers with `streamserve worker {d.name}`)"
+            trouble = f"  NOT RUNNING: {failed[d.name]}" if d.name in failed else ""
+            lines.append(f"  - {d.name}: {count}, {route}{trouble}")
+        for e in self.options.config.endpoints:
+            route = f"POST {gateway_url}{e.route_prefix}" if e.route_prefix else "client only"
+            lines.append(f"  - {e.name}: endpoint over {', '.join(sorted(e.traffic))}, {route}")
+        lines.append(f"  try: {_own_command()} status --redis-url {redacted(redis_url)}")
+        lines.append("Press Ctrl-C to stop.")
+        print("\n".join(lines), flush=True)
+
+    def _shutdown(self) -> None:
+        """Gateway, then scheduler (it stops the replicas), then Redis; each bounded in time."""
+        if self.gateway is not None:
+            self._stop(self.gateway, GATEWAY_DRAIN_S)
+        if self.scheduler is not None:
+            drain = max((d.graceful_shutdown_timeout_s for d in self.options.config.deployments), default=20)
+            self._stop(self.scheduler, 2 * drain + 15)  # job workers finish their calls, then the replicas drain
+        self._kill_leftover_replicas()
+        if self.redis is not None:
+            self.redis.stop()
+        if self.gateway is not None:
+            print("streamserve: stopped", flush=True)
+
+    def _stop(self, proc: subprocess.Popen[bytes], graceful_s: float) -> None:
+        """SIGTERM the child's group; wait up to ``graceful_s`` (a second Ctrl-C cuts it short); then SIGKILL it."""
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            wait_until(lambda: self._signals > 1 or proc.poll() is not None, graceful_s)
+        stop_group(proc, timeout_s=0)
+
+    def _kill_leftover_replicas(self) -> None:
+        """Whatever replica the scheduler could not stop (it crashed, Redis died first, a second Ctrl-C) is killed
+        here: each process this farm started carries its supervisor's name in its environment."""
+        if self.settings.supervisor is not None:
+            for pid in pids_with_env("STREAMSERVE_SUPERVISOR", self.settings.supervisor):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        host = socket.gethostname()
+        keys = self.settings.keys
+        try:
+            client = sync_redis(self.settings.effective_redis_url)
+            records = []
+            for key in client.scan_iter(match=keys.replicas_pattern(), count=500):
+                records += [ReplicaRecord.decode(v) for v in client.hvals(key)]
+            client.close()
+        except (redis.RedisError, StreamServeError):
+            return
+
+        for record in records:
+            if record.pid and record.host == host and runs_replica(record.pid, ReplicaID.from_str(record.replica_id)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(record.pid, signal.SIGKILL)

@@ -1,0 +1,217 @@
+"""Asynchronous jobs: enqueue a call on the RQ queue and read back its status, result or error.
+
+RQ keeps each job's status, result and TTL; an RQ worker (``streamserve
+job-worker``, kept running by the scheduler) runs ``JOB_FUNCTION``, which makes
+an ordinary call through the deployment's request stream. Everything RQ writes
+is serialised as JSON (``JSONSerializer``), never pickled: a job is a
+deployment name, a JSON body and two plain options.
+
+This module is blocking (RQ is); the asyncio client calls it in a thread.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from rq import Queue
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+from rq.job import JobStatus as RQJobStatus
+from rq.serializers import JSONSerializer
+
+from streamserve.runtime.processes import is_running, process_ref
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import is_cluster, redacted
+from streamserve.wire.errors import ConfigError, NotFoundError, ProtocolError
+from streamserve.wire.keys import Keys
+from streamserve.wire.states import JobStatus
+
+# What RQ workers import and run, by dotted path (a string, so enqueueing imports no client code).
+JOB_FUNCTION = "streamserve.workers.job_function.run"
+
+# The serializer of every job, on both sides: the queue here and the workers' (``rq worker -S``).
+JOB_SERIALIZER = JSONSerializer
+
+# RQ's hard limit on a job is the call's own timeout plus this: the call normally ends first, with its own error.
+JOB_TIMEOUT_MARGIN_S = 30
+
+# The job-meta field where the job function leaves ``{"error", "message"}`` before it fails the job.
+ERROR_META = "error"
+
+# The error of a job whose worker stopped while running it (killed, or died with its machine).
+ABANDONED_ERROR = "JobAbandoned"
+
+# How the job workers that ``streamserve job-worker`` runs are named: ``streamserve-jobs.HOST.PID.START``.
+JOB_WORKER_PREFIX = "streamserve-jobs."
+
+_JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+# RQ's statuses, folded into the four a caller needs to tell apart.
+_STATUS_OF: dict[str, JobStatus] = {
+    RQJobStatus.CREATED: JobStatus.QUEUED,
+    RQJobStatus.QUEUED: JobStatus.QUEUED,
+    RQJobStatus.DEFERRED: JobStatus.QUEUED,
+    RQJobStatus.SCHEDULED: JobStatus.QUEUED,
+    RQJobStatus.RATE_LIMITED: JobStatus.QUEUED,
+    RQJobStatus.READY_TO_ENQUEUE: JobStatus.QUEUED,
+    RQJobStatus.STARTED: JobStatus.STARTED,
+    RQJobStatus.FINISHED: JobStatus.FINISHED,
+    RQJobStatus.FAILED: JobStatus.FAILED,
+    RQJobStatus.STOPPED: JobStatus.FAILED,
+    RQJobStatus.CANCELED: JobStatus.FAILED,
+}
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What ``GET /-/jobs/<id>`` and ``client.job(id)`` answer."""
+
+    job_id: str
+    status: JobStatus
+    # The deployment's JSON result, once FINISHED.
+    result: Any = None
+    # ``{"error": type, "message": ...}`` once FAILED.
+    error: dict[str, str] | None = field(default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"job_id": self.job_id, "status": self.status.value}
+        if self.status is JobStatus.FINISHED:
+            body["result"] = self.result
+        if self.error is not None:
+            body["error"] = self.error
+        return body
+
+
+def jobs_redis_url(settings: Settings) -> str:
+    """The Redis RQ keeps jobs in: ``STREAMSERVE_JOBS_REDIS_URL``, else the farm's.
+
+    ConfigError, naming the fix, when that is a Redis Cluster: one RQ call touches keys of many job ids, which a
+    cluster refuses (CROSSSLOT). Processes that run jobs ask at start, so that the refusal comes then.
+    """
+    url = settings.jobs_redis_url or settings.effective_redis_url
+    if not is_cluster(url):
+        return url
+    if settings.jobs_redis_url:
+        raise ConfigError(
+            f"STREAMSERVE_JOBS_REDIS_URL ({redacted(url)}) is a Redis Cluster; asynchronous jobs need a single "
+            "Redis server there (RQ's keys span cluster slots)"
+        )
+    raise ConfigError(
+        f"the farm's Redis ({redacted(url)}) is a Redis Cluster, where asynchronous jobs cannot live (RQ's keys "
+        "span cluster slots): set STREAMSERVE_JOBS_REDIS_URL to a single Redis server for them (e.g. "
+        "redis://jobs-redis:6379/0), or STREAMSERVE_JOB_WORKERS=0 to run without asynchronous jobs"
+    )
+
+
+class JobQueue:
+    """The RQ queue of one key prefix, with JSON serialisation and our TTL."""
+
+    def __init__(self, connection: redis.Redis, keys: Keys, result_ttl_s: int) -> None:
+        self.connection = connection
+        self._result_ttl_s = result_ttl_s
+        self.queue = Queue(keys.jobs_queue(), connection=connection, serializer=JOB_SERIALIZER)
+
+    def enqueue(self, name: str, body: Any, *, method: str = "", timeout: float | None, call_timeout_s: float) -> str:
+        """Queue a call of deployment or endpoint ``name``; return the job id.
+
+        ``timeout`` is passed to the call (None: the deployment's
+        ``request_timeout_s``); ``call_timeout_s`` is how long that call may
+        take at most, which bounds the job's run time.
+        """
+        job = self.queue.enqueue_call(
+            JOB_FUNCTION,
+            args=(name, body, method, timeout),
+            timeout=int(call_timeout_s) + JOB_TIMEOUT_MARGIN_S,
+            result_ttl=self._result_ttl_s,
+            failure_ttl=self._result_ttl_s,
+            # RQ's default description is the call's repr, body included: keep a large body out of it.
+            description=f"streamserve call {name}" + (f".{method}" if method else ""),
+        )
+        return str(job.id)
+
+    def info(self, job_id: str) -> JobInfo:
+        """The job's status, and its result or error once it has one; NotFoundError once it expired (or never was)."""
+        if not _JOB_ID_RE.match(job_id):
+            raise NotFoundError(f"no job {job_id!r}")
+        try:
+            job = Job.fetch(job_id, connection=self.connection, serializer=JOB_SERIALIZER)
+        except NoSuchJobError:
+            raise NotFoundError(f"no job {job_id!r} (unknown, or its result TTL passed)") from None
+        if job.origin != self.queue.name:
+            raise NotFoundError(f"no job {job_id!r} on queue {self.queue.name}")
+        raw = job.get_status(refresh=False)
+        status = _STATUS_OF.get(raw, JobStatus.QUEUED) if raw is not None else JobStatus.QUEUED
+        try:
+            if status is JobStatus.FINISHED:
+                return JobInfo(job_id, status, result=job.return_value())
+            if status is JobStatus.FAILED:
+                return JobInfo(job_id, status, error=self._error_of(job, raw))
+        except ValueError as exc:  # JSON that does not decode: not written by us
+            raise ProtocolError(f"job {job_id}: unreadable result: {exc}") from exc
+        return JobInfo(job_id, status)
+
+    def fail_abandoned(self, is_gone: Callable[[str], bool]) -> list[str]:
+        """Fail, at once, every started job whose worker ``is_gone`` says has stopped; the ids of those jobs.
+
+        RQ itself fails such a job only once its execution expires (its timeout
+        plus a minute) and some worker's maintenance runs; we expire its
+        execution now, and let RQ's own cleanup fail it (AbandonedJobError,
+        failure callbacks and all), with our message in the job's meta.
+        """
+        registry = self.queue.started_job_registry
+        failed = []
+        for job_id, execution_id in registry.get_job_and_execution_ids(cleanup=False):
+            try:
+                job = Job.fetch(job_id, connection=self.connection, serializer=JOB_SERIALIZER)
+            except NoSuchJobError:
+                continue
+            worker = job.worker_name
+            if job.get_status(refresh=False) != RQJobStatus.STARTED or not worker or not is_gone(worker):
+                continue
+            job.meta[ERROR_META] = {
+                "error": ABANDONED_ERROR,
+                "message": f"its job worker {worker} stopped while running it; the call may or may not have run",
+            }
+            job.save_meta()  # type: ignore[no-untyped-call]  # (rq leaves it unannotated)
+            self.connection.zadd(registry.key, {f"{job_id}:{execution_id}": 0}, xx=True)
+            failed.append(job_id)
+        if failed:
+            registry.cleanup(timestamp=0)  # only the executions expired above: scored 0
+        return failed
+
+    @staticmethod
+    def _error_of(job: Job, raw: str | None) -> dict[str, str]:
+        """The job function's own record of the error; else the last line of RQ's traceback (a timeout, a crash)."""
+        recorded = job.meta.get(ERROR_META)
+        if isinstance(recorded, dict) and isinstance(recorded.get("error"), str):
+            return {"error": recorded["error"], "message": str(recorded.get("message", ""))}
+        latest = job.latest_result()
+        return error_from_traceback(latest.exc_string if latest is not None else None, f"the job ended {raw}")
+
+
+def job_worker_name(pid: int) -> str:
+    """The name of job worker ``pid`` on this host: it says where it runs and which process it is (pids recur)."""
+    ref = process_ref(pid) or f"{pid}:0"
+    return f"{JOB_WORKER_PREFIX}{socket.gethostname()}.{ref.replace(':', '.')}"
+
+
+def local_worker_gone(name: str) -> bool:
+    """Whether ``name`` is a job worker of this host that no longer runs (False for any other worker: can't tell)."""
+    parts = name.removeprefix(JOB_WORKER_PREFIX).rsplit(".", 2)
+    if not name.startswith(JOB_WORKER_PREFIX) or len(parts) != 3 or parts[0] != socket.gethostname():
+        return False
+    return not is_running(f"{parts[1]}:{parts[2]}")
+
+
+def error_from_traceback(exc_string: str | None, default: str) -> dict[str, str]:
+    """``{"error", "message"}`` from the last line of a Python traceback (``pkg.mod.Type: message``)."""
+    last_line = (exc_string or "").strip().rsplit("\n", 1)[-1].strip()
+    error_type, sep, message = last_line.partition(": ")
+    if error_type and " " not in error_type and (sep or error_type == last_line):
+        return {"error": error_type.rsplit(".", 1)[-1], "message": message}
+    return {"error": "JobFailed", "message": last_line or default}

@@ -1,0 +1,187 @@
+"""A caller's reply stream: one per client process, one reader task that resolves every in-flight request.
+
+Bound and owner: replicas add replies with an approximate MAXLEN
+(``streams.reply_command``) and NOMKSTREAM, so a dead caller's expired stream
+is never recreated; this class keeps the stream's expiry fresh while the
+caller lives, and trims what it has read about once a second: the XTRIM rides
+in the same write as the next XREAD, so it costs no round trip of its own.
+
+When Redis goes away, requests already sent cannot be answered: their replies
+would be written to Redis. After ``REPLY_OUTAGE_FAIL_S`` without Redis every
+caller still waiting gets RedisUnavailableError instead of waiting out its
+deadline; if Redis is back sooner, the reader reads on from where it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import redis.asyncio as aioredis
+
+from streamserve.transport.backoff import Backoff
+from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals
+from streamserve.transport.pipelining import BlockingReader, Command
+from streamserve.wire.errors import ProtocolError, RedisUnavailableError, StreamServeError
+from streamserve.wire.messages import Reply
+
+logger = logging.getLogger(__name__)
+
+REPLY_STREAM_TTL_S = 60  # a caller's reply stream expires this long after its caller stops refreshing it (it died)
+REPLY_READ_COUNT = 1000
+REPLY_BLOCK_MS = 1000
+# Read replies are trimmed at most this often (one XTRIM per interval, however many replies).
+REPLY_TRIM_INTERVAL_S = 1.0
+# Callers still waiting when the reader has been cut from Redis this long get RedisUnavailableError.
+REPLY_OUTAGE_FAIL_S = 3.0
+# The reader retries Redis at most this far apart, so it is back within a second of Redis.
+_RETRY_CAP_S = 1.0
+_READ_REPLIES = ("XREAD", "COUNT", REPLY_READ_COUNT, "BLOCK", REPLY_BLOCK_MS, "STREAMS")
+_READER_TASK = "streamserve-replies"
+
+
+class ReplyStream:
+    """Creates, reads, trims and finally deletes one caller's reply stream."""
+
+    def __init__(self, redis: aioredis.Redis, name: str, caller_id: str, refusals: RedisRefusals) -> None:
+        self._redis = redis
+        self.name = name
+        self._caller_id = caller_id
+        self._refusals = refusals
+        self._pending: dict[str, asyncio.Future[Reply]] = {}
+        self._last_id = b"0-0"
+        self._trimmed_to = b"0-0"
+        self._trim_due = 0.0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    async def create(self) -> None:
+        """Make the stream (a first entry) with its expiry; reads start after that entry."""
+        entry_id = await self._redis.xadd(self.name, {"hello": self._caller_id})
+        await self._redis.expire(self.name, REPLY_STREAM_TTL_S)
+        self._last_id = entry_id if isinstance(entry_id, bytes) else entry_id.encode()
+
+    def start(self) -> None:
+        """Start the reader and the upkeep tasks."""
+        self._tasks = [
+            asyncio.create_task(self._read(), name=_READER_TASK),
+            asyncio.create_task(self._keep(), name="streamserve-reply-keeper"),
+        ]
+
+    def expect(self, request_id: str) -> asyncio.Future[Reply]:
+        """A future that the reply to ``request_id`` resolves; ``forget`` it once done with it."""
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = fut
+        return fut
+
+    def waits_for(self, request_id: str) -> bool:
+        """Whether a caller still waits for the reply to ``request_id`` (not answered, failed or forgotten)."""
+        fut = self._pending.get(request_id)
+        return fut is not None and not fut.done()
+
+    def forget(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
+
+    def fail(self, request_id: str, exc: StreamServeError) -> None:
+        """Resolve a request that is still waiting with an error (its deadline passed)."""
+        fut = self._pending.get(request_id)
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+
+    async def close(self, error: StreamServeError) -> None:
+        """Stop reading, fail every request still waiting with ``error``, delete the stream."""
+        self._closing = True
+        # Cancelling a blocked XREAD inside redis-py can stall; wake the reader with an entry instead.
+        with contextlib.suppress(*RETRYABLE_ERRORS):
+            await self._redis.xadd(self.name, {"wake": b""}, nomkstream=True)
+        for task in self._tasks:
+            if task.get_name() != _READER_TASK:
+                task.cancel()
+        if self._tasks:
+            _done, stuck = await asyncio.wait(self._tasks, timeout=REPLY_BLOCK_MS / 1000 + 1)
+            for task in stuck:
+                task.cancel()
+        self._tasks = []
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(error)
+        with contextlib.suppress(*RETRYABLE_ERRORS):
+            await self._redis.delete(self.name)
+
+    async def _keep(self) -> None:
+        """Refresh the expiry; recreate the stream if Redis lost it (restarted without its data)."""
+        while True:
+            await asyncio.sleep(REPLY_STREAM_TTL_S / 3)
+            try:
+                await self._ensure_exists()
+            except RETRYABLE_ERRORS as exc:
+                logger.warning("reply stream upkeep failed: %s", exc)
+
+    async def _ensure_exists(self) -> None:
+        if not await self._redis.expire(self.name, REPLY_STREAM_TTL_S):
+            await self.create()
+
+    async def _read(self) -> None:
+        reader = BlockingReader(self._redis)
+        backoff = Backoff(cap=_RETRY_CAP_S)
+        loop = asyncio.get_running_loop()
+        lost_at: float | None = None
+        try:
+            while not self._closing:
+                try:
+                    if lost_at is not None:
+                        await self._ensure_exists()
+                    batches = await reader.read(
+                        (*_READ_REPLIES, self.name, self._last_id), REPLY_BLOCK_MS, self._trim()
+                    )
+                except RETRYABLE_ERRORS as exc:
+                    if lost_at is None:
+                        lost_at = loop.time()
+                        logger.warning("reply reader lost Redis (%s); retrying", exc)
+                    elif loop.time() - lost_at >= REPLY_OUTAGE_FAIL_S:
+                        self._fail_waiting(exc)
+                    await asyncio.sleep(backoff.next())
+                    continue
+                if lost_at is not None:
+                    logger.warning("reply reader: Redis is back after %.1fs", loop.time() - lost_at)
+                    lost_at = None
+                    backoff.reset()
+                for _stream, entries in batches:
+                    for entry_id, fields in entries:
+                        self._last_id = entry_id
+                        self._resolve(fields)
+        finally:
+            await reader.aclose()
+
+    def _trim(self) -> Command | None:
+        """XTRIM of what was read, when there is some and the last trim is REPLY_TRIM_INTERVAL_S old; else None."""
+        now = asyncio.get_running_loop().time()
+        if self._last_id == self._trimmed_to or now < self._trim_due:
+            return None
+        self._trimmed_to, self._trim_due = self._last_id, now + REPLY_TRIM_INTERVAL_S
+        return ("XTRIM", self.name, "MINID", self._last_id)
+
+    def _fail_waiting(self, exc: Exception) -> None:
+        """Fail every caller still waiting: their replies cannot reach them while Redis is away."""
+        waiting = [fut for fut in self._pending.values() if not fut.done()]
+        if not waiting:
+            return
+        # (every retryable error has a meaning: RedisUnavailableError naming the URL)
+        cause = self._refusals.meaning(exc) or exc
+        error = RedisUnavailableError(f"{cause}; lost while waiting for the reply (the request may still run once)")
+        for fut in waiting:
+            fut.set_exception(error)
+        logger.warning("reply reader: %d caller(s) failed after %.0fs without Redis", len(waiting), REPLY_OUTAGE_FAIL_S)
+
+    def _resolve(self, fields: dict[bytes, bytes]) -> None:
+        if b"hello" in fields or b"wake" in fields:
+            return
+        try:
+            reply = Reply.decode(fields)
+        except ProtocolError as exc:
+            logger.warning("dropping unreadable reply: %s", exc)
+            return
+        fut = self._pending.get(reply.request_id)
+        if fut is not None and not fut.done():
+            fut.set_result(reply)

@@ -1,0 +1,122 @@
+"""What the manifests are made from: the config, the image, the namespace, the farm's Redis.
+
+Also the names every object file shares: the Secret the user creates and
+its keys, and the objects the others refer to by name.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import yaml
+
+from streamserve.runtime.embedded_redis import DEFAULT_PORT
+from streamserve.wire.config import MEMORY_RE, AppConfig, load_config, memory_bytes
+from streamserve.wire.errors import ConfigError
+from streamserve.wire.keys import Keys
+
+Manifest = dict[str, Any]
+
+PART_OF = "streamserve"
+# The Secret the user creates (kubectl create secret generic streamserve ...) and its keys.
+SECRET_NAME = "streamserve"
+API_KEY_KEY = "api-key"
+REDIS_PASSWORD_KEY = "redis-password"
+
+REDIS_NAME = "streamserve-redis"
+REDIS_PORT = DEFAULT_PORT  # the port every Redis listens on unless told otherwise
+# The in-cluster Redis container's memory (request and limit) unless --redis-memory says otherwise.
+DEFAULT_REDIS_MEMORY = "1Gi"
+CONFIG_MAP_NAME = "streamserve-config"
+TRIGGER_AUTH_NAME = "streamserve-redis-auth"
+# A DNS-1123 label: what Service names, and the names and labels here, must be.
+K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """The Redis the farm uses: one in the namespace, or the ``--redis-url`` one."""
+
+    url: str
+    host: str
+    port: int
+    db: int
+    tls: bool
+    username: str | None
+    in_cluster: bool
+
+    @classmethod
+    def in_namespace(cls, namespace: str) -> RedisTarget:
+        host = f"{REDIS_NAME}.{namespace}.svc"
+        return cls(f"redis://{host}:{REDIS_PORT}/0", host, REDIS_PORT, 0, False, None, in_cluster=True)
+
+    @classmethod
+    def parse(cls, url: str) -> RedisTarget:
+        """An existing Redis by URL; ConfigError if it carries a password or is not host and port."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss"):
+            raise ConfigError("--redis-url must be redis://HOST:PORT/DB or rediss://... (KEDA reaches it by host)")
+        if parts.password is not None or "password" in parse_qs(parts.query):
+            raise ConfigError(
+                "--redis-url contains a password: put the password in the Secret's "
+                f"{REDIS_PASSWORD_KEY} key, not the URL (the manifests must not hold it)"
+            )
+        try:
+            port = parts.port or REDIS_PORT
+            db = int(parts.path.strip("/") or 0)
+        except ValueError:
+            raise ConfigError(f"--redis-url {url}: bad port or database number") from None
+        if not parts.hostname:
+            raise ConfigError(f"--redis-url {url}: no host")
+        return cls(url, parts.hostname, port, db, parts.scheme == "rediss", parts.username or None, in_cluster=False)
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class FarmSpec:
+    """Everything the manifests are made from."""
+
+    config: AppConfig
+    raw: dict[str, Any]  # the config file as the user wrote it
+    source: str
+    image: str
+    namespace: str
+    redis: RedisTarget
+    keys: Keys
+    import_allow: str | None = None
+    redis_memory: str = DEFAULT_REDIS_MEMORY  # a Kubernetes quantity; only the in-cluster Redis has one
+
+    @classmethod
+    def from_file(
+        cls,
+        path: Path,
+        *,
+        image: str | None,
+        namespace: str,
+        redis_url: str | None,
+        keys: Keys,
+        import_allow: str | None = None,
+        redis_memory: str | None = None,
+    ) -> FarmSpec:
+        """Read and check the inputs; ConfigError names what is wrong."""
+        if not image or not image.strip():
+            raise ConfigError("--image is required: the container image with streamserve and your deployments' code")
+        if not K8S_NAME_RE.match(namespace):
+            raise ConfigError(f"--namespace {namespace!r} is not a Kubernetes namespace name (a-z, 0-9, '-')")
+        if redis_memory is not None and redis_url is not None:
+            raise ConfigError("--redis-memory sizes the Redis these manifests run; with --redis-url there is none")
+        memory = DEFAULT_REDIS_MEMORY if redis_memory is None else redis_memory.strip()
+        if not MEMORY_RE.match(memory) or memory_bytes(memory) <= 0:
+            raise ConfigError(f"--redis-memory {memory!r} is not a memory size: use e.g. 512Mi or 2Gi")
+        config = load_config(path)
+        raw = yaml.safe_load(path.read_text())  # load_config just parsed it
+        redis = RedisTarget.in_namespace(namespace) if redis_url is None else RedisTarget.parse(redis_url)
+        return cls(config, raw, path.name, image.strip(), namespace, redis, keys, import_allow, memory)

@@ -1,0 +1,75 @@
+"""Adds a process's figures to the farm's totals in Redis, once a second (HINCRBY on the metrics hashes).
+
+Every gateway and replica adds into the same per-deployment hashes, so any
+gateway's ``/metrics`` shows the whole farm, on one host or many, and the
+totals outlive the processes that counted them. A flush that fails keeps
+its deltas for the next one; a process killed with -9 loses at most the
+last second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import redis.asyncio as aioredis
+
+from streamserve.metrics.figures import Figures
+from streamserve.transport.connections import RETRYABLE_ERRORS
+from streamserve.wire.keys import Keys
+
+logger = logging.getLogger(__name__)
+
+FLUSH_INTERVAL_S = 1.0
+
+
+class MetricsFlusher:
+    """Runs in the background of a process that counts (``start``/``aclose``)."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, figures: Figures, interval_s: float = FLUSH_INTERVAL_S):
+        self._redis = redis
+        self._keys = keys
+        self.figures = figures
+        self._interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False  # the loop ends on it too: redis-py can swallow a cancellation that lands in a write
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="metrics-flusher")
+
+    async def aclose(self) -> None:
+        """Stop, after one last flush."""
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(*RETRYABLE_ERRORS):
+            await self.flush()
+
+    async def _loop(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self._interval_s)
+            try:
+                await self.flush()
+            except RETRYABLE_ERRORS as exc:
+                logger.debug("metrics: flush failed, kept for the next one: %s", exc)
+
+    async def flush(self) -> None:
+        """Add what was counted since the last flush; on a Redis error, keep what is not written yet."""
+        deltas = self.figures.take()
+        for index, (deployment, fields) in enumerate(deltas.items()):
+            try:
+                # One transaction per deployment: its fields are added all together or not at all.
+                async with self._redis.pipeline(transaction=True) as pipe:
+                    key = self._keys.metrics(deployment)
+                    for name, amount in fields.items():
+                        if isinstance(amount, int):
+                            pipe.hincrby(key, name, amount)
+                        else:
+                            pipe.hincrbyfloat(key, name, amount)
+                    await pipe.execute()
+            except BaseException:
+                self.figures.put_back(dict(list(deltas.items())[index:]))
+                raise

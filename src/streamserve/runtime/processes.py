@@ -1,0 +1,128 @@
+"""Small helpers for child processes that must not outlive their parent (used by `up` and tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from streamserve.wire.ids import ReplicaID
+
+_PR_SET_PDEATHSIG = 1
+
+
+def role_command(role: str, *args: str) -> list[str]:
+    """How every farm process starts: ``python -m streamserve ROLE ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "streamserve", role, *args]
+
+
+def die_with_parent() -> None:
+    """preexec_fn: on Linux, have the kernel send SIGTERM to the child when its parent dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def on_stop_signals(callback: Callable[[], None]) -> Iterator[None]:
+    """Run ``callback`` on SIGTERM or SIGINT while inside (on the running asyncio loop); restore afterwards."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, callback)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now (someone may take it before we bind it: callers retry)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM the child's process group, wait up to ``timeout_s``, then SIGKILL the group."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
+    """Poll ``condition`` until it holds or ``timeout_s`` passes; return whether it held."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
+
+
+def process_ref(pid: int) -> str | None:
+    """``"PID:START"`` (START: when it started, in clock ticks since boot), naming one process for as long as it
+    lives, unlike a pid alone, which the kernel reuses; None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22, counted after the command name (in parentheses, and free to contain spaces).
+    return f"{pid}:{stat.rpartition(')')[2].split()[19]}"
+
+
+def is_running(ref: str) -> bool:
+    """Whether the process ``process_ref`` named is still the one running."""
+    pid, _, _start = ref.partition(":")
+    return pid.isdigit() and process_ref(int(pid)) == ref
+
+
+def pids_with_env(name: str, value: str) -> list[int]:
+    """Every process (other than this one) whose environment has ``name=value``."""
+    wanted = f"{name}={value}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if wanted in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+    return found
+
+
+def runs_replica(pid: int, replica_id: ReplicaID) -> bool:
+    """Whether ``pid`` is a live replica process with this id (its command line says so; guards against pid reuse)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"\0--replica-id\0" + replica_id.to_str().encode() + b"\0" in cmdline

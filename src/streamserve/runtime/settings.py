@@ -1,0 +1,232 @@
+"""Process settings, declared once; read from the environment at an entry point and passed down."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Literal
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from streamserve.control.resources import GPU_LIST_RE
+from streamserve.control.security import ImportAllowList
+from streamserve.wire.errors import ConfigError
+from streamserve.wire.keys import DEFAULT_PREFIX, Keys
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def add_redis_url_option(parser: argparse.ArgumentParser) -> None:
+    """The ``--redis-url`` option every streamserve command takes; read it with Settings.from_command_line."""
+    parser.add_argument("--redis-url", help=f"Redis URL (default: $REDIS_URL or {DEFAULT_REDIS_URL})")
+
+
+def add_no_admin_option(parser: argparse.ArgumentParser) -> None:
+    """``--no-admin``: the gateway takes no admin writes (Settings.from_command_line reads it)."""
+    parser.add_argument(
+        "--no-admin",
+        action="store_true",
+        help="switch the gateway's admin writes off (STREAMSERVE_ADMIN=off); the CLI and clients still deploy",
+    )
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (anything else is a usage error, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_gateway_workers_option(parser: argparse.ArgumentParser, flag: str) -> None:
+    """``--workers N`` (gateway) or ``--gateway-workers N`` (up): gateway processes sharing the one port."""
+    parser.add_argument(
+        flag,
+        dest="gateway_workers",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="gateway processes on the one port (default 1); each has its own Redis connections and reply stream",
+    )
+
+
+class Settings(BaseSettings):
+    """Everything a streamserve process may be configured with.
+
+    Each field reads ``STREAMSERVE_<FIELD>`` from the environment; the Redis
+    URL also reads plain ``REDIS_URL``. Child processes get the same values
+    through ``to_env()``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="STREAMSERVE_", frozen=True, extra="forbid", populate_by_name=True)
+
+    # redis://, rediss:// (TLS) or unix:// URL, with password if any; None: the default local one.
+    redis_url: str | None = Field(None, validation_alias=AliasChoices("STREAMSERVE_REDIS_URL", "REDIS_URL"))
+
+    # The Redis password, kept out of the URL (e.g. from a Kubernetes Secret); a password in the URL wins.
+    redis_password: SecretStr | None = None
+
+    # Every Redis key starts with this and a colon.
+    key_prefix: str = Field(DEFAULT_PREFIX, pattern=r"^[A-Za-z0-9_.-]+$")
+
+    # When set, admin writes on the gateway need ``Authorization: Bearer <key>``; empty or blank is an error.
+    api_key: SecretStr | None = None
+
+    # Whether the gateway takes admin writes (deploy, scale, delete, traffic) at all.
+    admin: bool = True
+
+    # Comma-separated module prefixes deployments may import from (e.g. "examples,myapp"); unset: any module.
+    import_allow: str | None = None
+
+    # How often a replica refreshes its heartbeat.
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+
+    # A replica whose heartbeat is older than this is considered dead.
+    heartbeat_timeout_s: float = Field(5.0, gt=0)
+
+    # The scheduler's reconcile period.
+    tick_interval_s: float = Field(0.2, gt=0)
+
+    # A replica still STARTING after this long is stopped and replaced.
+    start_timeout_s: float = Field(120.0, gt=0)
+
+    # The largest request body a caller may send (JSON bytes); larger ones are refused (HTTP 413).
+    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1)
+
+    # A request body that has not fully arrived this long after the headers gets 408 and its connection closed.
+    body_timeout_s: float = Field(30.0, gt=0)
+
+    # The request's headers together (names and values) may be at most this large; above it, 431.
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
+
+    # The GPUs the scheduler hands out to replicas on this host (e.g. "0,1,2,3"; "" for none); unset: nvidia-smi -L.
+    gpus: str | None = Field(None, pattern=GPU_LIST_RE.pattern)
+
+    # How many RQ worker processes the leading scheduler keeps running for asynchronous jobs (0: none).
+    job_workers: int = Field(2, ge=0)
+
+    # How long a finished or failed job keeps its status and result in Redis.
+    job_result_ttl_s: int = Field(3600, ge=1)
+
+    # Where RQ keeps asynchronous jobs; unset: the farm's Redis. Required when that is a Redis Cluster (RQ's keys
+    # span slots): a single Redis (streamserve.client.jobs.jobs_redis_url).
+    jobs_redis_url: str | None = None
+
+    # The `streamserve up` that runs this farm ("PID:START", set by `up` itself): its replicas leave when it is gone.
+    supervisor: str | None = None
+
+    # Warn at start when Redis may lose queued work (transport.redis_checks); a process that has warned passes
+    # False to the processes it starts, so that they do not repeat it.
+    check_redis: bool = True
+
+    # Send user tracebacks in error replies and log at DEBUG.
+    debug: bool = False
+
+    # How every process logs: "text" (one line per record) or "json" (one JSON object per line).
+    log_format: Literal["text", "json"] = "text"
+
+    # The gateway logs one access line per request (method, path, status, ms, request id, deployment, replica).
+    access_log: bool = True
+
+    # Processes count requests and handler times and flush them to Redis for the gateways' ``/metrics``.
+    metrics: bool = True
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _key_is_not_blank(cls, value: object) -> object:
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(text, str) and not text.strip():
+            raise ValueError("STREAMSERVE_API_KEY is set but empty; set a secret, or unset it for no key")
+        return value
+
+    @field_validator("import_allow")
+    @classmethod
+    def _allow_list_parses(cls, value: str | None) -> str | None:
+        ImportAllowList.parse(value)
+        return value
+
+    @classmethod
+    def from_command_line(cls, args: argparse.Namespace, **overrides: object) -> Settings:
+        """The environment's settings, with ``--redis-url`` (see add_redis_url_option) and ``overrides`` on top.
+
+        ConfigError (exit 2 at the entry points) names the setting that is wrong.
+        """
+        if getattr(args, "redis_url", None):
+            overrides["redis_url"] = args.redis_url
+        if getattr(args, "no_admin", False):
+            overrides["admin"] = False
+        try:
+            return cls(**overrides)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"STREAMSERVE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors()
+            )
+            raise ConfigError(problems) from None
+
+    @property
+    def import_allow_list(self) -> ImportAllowList:
+        return ImportAllowList.parse(self.import_allow)
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.key_prefix)
+
+    @property
+    def effective_redis_url(self) -> str:
+        """The URL to connect with: ``redis_url`` (or the default), with ``redis_password`` put in if it has none."""
+        url = self.redis_url or DEFAULT_REDIS_URL
+        if self.redis_password is None:
+            return url
+        parts = urlsplit(url)
+        if parts.password is not None or parts.scheme == "unix":
+            return url if parts.scheme != "unix" else _with_query(url, "password", self.redis_password)
+        user = quote(parts.username or "", safe="")
+        password = quote(self.redis_password.get_secret_value(), safe="")
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that makes a child process build equal Settings."""
+        env = {
+            "REDIS_URL": self.effective_redis_url,
+            "STREAMSERVE_KEY_PREFIX": self.key_prefix,
+            "STREAMSERVE_HEARTBEAT_INTERVAL_S": str(self.heartbeat_interval_s),
+            "STREAMSERVE_HEARTBEAT_TIMEOUT_S": str(self.heartbeat_timeout_s),
+            "STREAMSERVE_TICK_INTERVAL_S": str(self.tick_interval_s),
+            "STREAMSERVE_START_TIMEOUT_S": str(self.start_timeout_s),
+            "STREAMSERVE_MAX_REQUEST_BYTES": str(self.max_request_bytes),
+            "STREAMSERVE_BODY_TIMEOUT_S": str(self.body_timeout_s),
+            "STREAMSERVE_MAX_HEADER_BYTES": str(self.max_header_bytes),
+            "STREAMSERVE_JOB_WORKERS": str(self.job_workers),
+            "STREAMSERVE_JOB_RESULT_TTL_S": str(self.job_result_ttl_s),
+            "STREAMSERVE_DEBUG": "1" if self.debug else "0",
+            "STREAMSERVE_ADMIN": "on" if self.admin else "off",
+            "STREAMSERVE_LOG_FORMAT": self.log_format,
+            "STREAMSERVE_ACCESS_LOG": "1" if self.access_log else "0",
+            "STREAMSERVE_METRICS": "1" if self.metrics else "0",
+        }
+        if self.import_allow is not None:
+            env["STREAMSERVE_IMPORT_ALLOW"] = self.import_allow
+        if self.jobs_redis_url is not None:
+            env["STREAMSERVE_JOBS_REDIS_URL"] = self.jobs_redis_url
+        if self.gpus is not None:
+            env["STREAMSERVE_GPUS"] = self.gpus
+        if self.supervisor is not None:
+            env["STREAMSERVE_SUPERVISOR"] = self.supervisor
+        if not self.check_redis:
+            env["STREAMSERVE_CHECK_REDIS"] = "0"
+        if self.api_key is not None:
+            env["STREAMSERVE_API_KEY"] = self.api_key.get_secret_value()
+        return env
+
+
+def _with_query(url: str, name: str, secret: SecretStr) -> str:
+    """A unix:// URL takes its password as a query parameter (unless it has one)."""
+    if f"{name}=" in urlsplit(url).query:
+        return url
+    return url + ("&" if "?" in url else "?") + urlencode({name: secret.get_secret_value()})

@@ -1,0 +1,239 @@
+"""Redis connections built one way, with one retry policy shared by every process."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from types import TracebackType
+from typing import Any, cast
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.exceptions import ClusterDownError, OutOfMemoryError, ResponseError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from streamserve.wire.errors import OverloadedError, RedisUnavailableError, StreamServeError
+
+# Errors worth retrying: the connection, not the command, failed; or a Redis Cluster is failing over or resharding.
+RETRYABLE_ERRORS: tuple[type[Exception], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ConnectionResetError,
+    ClusterDownError,
+    TryAgainError,
+    SlotNotCoveredError,
+)
+
+RETRY_ATTEMPTS = 5
+BACKOFF_BASE_S = 0.05
+BACKOFF_CAP_S = 1.0
+
+
+# Connections one asyncio client opens at most; more concurrent commands wait for a free one.
+def _quiet_handshake() -> dict[str, Any]:
+    """Connection options that keep redis-py from sending optional CLIENT commands on every connect.
+
+    CLIENT SETINFO is Redis 7.2+ (older servers count a failed call each time) and redis-py 8's
+    CLIENT MAINT_NOTIFICATIONS is for Redis Enterprise; an ACL user confined to the farm's commands
+    (README "Security") cannot be granted either on Redis 7.0. The option names depend on the
+    redis-py version: driver_info replaced lib_name/lib_version (deprecated) in redis-py 8.
+    """
+    params = inspect.signature(redis.connection.AbstractConnection.__init__).parameters
+    options: dict[str, Any] = (
+        {"driver_info": None} if "driver_info" in params else {"lib_name": None, "lib_version": None}
+    )
+    if "maint_notifications_config" in params:
+        from redis.maint_notifications import MaintNotificationsConfig
+
+        options["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    return options
+
+
+QUIET_HANDSHAKE = _quiet_handshake()
+
+JOB_POOL_SIZE = 4  # connections a client's asynchronous-job calls (RQ, blocking, on threads) open at most
+POOL_SIZE = 64
+# A Redis Cluster client's connections to each node, at most. redis-py's cluster client fails a command rather than
+# wait for a free one, so this is far above what a process uses at once.
+CLUSTER_NODE_CONNECTIONS = 1024
+# How long a command waits for a free connection before it counts as Redis being unavailable.
+POOL_WAIT_S = 20.0
+
+
+def _options(retry: Retry | AsyncRetry) -> dict[str, Any]:
+    """What every connection of every process shares: bytes replies, the retry policy, a quiet handshake."""
+    return {
+        "decode_responses": False,
+        "retry": retry,
+        "retry_on_error": list(RETRYABLE_ERRORS),
+        "health_check_interval": 30,
+        **QUIET_HANDSHAKE,
+    }
+
+
+def is_cluster(url: str) -> bool:
+    """Whether the Redis at ``url`` runs in cluster mode (INFO: ``cluster_enabled:1``), asked once per process.
+
+    A Redis that cannot be asked (unreachable after the retry policy, or an ACL user denied INFO) counts as a
+    single server, as before cluster support: the process then reports the outage itself.
+    """
+    known = _CLUSTER_URLS.get(url)
+    if known is None:
+        # One try, bounded: it runs where the client is made, maybe on an event loop.
+        options = {**_options(Retry(NoBackoff(), 0)), "socket_connect_timeout": PROBE_TIMEOUT_S}
+        probe = redis.Redis.from_url(url, **{**options, "socket_timeout": PROBE_TIMEOUT_S})
+        try:
+            known = str(probe.info("cluster").get("cluster_enabled", 0)) == "1"
+        except RETRYABLE_ERRORS:
+            return False  # not remembered: a later client asks again
+        except redis.RedisError:
+            known = False  # INFO refused: only single servers are run with users that may not ask it
+        finally:
+            probe.close()
+        _CLUSTER_URLS[url] = known
+    return known
+
+
+_CLUSTER_URLS: dict[str, bool] = {}
+PROBE_TIMEOUT_S = 1.0
+
+
+def is_cluster_client(client: object) -> bool:
+    """Whether ``client`` (from async_redis or sync_redis) talks to a Redis Cluster."""
+    return isinstance(client, aioredis.RedisCluster | redis.RedisCluster)
+
+
+async def refresh_cluster_map(client: aioredis.Redis) -> None:
+    """After a lost connection on a Redis Cluster, re-read which master owns which slot (a failover may have
+    moved them). Commands do this by themselves; a pub/sub subscription, which is not a command, needs it."""
+    if isinstance(client, aioredis.RedisCluster):
+        with contextlib.suppress(*RETRYABLE_ERRORS, redis.RedisClusterException):
+            await client.nodes_manager.initialize()
+
+
+def _cluster_options(retry: Retry | AsyncRetry) -> dict[str, Any]:
+    """A cluster client's options: the shared ones, with the retry policy applied by the cluster client itself
+    (which also follows MOVED and ASK redirections and re-reads the slot map after a failover)."""
+    options = _options(retry)
+    del options["retry_on_error"]  # the cluster client retries its own ERRORS_ALLOW_RETRY
+    return {**options, "max_connections": CLUSTER_NODE_CONNECTIONS}
+
+
+def async_redis(url: str, *, max_connections: int = POOL_SIZE) -> aioredis.Redis:
+    """An asyncio client (bytes replies) with the shared retry policy.
+
+    The pool blocks when all its connections are busy: redis-py's default
+    pool raises instead, which would fail a caller that merely has many
+    requests in flight.
+
+    On a Redis Cluster it is a ``RedisCluster``, typed as ``Redis``: it takes the same commands, routed by key
+    (every deployment's keys share one hash tag, the farm-wide ones another, see keys.py).
+    """
+    backoff = ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S)
+    if is_cluster(url):
+        cluster = aioredis.RedisCluster.from_url(url, **_cluster_options(AsyncRetry(backoff, RETRY_ATTEMPTS)))
+        return cast(aioredis.Redis, cluster)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=POOL_WAIT_S, **_options(AsyncRetry(backoff, RETRY_ATTEMPTS))
+    )
+    pool.connection_class = closed_transport_is_lost(pool.connection_class)
+    return aioredis.Redis.from_pool(pool)
+
+
+_GUARDED: dict[type[AbstractConnection], type[AbstractConnection]] = {}
+
+
+def closed_transport_is_lost(base: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``base`` (TCP, TLS or Unix socket), except that a write to a transport that Redis closed under it raises
+    redis-py's ConnectionError, which the retry policy retries and callers report as Redis unavailable.
+
+    On uvloop such a write raises RuntimeError ("the handler is closed"), which redis-py passes on as it is: a
+    Redis killed while a connection was being opened or written to then answered the caller 500.
+    """
+    guarded = _GUARDED.get(base)
+    if guarded is None:
+
+        class Guarded(base):  # type: ignore[valid-type,misc]
+            async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+                try:
+                    await super().send_packed_command(command, check_health)
+                except RuntimeError as exc:
+                    if not _is_closed_transport(exc):
+                        raise
+                    await self.disconnect(nowait=True)
+                    raise RedisConnectionError(f"connection to Redis lost while writing: {exc}") from exc
+
+        Guarded.__name__ = Guarded.__qualname__ = f"ClosedTransportIsLost{base.__name__}"
+        guarded = _GUARDED[base] = Guarded
+    return guarded
+
+
+def _is_closed_transport(exc: RuntimeError) -> bool:
+    # uvloop's words (uvloop/handles/handle.pyx, _ensure_alive); asyncio's own transports do not raise here.
+    return "handler is closed" in str(exc)
+
+
+def sync_redis(url: str, *, max_connections: int | None = None) -> redis.Redis:
+    """A blocking client (bytes replies) with the shared retry policy, for the CLI, RQ and job calls.
+
+    With ``max_connections``, a thread that finds them all busy waits for one (up to POOL_WAIT_S).
+    """
+    retry = Retry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS)
+    if is_cluster(url):
+        return cast(redis.Redis, redis.RedisCluster.from_url(url, **_cluster_options(retry)))
+    options = _options(retry)
+    if max_connections is None:
+        return redis.Redis.from_url(url, **options)
+    pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=POOL_WAIT_S, **options)
+    return redis.Redis.from_pool(pool)
+
+
+def redacted(url: str) -> str:
+    """The URL with any user and password replaced by ``***``, for messages and logs."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether Redis refused a write for lack of memory (maxmemory reached with the noeviction policy)."""
+    # redis-py raises OutOfMemoryError for a plain command or a transaction; inside a Lua script the refusal
+    # arrives as "Error running script ... -OOM command not allowed ...".
+    return isinstance(exc, OutOfMemoryError) or (
+        isinstance(exc, ResponseError) and "OOM command not allowed" in str(exc)
+    )
+
+
+class RedisRefusals:
+    """``with`` block: what Redis failures mean to a caller, as StreamServeErrors naming the (redacted) URL.
+
+    A lost connection becomes RedisUnavailableError; a write refused for memory becomes OverloadedError
+    (503: try again later). A class, not a generator-based context manager: one instance is reused on the
+    hot path (every enqueue), where a generator frame per call would show.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = redacted(url)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is not None and (error := self.meaning(exc)) is not None:
+            raise error from exc
+
+    def meaning(self, exc: BaseException) -> StreamServeError | None:
+        """What ``exc`` means to a caller, or None when it is not one of the failures above."""
+        if isinstance(exc, RETRYABLE_ERRORS):
+            return RedisUnavailableError(f"cannot reach Redis at {self._url}: {exc}")
+        if is_out_of_memory(exc):
+            return OverloadedError(f"Redis at {self._url} is out of memory (maxmemory): nothing was written")
+        return None

@@ -1,0 +1,87 @@
+"""Operations on the farm's streams that more than one role performs: the consumer group, replies, re-queueing.
+
+Request streams are bounded by admission and by deleting acknowledged
+entries (never by MAXLEN, which would drop work still pending); reply streams
+are capped approximately here, since their reader drains them continuously;
+dead-letter streams are capped approximately by the REQUEUE script.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+from redis.typing import EncodableT
+
+from streamserve.transport.pipelining import Command
+from streamserve.wire import scripts
+from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.wire.messages import Reply, text
+
+# Approximate cap on a caller's reply stream; its reader drains and trims it continuously.
+REPLY_STREAM_MAXLEN = 100_000
+# Approximate bound of each dead-letter stream; the REQUEUE script enforces it.
+DEAD_LETTER_CAP = 10_000
+
+
+def reply_command(reply_to: str, reply: Reply) -> Command:
+    """The XADD of a reply to its caller's stream: never creates a stream whose reader is gone (NOMKSTREAM)."""
+    fields = itertools.chain.from_iterable(reply.encode().items())
+    return ("XADD", reply_to, "NOMKSTREAM", "MAXLEN", "~", REPLY_STREAM_MAXLEN, "*", *fields)
+
+
+async def send_reply(redis: aioredis.Redis, reply_to: str, reply: Reply) -> None:
+    """Send one reply outside the replica's pipelined hot path (the scheduler's dead-letter notices)."""
+    await redis.execute_command(*reply_command(reply_to, reply))  # type: ignore[no-untyped-call]
+
+
+async def ensure_group(redis: aioredis.Redis, stream: str) -> None:
+    """Create the consumer group at id 0 (and the stream), so requests queued before any replica are served."""
+    try:
+        await redis.xgroup_create(stream, CONSUMER_GROUP, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A request that went to the dead-letter stream, and whom to tell."""
+
+    request_id: str
+    reply_to: str
+    deliveries: int
+
+
+class Requeuer:
+    """Gives pending entries of a request stream back to the queue, as new entries at its tail (scripts.REQUEUE)."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._script = redis.register_script(scripts.REQUEUE)
+
+    async def requeue(
+        self,
+        stream: str,
+        dead_letters: str,
+        entry_ids: Sequence[EncodableT],
+        *,
+        charge: bool,
+        max_delivery_attempts: int,
+        reason: str = "",
+    ) -> list[DeadLetter]:
+        """Move ``entry_ids`` (pending in the group) back to the queue, atomically one by one.
+
+        ``charge``: the replica died holding them, so each counts one more delivery attempt and goes to
+        ``dead_letters`` (with ``reason``) once it reaches ``max_delivery_attempts``. Without it they
+        were handed back unrun and nothing is counted. Returns the entries that were dead-lettered.
+        """
+        if not entry_ids:
+            return []
+        dead = await self._script(
+            keys=[stream, dead_letters],
+            args=[CONSUMER_GROUP, max_delivery_attempts, reason, DEAD_LETTER_CAP, int(charge), *entry_ids],
+        )
+        return [DeadLetter(text(dead[i]), text(dead[i + 1]), int(dead[i + 2])) for i in range(0, len(dead), 3)]

@@ -1,0 +1,355 @@
+"""The user's config file: deployments and endpoints, validated with clear errors."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from streamserve.wire.errors import ConfigError, ProtocolError
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+# The gateway's own paths: admin API, status, jobs, docs.
+GATEWAY_PREFIX = "/-/"
+RESERVED_ROUTE_PREFIXES = (GATEWAY_PREFIX, "/metrics")
+# The longest request timeout (a week): past any call's sensible bound, and within what RQ's job timer holds.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+class _Strict(BaseModel):
+    # Infinity and NaN have no JSON form (they would be stored as null and fail to load back).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _check_name(value: str) -> str:
+    if not NAME_RE.match(value):
+        raise ValueError(f"{value!r} is not a valid name: use 1-63 of a-z 0-9 _ - starting with a letter or digit")
+    return value
+
+
+def _check_route_prefix(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} must start with '/'")
+    if len(value) > 1 and value.endswith("/"):
+        raise ValueError(f"{value!r} must not end with '/'")
+    if any(value == p.rstrip("/") or value.startswith(p) for p in RESERVED_ROUTE_PREFIXES):
+        raise ValueError(f"{value!r} is reserved for the gateway's own routes")
+    return value
+
+
+def _default_route_prefix(cls: type[BaseModel], data: Any) -> Any:
+    """An absent route_prefix means "/<name>"; an explicit null means "reachable from the client only"."""
+    if isinstance(data, dict) and "route_prefix" not in data and isinstance(data.get("name"), str):
+        data = {**data, "route_prefix": "/" + data["name"]}
+    return data
+
+
+class AutoscalingConfig(_Strict):
+    """Queue-based autoscaling: ongoing requests (queued + in flight) per replica."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+    target_ongoing_requests: float = Field(2.0, gt=0)
+    upscale_delay_s: float = Field(30.0, ge=0)
+    downscale_delay_s: float = Field(600.0, ge=0)
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> AutoscalingConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
+        return self
+
+
+# A Kubernetes memory quantity: bytes, or a number with a decimal (k, M, G, T) or binary (Ki, Mi, Gi, Ti) suffix.
+MEMORY_RE = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>[kMGT]i?|Ki)?$")
+MEMORY_UNITS = {
+    None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+}  # fmt: skip
+
+
+class Resources(_Strict):
+    """What one replica needs: CPU cores, whole GPUs, memory (``2Gi``, ``512Mi``, or bytes).
+
+    Locally, GPUs are handed out per replica (CUDA_VISIBLE_DEVICES); on
+    Kubernetes all three become the pod's requests and limits.
+    """
+
+    cpus: float = Field(0.0, ge=0, strict=True)
+    gpus: int = Field(0, ge=0, strict=True)
+    memory: str | int | None = None
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str | int | None) -> str | int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or (isinstance(value, int) and value <= 0):
+            raise ValueError(f"{value!r} is not a memory size: use bytes (> 0) or e.g. '512Mi', '2Gi'")
+        if isinstance(value, str) and (not MEMORY_RE.match(value) or memory_bytes(value) <= 0):
+            raise ValueError(f"{value!r} is not a memory size: use bytes (> 0) or e.g. '512Mi', '2Gi'")
+        return value
+
+    @property
+    def memory_bytes(self) -> int:
+        """The memory asked for in bytes (0: none)."""
+        return 0 if self.memory is None else memory_bytes(self.memory)
+
+    @property
+    def is_empty(self) -> bool:
+        return self == Resources()
+
+
+def memory_bytes(value: str | int) -> int:
+    """``"2Gi"`` -> 2147483648; a plain int is bytes already."""
+    if isinstance(value, int):
+        return value
+    match = MEMORY_RE.match(value)
+    if match is None:
+        raise ValueError(f"{value!r} is not a memory size")
+    return int(float(match["number"]) * MEMORY_UNITS[match["unit"]])
+
+
+class DeploymentConfig(_Strict):
+    """One deployment: a function or class served by N replica processes."""
+
+    name: str
+    import_path: str
+    init_args: list[Any] = Field(default_factory=list)
+    init_kwargs: dict[str, Any] = Field(default_factory=dict)
+    num_replicas: int | None = Field(None, ge=0)
+    autoscaling_config: AutoscalingConfig | None = None
+    max_ongoing_requests: int = Field(8, ge=1)
+    max_queued_requests: int = Field(1000, ge=1)
+    max_delivery_attempts: int = Field(3, ge=1)
+    user_config: Any = None
+    version: str | None = None
+    route_prefix: str | None = None
+    request_timeout_s: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S)
+    graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
+    # How often a replica calls the deployment's check_health() (when it has one), and how long one call may take
+    # before the replica counts it as failed; a replica whose check fails is replaced.
+    health_check_period_s: float = Field(10.0, gt=0)
+    health_check_timeout_s: float = Field(30.0, gt=0)
+    max_response_bytes: int = Field(16 * 1024 * 1024, ge=1)
+    # Replicas are started by someone else (Kubernetes, KEDA, systemd, a person): every worker that heartbeats counts.
+    external_scaler_enabled: bool = False
+    resources: Resources = Field(default_factory=Resources)
+
+    _default_route = model_validator(mode="before")(_default_route_prefix)
+    _name = field_validator("name")(_check_name)
+    _route = field_validator("route_prefix")(_check_route_prefix)
+
+    @field_validator("import_path")
+    @classmethod
+    def _import_path(cls, value: str) -> str:
+        module, sep, attr = value.partition(":")
+        if not sep or not module or not attr:
+            raise ValueError(f"{value!r} must look like 'package.module:attribute'")
+        return value
+
+    @model_validator(mode="after")
+    def _one_way_to_scale(self) -> DeploymentConfig:
+        if self.num_replicas is not None and self.autoscaling_config is not None:
+            raise ValueError("set num_replicas or autoscaling_config, not both")
+        if self.external_scaler_enabled and (self.num_replicas is not None or self.autoscaling_config is not None):
+            raise ValueError(
+                "external_scaler_enabled: its replicas are started outside streamserve (Kubernetes, KEDA, systemd), "
+                "so it takes neither num_replicas nor autoscaling_config"
+            )
+        return self
+
+    def wanted_replicas(self, autoscaled: int | None = None, live: int = 0) -> int:
+        """How many replicas to keep: the one place this rule is written.
+
+        Externally scaled: however many are ``live`` (someone else decides).
+        Autoscaled: the autoscaler's latest count (``autoscaled``), or
+        ``min_replicas`` before it has decided. Otherwise ``num_replicas``
+        (default 1); ``autoscaled`` is ignored then, since a stale autoscaling
+        record may outlive a switch to a fixed count.
+        """
+        if self.external_scaler_enabled:
+            return live
+        if self.autoscaling_config is not None:
+            return self.autoscaling_config.min_replicas if autoscaled is None else autoscaled
+        return 1 if self.num_replicas is None else self.num_replicas
+
+    def code_version(self) -> str:
+        """A digest of what needs a restart to change: import path, init args, version, resources."""
+        parts: list[Any] = [self.import_path, self.init_args, self.init_kwargs, self.version]
+        if not self.resources.is_empty:  # left out when unset, so older deployments keep their digest
+            parts.append(self.resources.model_dump(mode="json"))
+        code = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
+        return hashlib.sha256(code).hexdigest()[:12]
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> DeploymentConfig:
+        """A stored config; ProtocolError if it is not one (written by hand, or by another version)."""
+        try:
+            return cls.model_validate(orjson.loads(raw))
+        except ValueError as exc:
+            raise ProtocolError(f"stored deployment config is unreadable: {exc}") from exc
+
+
+class EndpointConfig(_Strict):
+    """A name and route that split traffic between deployments by weight, and mirror a share to shadows.
+
+    Weights are relative (0.9/0.1 and 9/1 split alike); a shadow fraction is
+    the probability that a request is also copied to that deployment, whose
+    reply is dropped.
+    """
+
+    name: str
+    route_prefix: str | None = None
+    traffic: dict[str, float]
+    shadow: dict[str, float] = Field(default_factory=dict)
+
+    _default_route = model_validator(mode="before")(_default_route_prefix)
+    _name = field_validator("name")(_check_name)
+    _route = field_validator("route_prefix")(_check_route_prefix)
+
+    @field_validator("traffic")
+    @classmethod
+    def _weights(cls, value: dict[str, float]) -> dict[str, float]:
+        for name in value:
+            _check_name(name)
+        if not value:
+            raise ValueError("needs at least one deployment")
+        if any(not math.isfinite(w) or w < 0 for w in value.values()) or sum(value.values()) <= 0:
+            raise ValueError("weights must be finite, >= 0 and add up to more than 0")
+        return value
+
+    @field_validator("shadow")
+    @classmethod
+    def _fractions(cls, value: dict[str, float]) -> dict[str, float]:
+        for name in value:
+            _check_name(name)
+        if any(not 0 <= f <= 1 for f in value.values()):
+            raise ValueError("shadow fractions must be between 0 and 1")
+        return value
+
+    @property
+    def deployments(self) -> set[str]:
+        """Every deployment this endpoint sends to, live or shadow."""
+        return set(self.traffic) | set(self.shadow)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> EndpointConfig:
+        """A stored endpoint; ProtocolError if it is not one."""
+        try:
+            return cls.model_validate(orjson.loads(raw))
+        except ValueError as exc:
+            raise ProtocolError(f"stored endpoint config is unreadable: {exc}") from exc
+
+
+class AppConfig(_Strict):
+    """A whole config file."""
+
+    deployments: list[DeploymentConfig] = Field(default_factory=list)
+    endpoints: list[EndpointConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> AppConfig:
+        names = [d.name for d in self.deployments] + [e.name for e in self.endpoints]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"names used more than once: {', '.join(dupes)}")
+        routes = [d.route_prefix for d in self.deployments] + [e.route_prefix for e in self.endpoints]
+        taken = sorted({r for r in routes if r is not None and routes.count(r) > 1})
+        if taken:
+            raise ValueError(f"route_prefix used more than once: {', '.join(taken)}")
+        return self
+
+
+def desired_state_problems(
+    deployments: Mapping[str, DeploymentConfig], endpoints: Mapping[str, EndpointConfig]
+) -> list[str]:
+    """What is wrong with a whole desired state, one line per problem (empty: it hangs together).
+
+    Deployments and endpoints share one name space (a caller names either)
+    and one route table, and an endpoint may only send to deployments that
+    exist. Writers check the state they would leave behind, so a later write
+    cannot break an earlier one.
+    """
+    problems = [
+        f"{name!r} names both a deployment and an endpoint" for name in sorted(set(deployments) & set(endpoints))
+    ]
+    owners: dict[str, list[str]] = {}
+    routed = [("deployment", n, d.route_prefix) for n, d in sorted(deployments.items())]
+    routed += [("endpoint", n, e.route_prefix) for n, e in sorted(endpoints.items())]
+    for kind, name, route in routed:
+        if route is not None:
+            owners.setdefault(route, []).append(f"{kind} {name!r}")
+    problems += [
+        f"route_prefix {route} is used by {' and '.join(who)}" for route, who in owners.items() if len(who) > 1
+    ]
+    for name, endpoint in sorted(endpoints.items()):
+        missing = sorted(endpoint.deployments - set(deployments))
+        if missing:
+            problems.append(f"endpoint {name!r} sends to {', '.join(map(repr, missing))}, which is not a deployment")
+    return problems
+
+
+def _describe_location(loc: tuple[int | str, ...], data: Any) -> str:
+    """('deployments', 0, 'num_replicas') -> "deployment 'echo' (deployments[0]): num_replicas"."""
+    if len(loc) >= 2 and loc[0] in ("deployments", "endpoints") and isinstance(loc[1], int):
+        kind = str(loc[0])[:-1]
+        try:
+            name = data[loc[0]][loc[1]].get("name")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            name = None
+        where = f"{kind} {name!r} ({loc[0]}[{loc[1]}])" if isinstance(name, str) else f"{loc[0]}[{loc[1]}]"
+        rest = ".".join(str(p) for p in loc[2:])
+        return f"{where}: {rest}" if rest else where
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def format_validation_error(exc: ValidationError, data: Any) -> str:
+    """One line per problem, naming the deployment and the field."""
+    lines = []
+    for err in exc.errors():
+        where = _describe_location(tuple(err["loc"]), data)
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown field"
+        lines.append(f"{where}: {message}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "config") -> AppConfig:
+    """Validate an already-loaded config mapping."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping with 'deployments' (and optionally 'endpoints')")
+    try:
+        return AppConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}:\n{format_validation_error(exc, data)}") from exc
+
+
+def load_config(path: str | Path) -> AppConfig:
+    """Read and validate a YAML config file; ConfigError says which field of which deployment is wrong."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_config(data, str(path))

@@ -1,0 +1,150 @@
+"""The one exception hierarchy of streamserve, grouped by who must react."""
+
+from __future__ import annotations
+
+
+class StreamServeError(Exception):
+    """Root of every error streamserve raises on purpose."""
+
+
+# -- the caller sent something wrong ------------------------------------------
+
+
+class BadRequestError(StreamServeError):
+    """The caller's input is invalid (not JSON, bad header, bad argument)."""
+
+
+class ConfigError(BadRequestError):
+    """A config file or config value is invalid; the message names the field."""
+
+
+class UnauthorizedError(BadRequestError):
+    """An admin write without the right API key."""
+
+
+class ForbiddenError(BadRequestError):
+    """An admin write on a gateway whose admin writes are switched off (STREAMSERVE_ADMIN=off)."""
+
+
+class NotFoundError(BadRequestError):
+    """No deployment, endpoint or route by that name."""
+
+
+class MethodNotAllowedError(BadRequestError):
+    """A route was asked with a method it does not answer; ``allow`` lists those it does."""
+
+    def __init__(self, message: str, allow: tuple[str, ...] = ("POST",)) -> None:
+        super().__init__(message)
+        self.allow = allow
+
+
+class PayloadTooLargeError(BadRequestError):
+    """The request body is larger than ``max_request_bytes``."""
+
+
+class BodyTimeoutError(BadRequestError):
+    """The request body did not arrive within ``body_timeout_s``."""
+
+
+class HeadersTooLargeError(BadRequestError):
+    """The request's headers together are larger than ``max_header_bytes``."""
+
+
+class ConflictError(BadRequestError):
+    """The write would break something that depends on the current state (e.g. an endpoint's traffic)."""
+
+
+# -- the wire or Redis is broken ----------------------------------------------
+
+
+class ProtocolError(StreamServeError):
+    """A message in Redis could not be decoded (wrong schema or corrupt)."""
+
+
+class RedisUnavailableError(StreamServeError):
+    """Redis could not be reached after the retry policy gave up."""
+
+
+# -- the deployment cannot serve right now ------------------------------------
+
+
+class UnavailableError(StreamServeError):
+    """The deployment has no replica and cannot get one."""
+
+
+class OverloadedError(UnavailableError):
+    """The deployment's queue is full; retry after ``retry_after_s`` seconds."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RequestTimeoutError(StreamServeError):
+    """No reply before the request's deadline (or a goal not reached in time)."""
+
+
+class GoalFailedError(StreamServeError):
+    """A deploy, scale or delete could not be reached (e.g. the import failed); the message says why."""
+
+
+# -- the user's code failed -----------------------------------------------------
+
+
+class RemoteError(StreamServeError):
+    """The deployment's handler raised; carries the user's exception type and message."""
+
+    def __init__(self, error_type: str, message: str, replica_id: str = "", traceback: str | None = None) -> None:
+        super().__init__(f"{error_type}: {message}")
+        self.error_type = error_type
+        self.message = message
+        self.replica_id = replica_id
+        self.traceback = traceback
+
+
+class ResponseTooLargeError(StreamServeError):
+    """A handler's result above its deployment's ``max_response_bytes``; the caller gets it as a RemoteError."""
+
+
+class DeadLetterError(RemoteError):
+    """The request was delivered ``max_delivery_attempts`` times and moved to the dead-letter stream."""
+
+
+class BatchOutputError(StreamServeError):
+    """A ``@batch`` handler did not return one output per input; every request of that batch fails with it.
+
+    Raised in the replica (callers see it as a RemoteError whose ``error_type`` is ``BatchOutputError``)
+    and when a decorated function is called directly.
+    """
+
+
+def error_fields(exc: StreamServeError) -> dict[str, str]:
+    """``{"error", "message"}`` as callers see the error: the user's own type and message for a RemoteError."""
+    if isinstance(exc, RemoteError):
+        return {"error": exc.error_type, "message": exc.message}
+    return {"error": type(exc).__name__, "message": str(exc)}
+
+
+__all__ = [
+    "BadRequestError",
+    "BatchOutputError",
+    "BodyTimeoutError",
+    "ConfigError",
+    "ConflictError",
+    "DeadLetterError",
+    "ForbiddenError",
+    "GoalFailedError",
+    "HeadersTooLargeError",
+    "MethodNotAllowedError",
+    "NotFoundError",
+    "OverloadedError",
+    "PayloadTooLargeError",
+    "ProtocolError",
+    "RedisUnavailableError",
+    "RemoteError",
+    "RequestTimeoutError",
+    "ResponseTooLargeError",
+    "StreamServeError",
+    "UnauthorizedError",
+    "UnavailableError",
+]

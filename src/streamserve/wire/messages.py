@@ -1,0 +1,245 @@
+"""The wire format: one encode/decode pair per message type.
+
+Stream entries (requests, replies) are flat field maps with short readable
+field names and a schema version ``v``; bodies are JSON bytes passed through
+untouched. Records kept in hashes (replica records, heartbeats) are JSON
+objects. Nothing is ever pickled: a payload in Redis is data, never code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from redis.typing import EncodableT, FieldT
+
+from streamserve.wire.errors import ProtocolError
+from streamserve.wire.states import DeploymentHealth, GoalStatus, ReplicaHealth, ReplicaState
+
+SCHEMA_VERSION = 1
+_V = str(SCHEMA_VERSION).encode()
+
+# A stream entry as redis-py returns it (decode_responses=False).
+Fields = dict[bytes, bytes]
+
+# What XREAD/XREADGROUP return: per stream, its entries (id, fields).
+StreamBatches = list[tuple[bytes, list[tuple[bytes, Fields]]]]
+
+# A stream entry as handed to XADD.
+WireFields = dict[FieldT, EncodableT]
+
+
+def text(value: bytes | str) -> str:
+    """A Redis reply as str (our clients return bytes; typing says either)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def now_ms() -> int:
+    """Wall-clock epoch milliseconds: the unit of every deadline and timestamp on the wire."""
+    return int(time.time() * 1000)
+
+
+def _field(fields: Fields, name: bytes, kind: str) -> bytes:
+    try:
+        return fields[name]
+    except KeyError:
+        raise ProtocolError(f"{kind} message has no {name.decode()!r} field") from None
+
+
+def _check_version(fields: Fields, kind: str) -> None:
+    version = fields.get(b"v")
+    if version != _V:
+        raise ProtocolError(f"{kind} message has schema version {version!r}, expected {SCHEMA_VERSION}")
+
+
+@dataclass(slots=True)
+class Request:
+    """One call of a deployment, as queued on its request stream."""
+
+    request_id: str
+    # The caller's reply stream, or "" for fire-and-forget.
+    reply_to: str
+    deadline_ms: int
+    # The JSON-encoded argument of the handler.
+    body: bytes
+    # A method of the deployment's class to call instead of ``__call__``.
+    method: str = ""
+    # Deliveries that ended with the replica dying (set when the scheduler re-queues it).
+    attempts: int = 0
+
+    def encode(self) -> WireFields:
+        fields: WireFields = {
+            "v": _V,
+            "id": self.request_id,
+            "reply_to": self.reply_to,
+            "deadline_ms": self.deadline_ms,
+            "method": self.method,
+            "body": self.body,
+        }
+        if self.attempts:
+            fields["attempts"] = self.attempts
+        return fields
+
+    @classmethod
+    def decode(cls, fields: Fields) -> Request:
+        _check_version(fields, "request")
+        try:
+            return cls(
+                request_id=_field(fields, b"id", "request").decode(),
+                reply_to=_field(fields, b"reply_to", "request").decode(),
+                deadline_ms=int(_field(fields, b"deadline_ms", "request")),
+                body=_field(fields, b"body", "request"),
+                method=fields.get(b"method", b"").decode(),
+                attempts=int(fields.get(b"attempts", b"0")),
+            )
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ProtocolError(f"malformed request message: {exc}") from exc
+
+
+class ReplyStatus(str, Enum):
+    """How a request ended, as its reply says."""
+
+    # The handler returned; ``body`` is its JSON result.
+    OK = "ok"
+    # The handler raised; ``error_type``/``error_message`` say what.
+    USER_ERROR = "user_error"
+    # The deadline passed before a replica ran it; user code did not run.
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    # The replica could not run it as sent (body not JSON, no such method).
+    BAD_REQUEST = "bad_request"
+    # Delivered too many times; moved to the dead-letter stream.
+    DEAD_LETTER = "dead_letter"
+
+
+_STATUS_BY_BYTES = {status.value.encode(): status for status in ReplyStatus}
+
+
+@dataclass(slots=True)
+class Reply:
+    """The answer to one Request, added to the caller's reply stream."""
+
+    request_id: str
+    status: ReplyStatus
+    replica_id: str
+    body: bytes = b""
+    error_type: str = ""
+    error_message: str = ""
+
+    def encode(self) -> WireFields:
+        fields: WireFields = {
+            "v": _V,
+            "id": self.request_id,
+            "status": self.status.value,
+            "replica": self.replica_id,
+            "body": self.body,
+        }
+        if self.error_type or self.error_message:  # an answer that went well carries no empty error fields
+            fields["error_type"] = self.error_type
+            fields["error_message"] = self.error_message
+        return fields
+
+    @classmethod
+    def decode(cls, fields: Fields) -> Reply:
+        _check_version(fields, "reply")
+        status_raw = _field(fields, b"status", "reply")
+        status = _STATUS_BY_BYTES.get(status_raw)
+        if status is None:
+            raise ProtocolError(f"reply has unknown status {status_raw!r}")
+        try:
+            return cls(
+                request_id=_field(fields, b"id", "reply").decode(),
+                status=status,
+                replica_id=fields.get(b"replica", b"").decode(),
+                body=fields.get(b"body", b""),
+                error_type=fields.get(b"error_type", b"").decode(),
+                error_message=fields.get(b"error_message", b"").decode(errors="replace"),
+            )
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"malformed reply message: {exc}") from exc
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    v: int = SCHEMA_VERSION
+
+    def encode(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Any:
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError as exc:
+            raise ProtocolError(f"malformed {cls.__name__}: {exc.errors()[0]['msg']}") from exc
+
+
+class Heartbeat(_Record):
+    """What a replica says about itself, refreshed every heartbeat interval."""
+
+    ts_ms: int
+    health: ReplicaHealth
+    pid: int
+    host: str
+    ongoing: int = 0
+    message: str = ""
+    # The code version it loaded (DeploymentConfig.code_version); "" until it has read its config.
+    version: str = ""
+
+
+class ReplicaRecord(_Record):
+    """The scheduler's record of one replica; only ``scheduler`` writes it."""
+
+    replica_id: str
+    state: ReplicaState
+    version: str
+    host: str = ""
+    pid: int = 0
+    created_ms: int
+    updated_ms: int
+    stop_deadline_ms: int = 0
+    message: str = ""
+    # Started by someone else (an externally scaled deployment's worker): the scheduler never signals it.
+    external: bool = False
+    # The GPU devices it was given (its CUDA_VISIBLE_DEVICES), held until it is removed.
+    gpus: list[str] = []
+
+
+class DeploymentHealthRecord(_Record):
+    """The scheduler's verdict on one deployment."""
+
+    health: DeploymentHealth
+    message: str = ""
+    consecutive_failures: int = 0
+    # RUNNING replicas of any version: callers refuse at once when this is 0 and health is UNHEALTHY.
+    running: int = 0
+    updated_ms: int
+
+
+class AutoscaleRecord(_Record):
+    """The scheduler's latest replica count for an autoscaled deployment, kept so a new scheduler resumes from it."""
+
+    # The count the scheduler keeps until its next decision (the TARGET that ``status`` shows).
+    replicas: int
+    # Why, as logged: e.g. "ongoing 6.0 on 1 replica(s), target 2 each, for 1.0s".
+    reason: str = ""
+    updated_ms: int
+
+
+class GoalRecord(_Record):
+    """One desired-state write and whether the running system has reached it."""
+
+    goal_id: str
+    deployment: str
+    # "apply", "scale" or "delete".
+    kind: str
+    version: str = ""
+    # The count asked for (num_replicas; min_replicas when autoscaled); once DONE, the count it was reached at.
+    replicas: int = 0
+    status: GoalStatus = GoalStatus.PENDING
+    message: str = ""
+    created_ms: int
+    updated_ms: int

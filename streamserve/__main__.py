@@ -1,3 +1,0 @@
-from streamserve.cli import main
-
-raise SystemExit(main())

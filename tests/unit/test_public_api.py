@@ -1,0 +1,48 @@
+"""What users import keeps its documented path, wherever the module behind it lives in the tree."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+import streamserve
+from streamserve.wire import errors as wire_errors
+
+EXCEPTIONS = sorted(
+    name
+    for name, value in vars(wire_errors).items()
+    if inspect.isclass(value) and issubclass(value, Exception) and value.__module__ == wire_errors.__name__
+)
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("streamserve", "Client"),
+        ("streamserve", "AsyncClient"),
+        ("streamserve", "batch"),
+        ("streamserve", "__version__"),
+        ("streamserve.client", "Client"),
+        ("streamserve.client", "AsyncClient"),
+        *[("streamserve", name) for name in streamserve.__all__],
+        *[("streamserve.errors", name) for name in EXCEPTIONS],
+    ],
+)
+def test_a_public_name_imports_from_its_documented_path(module: str, name: str) -> None:
+    assert getattr(importlib.import_module(module), name) is not None
+
+
+def test_streamserve_errors_holds_every_exception_class() -> None:
+    import streamserve.errors
+
+    assert "StreamServeError" in EXCEPTIONS and "OverloadedError" in EXCEPTIONS
+    assert sorted(streamserve.errors.__all__) == EXCEPTIONS
+    for name in EXCEPTIONS:
+        assert issubclass(getattr(streamserve.errors, name), streamserve.errors.StreamServeError)
+
+
+def test_the_package_exports_what_it_lists() -> None:
+    assert streamserve.__all__ == sorted(streamserve.__all__)
+    assert {"Client", "AsyncClient", "batch", "StreamServeError", "OverloadedError"} <= set(streamserve.__all__)

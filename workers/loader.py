@@ -1,0 +1,97 @@
+"""Import a deployment's ``module:attr`` and turn it into something a replica can call."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamserve.batching import BatchConfig, batch_config_of
+from streamserve.wire.config import DeploymentConfig
+from streamserve.wire.errors import BadRequestError, ConfigError
+
+
+@dataclass
+class Handler:
+    """One callable of the deployment, whether it must be awaited, and whether it takes batches."""
+
+    fn: Callable[..., Any]
+    is_async: bool
+    # Set for a ``@streamserve.batch`` handler: it takes a list of bodies (workers/batcher.py).
+    batch: BatchConfig | None = None
+
+
+@dataclass
+class LoadedDeployment:
+    """The user's function, or the single instance of the user's class."""
+
+    target: Any
+    is_class: bool
+    _handlers: dict[str, Handler] = field(default_factory=dict)
+
+    def handler(self, method: str) -> Handler:
+        """The callable for a request's ``method`` ("" means the function itself or ``__call__``)."""
+        cached = self._handlers.get(method)
+        if cached is not None:
+            return cached
+        if not method:
+            fn = self.target
+            if self.is_class and not callable(fn):
+                raise BadRequestError(f"{type(fn).__name__} has no __call__; name a method to call")
+        elif not self.is_class:
+            raise BadRequestError(f"method {method!r} given, but the deployment is a function")
+        elif method.startswith("_") or not callable(getattr(self.target, method, None)):
+            raise BadRequestError(f"{type(self.target).__name__} has no public method {method!r}")
+        else:
+            fn = getattr(self.target, method)
+        handler = Handler(fn, _is_async(fn), batch_config_of(fn))
+        self._handlers[method] = handler
+        return handler
+
+    @property
+    def check_health(self) -> Handler | None:
+        """The instance's ``check_health()``, sync or async, if it has one (workers/health_checks.py calls it)."""
+        fn = getattr(self.target, "check_health", None) if self.is_class else None
+        return Handler(fn, _is_async(fn)) if callable(fn) else None
+
+    @property
+    def reconfigure(self) -> Callable[[Any], Any] | None:
+        """The instance's ``reconfigure(user_config)``, if it has one."""
+        fn = getattr(self.target, "reconfigure", None) if self.is_class else None
+        return fn if callable(fn) else None
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - an instance whose __call__ is async
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def import_attr(import_path: str) -> Any:
+    """``package.module:attr.sub`` -> the object; ConfigError says what failed."""
+    module_name, _, attr_path = import_path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import module {module_name!r}: {exc}") from exc
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"module {module_name!r} has no attribute {attr_path!r}") from None
+    return obj
+
+
+def load(cfg: DeploymentConfig) -> LoadedDeployment:
+    """Import the deployment and, for a class, build its one instance (constructor errors propagate)."""
+    obj = import_attr(cfg.import_path)
+    if inspect.isclass(obj):
+        return LoadedDeployment(obj(*cfg.init_args, **cfg.init_kwargs), is_class=True)
+    if not callable(obj):
+        raise ConfigError(f"{cfg.import_path} is a {type(obj).__name__}, not a function or class")
+    if cfg.init_args or cfg.init_kwargs:
+        raise ConfigError(f"{cfg.import_path} is a function: init_args and init_kwargs only apply to a class")
+    return LoadedDeployment(obj, is_class=False)

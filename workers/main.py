@@ -1,0 +1,100 @@
+"""Entry point of a replica process: ``python -m streamserve worker NAME [--replica-id ID]``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+from streamserve.workers.output_shipper import OutputShipper
+from streamserve.workers.replica import Replica
+
+from streamserve.runtime.gc_freeze import freeze_startup_objects
+from streamserve.runtime.logging_setup import start_process
+from streamserve.runtime.processes import on_stop_signals, role_command
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import async_redis
+from streamserve.wire.ids import ReplicaID
+
+logger = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streamserve worker", description="Run one replica of a deployment.")
+    parser.add_argument("deployment", help="the deployment's name")
+    parser.add_argument("--replica-id", help="the replica's id (default: a new one)")
+    parser.add_argument(
+        "--version",
+        dest="pinned_version",
+        metavar="VERSION",
+        help="serve only while the deployment is at this version (its `version` field or the code version "
+        "`status` shows); otherwise exit 1",
+    )
+    # Set by a worker on itself when it starts again on new code (see restart_command).
+    parser.add_argument("--takes-over", help=argparse.SUPPRESS)
+    return parser
+
+
+async def serve(settings: Settings, replica: Callable[[aioredis.Redis], Replica]) -> tuple[int, str]:
+    """Run one replica to the end: its exit code, and why it should start again ("" when it should not)."""
+    redis = async_redis(settings.effective_redis_url)
+    running = replica(redis)
+    try:
+        with on_stop_signals(running.request_stop):
+            return await running.run(), running.restart_reason
+    finally:
+        await redis.aclose()
+
+
+def restart_command(worker_args: list[str], replica_id: ReplicaID) -> list[str]:
+    """This worker's own command line (``worker_args``: what followed ``worker``), as a new replica that takes
+    over from ``replica_id``."""
+    argv, skip = [], False
+    for arg in worker_args:
+        if skip:
+            skip = False
+        elif arg in ("--replica-id", "--takes-over"):
+            skip = True
+        elif not arg.startswith(("--replica-id=", "--takes-over=")):
+            argv.append(arg)
+    return role_command("worker", *argv, "--takes-over", replica_id.to_str())
+
+
+def main(argv: list[str]) -> int:
+    """``argv``: the arguments after ``streamserve worker``."""
+    args, settings = start_process(build_parser(), argv)
+    replica_id = ReplicaID.from_str(args.replica_id) if args.replica_id else ReplicaID.new(args.deployment)
+    if replica_id.deployment != args.deployment:
+        print(f"replica id {replica_id} does not belong to deployment {args.deployment!r}", file=sys.stderr)
+        return 2
+    # Deployments are imported by module path relative to where the farm runs.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+    def replica(redis: aioredis.Redis) -> Replica:
+        return Replica(
+            settings,
+            redis,
+            replica_id,
+            after_load=freeze_startup_objects,
+            pinned_version=args.pinned_version,
+            takes_over=args.takes_over,
+        )
+
+    with OutputShipper(settings.effective_redis_url, settings.keys.logs(replica_id.deployment), replica_id.to_str()):
+        try:
+            import uvloop
+
+            code, restart = uvloop.run(serve(settings, replica))
+        except ImportError:
+            code, restart = asyncio.run(serve(settings, replica))
+    if restart:
+        # The same process runs the deployment's new code afresh: modules cannot be re-imported in place.
+        logger.info("replica %s: %s; starting again", replica_id, restart)
+        logging.shutdown()
+        os.execv(sys.executable, restart_command(argv, replica_id))
+    return code

@@ -1,0 +1,148 @@
+"""A replica's output (its log and whatever its code prints, tracebacks included) to a capped Redis stream.
+
+`streamserve logs NAME` reads the stream, so it shows the replicas of a
+deployment on every host. The replica's file descriptors 1 and 2 are
+pipes read by threads here: each line goes on to where the output went
+before (the terminal of `streamserve up`, a container's log) at once, and
+to Redis a batch at a time. Redis being away never holds the replica up:
+lines wait in a bounded buffer and the oldest are dropped past it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import logging
+import os
+import socket
+import sys
+import threading
+from collections import deque
+from types import TracebackType
+
+import redis as redis_sync
+from redis.typing import EncodableT, FieldT
+
+from streamserve.transport.connections import RETRYABLE_ERRORS, sync_redis
+
+logger = logging.getLogger(__name__)
+
+# Lines a deployment's stream keeps (XADD MAXLEN ~), over all its replicas.
+LOG_STREAM_LINES = 10_000
+# Lines waiting for Redis at most; older ones are dropped (and counted) past it.
+BUFFERED_LINES = 10_000
+# How often waiting lines are sent.
+SHIP_EVERY_S = 0.2
+# A line longer than this is cut (a handler printing a whole tensor).
+MAX_LINE_CHARS = 8192
+# How long stopping waits for the readers to see the end of their pipes and for the last batch.
+STOP_WAIT_S = 3.0
+
+
+class OutputShipper:
+    """``with OutputShipper(...)``: fds 1 and 2 of this process are teed to Redis until the block ends."""
+
+    def __init__(self, redis_url: str, stream_key: str, replica_id: str) -> None:
+        self._redis_url = redis_url
+        self._key = stream_key
+        self._fields: dict[FieldT, EncodableT] = {
+            "replica": replica_id,
+            "host": socket.gethostname(),
+            "pid": str(os.getpid()),
+        }
+        self._lines: deque[str] = deque()
+        self._lock = threading.Lock()
+        self._dropped = 0
+        self._originals: dict[int, int] = {}
+        self._readers: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._sender: threading.Thread | None = None
+
+    def __enter__(self) -> OutputShipper:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd in (1, 2):
+            self._originals[fd] = os.dup(fd)
+            read_end, write_end = os.pipe()
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            reader = threading.Thread(target=self._read, args=(read_end, self._originals[fd]), daemon=True)
+            reader.start()
+            self._readers.append(reader)
+        # A fatal error (segfault) kills the threads that would pass its report on: it goes straight out instead.
+        faulthandler.enable(file=os.fdopen(os.dup(self._originals[2]), "w"), all_threads=True)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, ValueError):
+                stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        self._sender = threading.Thread(target=self._send_loop, daemon=True)
+        self._sender.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is not None and not isinstance(exc, KeyboardInterrupt | SystemExit):
+            logger.error("the replica process failed", exc_info=exc)  # shipped: the interpreter's report would not be
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, original in self._originals.items():
+            os.dup2(original, fd)  # closes this process's write end of the pipe: its reader sees the end
+        for reader in self._readers:
+            reader.join(STOP_WAIT_S)  # a child process of the handler may still hold the pipe open
+        for original in self._originals.values():
+            os.close(original)  # only now: the readers pass their last lines on through it
+        self._stop.set()
+        if self._sender is not None:
+            self._sender.join(STOP_WAIT_S)
+
+    # -- threads ------------------------------------------------------------------------------------
+
+    def _read(self, read_end: int, passthrough: int) -> None:
+        partial = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(read_end, 65536):
+                with contextlib.suppress(OSError):
+                    os.write(passthrough, chunk)
+                *lines, partial = (partial + chunk).split(b"\n")
+                self._keep(lines)
+        if partial:
+            self._keep([partial])
+        os.close(read_end)
+
+    def _keep(self, lines: list[bytes]) -> None:
+        if not lines:
+            return
+        with self._lock:
+            for line in lines:
+                self._lines.append(line[:MAX_LINE_CHARS].decode("utf-8", "replace").rstrip("\r"))
+            while len(self._lines) > BUFFERED_LINES:
+                self._lines.popleft()
+                self._dropped += 1
+
+    def _send_loop(self) -> None:
+        redis = sync_redis(self._redis_url, max_connections=1)
+        try:
+            while not self._stop.wait(SHIP_EVERY_S):
+                self._send(redis)
+            self._send(redis)  # what the readers passed on last
+        finally:
+            redis.close()
+
+    def _send(self, redis: redis_sync.Redis) -> None:
+        with self._lock:
+            lines, self._lines = list(self._lines), deque()
+            dropped, self._dropped = self._dropped, 0
+        if dropped:
+            lines.insert(0, f"[streamserve: {dropped} line(s) of output dropped while Redis could not be reached]")
+        if not lines:
+            return
+        try:
+            pipe = redis.pipeline(transaction=False)
+            for line in lines:
+                fields: dict[FieldT, EncodableT] = {**self._fields, "line": line}
+                pipe.xadd(self._key, fields, maxlen=LOG_STREAM_LINES, approximate=True)
+            pipe.execute()
+        except RETRYABLE_ERRORS:
+            with self._lock:  # back in front, for the next try (the bound still holds)
+                self._lines.extendleft(reversed(lines))
+                while len(self._lines) > BUFFERED_LINES:
+                    self._lines.popleft()
+                    self._dropped += 1
