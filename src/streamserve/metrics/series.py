@@ -1,5 +1,5 @@
 """The dashboard's charts: samples of a deployment's metrics hash over time, and requests/s and p50/p99 between
-consecutive samples (pure functions; the scheduler takes the samples, scheduler/history.py)."""
+consecutive samples (pure functions; the leading scheduler takes the samples and metrics/history.py keeps them)."""
 
 from __future__ import annotations
 
