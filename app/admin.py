@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Request, Response, params
 from streamserve.app.bodies import read_body
 from streamserve.app.errors import json_response
 from streamserve.app.openapi import DEPLOY_BODY, SCALE_BODY, TRAFFIC_BODY
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.goal_records import GoalStore
 from streamserve.runtime.settings import Settings
@@ -30,6 +31,16 @@ MAX_GOAL_WAIT_S = 60.0
 
 
 def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
+    """The writes (behind the API key, when one is set) and the goal read, under ``/-``."""
+    router = APIRouter(prefix="/-")
+    guarded = [Depends(_api_key_guard(settings))]
+    _add_deployment_writes(router, guarded, settings, client)
+    _add_endpoint_writes(router, guarded, settings, client)
+    _add_goal_read(router, settings, client)
+    return router
+
+
+def _api_key_guard(settings: Settings) -> Callable[[Request], None]:
     def require_api_key(request: Request) -> None:
         """With STREAMSERVE_API_KEY set, writes need ``Authorization: Bearer <key>`` (or ``X-API-Key``)."""
         if not settings.admin:
@@ -44,17 +55,21 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
         if not hmac.compare_digest(given.encode(), settings.api_key.get_secret_value().encode()):
             raise UnauthorizedError("admin writes need Authorization: Bearer <STREAMSERVE_API_KEY>")
 
-    def desired() -> DesiredState:
-        return DesiredState(client.redis, settings.keys, settings.import_allow_list)
+    return require_api_key
 
-    router = APIRouter(prefix="/-")
-    guarded = [Depends(require_api_key)]
 
+def _desired(settings: Settings, client: AsyncClient) -> DesiredState:
+    return DesiredState(client.redis, settings.keys, settings.import_allow_list)
+
+
+def _add_deployment_writes(
+    router: APIRouter, guarded: Sequence[params.Depends], settings: Settings, client: AsyncClient
+) -> None:
     @router.post("/deploy", dependencies=guarded, openapi_extra=DEPLOY_BODY)
     async def deploy(request: Request) -> Response:
         """Body: a config as JSON (the YAML file's shape). Answers {"goals": {deployment: goal id}}."""
         config = parse_config(await _json_body(request, settings), "request body")
-        applied = await desired().apply(config)
+        applied = await _desired(settings, client).apply(config)
         return json_response({"goals": applied.goals, "endpoints": applied.endpoints})
 
     @router.post("/deployments/{name}/scale", dependencies=guarded, openapi_extra=SCALE_BODY)
@@ -64,26 +79,32 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
         replicas = body.get("num_replicas") if isinstance(body, dict) else None
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise BadRequestError('body must be {"num_replicas": N} with N >= 0')
-        return json_response({"goal_id": await desired().scale(name, replicas)})
+        return json_response({"goal_id": await _desired(settings, client).scale(name, replicas)})
 
     @router.delete("/deployments/{name}", dependencies=guarded)
     async def delete(name: str) -> Response:
-        return json_response({"goal_id": await desired().delete(name)})
+        return json_response({"goal_id": await _desired(settings, client).delete(name)})
 
+
+def _add_endpoint_writes(
+    router: APIRouter, guarded: Sequence[params.Depends], settings: Settings, client: AsyncClient
+) -> None:
     @router.post("/endpoints/{name}/traffic", dependencies=guarded, openapi_extra=TRAFFIC_BODY)
     async def traffic(name: str, request: Request) -> Response:
         """Body: {"traffic": {deployment: weight}, "shadow": {deployment: fraction}} (shadow optional: kept)."""
         body = await _json_body(request, settings)
         if not isinstance(body, dict) or not isinstance(body.get("traffic"), dict) or set(body) - {"traffic", "shadow"}:
             raise BadRequestError('body must be {"traffic": {deployment: weight}, "shadow": {deployment: fraction}}')
-        endpoint = await desired().set_traffic(name, body["traffic"], body.get("shadow"))
+        endpoint = await _desired(settings, client).set_traffic(name, body["traffic"], body.get("shadow"))
         return json_response(endpoint.model_dump(mode="json"))
 
     @router.delete("/endpoints/{name}", dependencies=guarded)
     async def delete_endpoint(name: str) -> Response:
-        await desired().delete_endpoint(name)
+        await _desired(settings, client).delete_endpoint(name)
         return json_response({"deleted": name})
 
+
+def _add_goal_read(router: APIRouter, settings: Settings, client: AsyncClient) -> None:
     @router.get("/goals/{goal_id}")
     async def goal(goal_id: str, wait: float = 0.0) -> Response:
         """A goal's record; ``?wait=S`` holds the answer up to S seconds (at most 60) until it is final."""
@@ -97,8 +118,6 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
         if record is None or record.status not in FINAL_GOAL_STATUSES:
             record = await goals.get(goal_id)
         return json_response(record.model_dump(mode="json"))
-
-    return router
 
 
 async def _json_body(request: Request, settings: Settings) -> Any:

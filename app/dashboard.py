@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from fastapi import APIRouter, Response
 from streamserve.app.errors import json_response
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.control.status import StatusReader
 from streamserve.metrics.history import SAMPLES_KEPT
 from streamserve.metrics.series import series

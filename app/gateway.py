@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import orjson
@@ -40,7 +40,8 @@ from streamserve.app.observe import CLIENT_CLOSED, RequestObserver
 from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
 from streamserve.app.routing import RouteTable
 
-from streamserve.client.clients import AsyncClient, error_of
+from streamserve.client import AsyncClient
+from streamserve.client.calls import error_of
 from streamserve.control.status import StatusReader
 from streamserve.metrics.exposition import CONTENT_TYPE, farm_metrics
 from streamserve.metrics.figures import Figures
@@ -112,31 +113,20 @@ class Gateway:
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI: answer one ``POST <route_prefix>``, every error in the gateway's JSON shape; count and log it."""
         started = time.perf_counter()
-        headers = _Headers(scope["headers"])
-        given, request_id = _request_id(headers.get(b"x-request-id"))
-        reply_headers = {"X-Request-ID": request_id}
-        answer = _Answer()
+        exchange = _Exchange(scope, receive, send)
         try:
-            await self._answer(scope, receive, send, headers, given, request_id, reply_headers, answer)
+            await self._answer(exchange)
         finally:
             path = scope["path"]
-            self.observer.done("POST", path, answer.status, started, request_id, answer.deployment, answer.replica)
+            status, request_id = exchange.status, exchange.request_id
+            self.observer.done("POST", path, status, started, request_id, exchange.deployment, exchange.replica)
 
-    async def _answer(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        headers: _Headers,
-        given: str | None,
-        request_id: str,
-        reply_headers: dict[str, str],
-        answer: _Answer,
-    ) -> None:
-        """Answer the request; ``answer`` learns what was answered, by whom."""
+    async def _answer(self, exchange: _Exchange) -> None:
+        """Answer the request; ``exchange`` learns what was answered, by whom."""
+        scope, receive, send, headers = exchange.scope, exchange.receive, exchange.send, exchange.headers
         try:
-            _check_request_id(given, request_id)
-            answer.deployment = name = self.match(scope["path"])
+            _check_request_id(exchange.given_id, exchange.request_id)
+            exchange.deployment = name = self.match(scope["path"])
             limit = self.settings.max_request_bytes
             body = await read_body(receive, headers.get(b"content-length"), limit, self.settings.body_timeout_s)
             body = body or b"null"
@@ -149,25 +139,25 @@ class Gateway:
                 raise BadRequestError(f"request body: {exc}") from None
             header_timeout = _header_timeout(headers.get(b"x-request-timeout"))
             if _prefers_async(headers.getlist(b"prefer")):
-                response = await self._submit_job(name, value, header_timeout, reply_headers)
-                answer.status = response.status_code
+                response = await self._submit_job(name, value, header_timeout, exchange.reply_headers)
+                exchange.status = response.status_code
                 await response(scope, receive, send)
                 return
             route = await self.client.route(name)
-            reply_headers["X-Deployment"] = answer.deployment = deployment = route.deployment.name
+            exchange.reply_headers["X-Deployment"] = exchange.deployment = deployment = route.deployment.name
             timeout = min(route.deployment.request_timeout_s, header_timeout)
-            reply = await self.client.request(route, body, timeout=timeout, request_id=request_id)
-            answer.replica = reply.replica_id
+            reply = await self.client.request(route, body, timeout=timeout, request_id=exchange.request_id)
+            exchange.replica = reply.replica_id
             if reply.status is not ReplyStatus.OK:
                 raise error_of(reply)
         except StreamServeError as exc:
-            response = error_response(exc, reply_headers)
-            answer.status = response.status_code
+            response = error_response(exc, exchange.reply_headers)
+            exchange.status = response.status_code
             await response(scope, receive, send)
             return
         except ClientDisconnected:
             return
-        answer.status = 200
+        exchange.status = 200
         await send(
             {
                 "type": "http.response.start",
@@ -175,7 +165,7 @@ class Gateway:
                 "headers": [
                     _JSON,
                     (b"content-length", str(len(reply.body)).encode()),
-                    (b"x-request-id", request_id.encode()),
+                    (b"x-request-id", exchange.request_id.encode()),
                     (b"x-deployment", deployment.encode()),
                     (b"x-replica", reply.replica_id.encode()),
                 ],
@@ -195,13 +185,35 @@ class Gateway:
         return json_response({"job_id": job_id, "status": JobStatus.QUEUED.value}, status_code=202, headers=headers)
 
 
-class _Answer:
-    """What a request got, for its count and access line: status (CLIENT_CLOSED until one is sent), the deployment
-    (or endpoint, before one is picked) it went to, the replica that answered."""
+class _Exchange:
+    """One deployment POST: what came in (the ASGI triple, the headers, the caller's and the used request id, the
+    reply's headers so far) and, for its count and access line, what it got: status (CLIENT_CLOSED until one is
+    sent), the deployment (or endpoint, before one is picked) it went to, the replica that answered.
 
-    __slots__ = ("deployment", "replica", "status")
+    Built once per request, a plain class with slots: its outcome fields are written as the request goes, and a
+    frozen dataclass or NamedTuple beside a mutable outcome would add an allocation to the hot path.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = (
+        "deployment",
+        "given_id",
+        "headers",
+        "receive",
+        "replica",
+        "reply_headers",
+        "request_id",
+        "scope",
+        "send",
+        "status",
+    )
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.headers = _Headers(scope["headers"])
+        self.given_id, self.request_id = _request_id(self.headers.get(b"x-request-id"))
+        self.reply_headers = {"X-Request-ID": self.request_id}
         self.status = CLIENT_CLOSED
         self.deployment = ""
         self.replica = ""
@@ -312,13 +324,32 @@ class GatewayApp:
 def create_app(settings: Settings) -> GatewayApp:
     """Build the gateway; its client connects at startup (ASGI lifespan) and closes at shutdown."""
     gateway = Gateway(settings)
+    api = FastAPI(
+        title="streamserve gateway",
+        lifespan=_lifespan(gateway),
+        docs_url="/-/docs",
+        openapi_url="/-/openapi.json",
+        responses=ERROR_RESPONSES,
+    )
+    _add_error_handlers(api, settings)
+    _add_probes(api, gateway)
+    _add_reads(api, gateway)
+    api.include_router(admin_router(settings, gateway.client))
+    api.include_router(dashboard_router(gateway.client, settings.keys))
+    _add_refusals(api, gateway)  # last: its catch-all route answers what no route above takes
+    api.openapi = lambda: openapi_document(api)  # type: ignore[method-assign]
+    return GatewayApp(gateway, api)
+
+
+def _lifespan(gateway: Gateway) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Start the client (and the metrics flusher) at startup; at shutdown flush what is counted and close."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await gateway.client.start()
         flusher = None
         if gateway.observer.figures is not None:
-            flusher = MetricsFlusher(gateway.client.redis, settings.keys, gateway.observer.figures)
+            flusher = MetricsFlusher(gateway.client.redis, gateway.settings.keys, gateway.observer.figures)
             flusher.start()
         try:
             yield
@@ -328,17 +359,18 @@ def create_app(settings: Settings) -> GatewayApp:
             gateway.observer.flush()
             await gateway.client.aclose()
 
-    api = FastAPI(
-        title="streamserve gateway",
-        lifespan=lifespan,
-        docs_url="/-/docs",
-        openapi_url="/-/openapi.json",
-        responses=ERROR_RESPONSES,
-    )
+    return lifespan
+
+
+def _add_error_handlers(api: FastAPI, settings: Settings) -> None:
     api.add_exception_handler(StreamServeError, handle_streamserve_error)
     api.add_exception_handler(RequestValidationError, handle_request_validation_error)
     api.add_exception_handler(ClientDisconnected, handle_client_disconnected)
     api.add_exception_handler(ResponseError, redis_error_handler(RedisRefusals(settings.effective_redis_url)))
+
+
+def _add_probes(api: FastAPI, gateway: Gateway) -> None:
+    """Liveness, readiness and the farm's Prometheus metrics."""
 
     @api.get("/-/healthz")
     async def healthz() -> Response:
@@ -362,7 +394,11 @@ def create_app(settings: Settings) -> GatewayApp:
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         """The whole farm in Prometheus's text format (every gateway shows the same figures)."""
-        return Response(await farm_metrics(gateway.client.redis, settings.keys), media_type=CONTENT_TYPE)
+        return Response(await farm_metrics(gateway.client.redis, gateway.settings.keys), media_type=CONTENT_TYPE)
+
+
+def _add_reads(api: FastAPI, gateway: Gateway) -> None:
+    """What the gateway serves, the farm's status, an asynchronous job."""
 
     @api.get("/-/routes")
     async def routes() -> dict[str, str]:
@@ -370,16 +406,16 @@ def create_app(settings: Settings) -> GatewayApp:
 
     @api.get("/-/status")
     async def status() -> Response:
-        return json_response(await StatusReader(gateway.client.redis, settings.keys).report())
+        return json_response(await StatusReader(gateway.client.redis, gateway.settings.keys).report())
 
     @api.get("/-/jobs/{job_id}")
     async def job(job_id: str) -> Response:
         """An asynchronous job's status, with its result or error once it has one; 404 once its TTL passed."""
         return json_response((await gateway.client.job(job_id)).to_json())
 
-    api.include_router(admin_router(settings, gateway.client))
-    api.include_router(dashboard_router(gateway.client, settings.keys))
 
+def _add_refusals(api: FastAPI, gateway: Gateway) -> None:
+    """404 and 405 in the gateway's error shape, for whatever the routes added so far do not take."""
     gateway_routes = list(api.routes)
 
     @api.api_route("/{path:path}", methods=list(HTTP_METHODS), include_in_schema=False)
@@ -392,5 +428,3 @@ def create_app(settings: Settings) -> GatewayApp:
         return error_response(NotFoundError(f"nothing is served at {request.url.path}"), {})
 
     api.add_exception_handler(StarletteHTTPException, not_found)
-    api.openapi = lambda: openapi_document(api)  # type: ignore[method-assign]
-    return GatewayApp(gateway, api)

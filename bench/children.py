@@ -1,7 +1,7 @@
 """The processes a bench starts, and how they are always stopped again.
 
 Every process a bench starts is a ``Child`` in its own session (process group), or a ``Farm``
-(tests/e2e/farm.py), which finds every process it led to by a marker in their environment. ``Children``
+(tests/harness/farm.py), which finds every process it led to by a marker in their environment. ``Children``
 stops them all (SIGTERM or SIGINT, then SIGKILL after a deadline) when the bench leaves its ``with`` block,
 also on an exception or Ctrl-C; nothing is ever signalled by name, only by the pids we started, after
 checking that the pid still runs the command we started (pid reuse).
@@ -24,16 +24,13 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from streamserve.runtime.processes import free_port
-from tests.e2e.farm import ROOT, descendants
+from tests.harness.farm import descendants
+from tests.harness.paths import ROOT, python_path
+from tests.harness.waiting import wait_for
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
-
-
-def python_path() -> str:
-    """PYTHONPATH for a child: the repository root first, so that it imports ``bench`` and ``examples`` from here."""
-    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -106,15 +103,12 @@ class Child:
         self._family.update(descendants(self.proc.pid))
 
     def wait_listening(self, port: int, timeout_s: float = READY_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
+        def listening() -> bool:
             self.check_alive()
             with socket.socket() as sock:
-                if sock.connect_ex((HOST, port)) == 0:
-                    return
-            if time.monotonic() > deadline:
-                raise self.fail(f"not listening on {port} within {timeout_s:.0f}s")
-            time.sleep(0.1)
+                return sock.connect_ex((HOST, port)) == 0
+
+        wait_for(listening, timeout_s, lambda: str(self.fail(f"not listening on {port}")))
 
     def wait_for_line(self, text: str, timeout_s: float = READY_TIMEOUT_S) -> str:
         """Wait for an output line that contains ``text``; return it."""

@@ -22,7 +22,7 @@ from bench.section import Section, md_table, verdict
 from bench.standalone import standalone
 from bench.stats import Spread, percentile
 from bench.versions import installed
-from tests.e2e.farm import Farm
+from tests.harness.farm import Farm
 
 CONF_REPLICAS = 4
 REPORT_KEY = "bench:reconfigured"

@@ -36,7 +36,7 @@ import uvloop
 
 from bench.loadgen import Connection, http_probe, post_request
 from bench.stats import percentile
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.control.desired_state import DesiredState
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.processes import die_with_parent, free_port, role_command, stop_group
@@ -44,10 +44,11 @@ from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import async_redis
 from streamserve.wire.config import parse_config
 from streamserve.wire.errors import StreamServeError
-from tests.e2e.farm import ROOT
+from tests.harness.paths import ROOT
+from tests.harness.waiting import wait_for_async
 
 WARMUP = 2000
-READY_TRIES = 400  # tries 50 ms apart while the replica imports and reports ready: at most 20 s
+READY_TIMEOUT_S = 20.0  # for the replica to import and report ready (and the gateway to route to it), tried every 50 ms
 CLIENT = {"name": "noop", "import_path": "examples.functions:noop", "max_ongoing_requests": 64}
 HTTP = {"name": "echo", "import_path": "examples.echo:Echo", "max_ongoing_requests": 32, "route_prefix": "/echo"}
 BATCH = {"name": "scale", "import_path": "examples.batched:scale", "max_ongoing_requests": 64}
@@ -110,12 +111,15 @@ async def measure(pids: dict[str, int], n: int, send: Callable[[int], Awaitable[
 async def client_path(settings: Settings, pids: dict[str, int], n: int, deployment: dict[str, Any]) -> Measured:
     name = str(deployment["name"])
     async with AsyncClient(settings=settings) as client:
-        for _ in range(READY_TRIES):
+
+        async def answers() -> bool:
             try:
                 await client.call(name, {"x": 1}, timeout=1)
-                break
             except StreamServeError:
-                await asyncio.sleep(0.05)
+                return False
+            return True
+
+        await wait_for_async(answers, READY_TIMEOUT_S, f"{name} never answered", interval_s=0.05)
         gate = asyncio.Semaphore(256)
 
         async def one(i: int) -> object:
@@ -129,13 +133,13 @@ async def client_path(settings: Settings, pids: dict[str, int], n: int, deployme
 
 
 async def http_path(port: int, pids: dict[str, int], n: int, redis_url: str) -> tuple[Measured, str]:
-    for _ in range(READY_TRIES):
+    async def answers() -> bool:
         try:
-            if (await http_probe(port, "/echo", BODY))[0] == 200:
-                break
+            return (await http_probe(port, "/echo", BODY))[0] == 200
         except OSError:
-            pass
-        await asyncio.sleep(0.05)
+            return False
+
+    await wait_for_async(answers, READY_TIMEOUT_S, "the gateway never answered /echo", interval_s=0.05)
     request = post_request(port, "/echo", BODY)
     latencies: list[float] = []
 

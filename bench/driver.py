@@ -25,7 +25,7 @@ from bench.children import child_env
 from bench.loadgen import NOOP_BODY, async_phase, thread_phase
 from bench.options import Options
 from bench.stats import Sample
-from tests.e2e.farm import ROOT
+from tests.harness.paths import ROOT
 
 PROBE_TIMEOUT_S = 60.0  # the first call may wait for a worker that is still starting
 

@@ -37,7 +37,7 @@ from bench.versions import git_revision, installed
 from examples.embed.model import BATCH_WAIT_TIMEOUT_S, DIMENSION, MAX_BATCH_SIZE
 from streamserve import AsyncClient
 from streamserve.wire.config import load_config
-from tests.e2e.farm import ROOT
+from tests.harness.paths import ROOT
 
 CONFIG = ROOT / "examples" / "embed" / "streamserve.yaml"
 DEPLOYMENT = "embed"

@@ -1,4 +1,4 @@
-"""`streamserve up` as the benches run it: tests/e2e/farm.py's ``Farm``, started and stopped as a bench child.
+"""`streamserve up` as the benches run it: tests/harness/farm.py's ``Farm``, started and stopped as a bench child.
 
 It is `up` as a user runs it, with two changes: both ports are free ones (the embedded Redis never takes
 6379, which another farm on this machine may be using), and no job workers (``STREAMSERVE_JOB_WORKERS=0``):
@@ -13,9 +13,10 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bench.children import READY_TIMEOUT_S, Children, python_path
-from streamserve.runtime.processes import wait_until
-from tests.e2e.farm import Farm
+from bench.children import READY_TIMEOUT_S, Children
+from tests.harness.farm import Farm, farm_on
+from tests.harness.paths import python_path
+from tests.harness.waiting import wait_for
 
 NO_JOB_WORKERS = {"STREAMSERVE_JOB_WORKERS": "0"}
 
@@ -31,11 +32,8 @@ def start_farm(
 
     ``settings``: STREAMSERVE_* variables for the farm (the bench's own environment's are not passed on).
     """
-    workdir = children.temporary_directory()
-    config = workdir / "config.yaml"
-    config.write_text(config_text)
     env = {**NO_JOB_WORKERS, **settings, "PYTHONPATH": python_path()}
-    farm = Farm(config, workdir / "up.log", extra_env=env)
+    farm = farm_on(config_text, children.temporary_directory(), extra_env=env)
     farm.extra_args = list(up_args)
     farm = children.start(farm)
     farm.start(timeout_s)
@@ -70,5 +68,4 @@ def wait_running(farm: Farm, timeout_s: float = READY_TIMEOUT_S) -> None:
         deployments = status_of(farm.effective_redis_url)
         return bool(deployments) and all(d["target"] >= 1 and d["running"] >= d["target"] for d in deployments)
 
-    if not wait_until(running, timeout_s, interval_s=0.2):
-        raise farm.fail(f"replicas not running within {timeout_s:.0f}s: {deployments}")
+    wait_for(running, timeout_s, lambda: str(farm.fail(f"replicas not running: {deployments}")), interval_s=0.2)

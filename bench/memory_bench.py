@@ -21,7 +21,8 @@ from bench.loadgen import NOOP_BODY, http_measure
 from bench.options import Options
 from bench.section import Section, md_table, verdict
 from bench.standalone import standalone
-from tests.e2e.farm import Farm
+from tests.harness.farm import Farm
+from tests.harness.waiting import wait_for_async
 
 REQUESTS = 100_000
 QUICK_REQUESTS = 5_000
@@ -128,12 +129,12 @@ def per_queued_request(farm: Farm, queued: int, client: redis.Redis) -> tuple[fl
             await asyncio.sleep(1.0)
             before, stream_before = data_memory(client), stream_bytes()
             tasks = [caller.submit("parked", PARK_BODY, timeout=600) for _ in range(queued)]
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
+
+            async def all_queued() -> bool:
                 parked = [d for d in await caller.status() if d.name == "parked"]
-                if parked and parked[0].queued >= queued:
-                    break
-                await asyncio.sleep(0.2)
+                return bool(parked) and parked[0].queued >= queued
+
+            await wait_for_async(all_queued, 120, f"{queued:,} calls were not all queued", interval_s=0.2)
             await asyncio.sleep(0.5)
             after, stream_after = data_memory(client), stream_bytes()
             for task in [first, *tasks]:

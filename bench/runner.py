@@ -22,7 +22,7 @@ from bench.options import Options
 from bench.report import ALL, render
 from bench.section import Section
 from bench.standalone import stop_on_sigterm
-from tests.e2e.farm import ROOT
+from tests.harness.paths import ROOT
 
 BENCHES: dict[str, Callable[[Options], Section]] = {
     "http": http_bench.run,

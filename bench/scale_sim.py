@@ -40,7 +40,7 @@ import redis
 from streamserve.scheduler.main import serve
 from streamserve.scheduler.scheduler import Scheduler
 
-from bench.children import Child, Children, python_path
+from bench.children import Child, Children
 from bench.options import Options
 from bench.section import Section, md_table, verdict
 from bench.standalone import standalone
@@ -57,6 +57,8 @@ from streamserve.wire.ids import ReplicaID
 from streamserve.wire.keys import CONSUMER_GROUP, ConfigKey, Keys
 from streamserve.wire.messages import Heartbeat, Request, now_ms
 from streamserve.wire.states import ReplicaState
+from tests.harness.paths import python_path
+from tests.harness.waiting import wait_for
 
 DEPLOYMENTS = 100
 SIZES = (10, 100, 1000)
@@ -259,16 +261,6 @@ def role(name: str, url: str, *args: str) -> Child:
     return Child(name, cmd, env={**os.environ, "PYTHONPATH": python_path()})
 
 
-def wait(condition: Any, timeout_s: float, what: str, every_s: float = 0.5) -> float:
-    """Poll ``condition`` until true (bounded); the seconds it took."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout_s:
-            raise RuntimeError(f"scale_sim: {what} not reached in {timeout_s:g} s")
-        time.sleep(every_s)
-    return time.monotonic() - started
-
-
 async def deploy(url: str, replicas: int, generation: int = 0) -> None:
     client = async_redis(url)
     try:
@@ -294,7 +286,7 @@ def push_config(url: str, client: redis.Redis, children: Children, changes: int,
     for listener in listeners:
         listener.wait_for_line("listening", 120)
     channel = KEYS.config_channel()
-    wait(lambda: client.pubsub_numsub(channel)[0][1] >= SUBSCRIBERS, 60, "every subscriber subscribed", 0.1)
+    wait_for(lambda: client.pubsub_numsub(channel)[0][1] >= SUBSCRIBERS, 60, "not every subscriber subscribed", 0.1)
     time.sleep(1.0)  # let the subscribe confirmations' own syncs pass
     starts = []
     cfg = {"name": "sim0", "import_path": "examples.functions:noop", "num_replicas": size}
@@ -302,7 +294,7 @@ def push_config(url: str, client: redis.Redis, children: Children, changes: int,
         starts.append(time.time())
         asyncio.run(_apply_one(url, {**cfg, "user_config": {"push": k}}))
         time.sleep(0.5)
-    wait(lambda: client.llen(ARRIVALS) >= LISTENER_PROCESSES, 120, "every listener's report")
+    wait_for(lambda: client.llen(ARRIVALS) >= LISTENER_PROCESSES, 120, "not every listener reported", 0.5)
     delays, missing = [], 0
     for raw in client.lrange(ARRIVALS, 0, -1):
         for seen in orjson.loads(raw):
@@ -355,7 +347,7 @@ def silence_and_requeue(client: redis.Redis) -> float:
     held = pending()
     assert held == sum(map(len, victims.values())), f"{held} pending, expected {DEAD}"
     client.sadd(SILENCED, *[rid for rids in victims.values() for rid in rids])
-    return wait(lambda: pending() == 0, DEAD_TIMEOUT_S, "the dead replicas' requests re-queued", 0.05)
+    return wait_for(lambda: pending() == 0, DEAD_TIMEOUT_S, "the dead replicas' requests were not re-queued", 0.05)
 
 
 def measure_size(url: str, redis_pid: int, size: int, opts: Options, children: Children) -> dict[str, Any]:
@@ -366,7 +358,9 @@ def measure_size(url: str, redis_pid: int, size: int, opts: Options, children: C
     scheduler = children.start(role("scheduler", url))
     beats = children.start(role("beats", url))
     total = DEPLOYMENTS * size
-    ramp_s = wait(lambda: int(client.get(RUNNING) or 0) >= total, RAMP_TIMEOUT_S, f"{total:,} replicas RUNNING", 1.0)
+    ramp_s = wait_for(
+        lambda: int(client.get(RUNNING) or 0) >= total, RAMP_TIMEOUT_S, f"not {total:,} replicas RUNNING", 1.0
+    )
     client.set(HOLD, 1)  # the writer keeps beating the replicas it knows, without re-reading their records
     time.sleep(3.0)  # past the last re-read
     window_s = QUICK_WINDOW_S if opts.quick else WINDOW_S

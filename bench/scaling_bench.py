@@ -18,7 +18,7 @@ from bench.options import Options
 from bench.section import Section, md_table, verdict
 from bench.standalone import standalone
 from bench.stats import Spread, Summary
-from tests.e2e.farm import Farm
+from tests.harness.farm import Farm
 
 REPLICAS = (1, 2, 4, 8)
 OUTSTANDING = 64

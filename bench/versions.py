@@ -7,7 +7,7 @@ import importlib.util
 import platform
 import subprocess
 
-from tests.e2e.farm import ROOT
+from tests.harness.paths import ROOT
 
 # Label -> distribution name of everything a bench runs or compares against.
 VERSIONED = {

@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
-from tests.e2e.farm import Processes
-from tests.redis_cluster import LocalRedisCluster
+from tests.harness.farm import Processes
+from tests.harness.redis_cluster import LocalRedisCluster
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +65,7 @@ def processes(redis_url: str, tmp_path: Path) -> Iterator[Processes]:
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[LocalRedisCluster]:
-    """One 3-master Redis Cluster for the whole session (tests/redis_cluster.py), on free loopback ports."""
+    """One 3-master Redis Cluster for the whole session (tests/harness/redis_cluster.py), on free loopback ports."""
     with LocalRedisCluster() as cluster:
         yield cluster
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import threading
@@ -12,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import streamserve
+from tests.harness.waiting import wait_for, wait_for_async
 
+HOLD_S = 20.0  # how long a call with ``{"wait_for": PATH}`` waits for PATH at most
 CALLS: list[Any] = []  # bodies seen by Recorder in this process (for in-process replicas)
 CALLS_BY_TAG: Counter[str] = Counter()  # how many calls each Recorder tag ran in this process
 
@@ -198,6 +201,13 @@ async def slow_echo(body: Any) -> Any:
     return body
 
 
+def _hold(body: dict[str, Any]) -> None:
+    """Until the file ``body["wait_for"]`` exists, if the body names one; HOLD_S at most, then it runs anyway."""
+    if "wait_for" in body:
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: os.path.exists(body["wait_for"]), HOLD_S, interval_s=0.01)
+
+
 class Ledger:
     """Records the id of every body it runs; ``seen`` returns them. ``{"wait_for": PATH}`` holds until PATH exists."""
 
@@ -206,11 +216,9 @@ class Ledger:
 
     async def __call__(self, body: dict[str, Any]) -> Any:
         self.ran.append(body.get("id"))
-        path = body.get("wait_for")
-        for _ in range(2000):  # at most 20 s
-            if path is None or os.path.exists(path):
-                break
-            await asyncio.sleep(0.01)
+        if "wait_for" in body:
+            with contextlib.suppress(AssertionError):  # held long enough: it runs anyway
+                await wait_for_async(lambda: os.path.exists(body["wait_for"]), HOLD_S, interval_s=0.01)
         return body.get("id")
 
     def seen(self, body: Any) -> list[Any]:
@@ -238,11 +246,8 @@ class Stopwatch:
 def whoami(body: Any) -> dict[str, Any]:
     """Which worker ran the call (host, pid, the GPUs it may use); ``{"wait_for": PATH}`` holds it until PATH
     exists (20 s at most)."""
-    if isinstance(body, dict) and "wait_for" in body:
-        for _ in range(2000):
-            if os.path.exists(body["wait_for"]):
-                break
-            time.sleep(0.01)
+    if isinstance(body, dict):
+        _hold(body)
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
     return {"host": socket.gethostname(), "pid": os.getpid(), "gpus": gpus, "body": body}
 
@@ -250,11 +255,7 @@ def whoami(body: Any) -> dict[str, Any]:
 def append_line(body: dict[str, Any]) -> str:
     """Appends ``body["line"]`` to the file ``body["path"]`` (a side effect a test can count after restarts);
     ``{"wait_for": PATH}`` first holds until PATH exists (20 s at most)."""
-    if "wait_for" in body:
-        for _ in range(2000):
-            if os.path.exists(body["wait_for"]):
-                break
-            time.sleep(0.01)
+    _hold(body)
     with open(body["path"], "a") as out:
         out.write(f"{body['line']}\n")
     return str(body["line"])
@@ -266,6 +267,14 @@ def chatty(body: Any) -> Any:
     if body == "raise":
         raise RuntimeError("chatty was asked to raise")
     return body
+
+
+def flood(body: dict[str, Any]) -> int:
+    """Prints ``body["lines"]`` lines ``flood BURST N`` (N from 0) to stdout, BURST being ``body["burst"]``: a burst
+    of output for the cap on a deployment's log stream."""
+    for n in range(body["lines"]):
+        print(f"flood {body['burst']} {n}")
+    return int(body["lines"])
 
 
 class Checked:

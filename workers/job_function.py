@@ -19,7 +19,7 @@ from typing import Any
 
 from rq import get_current_job
 
-from streamserve.client.clients import Client
+from streamserve.client import Client
 from streamserve.client.jobs import ERROR_META
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import StreamServeError, error_fields

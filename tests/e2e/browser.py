@@ -5,7 +5,7 @@ Playwright drives the system's chromium (``CHROMIUM``); it never downloads a bro
 test functions, not from inside a running asyncio loop.
 
 Chromium does not stay in one process group: its crash handlers start their own sessions. Every process it
-starts carries the farm's marker in its environment (tests/e2e/farm.py), so ``Browser`` finds them all, and
+starts carries the farm's marker in its environment (tests/harness/farm.py), so ``Browser`` finds them all, and
 on exit it stops each of their process groups, by id, and waits until they are gone.
 """
 
@@ -25,8 +25,8 @@ from playwright.sync_api import BrowserContext, Page, Playwright, sync_playwrigh
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from streamserve.runtime.processes import wait_until
-from tests.e2e.farm import marked_env, pids_with_marker
+from tests.harness.farm import marked_env, pids_with_marker
+from tests.harness.waiting import wait_for
 
 # The browser the tests drive, or None where there is none (the tests then skip).
 CHROMIUM: str | None = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -154,12 +154,16 @@ class Browser:
         and wait until every group is gone (init reaps the ones whose parent went first)."""
         self._note_process_groups()
         deadline = time.monotonic() + timeout_s
-        wait_until(lambda: not pids_with_marker(self.token), timeout_s=2.0)
+        with contextlib.suppress(AssertionError):  # a moment to leave by themselves; the rest are killed below
+            wait_for(lambda: not pids_with_marker(self.token), 2.0, interval_s=0.05)
         self._note_process_groups()
         for pgid in self.process_groups:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
         remaining = max(0.0, deadline - time.monotonic())
-        if not wait_until(lambda: not any(map(group_exists, self.process_groups)), remaining, interval_s=0.05):
+
+        def still_there() -> str:
             alive = sorted(pgid for pgid in self.process_groups if group_exists(pgid))
-            raise RuntimeError(f"chromium's process groups {alive} are still there {timeout_s} s after closing it")
+            return f"chromium's process groups {alive} are still there {timeout_s} s after closing it"
+
+        wait_for(lambda: not any(map(group_exists, self.process_groups)), remaining, still_there, interval_s=0.05)

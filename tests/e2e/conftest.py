@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.farm import Farm, running_farm
+from tests.harness.farm import Farm, running_farm
 
 HERE = Path(__file__).parent
 

@@ -40,7 +40,7 @@ from types import TracebackType
 
 from streamserve.runtime.embedded_redis import DEFAULT_PORT as REDIS_PORT
 from streamserve.runtime.embedded_redis import redis_server_binary
-from streamserve.runtime.processes import wait_until
+from tests.harness.waiting import wait_for
 
 # Reserved for network benchmarking (RFC 2544): no real service lives there.
 TEST_RANGE = ipaddress.IPv4Network("198.18.0.0/15")
@@ -162,12 +162,16 @@ class Host:
             if proc.poll() is None:  # not reaped yet, so its group id is still ours
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-        emptied = wait_until(lambda: not self._kill_inside(), timeout_s)
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout_s)
-        if not emptied:
-            raise RuntimeError(f"host {self.name}: processes {self.pids()} survived SIGKILL")
+
+        def survivors() -> str:
+            return f"host {self.name}: processes {self.pids()} survived SIGKILL"
+
+        try:
+            wait_for(lambda: not self._kill_inside(), timeout_s, survivors)
+        finally:
+            for proc in self.procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout_s)
 
 
 class Network:
@@ -246,7 +250,7 @@ class Network:
         for host in self.hosts:
             try:
                 host.kill_all()
-            except RuntimeError as exc:
+            except (RuntimeError, AssertionError) as exc:  # AssertionError: processes survived (wait_for)
                 problems.append(str(exc))
         if self.subnet is not None:
             # Abort the root namespace's TCP sockets to our hosts while the uplink still carries their RST: once it
@@ -331,8 +335,11 @@ def start_redis(
         log=log,
     )  # fmt: skip
     ping = [redis_cli_binary(), "-h", host.ip, "-p", str(port), "--no-auth-warning", "-a", password, "ping"]
-    answered = wait_until(lambda: proc.poll() is not None or probe_from.run(ping).stdout.strip() == "PONG", timeout_s)
-    if proc.poll() is not None or not answered:
+
+    def silent() -> str:
         output = log.read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"redis-server in host {host.name} did not answer PING from {probe_from.name}:\n{output}")
+        return f"redis-server in host {host.name} did not answer PING from {probe_from.name}:\n{output}"
+
+    wait_for(lambda: proc.poll() is not None or probe_from.run(ping).stdout.strip() == "PONG", timeout_s, silent)
+    assert proc.poll() is None, silent()
     return f"redis://:{password}@{host.ip}:{port}/0"

@@ -1,4 +1,4 @@
-"""The end-to-end scenarios on a real 3-master Redis Cluster (tests/redis_cluster.py).
+"""The end-to-end scenarios on a real 3-master Redis Cluster (tests/harness/redis_cluster.py).
 
 The farm runs every deployment of config.yaml and autoscale.yaml, with asynchronous jobs on a single Redis
 of their own (STREAMSERVE_JOBS_REDIS_URL). The scenarios are the standalone farm's own tests, imported here
@@ -19,7 +19,6 @@ import yaml
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.processes import free_port
 from streamserve.wire.keys import Keys
-from tests.e2e.farm import FAST_HEARTBEATS, Farm, running_farm
 from tests.e2e.test_autoscaling import (  # noqa: F401 (collected here, on the cluster)
     test_first_request_to_an_idle_deployment_waits_for_a_replica_and_succeeds,
 )
@@ -36,7 +35,8 @@ from tests.e2e.test_updates import (  # noqa: F401
     test_user_config_and_max_ongoing_change_live_without_restarts,
     test_version_change_rolls_replicas_while_traffic_succeeds,
 )
-from tests.redis_cluster import LocalRedisCluster, redis_cli_binary
+from tests.harness.farm import FAST_HEARTBEATS, Farm, running_farm
+from tests.harness.redis_cluster import LocalRedisCluster, redis_cli_binary
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.e2e.browser import CHROMIUM, Browser
-from tests.e2e.farm import Farm, running_farm
+from tests.harness.farm import Farm, running_farm
 
 pytestmark = [
     pytest.mark.e2e,

@@ -11,8 +11,9 @@ import httpx
 import orjson
 import pytest
 
-from streamserve.client.clients import Client
-from tests.e2e.farm import Farm, farm_on, wait_for
+from streamserve.client import Client
+from tests.harness.farm import Farm, farm_on
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

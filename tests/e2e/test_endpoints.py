@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from streamserve import Client
-from tests.e2e.farm import Farm, wait_for
+from tests.harness.farm import Farm
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,9 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.farm import ROOT, STREAMSERVE, Processes, wait_for
+from tests.harness.farm import Processes
+from tests.harness.paths import ROOT, STREAMSERVE
+from tests.harness.waiting import wait_for
 
 CONFIG = """
 deployments:
@@ -47,7 +49,7 @@ def streamserve(processes: Processes, *args: str) -> subprocess.CompletedProcess
 
 @pytest.fixture
 def gateway(processes: Processes) -> str:
-    return processes.start_gateway()
+    return processes.start_gateway().url
 
 
 def test_workers_started_by_hand_are_the_replicas(processes: Processes, gateway: str, tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.farm import descendants, farm_on, pids_with_marker, wait_for
+from tests.harness.farm import descendants, farm_on, pids_with_marker
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -6,7 +6,7 @@ import pytest
 
 from streamserve import Client, GoalFailedError
 from streamserve.wire.config import parse_config
-from tests.e2e.farm import Farm
+from tests.harness.farm import Farm
 
 pytestmark = pytest.mark.e2e
 

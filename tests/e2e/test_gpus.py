@@ -7,7 +7,8 @@ from pathlib import Path
 
 import orjson
 
-from tests.e2e.farm import FAST_HEARTBEATS, Farm, wait_for
+from tests.harness.farm import FAST_HEARTBEATS, Farm
+from tests.harness.waiting import wait_for
 
 CONFIG = """
 deployments:

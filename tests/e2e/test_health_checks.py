@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.farm import Farm, Processes, running_farm, wait_for
+from tests.harness.farm import Farm, Processes, running_farm
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from streamserve import __version__
-from tests.e2e.farm import ROOT, Farm, pids_with_marker, wait_for
+from tests.harness.farm import Farm, pids_with_marker
+from tests.harness.paths import ROOT
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.farm import Farm, farm_on, wait_for
 from tests.e2e.test_jobs import job_worker_pids
+from tests.harness.farm import Farm, farm_on
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

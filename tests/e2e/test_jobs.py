@@ -17,7 +17,8 @@ from rq import Queue, Worker
 
 from streamserve import Client
 from streamserve.wire.keys import Keys
-from tests.e2e.farm import Farm, pids_with_marker, wait_for
+from tests.harness.farm import Farm, pids_with_marker
+from tests.harness.waiting import wait_for
 
 RQ = str(Path(sys.executable).with_name("rq"))
 

@@ -2,7 +2,7 @@
 
 Every process reads the prefix from its environment, so this is checked on real processes too
 (tests/integration/test_key_prefix.py checks the in-process pieces). RQ's own keys start with ``rq:``
-and name the queue ``<prefix>:jobs``, as the README says.
+and name the queue ``<prefix>:jobs``, as docs/tutorial.md says ("Asynchronous jobs").
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import redis
 
 from streamserve import Client
 from streamserve.runtime.settings import Settings
-from tests.e2e.farm import FAST_HEARTBEATS, Farm, wait_for
+from tests.harness.farm import FAST_HEARTBEATS, Farm
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

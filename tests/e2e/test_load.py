@@ -17,7 +17,8 @@ import redis.asyncio as aioredis
 from streamserve import Client
 from streamserve.control.status import StatusReader
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
-from tests.e2e.farm import Farm, running_farm, wait_for
+from tests.harness.farm import Farm, running_farm
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -16,8 +16,10 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.farm import FAST_HEARTBEATS, ROOT, STREAMSERVE, wait_for
 from tests.e2e.netns import Host, Network, netns_unavailable, start_redis
+from tests.harness.farm import FAST_HEARTBEATS
+from tests.harness.paths import ROOT, STREAMSERVE
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

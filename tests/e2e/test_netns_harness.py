@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.e2e.farm import command_line, wait_for
 from tests.e2e.netns import Host, Network, namespaces, netns_unavailable, redis_cli_binary, start_redis
+from tests.harness.farm import command_line
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from streamserve.runtime.processes import free_port
-from tests.e2e.farm import Farm, wait_for
+from tests.harness.farm import Farm
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,8 @@ import pytest
 import redis
 
 from streamserve import Client, DeadLetterError
-from tests.e2e.farm import Farm, wait_for
+from tests.harness.farm import Farm
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 REDIS_CLI = str(Path(sys.executable).with_name("redis-cli"))

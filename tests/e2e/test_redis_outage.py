@@ -21,7 +21,8 @@ import redis
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.processes import free_port
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
-from tests.e2e.farm import Processes, wait_for
+from tests.harness.farm import Processes
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -74,7 +75,7 @@ def test_a_redis_restart_under_load_loses_nothing_and_runs_nothing_twice(
         config = tmp_path / "config.yaml"
         config.write_text(CONFIG)
         processes.run("deploy", str(config), "--wait")
-        url = processes.start_gateway()
+        url = processes.start_gateway().url
         pids_before = {name: proc.pid for name, proc in processes.started.items()}
         answers: list[Answer] = []
         stop = threading.Event()

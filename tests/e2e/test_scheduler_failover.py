@@ -8,7 +8,8 @@ import orjson
 import pytest
 
 from streamserve import Client
-from tests.e2e.farm import Processes, wait_for
+from tests.harness.farm import Processes
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

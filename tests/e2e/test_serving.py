@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from streamserve import AsyncClient, Client, RemoteError
-from tests.e2e.farm import Farm, wait_for
+from tests.harness.farm import Farm
+from tests.harness.waiting import wait_for
 
 REDIS_CLI = str(Path(sys.executable).with_name("redis-cli"))
 

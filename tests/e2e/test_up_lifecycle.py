@@ -12,7 +12,9 @@ import httpx
 import pytest
 
 from streamserve.runtime.processes import port_is_free
-from tests.e2e.farm import ROOT, STREAMSERVE, Farm, pids_with_marker, wait_for
+from tests.harness.farm import Farm, pids_with_marker
+from tests.harness.paths import ROOT, STREAMSERVE
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

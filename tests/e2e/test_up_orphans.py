@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from streamserve.runtime.processes import port_is_free
-from tests.e2e.farm import Farm, farm_on, pids_with_marker, wait_for
+from tests.harness.farm import Farm, farm_on, pids_with_marker
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.harness.paths import ROOT
+
 ROLES = ("app", "workers", "scheduler")
 
 

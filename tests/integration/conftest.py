@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -17,17 +13,14 @@ import redis.asyncio as aioredis
 from streamserve.app.gateway import create_app
 from streamserve.workers.replica import Replica
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.control.desired_state import DesiredState
-from streamserve.runtime.processes import free_port, wait_until
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import async_redis
 from streamserve.wire.config import AppConfig, DeploymentConfig
 from streamserve.wire.ids import ReplicaID
 from tests import deployments
-from tests.e2e.farm import ROOT
-
-STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
+from tests.harness.waiting import wait_for_async
 
 StartReplica = Callable[..., Awaitable[Replica]]
 
@@ -57,14 +50,13 @@ async def start_replica(settings: Settings) -> AsyncIterator[StartReplica]:
         task = asyncio.create_task(replica.run())
         running.append((replica, task, redis))
         beats = settings.keys.heartbeats(cfg.name)
-        for _ in range(round(ready_timeout_s / 0.05)):
+
+        async def ready_or_exited() -> bool:
             raw = await redis.hget(beats, replica.replica_id.to_str())
-            if raw is not None and b'"ready"' in raw:
-                return replica
-            if task.done():
-                return replica
-            await asyncio.sleep(0.05)
-        raise AssertionError("replica did not become ready")
+            return (raw is not None and b'"ready"' in raw) or task.done()
+
+        await wait_for_async(ready_or_exited, ready_timeout_s, "replica did not become ready", interval_s=0.05)
+        return replica
 
     yield create
     for replica, task, redis in running:
@@ -95,41 +87,6 @@ async def gateway_http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 async def http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     async with gateway_http(settings) as client:
         yield client
-
-
-@contextlib.contextmanager
-def gateway_process(redis_url: str, log_dir: Path, *args: str, **env: str) -> Iterator[int]:
-    """A real ``streamserve gateway`` process (uvicorn owns the connections) on a free port, up and healthy;
-    ``args`` are extra command-line flags, ``env`` extra STREAMSERVE_* settings. Stopped by pid at the end."""
-    port = free_port()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSERVE_") and k != "REDIS_URL"}
-    environ.update(REDIS_URL=redis_url, **env)
-    log_path = log_dir / f"gateway-{port}.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [STREAMSERVE, "gateway", "--port", str(port), *args],
-            cwd=ROOT,
-            env=environ,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/-/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return proc.poll() is not None
-
-        assert wait_until(healthy, 30) and proc.poll() is None, log_path.read_text()
-        yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 @pytest.fixture

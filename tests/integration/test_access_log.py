@@ -9,8 +9,10 @@ from pathlib import Path
 
 import httpx
 
-from streamserve.runtime.processes import wait_until
-from tests.integration.conftest import STREAMSERVE, StartReplica, gateway_process
+from tests.harness.farm import gateway_process
+from tests.harness.paths import STREAMSERVE
+from tests.harness.waiting import wait_for
+from tests.integration.conftest import StartReplica
 
 
 def access_lines(log_dir: Path) -> list[str]:
@@ -30,7 +32,7 @@ async def test_every_request_gets_one_access_line(start_replica: StartReplica, r
             assert (await http.post("/rec", content=b"{", headers={"X-Request-ID": "req-bad-2"})).status_code == 400
             assert (await http.get("/-/status", headers={"X-Request-ID": "req-get-3"})).status_code == 200
             assert (await http.post("/nowhere", json=1, headers={"X-Request-ID": "req-404-4"})).status_code == 404
-        assert wait_until(lambda: len(access_lines(tmp_path)) >= 5, 5), access_lines(tmp_path)
+        wait_for(lambda: len(access_lines(tmp_path)) >= 5, 5, lambda: str(access_lines(tmp_path)))
     lines = [line for line in access_lines(tmp_path) if "request_id=req-" in line]  # not the fixture's probes
     assert len(lines) == 4, lines
     ok, bad, get, missing = (
@@ -61,7 +63,7 @@ async def test_json_access_lines_carry_the_request_id_as_a_field(
     with gateway_process(redis_url, tmp_path, STREAMSERVE_LOG_FORMAT="json") as port:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
             assert (await http.post("/rec", json=1, headers={"X-Request-ID": "req-json-1"})).status_code == 200
-        assert wait_until(lambda: any("/rec" in line for line in access_lines(tmp_path)), 5)
+        wait_for(lambda: any("/rec" in line for line in access_lines(tmp_path)), 5, "no access line for /rec")
     records = [r for r in map(json.loads, access_lines(tmp_path)) if r["path"] == "/rec"]
     assert len(records) == 1
     record = records[0]

@@ -14,7 +14,7 @@ from fastapi.routing import APIRoute
 from pydantic import SecretStr
 from streamserve.app.admin import admin_router
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
 from tests.integration.conftest import gateway_http
 

@@ -7,22 +7,16 @@ import asyncio
 import redis.asyncio as aioredis
 from streamserve.scheduler.scheduler import Scheduler
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.control.status import StatusReader
 from streamserve.runtime.settings import Settings
 from streamserve.wire.messages import ReplicaRecord, Request, now_ms
 from streamserve.wire.states import ACTIVE_REPLICA_STATES
+from tests.harness.fake_launcher import FakeLauncher
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
-from tests.unit.test_deployment_state import FakeLauncher
 
 MIN_ZERO = {"min_replicas": 0, "max_replicas": 3, "target_ongoing_requests": 1, "upscale_delay_s": 0}
-
-
-async def wait_for(condition: object, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await condition():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_request_to_an_idle_autoscaled_deployment_waits_for_its_first_replica(
@@ -35,7 +29,7 @@ async def test_request_to_an_idle_autoscaled_deployment_waits_for_its_first_repl
     async def queued() -> bool:
         return int(await aredis.xlen(settings.keys.requests("rec"))) == 1
 
-    await wait_for(queued)
+    await wait_for_async(queued, 10)
     await start_replica(**fields)  # the replica that starts later finds the request already queued
     assert (await asyncio.wait_for(call, 20))["body"] == {"x": 1}
 
@@ -66,7 +60,7 @@ async def test_a_new_scheduler_resumes_the_autoscaled_count(settings: Settings, 
         return second.ticks >= 2
 
     try:
-        await wait_for(ticked)
+        await wait_for_async(ticked, 10)
     finally:
         second.should_exit.set()
         await asyncio.wait_for(running, 10)

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import RemoteError, RequestTimeoutError
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import Request, now_ms
 from tests import deployments
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
-from tests.integration.test_replica_and_client import wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +34,7 @@ async def queue_up(
     async def all_queued() -> bool:
         return bool(await aredis.xlen(settings.keys.requests("rec")) == len(bodies))
 
-    await wait_for(all_queued)
+    await wait_for_async(all_queued, 10)
     return calls
 
 
@@ -121,14 +121,14 @@ async def test_expired_requests_are_answered_without_joining_a_batch(
     async def three_queued() -> bool:
         return bool(await aredis.xlen(settings.keys.requests("rec")) == 3)
 
-    await wait_for(three_queued)
+    await wait_for_async(three_queued, 10)
     await start_replica(**fields)
     assert [r["in"] for r in await asyncio.gather(*calls)] == ["x", "y"]
 
     async def stale_answered() -> bool:
         return any(entry.get(b"id") == b"stale-1" for _id, entry in await aredis.xrange(reply_stream))
 
-    await wait_for(stale_answered)
+    await wait_for_async(stale_answered, 10)
     replies = {entry.get(b"id"): entry.get(b"status") for _id, entry in await aredis.xrange(reply_stream)}
     assert replies[b"stale-1"] == b"deadline_exceeded"
     assert deployments.BATCH_SIZES == [2]
@@ -145,7 +145,7 @@ async def test_drain_runs_a_partial_batch_at_once(
     async def both_held() -> bool:
         return bool((await aredis.xpending(settings.keys.requests("rec"), CONSUMER_GROUP))["pending"] == 2)
 
-    await wait_for(both_held)
+    await wait_for_async(both_held, 10)
     replica.request_stop()
     assert await asyncio.gather(*calls) == ["p", "q"]
     assert deployments.BATCH_SIZES == [2]
@@ -161,7 +161,7 @@ async def test_a_request_that_expires_while_queued_times_out_and_never_runs(
     async def first_running() -> bool:
         return deployments.CALLS == ["first"]
 
-    await wait_for(first_running)
+    await wait_for_async(first_running, 10)
     with pytest.raises(RequestTimeoutError):
         await client.call("rec", "late", timeout=0.3)  # queued behind "first" until its deadline passed
     deployments.GATE.set()

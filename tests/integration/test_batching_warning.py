@@ -1,5 +1,5 @@
-"""README, "Batching": a batch is at most ``min(max_batch_size, max_ongoing_requests)``, and "the replica logs a
-warning when ``max_ongoing_requests`` is the smaller". Checked on a real replica serving a ``@streamserve.batch``
+"""docs/tutorial.md, "Batching": a batch is at most ``min(max_batch_size, max_ongoing_requests)``, and "the replica
+logs a warning when ``max_ongoing_requests`` is the smaller". Checked on a real replica serving a ``@streamserve.batch``
 handler (``max_batch_size=8``), with pytest's caplog."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from tests import deployments
 from tests.integration.conftest import StartReplica
 

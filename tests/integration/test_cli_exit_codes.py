@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
-STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
+from tests.harness.paths import STREAMSERVE
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

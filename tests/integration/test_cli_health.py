@@ -12,7 +12,8 @@ from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
 from streamserve.wire.messages import DeploymentHealthRecord, now_ms
 from streamserve.wire.states import DeploymentHealth
-from tests.integration.conftest import STREAMSERVE, deploy
+from tests.harness.paths import STREAMSERVE
+from tests.integration.conftest import deploy
 
 
 def health(redis_url: str) -> subprocess.CompletedProcess[str]:

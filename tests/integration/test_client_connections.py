@@ -1,4 +1,4 @@
-"""README: "One client opens at most 64 Redis connections for its calls, and at most 4 more for asynchronous jobs;
+"""docs/api.md: "One client opens at most 64 Redis connections for its calls, and at most 4 more for asynchronous jobs;
 more concurrent calls than that wait for a free one rather than fail."
 
 A waiting call holds no connection (one reader resolves every reply), and the calls of one event-loop turn
@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica
-from tests.integration.test_stream_bounds import eventually
 
 README_CAP = 64
 README_JOB_CAP = 4  # "... and at most 4 more for asynchronous jobs"
@@ -82,7 +82,7 @@ async def burst_over_a_paused_redis(
         async def saturated() -> bool:
             return sampler.settled() and sampler.recent[-1] > 1
 
-        await eventually(saturated, 10, lambda: f"the client's connections never settled: {sampler.recent}")
+        await wait_for_async(saturated, 10, lambda: f"the client's connections never settled: {sampler.recent}")
         held = sampler.recent[-1]
         assert not any(op.done() for op in started)  # every one is still waiting, none failed
     finally:
@@ -105,7 +105,7 @@ async def test_one_client_opens_at_most_64_connections_and_extra_calls_wait_for_
 async def test_the_cap_holds_for_a_client_that_also_submits_jobs(
     start_replica: StartReplica, settings: Settings, aredis: aioredis.Redis, sampler: Sampler
 ) -> None:
-    """The README's cap is per client, and submit_job is a client call like the others."""
+    """The documented cap is per client, and submit_job is a client call like the others."""
     await start_replica(import_path="tests.deployments:slow_echo", max_ongoing_requests=CALLS)
     async with AsyncClient(f"{settings.effective_redis_url}?client_name={CLIENT_NAME}", settings=settings) as client:
         assert await client.call("rec", "warm", timeout=10) == "warm"

@@ -10,12 +10,13 @@ import redis.asyncio as aioredis
 import uvloop
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import async_redis
 from streamserve.transport.pipelining import Pipeliner
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import Request, now_ms
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica
 
 
@@ -60,10 +61,10 @@ async def test_a_request_delivered_by_a_read_lost_with_its_connection_is_still_r
         entries = cast(list[tuple[bytes, dict[bytes, bytes]]], await aredis.xrange(replies))
         return [fields.get(b"id", b"") for _id, fields in entries]
 
-    deadline = asyncio.get_running_loop().time() + 10
-    while b"lost-1" not in await answered():
-        assert asyncio.get_running_loop().time() < deadline, "the delivered request was never run"
-        await asyncio.sleep(0.05)
+    async def lost_one_answered() -> bool:
+        return b"lost-1" in await answered()
+
+    await wait_for_async(lost_one_answered, 10, "the delivered request was never run", interval_s=0.05)
     pending = await aredis.xpending(requests, CONSUMER_GROUP)
     assert pending["pending"] == 0
 

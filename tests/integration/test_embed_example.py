@@ -18,7 +18,7 @@ from examples.embed.model import (  # sets HF_HUB_OFFLINE before the imports bel
     MAX_BATCH_SIZE,
     Embedder,
 )
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.wire.errors import RemoteError
 from tests.integration.conftest import StartReplica
 

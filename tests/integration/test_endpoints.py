@@ -3,31 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections import Counter
-from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.control.desired_state import DesiredState
 from streamserve.runtime.settings import Settings
 from streamserve.wire.config import AppConfig, EndpointConfig
 from streamserve.wire.errors import ConfigError, ConflictError, NotFoundError
 from tests import deployments
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
-
-
-async def wait_for(condition: Callable[[], bool | Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    """Until ``condition()`` (sync or async) holds, at most ``timeout_s``."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        held = condition()
-        if await held if inspect.isawaitable(held) else held:
-            return
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_writes_keep_endpoints_consistent(client: AsyncClient, settings: Settings) -> None:
@@ -63,12 +51,12 @@ async def test_client_splits_mirrors_and_follows_traffic_changes(
     assert set(served) == {"v1", "v2"}  # a shadow's reply never reaches the caller
     assert 0.65 < served["v1"] / 400 < 0.85
     mirrored = deployments.CALLS_BY_TAG
-    await wait_for(lambda: mirrored["v3"] >= 140)
+    await wait_for_async(lambda: mirrored["v3"] >= 140, 10)
 
     async def shadow_queue_drained() -> bool:
         return await client.redis.xlen(settings.keys.requests("v3")) == 0
 
-    await wait_for(shadow_queue_drained)
+    await wait_for_async(shadow_queue_drained, 10)
     assert 140 <= mirrored["v3"] <= 260
 
     await client.set_traffic("classify", {"v2": 1}, shadow={})
@@ -77,7 +65,7 @@ async def test_client_splits_mirrors_and_follows_traffic_changes(
     async def all_to_v2() -> bool:
         return {r["tag"] for r in await asyncio.gather(*(client.call("classify", i) for i in range(20)))} == {"v2"}
 
-    await wait_for(all_to_v2)
+    await wait_for_async(all_to_v2, 10)
     assert await client.call("v1", "direct")  # its deployments stay callable by name
     assert mirrored["v3"] - before < 20  # at most what was drawn before the change arrived
 
@@ -103,10 +91,10 @@ async def test_gateway_routes_endpoints_and_admin_changes_traffic(
     async def served_by_v2() -> bool:
         return await deployment_of_a_post() == "v2"
 
-    await wait_for(routed)
+    await wait_for_async(routed, 10)
     assert await deployment_of_a_post() == "v1"
     await http.post("/-/endpoints/classify/traffic", json={"traffic": {"v2": 1}})
-    await wait_for(served_by_v2)
+    await wait_for_async(served_by_v2, 10)
 
     refused = await http.delete("/-/deployments/v2")
     assert refused.status_code == 409 and "endpoint 'classify' still sends traffic" in refused.json()["message"]

@@ -8,7 +8,7 @@ import httpx
 import numpy
 import pytest
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.wire.errors import BadRequestError, RemoteError
 from tests.integration.conftest import StartReplica
 

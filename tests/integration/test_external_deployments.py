@@ -9,6 +9,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from streamserve.runtime.settings import Settings
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_gateway_app import wait_for_routes
 
@@ -27,10 +28,11 @@ async def test_requests_queue_at_zero_replicas_until_the_queue_is_full(
     await wait_for_routes(http)
 
     queued = [asyncio.create_task(http.post("/ext", json=i, timeout=30)) for i in range(2)]
-    for _ in range(200):
-        if await aredis.xlen(settings.keys.requests("rec")) == 2:
-            break
-        await asyncio.sleep(0.02)
+
+    async def both_queued() -> bool:
+        return bool(await aredis.xlen(settings.keys.requests("rec")) == 2)
+
+    await wait_for_async(both_queued, 4, "the two requests were not queued")
     # The queue holds max_queued_requests; one more is refused as overloaded, with nothing lost of the rest.
     full = await http.post("/ext", json="one too many")
     assert full.status_code == 503 and full.json()["error"] == "OverloadedError", full.text

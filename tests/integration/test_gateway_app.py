@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import httpx
@@ -10,15 +9,17 @@ import pytest
 from pydantic import SecretStr
 
 from streamserve.runtime.settings import Settings
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy, gateway_http
 
 
 async def wait_for_routes(http: httpx.AsyncClient, timeout_s: float = 10.0) -> None:
     """The gateway learns new deployments by long poll: wait (bounded) until it has some."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not (await http.get("/-/routes")).json():
-        assert asyncio.get_running_loop().time() < deadline, "gateway never saw the deployment"
-        await asyncio.sleep(0.02)
+
+    async def some_route() -> bool:
+        return bool((await http.get("/-/routes")).json())
+
+    await wait_for_async(some_route, timeout_s, "gateway never saw the deployment")
 
 
 async def test_post_returns_result_and_headers(start_replica: StartReplica, http: httpx.AsyncClient) -> None:

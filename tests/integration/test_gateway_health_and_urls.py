@@ -1,4 +1,4 @@
-"""What the README promises about Redis itself: /-/healthz follows it, and passwords and TLS in the URL work.
+"""What the docs promise about Redis itself: /-/healthz follows it, and passwords and TLS in the URL work.
 
 Each test starts its own redis-server (never the session one), so it can stop it or give it a password
 or TLS, and stops it again by its process id.
@@ -21,14 +21,15 @@ from pydantic import SecretStr
 from streamserve.app.gateway import create_app
 from streamserve.workers.replica import Replica
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.runtime.embedded_redis import EmbeddedRedis, redis_server_binary
-from streamserve.runtime.processes import free_port, stop_group, wait_until
+from streamserve.runtime.processes import free_port, stop_group
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import async_redis
 from streamserve.wire.errors import RedisUnavailableError
 from streamserve.wire.ids import ReplicaID
-from tests.e2e.farm import ROOT, STREAMSERVE
+from tests.harness.paths import ROOT, STREAMSERVE
+from tests.harness.waiting import wait_for, wait_for_async
 from tests.integration.conftest import deploy, gateway_http
 from tests.integration.test_gateway_app import wait_for_routes
 
@@ -62,7 +63,7 @@ def redis_server(binary: str, args: list[str], ping_url: str, workdir: Path) -> 
                 return False
 
         try:
-            wait_until(answers, 10)
+            wait_for(answers, 10, "redis-server did not answer PING", interval_s=0.05)
         finally:
             probe.close()
         assert proc.poll() is None, f"redis-server exited at start:\n{log.read_text(errors='replace')}"
@@ -80,13 +81,13 @@ async def serving_replica(settings: Settings) -> AsyncIterator[Replica]:
     task = asyncio.create_task(replica.run())
     try:
         beats = settings.keys.heartbeats(cfg.name)
-        for _ in range(200):
+
+        async def ready_or_exited() -> bool:
             raw = await conn.hget(beats, replica.replica_id.to_str())
-            if (raw is not None and b'"ready"' in raw) or task.done():
-                break
-            await asyncio.sleep(0.05)
+            return (raw is not None and b'"ready"' in raw) or task.done()
+
+        await wait_for_async(ready_or_exited, 10, "the replica did not become ready", interval_s=0.05)
         assert not task.done(), "the replica exited before it was ready"
-        assert raw is not None and b'"ready"' in raw, "the replica did not become ready"
         yield replica
     finally:
         replica.request_stop()
@@ -123,7 +124,7 @@ async def test_healthz_is_503_with_an_error_body_while_redis_is_down() -> None:
             down = await asyncio.wait_for(http.get("/-/healthz"), timeout=30)
             assert down.status_code == 503, down.text
             body = down.json()
-            # README: "Every error body is {"error", "message"}".
+            # docs/api.md: "Every error body is {"error", "message"}".
             assert set(body) >= {"error", "message"}, body
             assert body["error"] == "RedisUnavailableError"
             assert "Redis" in body["message"]

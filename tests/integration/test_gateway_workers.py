@@ -15,9 +15,10 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from streamserve.runtime.processes import wait_until
-from tests.e2e.farm import descendants
-from tests.integration.conftest import STREAMSERVE, StartReplica, gateway_process
+from tests.harness.farm import descendants, gateway_process
+from tests.harness.paths import STREAMSERVE
+from tests.harness.waiting import Message, wait_for, wait_for_async
+from tests.integration.conftest import StartReplica
 
 ACCESS_PID = re.compile(rb"\[streamserve\.access (\d+)\]")
 
@@ -46,9 +47,9 @@ def gateway_pid(port: int) -> int:
     raise AssertionError(f"nothing listens on {port}")
 
 
-async def until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    """wait_until off the event loop (the test's in-process replica runs on it)."""
-    return await asyncio.to_thread(wait_until, condition, timeout_s)
+async def until(condition: Callable[[], bool], timeout_s: float, message: Message) -> None:
+    """``wait_for`` off the event loop (the test's in-process replica runs on it)."""
+    await asyncio.to_thread(wait_for, condition, timeout_s, message)
 
 
 async def reply_streams(aredis: aioredis.Redis) -> int:
@@ -61,13 +62,13 @@ async def test_two_workers_share_the_port_each_with_its_reply_stream(
     await start_replica(route_prefix="/rec")
     with gateway_process(redis_url, tmp_path, "--workers", "2") as port:
         supervisor = gateway_pid(port)
-        assert await until(lambda: len(workers_of(supervisor)) == 2, 20), descendants(supervisor)
+        await until(lambda: len(workers_of(supervisor)) == 2, 20, lambda: f"not two workers: {descendants(supervisor)}")
         workers = workers_of(supervisor)
-        for _ in range(100):  # each worker made its own reply stream at start
-            if await reply_streams(aredis) == 2:
-                break
-            await asyncio.sleep(0.1)
-        assert await reply_streams(aredis) == 2
+
+        async def a_reply_stream_each() -> bool:  # each worker made its own at start
+            return await reply_streams(aredis) == 2
+
+        await wait_for_async(a_reply_stream_each, 10, "not one reply stream per worker", interval_s=0.1)
 
         async def post_each_on_a_new_connection(count: int) -> None:
             for i in range(count):
@@ -82,11 +83,15 @@ async def test_two_workers_share_the_port_each_with_its_reply_stream(
         # A worker that dies is started again by the supervisor, and the port keeps answering meanwhile.
         victim = min(workers)
         os.kill(victim, signal.SIGKILL)
-        assert await until(lambda: len(workers_of(supervisor)) == 2 and victim not in workers_of(supervisor), 30)
+        replaced = "the dead worker was not started again"
+        await until(lambda: len(workers_of(supervisor)) == 2 and victim not in workers_of(supervisor), 30, replaced)
         await post_each_on_a_new_connection(10)
         workers = workers_of(supervisor)
-    # Stopping the gateway (SIGTERM to its first process) stops every worker.
-    assert await until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), 15)
+        # Stopping the gateway (SIGTERM to its first process) stops every worker: seen here, before the block's end
+        # cleans up whatever is left.
+        os.kill(supervisor, signal.SIGTERM)
+        gone = "the workers outlived the gateway"
+        await until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), 15, gone)
 
 
 @pytest.mark.parametrize("bad", ["0", "-1", "two"])

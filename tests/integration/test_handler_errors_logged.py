@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 
 import pytest
+from streamserve.workers import serving
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.runtime.logging_setup import TextFormatter
 from streamserve.wire.errors import RemoteError
 from tests.integration.conftest import StartReplica
@@ -17,7 +18,7 @@ async def test_a_handler_error_is_logged_with_request_id_and_traceback(
     start_replica: StartReplica, client: AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     replica = await start_replica()
-    caplog.set_level(logging.ERROR, logger="streamserve.workers.replica")
+    caplog.set_level(logging.ERROR, logger=serving.__name__)
     with pytest.raises(RemoteError) as raised:
         await client.call("rec", {"x": 1}, method="boom")
     assert "Traceback" not in str(raised.value) and "line " not in str(raised.value)

@@ -3,7 +3,6 @@ and a farm whose replicas merely keep beating is read without a single heartbeat
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,6 +15,7 @@ from streamserve.transport.connections import async_redis
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import Heartbeat, now_ms
 from streamserve.wire.states import ReplicaHealth
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica
 
 KEYS = Keys()
@@ -118,15 +118,18 @@ async def test_a_replica_tells_news_once_and_its_exit_removes_its_heartbeat(
     news_key, times_key = settings.keys.heartbeat_news("rec"), settings.keys.heartbeat_times("rec")
     told = await redis.get(news_key)
     first_time = await redis.zscore(times_key, rid)
+
     # It keeps beating (every 0.2 s here): its time moves on, the counter of news does not.
-    deadline = asyncio.get_running_loop().time() + 5
-    while await redis.zscore(times_key, rid) == first_time:
-        assert asyncio.get_running_loop().time() < deadline, "the replica's beat time never moved"
-        await asyncio.sleep(0.05)
+    async def beat_time_moved() -> bool:
+        return await redis.zscore(times_key, rid) != first_time
+
+    await wait_for_async(beat_time_moved, 5, "the replica's beat time never moved", interval_s=0.05)
     assert await redis.get(news_key) == told
     replica.request_stop()  # draining is news; leaving removes its heartbeat and its time
-    while await redis.hexists(settings.keys.heartbeats("rec"), rid):
-        assert asyncio.get_running_loop().time() < deadline + 5, "the replica's heartbeat outlived it"
-        await asyncio.sleep(0.05)
+
+    async def heartbeat_gone() -> bool:
+        return not await redis.hexists(settings.keys.heartbeats("rec"), rid)
+
+    await wait_for_async(heartbeat_gone, 10, "the replica's heartbeat outlived it", interval_s=0.05)
     assert await redis.zscore(times_key, rid) is None
     assert int(await redis.get(news_key)) >= int(told) + 2

@@ -1,9 +1,9 @@
-"""What the README's "Asynchronous jobs" section promises, through the in-process gateway and a real redis-server.
+"""What docs/tutorial.md's "Asynchronous jobs" section promises, through the in-process gateway and a real redis-server.
 
 - ``Prefer: respond-async`` is checked like any POST: 503 for a deployment scaled to 0 (``num_replicas: 0``),
-  while an autoscaled one at 0 replicas queues (the HTTP table: "an autoscaled one at 0 replicas queues").
+  while an autoscaled one at 0 replicas queues (docs/api.md's HTTP table: "an autoscaled one at 0 replicas queues").
 - A finished or failed job keeps its status for ``STREAMSERVE_JOB_RESULT_TTL_S``; after that its URL is 404.
-- A job whose worker was killed mid-call with no scheduler on its host to see it (the README: "Job workers on
+- A job whose worker was killed mid-call with no scheduler on its host to see it (the docs: "Job workers on
   other hosts are left to RQ") stays ``started`` until RQ's registry maintenance finds its heartbeat expired,
   "a minute after its timeout" (the call's timeout plus 30 s), and fails it with ``AbandonedJobError``.
   (With a scheduler, tests/e2e/test_job_workers_stop.py: it fails at once.)
@@ -28,16 +28,16 @@ from rq import Queue
 from rq.registry import StartedJobRegistry
 from streamserve.workers import job_function
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.client.jobs import JOB_SERIALIZER
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import UnavailableError
 from streamserve.wire.keys import CONSUMER_GROUP
-from tests.e2e.farm import Processes
+from tests.harness.farm import Processes
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_gateway_app import wait_for_routes
 from tests.integration.test_jobs import ThreadWorker
-from tests.integration.test_stream_bounds import eventually
 
 RESULT_TTL_S = 2
 PREFER_ASYNC = {"Prefer": "respond-async"}
@@ -138,7 +138,7 @@ async def test_an_ended_job_answers_404_once_its_result_ttl_passed(
         return code == 200 and body["status"] in ("finished", "failed")
 
     try:
-        await eventually(ended, 15, lambda: f"the job never ended: {seen}")
+        await wait_for_async(ended, 15, lambda: f"the job never ended: {seen}")
     finally:
         await worker
     assert seen["status"] == status, seen
@@ -147,7 +147,7 @@ async def test_an_ended_job_answers_404_once_its_result_ttl_passed(
         code, _ = await job_body(http, location)
         return code == 404
 
-    await eventually(gone, RESULT_TTL_S + 5, f"GET {location} still answers 200, {RESULT_TTL_S} s TTL + 5 s later")
+    await wait_for_async(gone, RESULT_TTL_S + 5, f"GET {location} still answers 200, {RESULT_TTL_S} s TTL + 5 s later")
     assert time.monotonic() - ended_at > RESULT_TTL_S / 2  # kept for about the TTL, not dropped at once
     code, body = await job_body(http, location)
     assert code == 404 and body["error"] == "NotFoundError"
@@ -156,9 +156,9 @@ async def test_an_ended_job_answers_404_once_its_result_ttl_passed(
 # -- a job whose worker was killed ---------------------------------------------------------------------------
 
 CALL_TIMEOUT_S = 5
-# README: "RQ bounds a job's run at the call's timeout plus 30 s".
+# docs/tutorial.md: "RQ bounds a job's run at the call's timeout plus 30 s".
 README_JOB_TIMEOUT_S = CALL_TIMEOUT_S + 30
-# README: its heartbeat expires "a minute after its timeout".
+# docs/tutorial.md: its heartbeat expires "a minute after its timeout".
 README_ABANDONED_AFTER_S = README_JOB_TIMEOUT_S + 60
 
 
@@ -184,7 +184,7 @@ async def test_a_job_whose_worker_dies_unwatched_stays_started_until_maintenance
         pending = await aredis.xpending(settings.keys.requests("rec"), CONSUMER_GROUP)
         return bool(body["status"] == "started" and pending["pending"] == 1)
 
-    await eventually(
+    await wait_for_async(
         running_on_the_replica, 30, lambda: f"the job never ran:\n{processes.log('job-worker').read_text()}"
     )
     started = time.time()

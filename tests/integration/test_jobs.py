@@ -16,13 +16,14 @@ from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker
 from streamserve.workers import job_function
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.client.jobs import JOB_FUNCTION, JOB_SERIALIZER, JobInfo
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import BadRequestError, NotFoundError
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.states import JobStatus
 from tests import deployments
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica
 from tests.integration.test_gateway_app import wait_for_routes
 
@@ -63,11 +64,14 @@ def run_jobs(settings: Settings) -> Iterator[RunJobs]:
 
 
 async def wait_for_status(client: AsyncClient, job_id: str, status: JobStatus, timeout_s: float = 10.0) -> JobInfo:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while (info := await client.job(job_id)).status is not status:
-        assert asyncio.get_running_loop().time() < deadline, f"job still {info.status}, never {status}"
-        await asyncio.sleep(0.02)
-    return info
+    last: list[JobInfo] = []
+
+    async def reached() -> bool:
+        last[:] = [await client.job(job_id)]
+        return last[0].status is status
+
+    await wait_for_async(reached, timeout_s, lambda: f"job still {last[0].status}, never {status}")
+    return last[0]
 
 
 def test_the_job_function_is_importable_by_its_dotted_path() -> None:

@@ -40,16 +40,16 @@ import redis
 import redis.asyncio as aioredis
 from streamserve.workers.replica import Replica
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import Heartbeat
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_gateway_health_and_urls import DEBIAN_REDIS_SERVER
 from tests.integration.test_gateway_health_and_urls import redis_server as own_redis_server
-from tests.integration.test_stream_bounds import eventually
 
 REQUESTS = 10
 MAX_ONGOING = 2
@@ -143,7 +143,8 @@ async def until_heartbeat(r: aioredis.Redis, settings: Settings, replica: Replic
     async def reached() -> bool:
         return await heartbeat_ongoing(r, settings, replica) == ongoing
 
-    await eventually(reached, SETTLE_S, f"replica {replica.replica_id} never said it holds {ongoing} (None: exited)")
+    never = f"replica {replica.replica_id} never said it holds {ongoing} (None: exited)"
+    await wait_for_async(reached, SETTLE_S, never)
 
 
 async def until_settled(r: aioredis.Redis, stream: str, length: int, pending: int, consequence: str) -> Figures:
@@ -155,7 +156,7 @@ async def until_settled(r: aioredis.Redis, stream: str, length: int, pending: in
         last[:] = [await read_figures(r, stream)]
         return (last[0].length, last[0].pending) == (length, pending)
 
-    await eventually(reached, SETTLE_S, lambda: f"{consequence}; measured {last[0]}")
+    await wait_for_async(reached, SETTLE_S, lambda: f"{consequence}; measured {last[0]}")
     return last[0]
 
 
@@ -180,7 +181,7 @@ async def test_only_the_stream_length_counts_queued_and_in_flight_requests(
     calls = []
     for n in range(REQUESTS):
         calls.append(client.submit(cfg.name, {"id": n, "wait_for": str(release_file(tmp_path, n))}, timeout=30))
-        await eventually(functools.partial(queued, n + 1), SETTLE_S, f"request {n} was not queued")
+        await wait_for_async(functools.partial(queued, n + 1), SETTLE_S, f"request {n} was not queued")
 
     # 1. A replica holds 2 (its max_ongoing_requests) and can read no more; 8 wait.
     first = await start_replica(**fields)

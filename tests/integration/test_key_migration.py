@@ -8,10 +8,10 @@ import redis.asyncio as aioredis
 from streamserve.scheduler.scheduler import Scheduler
 
 from streamserve.control.desired_state import DesiredState
-from streamserve.runtime.processes import wait_until
 from streamserve.runtime.settings import Settings
+from tests.harness.fake_launcher import FakeLauncher
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import deploy
-from tests.unit.test_deployment_state import FakeLauncher
 
 
 async def test_the_scheduler_renames_an_old_farms_keys_and_serves_its_deployments(
@@ -29,7 +29,7 @@ async def test_the_scheduler_renames_an_old_farms_keys_and_serves_its_deployment
     scheduler = Scheduler(settings, aredis, launcher)
     running = asyncio.create_task(scheduler.run())
     try:
-        await asyncio.to_thread(wait_until, lambda: scheduler.ticks >= 1, 10)
+        await wait_for_async(lambda: scheduler.ticks >= 1, 10, "the scheduler never ticked")
     finally:
         scheduler.should_exit.set()
         await asyncio.wait_for(running, 10)

@@ -2,7 +2,7 @@
 
 The prefix comes from the environment, as a user sets it: the settings, the command line, a replica,
 the client, the gateway app and a scheduler tick all run with it against the real redis-server, and
-then every key and pub/sub channel in Redis is checked. RQ's own keys start with ``rq:`` (README:
+then every key and pub/sub channel in Redis is checked. RQ's own keys start with ``rq:`` (docs/tutorial.md:
 "RQ owns its keys, under its own fixed rq: prefix"), and name the queue ``<prefix>:jobs``.
 """
 
@@ -19,12 +19,12 @@ import pytest
 import redis.asyncio as aioredis
 from streamserve.scheduler.scheduler import Scheduler
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
-from tests.e2e.farm import ROOT, STREAMSERVE
+from tests.harness.fake_launcher import FakeLauncher
+from tests.harness.paths import ROOT, STREAMSERVE
 from tests.integration.conftest import StartReplica
 from tests.integration.test_gateway_app import wait_for_routes
-from tests.unit.test_deployment_state import FakeLauncher
 
 PREFIX = "acme-serve"
 

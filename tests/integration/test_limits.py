@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,14 +11,12 @@ import httpx
 import pytest
 import redis
 
-from streamserve.client.clients import AsyncClient
-from streamserve.runtime.processes import wait_until
+from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import RemoteError
-from tests.integration.conftest import StartReplica, deploy, gateway_process
-
-STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
-ROOT = Path(__file__).resolve().parents[2]
+from tests.harness.farm import gateway_process
+from tests.harness.waiting import wait_for
+from tests.integration.conftest import StartReplica, deploy
 
 
 async def test_a_result_above_max_response_bytes_is_a_500_and_never_reaches_redis(
@@ -72,7 +69,7 @@ async def test_a_body_that_trickles_gets_408_and_its_connection_closed(
 ) -> None:
     await deploy(settings, route_prefix="/rec")
     routes = f"http://127.0.0.1:{gateway}/-/routes"
-    assert wait_until(lambda: "/rec" in httpx.get(routes, timeout=5).json(), 10), "the gateway never saw /rec"
+    wait_for(lambda: "/rec" in httpx.get(routes, timeout=5).json(), 10, "the gateway never saw /rec")
     with socket.create_connection(("127.0.0.1", gateway), timeout=10) as sock:
         sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n[\r\n".encode())
         started = time.monotonic()
@@ -88,6 +85,32 @@ def test_oversized_headers_get_431(gateway: int) -> None:
     big = httpx.post(f"http://127.0.0.1:{gateway}/nothing", json=1, headers={"X-Pad": "a" * 20_000})
     assert big.status_code == 431 and big.json()["error"] == "HeadersTooLargeError"
     assert httpx.get(f"http://127.0.0.1:{gateway}/-/status", headers={"X-Pad": "a" * 20_000}).status_code == 431
+
+
+def test_oversized_headers_get_431_and_their_connection_closed(gateway: int) -> None:
+    """The client gets no further request on that connection: the gateway closes it after the answer, at once (not
+    at the end of uvicorn's keep-alive, 5 s)."""
+    request = f"GET /-/status HTTP/1.1\r\nHost: x\r\nX-Pad: {'a' * 20_000}\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", gateway), timeout=10) as sock:
+        sock.sendall(request)
+        answer = _read_until_closed(sock, within_s=2)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b"HeadersTooLargeError" in answer
+
+
+def _read_until_closed(sock: socket.socket, within_s: float) -> bytes:
+    """Everything the server sends until it closes the connection; fails if it has not closed within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    data = b""
+    while True:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            raise AssertionError(f"the connection was still open {within_s} s later, after {data[:100]!r}") from None
+        if not chunk:
+            return data
+        data += chunk
 
 
 def test_options_star_gets_the_error_shape(gateway: int) -> None:

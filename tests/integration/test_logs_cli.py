@@ -7,33 +7,43 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from streamserve.workers.output_shipper import LOG_STREAM_LINES
 
 from streamserve import Client
-from streamserve.runtime.processes import wait_until
+from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import sync_redis
 from streamserve.wire.config import AppConfig, DeploymentConfig
 from streamserve.wire.errors import RemoteError
-from tests.e2e.farm import ROOT, Processes, wait_for
-from tests.integration.conftest import STREAMSERVE
+from tests.harness.farm import Processes
+from tests.harness.paths import ROOT, STREAMSERVE
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
 
+def run_workers(client: Client, processes: Processes, settings: Settings, name: str, replica_ids: list[str]) -> None:
+    """Deploy ``tests.deployments:NAME`` (scaled by hand) and start one worker process per replica id, as a user
+    would; return once every one is ready."""
+    cfg = DeploymentConfig(name=name, import_path=f"tests.deployments:{name}", external_scaler_enabled=True)
+    client.deploy(AppConfig(deployments=[cfg]))
+    for replica_id in replica_ids:
+        processes.spawn(f"worker-{replica_id}", "worker", name, "--replica-id", replica_id)
+    redis = sync_redis(settings.effective_redis_url)
+    try:
+        beats = settings.keys.heartbeats(name)
+        ready = len(replica_ids)
+        wait_for(lambda: sum(b'"ready"' in v for v in redis.hvals(beats)) == ready, 30, "workers not ready")
+    finally:
+        redis.close()
+
+
 @pytest.fixture
-def chatty(processes: Processes, redis_url: str) -> Iterator[tuple[Client, list[str]]]:
+def chatty(processes: Processes, settings: Settings) -> Iterator[tuple[Client, list[str]]]:
     """Deployment ``chatty`` with two hand-started worker processes, and a client; yields it and the replica ids."""
-    cfg = DeploymentConfig(name="chatty", import_path="tests.deployments:chatty", external_scaler_enabled=True)
-    with Client(redis_url) as client:
-        client.deploy(AppConfig(deployments=[cfg]))
-        processes.spawn("worker-a", "worker", "chatty", "--replica-id", "chatty#aaaa0001")
-        processes.spawn("worker-b", "worker", "chatty", "--replica-id", "chatty#bbbb0002")
-        redis = sync_redis(redis_url)
-        try:
-            beats = "streamserve:{chatty}:heartbeats"
-            wait_for(lambda: sum(b'"ready"' in v for v in redis.hvals(beats)) == 2, 30, "workers not ready")
-        finally:
-            redis.close()
-        yield client, ["chatty#aaaa0001", "chatty#bbbb0002"]
+    replicas = ["chatty#aaaa0001", "chatty#bbbb0002"]
+    with Client(settings.effective_redis_url) as client:
+        run_workers(client, processes, settings, "chatty", replicas)
+        yield client, replicas
 
 
 def logs(processes: Processes, *args: str) -> subprocess.CompletedProcess[str]:
@@ -55,7 +65,7 @@ def test_logs_show_prints_and_tracebacks_prefixed_with_the_replica(
         out = logs(processes, "chatty").stdout
         return out if "chatty was asked to raise" in out and "chatty got 5" in out else ""
 
-    assert wait_until(shown, 10), logs(processes, "chatty")
+    wait_for(shown, 10, lambda: str(logs(processes, "chatty")))
     out = shown()
     lines = out.splitlines()
     assert all(line.split(" | ", 1)[0] in replicas for line in lines), out
@@ -75,13 +85,13 @@ def test_logs_show_prints_and_tracebacks_prefixed_with_the_replica(
 
 
 def test_follow_shows_new_lines_as_they_come(
-    chatty: tuple[Client, list[str]], processes: Processes, tmp_path: Path
+    chatty: tuple[Client, list[str]], processes: Processes, settings: Settings, tmp_path: Path
 ) -> None:
     client, _replicas = chatty
     out = tmp_path / "follow.out"
     redis = sync_redis(processes.redis_url)
     try:
-        wait_for(lambda: redis.xlen("streamserve:{chatty}:logs") >= 2, 10, "the workers' first lines never arrived")
+        wait_for(lambda: redis.xlen(settings.keys.logs("chatty")) >= 2, 10, "the workers' first lines never arrived")
     finally:
         redis.close()
     with out.open("wb") as sink:
@@ -90,9 +100,9 @@ def test_follow_shows_new_lines_as_they_come(
         )
     try:
         # It has printed the newest line (each replica's "ready"), so it reads on from there.
-        assert wait_until(lambda: " | " in out.read_text(), 10), out.read_text()
+        wait_for(lambda: " | " in out.read_text(), 10, out.read_text)
         client.call("chatty", "after-follow-started")
-        assert wait_until(lambda: "chatty got 'after-follow-started'" in out.read_text(), 10), out.read_text()
+        wait_for(lambda: "chatty got 'after-follow-started'" in out.read_text(), 10, out.read_text)
         assert follower.poll() is None  # still following
     finally:
         follower.kill()
@@ -108,3 +118,37 @@ def test_bad_input(processes: Processes, redis_url: str) -> None:
     assert bad_since.returncode == 2 and "--since" in bad_since.stderr
     empty = logs(processes, "quiet")
     assert empty.returncode == 0 and empty.stdout == ""
+
+
+# More than the stream keeps, printed in bursts each smaller than the replica's own buffer of waiting lines (which
+# drops the oldest past its bound): each burst reaches Redis whole, so only the stream's cap can bound its length.
+FLOOD_BURSTS = 3
+FLOOD_BURST_LINES = 5_000
+
+
+def test_the_log_stream_keeps_only_the_newest_lines(processes: Processes, settings: Settings) -> None:
+    stream = settings.keys.logs("flood")
+    redis = sync_redis(settings.effective_redis_url)
+    try:
+        with Client(settings.effective_redis_url) as client:
+            run_workers(client, processes, settings, "flood", ["flood#aaaa0001"])
+            for burst in range(FLOOD_BURSTS):
+                client.call("flood", {"burst": burst, "lines": FLOOD_BURST_LINES}, timeout=60)
+                last = f"flood {burst} {FLOOD_BURST_LINES - 1}".encode()
+
+                def shipped(last: bytes = last) -> bool:
+                    return any(fields[b"line"] == last for _id, fields in redis.xrevrange(stream, count=20))
+
+                # The pause between bursts: this one is all in Redis before the next begins.
+                wait_for(shipped, 30, f"{last!r} never reached the log stream")
+        # Trimming is approximate (XADD MAXLEN ~): Redis removes whole nodes of the stream only, so up to one
+        # node's worth of entries more than the cap may remain.
+        node = int(redis.config_get("stream-node-max-entries")["stream-node-max-entries"])
+        length = redis.xlen(stream)
+        assert LOG_STREAM_LINES <= length <= LOG_STREAM_LINES + node, length
+        kept = [fields[b"line"].decode() for _id, fields in redis.xrange(stream)]
+    finally:
+        redis.close()
+    printed = [f"flood {burst} {n}" for burst in range(FLOOD_BURSTS) for n in range(FLOOD_BURST_LINES)]
+    flooded = [line for line in kept if line.startswith("flood ")]
+    assert flooded == printed[-len(flooded) :]  # the newest, in order, none missing up to the last one printed

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import redis.asyncio as aioredis
 
 from streamserve.control.long_poll import EVERYTHING, LongPollSubscriber, announce, bump_snapshot_id
 from streamserve.wire.keys import ConfigKey, Keys
+from tests.harness.waiting import wait_for_async
 
 KEYS = Keys()
 
@@ -17,13 +16,6 @@ async def change(redis: aioredis.Redis, key: str) -> None:
         bump_snapshot_id(pipe, KEYS, key)
         [snapshot_id] = await pipe.execute()
     await announce(redis, KEYS, {key: snapshot_id})
-
-
-async def wait_until(condition: object, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_sees_changes_and_catches_up_after_losing_its_connection(redis_url: str) -> None:
@@ -43,19 +35,17 @@ async def test_sees_changes_and_catches_up_after_losing_its_connection(redis_url
         async def subscribed() -> bool:
             return bool((await writer.pubsub_numsub(KEYS.config_channel()))[0][1])
 
-        for _ in range(200):  # subscribed before the change: only its message can bring it
-            if await subscribed():
-                break
-            await asyncio.sleep(0.02)
+        # Subscribed before the change: only its message can bring it.
+        await wait_for_async(subscribed, 4, "the subscriber did not subscribe")
         await change(writer, ConfigKey.DEPLOYMENTS)
-        await wait_until(lambda: len(seen) == 2)
+        await wait_for_async(lambda: len(seen) == 2, 10)
         assert seen[1] == {ConfigKey.DEPLOYMENTS}
 
         await change(writer, "ignored")
         # Drop every pub/sub connection, and change config while the subscriber is away.
         await writer.client_kill_filter(_type="pubsub")
         await change(writer, ConfigKey.ENDPOINTS)
-        await wait_until(lambda: any(ConfigKey.ENDPOINTS in s for s in seen))
+        await wait_for_async(lambda: any(ConfigKey.ENDPOINTS in s for s in seen), 10)
         assert all("ignored" not in s for s in seen)
     finally:
         await sub.close()

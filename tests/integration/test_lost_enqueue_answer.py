@@ -15,11 +15,12 @@ from urllib.parse import urlsplit
 import pytest
 import redis.asyncio as aioredis
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
 from streamserve.wire import scripts
 from tests import deployments
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
 
 
@@ -120,13 +121,6 @@ def assert_lost_an_entry_id(proxy: AnswerLosingProxy) -> None:
     assert proxy.lost.startswith(b"$"), f"the answer lost was not a new entry's id: {proxy.lost!r}"
 
 
-async def wait_for(condition: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 async def test_a_queued_request_whose_enqueue_answer_was_lost_is_queued_once(
     proxy: AnswerLosingProxy, settings: Settings, aredis: aioredis.Redis
 ) -> None:
@@ -148,8 +142,8 @@ async def test_a_request_already_run_when_its_lost_enqueue_is_sent_again_runs_on
     stream = settings.keys.requests("rec")
 
     async def run_first() -> None:
-        await wait_for(lambda: _true(deployments.CALLS == [{"n": 2}]))
-        await wait_for(lambda: _equals(aredis.xlen(stream), 0))  # replied, acknowledged and deleted
+        await wait_for_async(lambda: deployments.CALLS == [{"n": 2}], 10)
+        await wait_for_async(lambda: _equals(aredis.xlen(stream), 0), 10)  # replied, acknowledged and deleted
 
     proxy.before_losing = run_first
     async with AsyncClient(settings=settings.model_copy(update={"redis_url": proxy.url})) as client:
@@ -176,23 +170,19 @@ async def test_an_enqueue_sent_again_after_the_caller_got_its_reply_adds_nothing
         reconnected = proxy.new_connections_wait = asyncio.Event()
 
         async def answered_meanwhile() -> None:
-            await wait_for(lambda: _true(deployments.CALLS == [{"n": 3}]))
-            await wait_for(lambda: _true(not replies.waits_for("lost-3")))
+            await wait_for_async(lambda: deployments.CALLS == [{"n": 3}], 10)
+            await wait_for_async(lambda: not replies.waits_for("lost-3"), 10)
             await aredis.xtrim(replies.name, maxlen=0)  # as its reader trims what it has read
             reconnected.set()
 
         call = asyncio.ensure_future(client.request("rec", b'{"n": 3}', request_id="lost-3", timeout=10))
-        await wait_for(lambda: _true(bool(proxy.lost)))
+        await wait_for_async(lambda: bool(proxy.lost), 10)
         await answered_meanwhile()
         reply = await asyncio.wait_for(call, 20)
     assert_lost_an_entry_id(proxy)
     assert reply.request_id == "lost-3"
     assert await aredis.xlen(stream) == 0, "the request was queued a second time"
     assert deployments.CALLS == [{"n": 3}]
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def _equals(awaitable: Awaitable[int], expected: int) -> bool:

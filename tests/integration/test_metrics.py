@@ -11,11 +11,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import RemoteError
 from tests import deployments
-from tests.integration.conftest import StartReplica, gateway_process
+from tests.harness.farm import gateway_process
+from tests.harness.waiting import wait_for_async
+from tests.integration.conftest import StartReplica
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -37,13 +39,14 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 async def eventually(port: int, check: Callable[[Samples], bool], timeout_s: float = 10.0) -> Samples:
     """Scrape until ``check`` holds (figures reach Redis once a second), bounded."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        samples = await asyncio.to_thread(scrape, port)
-        if check(samples):
-            return samples
-        assert asyncio.get_running_loop().time() < deadline, f"metrics never got there: {samples}"
-        await asyncio.sleep(0.1)
+    last: list[Samples] = [{}]
+
+    async def holds() -> bool:
+        last[0] = await asyncio.to_thread(scrape, port)
+        return check(last[0])
+
+    await wait_for_async(holds, timeout_s, lambda: f"metrics never got there: {last[0]}", interval_s=0.1)
+    return last[0]
 
 
 async def test_any_gateway_shows_the_whole_farm_and_the_figures_move_with_traffic(

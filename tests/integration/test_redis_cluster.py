@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,20 +16,21 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.control.long_poll import LongPollSubscriber
 from streamserve.runtime.embedded_redis import EmbeddedRedis
-from streamserve.runtime.processes import free_port, wait_until
+from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import async_redis, is_cluster, sync_redis
 from streamserve.wire.errors import UnavailableError
 from streamserve.wire.keys import ConfigKey, Keys
-from tests.e2e.farm import ROOT, marked_env
+from tests.harness.farm import marked_env
+from tests.harness.paths import ROOT, STREAMSERVE
+from tests.harness.redis_cluster import LocalRedisCluster
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica
 from tests.integration.test_longpoll import change
-from tests.redis_cluster import LocalRedisCluster
 
-STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
 KEYS = Keys()
 
 
@@ -95,8 +95,7 @@ async def test_a_deployment_moved_to_another_master_mid_traffic_loses_no_request
             results.append(await client.call("rec", i, timeout=10))
 
     async def reshard() -> None:
-        while len(statuses) < 50:
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: len(statuses) >= 50, 30, "the traffic did not get going", interval_s=0.01)
         await asyncio.to_thread(redis_cluster.move_slot_of, KEYS.requests("rec"), target)
 
     await asyncio.gather(traffic(), reshard())
@@ -119,7 +118,7 @@ async def test_long_poll_on_a_cluster_catches_up_after_its_connection_is_killed(
     try:
         await sub.start()
         await change(writer, ConfigKey.DEPLOYMENTS)
-        await asyncio.to_thread(wait_until, lambda: {ConfigKey.DEPLOYMENTS} in seen, 10)
+        await wait_for_async(lambda: {ConfigKey.DEPLOYMENTS} in seen, 10, "the first change was not heard")
         for port in redis_cluster.ports:  # every node: wherever the subscription lives
             node = redis_cluster.node(port)
             try:
@@ -127,7 +126,7 @@ async def test_long_poll_on_a_cluster_catches_up_after_its_connection_is_killed(
             finally:
                 node.close()
         await change(writer, ConfigKey.ENDPOINTS)
-        assert await asyncio.to_thread(wait_until, lambda: any(ConfigKey.ENDPOINTS in s for s in seen), 10)
+        await wait_for_async(lambda: any(ConfigKey.ENDPOINTS in s for s in seen), 10, "not heard after the reconnect")
     finally:
         await sub.close()
         await sub_redis.aclose()

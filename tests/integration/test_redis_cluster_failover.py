@@ -16,13 +16,13 @@ import httpx
 import pytest
 
 from streamserve.control.long_poll import LongPollSubscriber
-from streamserve.runtime.processes import wait_until
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import async_redis
 from streamserve.wire.keys import ConfigKey, Keys
+from tests.harness.redis_cluster import LocalRedisCluster
+from tests.harness.waiting import wait_for, wait_for_async
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_longpoll import change
-from tests.redis_cluster import LocalRedisCluster
 
 # A failover makes redis-py's cluster client re-read the slot map and drop its objects for the nodes that moved;
 # a connection those held may be garbage-collected still open (CI saw "unclosed <socket.socket ...>" once). It is
@@ -79,14 +79,14 @@ async def test_a_master_killed_under_traffic_fails_over_with_no_500_and_serving_
         raise AssertionError(f"serving did not resume after the failover: {statuses[-20:]}")
 
     async def fail_master() -> None:
-        while len(statuses) < 50:
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: len(statuses) >= 50, 30, "the traffic did not get going", interval_s=0.01)
         cluster.kill_node(victim)
         killed.set()
-        took_over = await asyncio.to_thread(
-            wait_until, lambda: cluster.master_port_of(KEYS.requests(name)) != victim, 30
-        )
-        assert took_over, "no replica took over"
+
+        def took_over() -> bool:
+            return cluster.master_port_of(KEYS.requests(name)) != victim
+
+        await asyncio.to_thread(wait_for, took_over, 30, "no replica took over")
 
     await asyncio.gather(traffic(), fail_master())
     assert 500 not in statuses
@@ -99,11 +99,7 @@ async def test_a_master_killed_under_traffic_fails_over_with_no_500_and_serving_
     async def routed() -> bool:
         return (await http.post("/later", json=1)).status_code == 200
 
-    for _ in range(200):
-        if await routed():
-            break
-        await asyncio.sleep(0.05)
-    assert await routed(), "the gateway never learned the new route after the failover"
+    await wait_for_async(routed, 10, "the gateway never learned the new route after the failover", interval_s=0.05)
 
 
 async def test_a_long_poll_alone_follows_its_master_failing_over(
@@ -122,15 +118,14 @@ async def test_a_long_poll_alone_follows_its_master_failing_over(
         await sub.start()
         victim = farm_master(cluster)
         cluster.kill_node(victim)
-        took_over = await asyncio.to_thread(wait_until, lambda: farm_master(cluster) != victim, 30)
-        assert took_over, "no replica took over"
+        await asyncio.to_thread(wait_for, lambda: farm_master(cluster) != victim, 30, "no replica took over")
         writer = async_redis(redis_url)
         try:
             await change(writer, ConfigKey.ENDPOINTS)
         finally:
             await writer.aclose()
-        heard = await asyncio.to_thread(wait_until, lambda: any(ConfigKey.ENDPOINTS in s for s in seen), 20)
-        assert heard, "the long poll did not hear the change after the failover"
+        heard = "the long poll did not hear the change after the failover"
+        await wait_for_async(lambda: any(ConfigKey.ENDPOINTS in s for s in seen), 20, heard)
     finally:
         await sub.close()
         await listener.aclose()

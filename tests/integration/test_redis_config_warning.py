@@ -13,9 +13,10 @@ import pytest
 import redis
 
 from streamserve.runtime.embedded_redis import redis_server_binary
-from streamserve.runtime.processes import free_port, stop_group, wait_until
+from streamserve.runtime.processes import free_port, stop_group
 from streamserve.transport.redis_checks import redis_problems
-from tests.e2e.farm import Processes, wait_for
+from tests.harness.farm import Processes
+from tests.harness.waiting import wait_for
 
 WARNING = "may lose the farm's work"
 
@@ -38,7 +39,7 @@ def start_redis(tmp_path: Path, *options: str) -> Iterator[str]:
             return False
 
     try:
-        assert wait_until(answers, 10), "redis-server did not start"
+        wait_for(answers, 10, "redis-server did not start")
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         client.close()
@@ -70,9 +71,9 @@ def farm_processes(tmp_path: Path) -> Iterator[list[Processes]]:
 
 def run_gateway_until_healthy(procs: Processes) -> str:
     """Start a gateway, wait until it answers /-/healthz, stop it; its whole output."""
-    procs.start_gateway("/-/healthz")
+    gateway = procs.start_gateway(ready_path="/-/healthz")
     procs.stop_all()
-    return procs.log("gateway").read_text()
+    return gateway.log.read_text()
 
 
 def test_a_gateway_on_a_lossy_redis_warns_once_with_both_problems(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -12,7 +11,7 @@ import pytest
 import redis
 from streamserve.workers.replica import Replica
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.control.desired_state import DesiredState
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.processes import free_port
@@ -21,9 +20,8 @@ from streamserve.transport.connections import async_redis
 from streamserve.wire.config import AppConfig, DeploymentConfig
 from streamserve.wire.errors import OverloadedError
 from streamserve.wire.ids import ReplicaID
+from tests.harness.paths import STREAMSERVE
 from tests.integration.conftest import gateway_http
-
-STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
 
 
 def test_up_rejects_a_maxmemory_that_is_not_a_size(tmp_path: Path) -> None:

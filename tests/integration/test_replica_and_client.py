@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import (
     BadRequestError,
@@ -22,14 +22,8 @@ from streamserve.wire.errors import (
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import Request, now_ms
 from tests import deployments
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
-
-
-async def wait_for(condition: object, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await condition():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_call_returns_the_result_with_user_config(start_replica: StartReplica, client: AsyncClient) -> None:
@@ -95,7 +89,7 @@ async def test_replica_never_holds_more_than_max_ongoing(
         pending = await aredis.xpending(stream, CONSUMER_GROUP)
         return pending["pending"] == 2 and await aredis.xlen(stream) == 6
 
-    await wait_for(two_pending_four_waiting)
+    await wait_for_async(two_pending_four_waiting, 10)
     deployments.GATE.set()
     assert sorted(await asyncio.gather(*calls)) == [0, 1, 2, 3, 4, 5]
     assert await aredis.xlen(stream) == 0  # acknowledged entries are deleted, not left to pile up
@@ -115,7 +109,7 @@ async def test_expired_request_is_answered_without_running_user_code(
         entries = await aredis.xrange(reply_stream)
         return any(fields.get(b"id") == b"stale-1" for _id, fields in entries)
 
-    await wait_for(replied)
+    await wait_for_async(replied, 10)
     entries = await aredis.xrange(reply_stream)
     status = next(f[b"status"] for _i, f in entries if f.get(b"id") == b"stale-1")
     assert status == b"deadline_exceeded"
@@ -142,7 +136,7 @@ async def test_drain_finishes_in_flight_work_on_stop(
     async def held() -> bool:
         return (await aredis.xpending(settings.keys.requests("rec"), CONSUMER_GROUP))["pending"] == 1
 
-    await wait_for(held)
+    await wait_for_async(held, 10)
     replica.request_stop()
     await asyncio.sleep(0)  # the replica is draining; now let the handler finish
     deployments.GATE.set()
@@ -165,7 +159,7 @@ async def test_unknown_and_scaled_to_zero(client: AsyncClient, settings: Setting
     async def known() -> bool:
         return "rec" in client.deployments()
 
-    await wait_for(known)
+    await wait_for_async(known, 10)
     with pytest.raises(UnavailableError, match="scaled to 0"):
         await client.call("rec", 1)
 

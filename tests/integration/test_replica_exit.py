@@ -15,6 +15,7 @@ from streamserve.workers.replica import Replica
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import async_redis
 from streamserve.wire.ids import ReplicaID
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import deploy
 
 
@@ -27,13 +28,12 @@ async def serving_replica(settings: Settings) -> AsyncIterator[tuple[Replica, as
     task = asyncio.create_task(replica.run())
     try:
         beats, rid = settings.keys.heartbeats(cfg.name), replica.replica_id.to_str()
-        for _ in range(200):
+
+        async def ready() -> bool:
             raw = await redis.hget(beats, rid)
-            if raw is not None and b'"ready"' in raw:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the replica did not become ready")
+            return raw is not None and b'"ready"' in raw
+
+        await wait_for_async(ready, 10, "the replica did not become ready", interval_s=0.05)
         yield replica, task, redis
     finally:
         task.cancel()
@@ -71,8 +71,10 @@ async def test_a_heartbeat_that_loses_its_cancellation_still_ends(
     caplog.set_level(logging.WARNING, logger=replica_module.__name__)
     async with serving_replica(settings) as (replica, task, _redis):
         swallowed: list[bool] = []
+        beating: list[bool] = []
 
         async def beat_that_swallows_its_cancellation() -> None:
+            beating.append(True)
             try:
                 await asyncio.sleep(0.5)  # a write in progress: most of the loop's time is spent here
             except asyncio.CancelledError:
@@ -80,8 +82,8 @@ async def test_a_heartbeat_that_loses_its_cancellation_still_ends(
                     raise
                 swallowed.append(True)  # the first one only, as the library did
 
-        monkeypatch.setattr(replica, "_beat", beat_that_swallows_its_cancellation)
-        await asyncio.sleep(0.3)  # the loop is inside a beat now
+        monkeypatch.setattr(replica._heartbeat, "_beat", beat_that_swallows_its_cancellation)
+        await wait_for_async(lambda: bool(beating), 5, "the loop never began a beat")  # it is inside one now
         replica.request_stop()
         started = asyncio.get_running_loop().time()
         assert await asyncio.wait_for(task, timeout=30) == 0

@@ -3,8 +3,6 @@ stop, or was there and is gone, it drains and exits within a few heartbeats, on 
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import redis.asyncio as aioredis
 from streamserve.workers.replica import Replica
@@ -12,6 +10,7 @@ from streamserve.workers.replica import Replica
 from streamserve.runtime.settings import Settings
 from streamserve.wire.messages import ReplicaRecord, now_ms
 from streamserve.wire.states import ReplicaState
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica
 
 
@@ -24,11 +23,11 @@ async def record(aredis: aioredis.Redis, settings: Settings, replica: Replica, s
 
 async def exits(replica: Replica, within_s: float = 5.0) -> bool:
     """Whether the replica stops reading within ``within_s`` (its run() then drains and returns)."""
-    for _ in range(round(within_s / 0.05)):
-        if replica.stopping:
-            return True
-        await asyncio.sleep(0.05)
-    return False
+    try:
+        await wait_for_async(lambda: replica.stopping, within_s, interval_s=0.05)
+    except AssertionError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("state", [ReplicaState.SHOULD_STOP, ReplicaState.STOPPING])

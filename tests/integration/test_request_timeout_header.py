@@ -14,9 +14,9 @@ from rq.job import Job
 
 from streamserve.client.jobs import JOB_SERIALIZER
 from streamserve.runtime.settings import Settings
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_gateway_app import wait_for_routes
-from tests.integration.test_replica_and_client import wait_for
 
 DEPLOYMENT_TIMEOUT_S = 0.5
 # Far longer than the deployment's timeout: a request that is allowed to wait for it gets a 200.
@@ -54,7 +54,7 @@ async def test_the_deadline_is_the_shorter_of_the_header_and_the_deployments_tim
     async def queued() -> bool:
         return bool(await aredis.xlen(stream))
 
-    await wait_for(queued)
+    await wait_for_async(queued, 10)
     seen_ms = time.time() * 1000
     [(_id, fields)] = cast(list[tuple[bytes, dict[bytes, bytes]]], await aredis.xrange(stream))
     deadline_ms = int(fields[b"deadline_ms"])

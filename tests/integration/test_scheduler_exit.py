@@ -8,8 +8,8 @@ from streamserve.scheduler.scheduler import Scheduler
 from streamserve.runtime.settings import Settings
 from streamserve.wire.messages import ReplicaRecord
 from streamserve.wire.states import ACTIVE_REPLICA_STATES
+from tests.harness.fake_launcher import FakeLauncher
 from tests.integration.conftest import deploy
-from tests.unit.test_deployment_state import FakeLauncher
 
 
 async def active_replicas(aredis: aioredis.Redis, settings: Settings) -> int:

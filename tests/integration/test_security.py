@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,7 @@ import pytest
 import redis as sync_redis_module
 from streamserve.workers.replica import Replica
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.control.desired_state import DesiredState
 from streamserve.runtime.processes import free_port, port_is_free
 from streamserve.runtime.settings import Settings
@@ -30,10 +29,10 @@ from streamserve.wire.errors import ConfigError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import Heartbeat
 from streamserve.wire.states import ReplicaHealth
-from tests.integration.conftest import gateway_http, gateway_process
+from tests.harness.farm import gateway_process
+from tests.harness.paths import ROOT, STREAMSERVE
+from tests.integration.conftest import gateway_http
 
-STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
-ROOT = Path(__file__).resolve().parents[2]
 PWN = {"deployments": [{"name": "pwn", "import_path": "os:system"}]}
 
 

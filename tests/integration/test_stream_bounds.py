@@ -1,6 +1,6 @@
-"""The bounds the README promises on the streams besides the request queue: dead letters and reply streams.
+"""The bounds the docs promise on the streams besides the request queue: dead letters and reply streams.
 
-README, "Redis layout": ``streamserve:{NAME}:dead`` is a stream "capped at ~10,000", and
+docs/architecture.md, "The Redis layout": ``streamserve:{NAME}:dead`` is a stream "capped at ~10,000", and
 ``streamserve:replies:CALLER`` is a stream that "expires". "How a request travels": a replica adds
 its reply "with NOMKSTREAM, so a dead caller's stream is never recreated", and each caller "refreshes
 the stream's expiry and trims what it has read".
@@ -10,40 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from typing import cast
 
 import pytest
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
 
-from streamserve.client.clients import AsyncClient
+from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
 from streamserve.transport.streams import Requeuer, ensure_group
 from streamserve.wire.errors import UnavailableError
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import Request, now_ms
 from tests import deployments
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica
 
-# The figure the README states; MAXLEN ~ may keep up to one radix-tree node (100 entries by default) more.
+# The figure the docs state; MAXLEN ~ may keep up to one radix-tree node (100 entries by default) more.
 README_DEAD_LETTER_CAP = 10_000
 MAXLEN_SLACK = 200
 README_REPLY_TTL_S = 60
 # Redis's default stream-node-max-entries: approximate trimming removes whole nodes of this many entries.
 STREAM_NODE_MAX_ENTRIES = 100
 """client.py: a caller's reply stream "expires this long after its caller stops refreshing it (it died)"."""
-
-
-async def eventually(
-    condition: Callable[[], Awaitable[bool]], timeout_s: float, message: str | Callable[[], str]
-) -> None:
-    """Poll ``condition`` until it holds; fail with ``message`` (or what it returns then) after ``timeout_s``."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await condition():
-        if asyncio.get_running_loop().time() >= deadline:
-            raise AssertionError(message() if callable(message) else message)
-        await asyncio.sleep(0.02)
 
 
 # One stream entry as redis-py returns it (bytes replies).
@@ -113,7 +102,7 @@ async def test_a_reply_to_a_reply_stream_that_is_gone_does_not_recreate_it(
     async def expired() -> bool:
         return not await aredis.exists(gone)
 
-    await eventually(expired, 5, "the reply stream never expired")
+    await wait_for_async(expired, 5, "the reply stream never expired")
     await aredis.xadd(alive, {"hello": "live-caller"})
     await aredis.xadd(requests, request_fields(1, reply_to=gone))
     await aredis.xadd(requests, request_fields(2, reply_to=alive))
@@ -122,7 +111,7 @@ async def test_a_reply_to_a_reply_stream_that_is_gone_does_not_recreate_it(
         # The replica XACKs and XDELs an entry in the round trip that sends its reply.
         return bool(await aredis.xlen(requests) == 0 and await aredis.xlen(alive) == 2)
 
-    await eventually(both_answered, 10, "the replica did not answer both requests")
+    await wait_for_async(both_answered, 10, "the replica did not answer both requests")
     assert await aredis.exists(gone) == 0
     replies = [fields for _entry_id, fields in await entries(aredis, alive)][1:]  # after the caller's hello
     assert [(reply[b"id"], reply[b"status"]) for reply in replies] == [(b"req-2", b"ok")]
@@ -144,7 +133,7 @@ async def test_a_callers_reply_stream_expires_and_a_closed_caller_leaves_none(
         async def held_by_the_replica() -> bool:
             return bool((await aredis.xpending(settings.keys.requests("rec"), CONSUMER_GROUP))["pending"] == 1)
 
-        await eventually(held_by_the_replica, 10, "the replica never took the request")
+        await wait_for_async(held_by_the_replica, 10, "the replica never took the request")
     finally:
         await client.aclose()
     with pytest.raises(UnavailableError):
@@ -156,7 +145,7 @@ async def test_a_callers_reply_stream_expires_and_a_closed_caller_leaves_none(
     async def answered() -> bool:
         return bool(await aredis.xlen(settings.keys.requests("rec")) == 0)
 
-    await eventually(answered, 10, "the replica never finished the request")
+    await wait_for_async(answered, 10, "the replica never finished the request")
     assert await aredis.exists(reply_stream) == 0
 
 
@@ -186,7 +175,7 @@ async def test_a_live_caller_refreshes_its_reply_streams_expiry_and_trims_what_i
             seen.update(pttl=await aredis.pttl(reply_stream), xlen=await aredis.xlen(reply_stream))
             return seen["pttl"] > unrefreshed_ms + 5_000 and seen["xlen"] <= STREAM_NODE_MAX_ENTRIES
 
-        await eventually(refreshed_and_trimmed, 40, lambda: f"expiry not refreshed, or stream not trimmed: {seen}")
+        await wait_for_async(refreshed_and_trimmed, 40, lambda: f"expiry not refreshed, or stream not trimmed: {seen}")
         assert 0 < await aredis.pttl(reply_stream) <= README_REPLY_TTL_S * 1000
         assert (await client.call("rec", "after", timeout=10))["body"] == "after"  # the trim kept it working
     finally:
@@ -215,7 +204,7 @@ async def test_a_callers_reply_stream_keeps_about_a_second_of_read_replies_under
     async def trimmed() -> bool:
         return bool(await aredis.xlen(stream) <= 1)
 
-    await eventually(trimmed, 3, "the replies read were not trimmed once the load stopped")
+    await wait_for_async(trimmed, 3, "the replies read were not trimmed once the load stopped")
     assert await xtrim_calls(aredis) - trims_before <= seconds + 4
 
 

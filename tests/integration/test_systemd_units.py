@@ -1,21 +1,19 @@
-"""The systemd units in deploy/systemd/ that README "Running on many machines" ships: systemd takes them without
-a warning, each runs a streamserve command that exists, and the worker template finds the deployment's name."""
+"""The systemd units in deploy/systemd/ that docs/operations.md "Running on many machines" ships: systemd takes them
+without a warning, each runs a streamserve command that exists, and the worker template finds the deployment's name."""
 
 from __future__ import annotations
 
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.farm import ROOT
+from tests.harness.paths import ROOT, STREAMSERVE
 
 UNITS = ROOT / "deploy" / "systemd"
 INSTALLED = "/opt/streamserve/venv/bin/streamserve"
-STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
 
 
 def installed_here(unit: Path, target: Path, instance: str | None = None) -> Path:

@@ -7,8 +7,7 @@ import pytest
 from streamserve.cli import main as cli
 from streamserve.wire.config import AppConfig, DeploymentConfig, EndpointConfig, load_config, parse_config
 from streamserve.wire.errors import ConfigError, ProtocolError
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.harness.paths import ROOT
 
 
 def dep(**fields: object) -> dict[str, object]:

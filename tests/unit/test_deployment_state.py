@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 
 import pytest
@@ -14,47 +13,7 @@ from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import AutoscaleRecord, DeploymentHealthRecord, Heartbeat, ReplicaRecord
 from streamserve.wire.states import DeploymentHealth, ReplicaHealth, ReplicaState
-
-HOST = "testhost"
-
-
-class FakeLauncher:
-    host = HOST
-
-    def __init__(self) -> None:
-        self._pids = itertools.count(1000)
-        self.alive: dict[int, ReplicaID] = {}
-        self.terminated: list[int] = []
-        self.killed: list[int] = []
-        self.gpus: dict[int, tuple[str, ...]] = {}  # the devices each started process was given
-
-    def start(self, replica_id: ReplicaID, gpus: tuple[str, ...] = ()) -> int:
-        pid = next(self._pids)
-        self.alive[pid] = replica_id
-        self.gpus[pid] = gpus
-        return pid
-
-    def is_alive(self, pid: int, replica_id: ReplicaID) -> bool:
-        return self.alive.get(pid) == replica_id
-
-    def find(self, replica_id: ReplicaID) -> int | None:
-        return next((pid for pid, rid in self.alive.items() if rid == replica_id), None)
-
-    def exit_code(self, pid: int) -> int | None:
-        return None if pid in self.alive else 1
-
-    def terminate(self, pid: int, replica_id: ReplicaID) -> None:
-        self.terminated.append(pid)
-
-    def kill(self, pid: int, replica_id: ReplicaID) -> None:
-        if self.alive.pop(pid, None) is not None:
-            self.killed.append(pid)
-
-    def forget(self, pid: int) -> None:
-        pass
-
-    def exit(self, pid: int) -> None:
-        self.alive.pop(pid, None)
+from tests.harness.fake_launcher import HOST, FakeLauncher
 
 
 class MemoryStore:

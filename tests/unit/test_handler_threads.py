@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from streamserve.workers.threads import HandlerThreads
 
+from tests.harness.waiting import wait_for_async
+
 WAIT_S = 10.0  # bound on every wait below: a hand-off that never happens fails the test instead of hanging it
 
 
@@ -36,9 +38,7 @@ class Gate:
 
 
 async def until(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(WAIT_S):
-        while not condition():
-            await asyncio.sleep(0.005)
+    await wait_for_async(condition, WAIT_S, interval_s=0.005)
 
 
 def alive(name: str) -> int:

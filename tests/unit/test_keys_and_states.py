@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from redis.crc import key_slot
@@ -10,8 +9,8 @@ from streamserve.wire.errors import ProtocolError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.keys import Keys
 from streamserve.wire.states import REPLICA_TRANSITIONS, InvalidTransitionError, ReplicaState, check_replica_transition
+from tests.harness.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 KEY_LITERAL = re.compile(r"""["']streamserve:\S""")
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import Heartbeat, ReplicaRecord
 from streamserve.wire.states import REPLICA_TRANSITIONS, ReplicaHealth, ReplicaState
-from tests.unit.test_deployment_state import FakeLauncher, Harness, MemoryStore, bring_up, external_target, target
+from tests.harness.fake_launcher import FakeLauncher
+from tests.unit.test_deployment_state import Harness, MemoryStore, bring_up, external_target, target
 
 S = ReplicaState
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from fakeredis import FakeAsyncRedis, FakeServer
 
-import streamserve.cli.main
+import streamserve.cli.stores
 from streamserve.cli.main import main
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.status import DeploymentStatus, StatusReader
@@ -432,7 +432,7 @@ def on_fakeredis(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[
             for name, d in sorted(deployments.items())
         ]
 
-    monkeypatch.setattr(streamserve.cli.main, "async_redis", fake_redis)
+    monkeypatch.setattr(streamserve.cli.stores, "async_redis", fake_redis)
     monkeypatch.setattr(StatusReader, "status", listed)
 
     def streamserve_command(*args: str) -> tuple[int, str]:

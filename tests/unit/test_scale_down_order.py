@@ -1,4 +1,4 @@
-"""README, "Autoscaling": "Scaling down stops replicas still starting first, then the youngest".
+"""docs/tutorial.md, "Autoscaling": "Scaling down stops replicas still starting first, then the youngest".
 
 Ticked by hand on the fake clock, launcher and store of test_deployment_state; a replica is told apart by
 the pid the fake launcher gave it, in start order.
@@ -12,7 +12,8 @@ from streamserve.scheduler.types import Timeouts
 
 from streamserve.wire.messages import Heartbeat
 from streamserve.wire.states import ReplicaHealth, ReplicaState
-from tests.unit.test_deployment_state import HOST, Harness, target
+from tests.harness.fake_launcher import HOST
+from tests.unit.test_deployment_state import Harness, target
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ Ctrl-C stops everything at once.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -26,6 +27,7 @@ import redis
 from streamserve.client.jobs import jobs_redis_url
 from streamserve.control.desired_state import Applied, DesiredState
 from streamserve.control.goal_records import GoalStore
+from streamserve.control.security import check_exposure
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.processes import (
     die_with_parent,
@@ -40,7 +42,7 @@ from streamserve.runtime.processes import (
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RedisRefusals, async_redis, redacted, sync_redis
 from streamserve.transport.redis_checks import redis_problems, warning_text
-from streamserve.wire.config import AppConfig
+from streamserve.wire.config import AppConfig, load_config
 from streamserve.wire.errors import StreamServeError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import GoalRecord, ReplicaRecord
@@ -69,6 +71,24 @@ class UpOptions:
     fresh: bool = False
     # Gateway processes on the one port (``streamserve gateway --workers``).
     gateway_workers: int = 1
+
+
+def run_up(args: argparse.Namespace, settings: Settings) -> int:
+    """`streamserve up`: the options checked, the config loaded, then the farm runs until Ctrl-C."""
+    check_exposure(args.host, api_key_set=settings.api_key is not None, admin=settings.admin)
+    config = load_config(args.config)
+    options = UpOptions(
+        config,
+        args.config,
+        args.host,
+        args.port,
+        args.redis_port,
+        args.redis_maxmemory,
+        args.data_dir,
+        args.fresh,
+        args.gateway_workers,
+    )
+    return Farm(settings, options).run()
 
 
 def _own_command() -> str:

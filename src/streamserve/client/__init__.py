@@ -1,5 +1,6 @@
 """The producer side users import: ``AsyncClient`` and ``Client``, the reply stream, routing and asynchronous jobs."""
 
-from streamserve.client.clients import AsyncClient, Client
+from streamserve.client.async_client import AsyncClient
+from streamserve.client.sync_client import Client
 
 __all__ = ["AsyncClient", "Client"]

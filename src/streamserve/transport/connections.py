@@ -40,7 +40,7 @@ def _quiet_handshake() -> dict[str, Any]:
 
     CLIENT SETINFO is Redis 7.2+ (older servers count a failed call each time) and redis-py 8's
     CLIENT MAINT_NOTIFICATIONS is for Redis Enterprise; an ACL user confined to the farm's commands
-    (README "Security") cannot be granted either on Redis 7.0. The option names depend on the
+    (docs/operations.md, "Security") cannot be granted either on Redis 7.0. The option names depend on the
     redis-py version: driver_info replaced lib_name/lib_version (deprecated) in redis-py 8.
     """
     params = inspect.signature(redis.connection.AbstractConnection.__init__).parameters

@@ -100,8 +100,8 @@ def _info(client: redis.Redis, section: str) -> dict[str, object] | None:
 
 
 def _may_config(client: redis.Redis) -> bool:
-    """Whether to ask CONFIG at all: not as a named ACL user, who (like the README's) is rarely allowed it and
-    whose denial would land in Redis's ACL LOG on every process start."""
+    """Whether to ask CONFIG at all: not as a named ACL user, who (like the one docs/operations.md prints) is rarely
+    allowed it and whose denial would land in Redis's ACL LOG on every process start."""
     user = client.connection_pool.connection_kwargs.get("username")
     return user in (None, "", "default")
 

@@ -1,6 +1,6 @@
 """A fault-injecting soak: a whole farm under mixed load for a set time, one fault after another.
 
-    .venv/bin/python -m bench.soak --minutes 30 [--fault-every 60] [--out FILE] [--redis-kill9]
+    .venv/bin/python -m tests.soak.soak --minutes 30 [--fault-every 60] [--out FILE] [--redis-kill9]
 
 It runs `streamserve up` (embedded Redis with its data directory) on free loopback ports with four
 deployments (fast over HTTP, fast through the Python client, slow, autoscaled) and its job workers, and
@@ -9,7 +9,7 @@ Every ``--fault-every`` seconds it injects the next fault in turn: kill -9 of a 
 of the gateway, a Redis restart (SIGTERM, or SIGKILL with ``--redis-kill9``); `up` restarts the last three.
 
 Every request carries a unique id, and every execution appends it, its pid and the time to a ledger file
-(bench/soak_deployments.py), so the report counts: sent, answered correctly, answered with an error (by kind),
+(tests/soak/deployments.py), so the report counts: sent, answered correctly, answered with an error (by kind),
 lost (no answer by its deadline, or a job that never reached a final status), executions more than once (among
 callers that got a correct answer: the goal is none; and among the others; each listed with who ran it when),
 and, apart, requests run again because the replica that ran them was killed before it replied (delivery is at
@@ -28,6 +28,7 @@ import random
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -40,22 +41,22 @@ import httpx
 import orjson
 import redis
 
-from bench.children import Children, python_path
-from streamserve.client.clients import Client
-from streamserve.runtime.processes import wait_until
+from streamserve.client import Client
 from streamserve.wire.errors import StreamServeError
-from tests.e2e.farm import Farm, role_of
+from tests.harness.farm import Farm, role_of
+from tests.harness.paths import python_path
+from tests.harness.waiting import wait_for
 
 CONFIG = """
 deployments:
-  - {name: fast, import_path: 'bench.soak_deployments:record', num_replicas: 2, max_ongoing_requests: 8,
+  - {name: fast, import_path: 'tests.soak.deployments:record', num_replicas: 2, max_ongoing_requests: 8,
      route_prefix: /fast, graceful_shutdown_timeout_s: 5}
-  - {name: direct, import_path: 'bench.soak_deployments:record', num_replicas: 1, route_prefix: null,
+  - {name: direct, import_path: 'tests.soak.deployments:record', num_replicas: 1, route_prefix: null,
      graceful_shutdown_timeout_s: 5}
-  - {name: slow, import_path: 'bench.soak_deployments:record_slowly', num_replicas: 2, max_ongoing_requests: 4,
+  - {name: slow, import_path: 'tests.soak.deployments:record_slowly', num_replicas: 2, max_ongoing_requests: 4,
      route_prefix: /slow, graceful_shutdown_timeout_s: 10}
   - name: auto
-    import_path: 'bench.soak_deployments:record_slowly'
+    import_path: 'tests.soak.deployments:record_slowly'
     route_prefix: /auto
     max_ongoing_requests: 2
     graceful_shutdown_timeout_s: 5
@@ -281,55 +282,83 @@ def sample_memory(farm: Farm) -> dict[str, int]:
 
 
 def run(minutes: float, fault_every_s: float, kill9_redis: bool, failed_log: Path | None = None) -> tuple[str, bool]:
-    """The report and whether the soak passed; ``failed_log``: where to copy the farm's log if it did not."""
-    with Children() as children:
-        workdir = children.temporary_directory()
+    """The report and whether the soak passed; ``failed_log``: where to copy the farm's log if it did not.
+
+    The farm runs with `up`'s own heartbeats (not the tests' fast ones); it is stopped, and everything it started
+    killed, however this ends.
+    """
+    with tempfile.TemporaryDirectory(prefix="streamserve-soak-") as tmp:
+        workdir = Path(tmp)
         ledger_dir = workdir / "ledger"
         ledger_dir.mkdir()
         config = workdir / "soak.yaml"
         config.write_text(CONFIG)
-        farm = children.start(Farm(config, workdir / "up.log", extra_env={"PYTHONPATH": python_path()}))
-        farm.start(120)
-        wait_until(lambda: (ds := deployments(farm)) != [] and all(d["running"] >= 1 for d in ds), 120, interval_s=0.5)
-        ledger = Ledger(ledger_dir)
-        faults = Faults(farm, kill9_redis)
-        stop = threading.Event()
-        loads: list[Callable[[], None]] = [
-            *(functools.partial(http_load, farm.base_url, ledger, k, d, p, stop) for k, d, p in HTTP_LOADS),
-            functools.partial(client_load, farm.effective_redis_url, ledger, stop),
-            functools.partial(job_load, farm.base_url, ledger, stop),
-        ]
-        threads = [threading.Thread(target=load, daemon=True) for load in loads]
-        started = time.monotonic()
-        faults.started_s, faults.started_at = started, time.time()
-        samples: list[tuple[float, dict[str, int]]] = [(0.0, sample_memory(farm))]
-        for thread in threads:
-            thread.start()
-        next_fault, next_sample, end = fault_every_s, SAMPLE_EVERY_S, minutes * 60
+        farm = Farm(config, workdir / "up.log", extra_env={"PYTHONPATH": python_path()})
         try:
-            while (now := time.monotonic() - started) < end:
-                if farm.proc is None or farm.proc.poll() is not None:
-                    raise RuntimeError(f"`streamserve up` exited; its log:\n{farm.log().decode()[-4000:]}")
-                if now >= next_fault:
-                    faults.inject(now)
-                    next_fault += fault_every_s
-                if now >= next_sample:
-                    samples.append((now, sample_memory(farm)))
-                    next_sample += SAMPLE_EVERY_S
-                time.sleep(0.2)
+            return soak_farm(farm, ledger_dir, minutes, fault_every_s, kill9_redis, failed_log)
         finally:
-            stop.set()
-            for thread in threads:
-                thread.join(DEADLINE_S + MARGIN_S + 5)
-        samples.append((time.monotonic() - started, sample_memory(farm)))
-        settle_jobs(farm.effective_redis_url, ledger)
-        # Let what is still queued or running finish before counting executions.
-        wait_until(lambda: (ds := deployments(farm)) != [] and all(d["queued"] + d["in_flight"] == 0 for d in ds), 60)
-        farm.stop(60)
-        text, good = report(ledger, faults, samples, minutes, fault_every_s)
-        if not good and failed_log is not None:
-            shutil.copyfile(farm.log_path, failed_log)
-        return text, good
+            farm.stop()
+
+
+def soak_farm(
+    farm: Farm, ledger_dir: Path, minutes: float, fault_every_s: float, kill9_redis: bool, failed_log: Path | None
+) -> tuple[str, bool]:
+    """Start ``farm``, load it and inject faults for ``minutes``, let it settle, stop it; the report."""
+    farm.start(120)
+
+    def every_deployment_running() -> bool:
+        ds = deployments(farm)
+        return ds != [] and all(d["running"] >= 1 for d in ds)
+
+    wait_for(every_deployment_running, 120, "not every deployment ran a replica", interval_s=0.5)
+    ledger = Ledger(ledger_dir)
+    faults = Faults(farm, kill9_redis)
+    stop = threading.Event()
+    loads: list[Callable[[], None]] = [
+        *(functools.partial(http_load, farm.base_url, ledger, k, d, p, stop) for k, d, p in HTTP_LOADS),
+        functools.partial(client_load, farm.effective_redis_url, ledger, stop),
+        functools.partial(job_load, farm.base_url, ledger, stop),
+    ]
+    threads = [threading.Thread(target=load, daemon=True) for load in loads]
+    started = time.monotonic()
+    faults.started_s, faults.started_at = started, time.time()
+    samples: list[tuple[float, dict[str, int]]] = [(0.0, sample_memory(farm))]
+    for thread in threads:
+        thread.start()
+    next_fault, next_sample, end = fault_every_s, SAMPLE_EVERY_S, minutes * 60
+    try:
+        while (now := time.monotonic() - started) < end:
+            if farm.proc is None or farm.proc.poll() is not None:
+                raise RuntimeError(f"`streamserve up` exited; its log:\n{farm.log().decode()[-4000:]}")
+            if now >= next_fault:
+                faults.inject(now)
+                next_fault += fault_every_s
+            if now >= next_sample:
+                samples.append((now, sample_memory(farm)))
+                next_sample += SAMPLE_EVERY_S
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(DEADLINE_S + MARGIN_S + 5)
+    samples.append((time.monotonic() - started, sample_memory(farm)))
+    settle_jobs(farm.effective_redis_url, ledger)
+
+    def all_idle() -> bool:
+        ds = deployments(farm)
+        return ds != [] and all(d["queued"] + d["in_flight"] == 0 for d in ds)
+
+    # Let what is still queued or running finish before counting executions (a run that does not is counted
+    # as it is: what never ran shows as lost).
+    try:
+        wait_for(all_idle, 60, "queued or running requests left")
+    except AssertionError as exc:
+        print(f"soak: {exc}", flush=True)
+    farm.stop(60)
+    text, good = report(ledger, faults, samples, minutes, fault_every_s)
+    if not good and failed_log is not None:
+        shutil.copyfile(farm.log_path, failed_log)
+    return text, good
 
 
 def report(
@@ -392,7 +421,7 @@ def _duplicates(twice: list[Outcome], runs: dict[str, list[tuple[int, float]]], 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.soak.soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0, help="how long the load runs (default 30)")
     parser.add_argument("--fault-every", type=float, default=60.0, help="seconds between faults (default 60)")
     parser.add_argument("--redis-kill9", action="store_true", help="restart Redis with SIGKILL, not SIGTERM")

@@ -12,7 +12,8 @@ from pathlib import Path
 import redis
 
 from streamserve.runtime.embedded_redis import redis_server_binary
-from streamserve.runtime.processes import die_with_parent, port_is_free, stop_group, wait_until
+from streamserve.runtime.processes import die_with_parent, port_is_free, stop_group
+from tests.harness.waiting import wait_for
 
 MASTERS = 3
 # Each node also listens on its port + 10000 (the cluster bus): both must be free, and below 65536.
@@ -59,10 +60,12 @@ class LocalRedisCluster:
                 self._procs.append(self._start_node(port))
             for port, proc in zip(self.ports, self._procs, strict=True):
                 client = self.node(port)
-                answered = wait_until(lambda c=client, p=proc: _answers(c) or p.poll() is not None, timeout_s)  # type: ignore[misc]
-                client.close()
-                if not answered or proc.poll() is not None:
-                    raise RuntimeError(f"cluster node on port {port} did not start (is the port or its bus in use?)")
+                why = f"cluster node on port {port} did not start (is the port or its bus in use?)"
+                try:
+                    wait_for(lambda c=client, p=proc: _answers(c) or p.poll() is not None, timeout_s, why)  # type: ignore[misc]
+                finally:
+                    client.close()
+                assert proc.poll() is None, why
             nodes = [f"127.0.0.1:{port}" for port in self.ports]
             replicas = ["--cluster-replicas", str(self.replicas)]
             subprocess.run(
@@ -72,8 +75,7 @@ class LocalRedisCluster:
                 capture_output=True,
                 timeout=timeout_s,
             )
-            if not wait_until(self._ready, timeout_s):
-                raise RuntimeError("the cluster did not reach cluster_state:ok")
+            wait_for(self._ready, timeout_s, "the cluster did not reach cluster_state:ok")
         except BaseException:
             self.stop()
             raise

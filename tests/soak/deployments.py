@@ -1,4 +1,4 @@
-"""What the soak (bench/soak.py) deploys: handlers that record every execution, so duplicates can be counted.
+"""What the soak (tests/soak/soak.py) deploys: handlers that record every execution, so duplicates can be counted.
 
 Each execution appends the request's id and the time (s since the epoch) to ``<ledger>/<pid>.txt`` (the ledger
 directory comes in the body): one line per run, written with O_APPEND in one write, so lines of concurrent runs

@@ -1,8 +1,9 @@
-"""Run `streamserve up` as a real process and clean up every process it led to, by id.
+"""Run `streamserve up`, or single streamserve commands, as real processes, and clean up every process they led to.
 
-One handle on a running farm for the end-to-end tests and the benchmarks (bench/farm.py) alike. Every
-process a ``Farm`` or ``Processes`` starts carries a marker in its environment, inherited by all it
-starts in turn; cleanup kills whatever still carries it, by pid.
+One handle on a running farm for the integration and end-to-end tests and the benchmarks (bench/farm.py) alike,
+and the one way a test starts a gateway process (``Processes.start_gateway``, ``gateway_process``). Every process a
+``Farm`` or ``Processes`` starts carries a marker in its environment, inherited by all it starts in turn; cleanup
+kills whatever still carries it, by pid.
 """
 
 from __future__ import annotations
@@ -11,20 +12,19 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 
-from streamserve.runtime.processes import free_port, wait_until
+from streamserve.runtime.processes import free_port
+from tests.harness.paths import ROOT, STREAMSERVE
+from tests.harness.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
-STREAMSERVE = str(Path(sys.executable).with_name("streamserve"))
 # Set in the farm's environment; every process the farm starts inherits it, so cleanup can find them all.
 MARKER_VAR = "SSTEST_FARM_TOKEN"
 # The tests' heartbeats: a dead replica or scheduler is noticed within 2 s.
@@ -142,10 +142,13 @@ class Farm:
             cmd, cwd=self.cwd, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
-        up = wait_until(lambda: b"streamserve is up" in self.log() or self.proc.poll() is not None, timeout_s)  # type: ignore[union-attr]
-        if not up or self.proc.poll() is not None:
+        proc = self.proc
+        try:
+            wait_for(lambda: b"streamserve is up" in self.log() or proc.poll() is not None, timeout_s, "not up")
+            assert proc.poll() is None, f"`up` exited with {proc.returncode}"
+        except AssertionError as exc:
             self.stop()
-            raise self.fail("farm did not come up")
+            raise self.fail(f"farm did not come up ({exc})") from None
         return self
 
     def log(self) -> bytes:
@@ -207,11 +210,11 @@ class Farm:
         return httpx.post(self.base_url + path, json=body, timeout=30, **kwargs)
 
 
-def farm_on(config_text: str, workdir: Path) -> Farm:
+def farm_on(config_text: str, workdir: Path, extra_env: Mapping[str, str] = FAST_HEARTBEATS) -> Farm:
     """A Farm (not started yet) on ``config_text``, written to a file in ``workdir`` beside its log."""
     config = workdir / "config.yaml"
     config.write_text(config_text)
-    return Farm(config, workdir / "up.log")
+    return Farm(config, workdir / "up.log", extra_env=extra_env)
 
 
 @contextlib.contextmanager
@@ -228,17 +231,36 @@ def running_farm(
         farm.stop()
 
 
-class Processes:
-    """streamserve commands started by a test; ``stop_all`` kills them and everything they started, by id."""
+@dataclass(frozen=True)
+class Gateway:
+    """A gateway process a test started (``name``, for ``Processes``): where it listens and where its output goes."""
 
-    def __init__(self, redis_url: str, log_dir: Path) -> None:
+    name: str
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class Processes:
+    """streamserve commands started by a test; ``stop_all`` kills them and everything they started, by id.
+
+    Their environment: ours without streamserve settings, plus ``REDIS_URL``, the tests' fast heartbeats and
+    ``extra_env``.
+    """
+
+    def __init__(self, redis_url: str, log_dir: Path, extra_env: Mapping[str, str] | None = None) -> None:
         self.redis_url = redis_url
         self.log_dir = log_dir
+        self.extra_env = dict(extra_env or {})
         self.token = uuid.uuid4().hex
         self.started: dict[str, subprocess.Popen[bytes]] = {}
 
     def env(self) -> dict[str, str]:
-        return marked_env(self.token, {"REDIS_URL": self.redis_url, **FAST_HEARTBEATS})
+        return marked_env(self.token, {"REDIS_URL": self.redis_url, **FAST_HEARTBEATS, **self.extra_env})
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         """Run ``streamserve ARGS`` in the background, logging to ``<log_dir>/<name>.log``."""
@@ -249,20 +271,26 @@ class Processes:
         self.started[name] = proc
         return proc
 
-    def start_gateway(self, ready_path: str = "/-/ready") -> str:
-        """Run a gateway on a free port, wait (bounded) until ``ready_path`` answers 200; its base URL."""
+    def start_gateway(self, *args: str, ready_path: str = "/-/ready", timeout_s: float = 30.0) -> Gateway:
+        """``streamserve gateway ARGS`` on a free port, logging to ``gateway-PORT.log``; returns once ``ready_path``
+        answers 200 (bounded), and fails with the gateway's output if it does not or the gateway exits."""
         port = free_port()
-        self.spawn("gateway", "gateway", "--port", str(port))
-        url = f"http://127.0.0.1:{port}"
+        name = f"gateway-{port}"
+        proc = self.spawn(name, "gateway", "--port", str(port), *args)
+        gateway = Gateway(name, proc, port, self.log(name))
 
-        def ready() -> bool:
+        def ready_or_exited() -> bool:
             try:
-                return httpx.get(url + ready_path, timeout=1).status_code == 200
+                return httpx.get(gateway.url + ready_path, timeout=1).status_code == 200
             except httpx.HTTPError:
-                return False
+                return proc.poll() is not None
 
-        wait_for(ready, 30, f"the gateway did not answer {ready_path}:\n{self.log('gateway').read_text()[-2000:]}")
-        return url
+        def output() -> str:
+            return f"the gateway did not answer {ready_path}:\n{gateway.log.read_text()[-2000:]}"
+
+        wait_for(ready_or_exited, timeout_s, output)
+        assert proc.poll() is None, output()
+        return gateway
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run ``streamserve ARGS`` to completion; raise with its output if it fails."""
@@ -275,6 +303,20 @@ class Processes:
     def log(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
+    def stop(self, name: str, timeout_s: float = 10.0) -> None:
+        """SIGTERM what ``spawn`` started as ``name`` and wait (bounded) until it has exited; SIGKILL it if not.
+
+        A graceful stop: a gateway flushes its figures at exit and stops its own workers.
+        """
+        proc = self.started[name]
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
     def stop_all(self) -> None:
         kill_marked(self.token)
         for proc in self.started.values():
@@ -282,9 +324,17 @@ class Processes:
                 proc.wait(5)
 
 
-def wait_for(condition: Any, timeout_s: float = 20.0, message: str = "condition not met") -> None:
-    assert wait_until(condition, timeout_s, interval_s=0.1), message
+@contextlib.contextmanager
+def gateway_process(redis_url: str, log_dir: Path, *args: str, **env: str) -> Iterator[int]:
+    """A real ``streamserve gateway`` process (uvicorn owns the connections) on a free port, ready; yields its port.
 
-
-def now() -> float:
-    return time.monotonic()
+    ``args`` are extra command-line flags, ``env`` extra STREAMSERVE_* settings; its log is
+    ``log_dir/gateway-PORT.log``. At the end it is stopped gracefully, then whatever it left is killed, by marker.
+    """
+    processes = Processes(redis_url, log_dir, extra_env=env)
+    try:
+        gateway = processes.start_gateway(*args, ready_path="/-/healthz")
+        yield gateway.port
+        processes.stop(gateway.name)
+    finally:
+        processes.stop_all()

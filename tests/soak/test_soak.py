@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.farm import ROOT
+from tests.harness.paths import ROOT
 
 pytestmark = pytest.mark.e2e
 
 
 def test_a_short_soak_loses_nothing_and_runs_no_answered_request_twice(tmp_path: Path) -> None:
     out = tmp_path / "soak.md"
-    cmd = [sys.executable, "-m", "bench.soak", "--minutes", "1", "--fault-every", "14", "--out", str(out)]
+    cmd = [sys.executable, "-m", "tests.soak.soak", "--minutes", "1", "--fault-every", "14", "--out", str(out)]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420, check=False)
     report = out.read_text() if out.exists() else ""
     assert result.returncode == 0, f"{report}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"

@@ -1,0 +1,80 @@
+"""What the farm is doing: ``status``, ``health`` and ``logs``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from streamserve.cli.health import farm_problems
+from streamserve.cli.log_reader import LogReader, parse_since
+from streamserve.cli.stores import Stores, with_stores
+from streamserve.cli.tables import format_endpoints, format_status
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import RedisRefusals, async_redis
+from streamserve.wire.errors import ConfigError
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    async def report(stores: Stores) -> dict[str, Any]:
+        return await stores.status.report()
+
+    async def tables(stores: Stores) -> str:
+        endpoints = await stores.desired.endpoints()
+        text = format_status(await stores.status.status())
+        return text + ("\n\n" + format_endpoints([endpoints[n] for n in sorted(endpoints)]) if endpoints else "")
+
+    if args.json:
+        sys.stdout.write(orjson.dumps(with_stores(settings, report), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(with_stores(settings, tables))
+    return 0
+
+
+def cmd_health(_args: argparse.Namespace, settings: Settings) -> int:
+    """For exec probes: one line per problem and exit 1; Redis unreachable is a problem too (main says so)."""
+    url = settings.effective_redis_url
+
+    async def check() -> list[str]:
+        redis = async_redis(url)
+        try:
+            with RedisRefusals(url):
+                return await farm_problems(redis, settings.keys)
+        finally:
+            await redis.aclose()
+
+    problems = asyncio.run(check())
+    print("\n".join(problems) or "healthy: a scheduler leads and every deployment is HEALTHY")
+    return 1 if problems else 0
+
+
+def cmd_logs(args: argparse.Namespace, settings: Settings) -> int:
+    """Recent lines (the stream keeps ~10,000 per deployment), then with -f the new ones as they come."""
+    try:
+        since_s = None if args.since is None else parse_since(args.since)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if args.lines < 1:
+        raise ConfigError("--lines must be at least 1")
+
+    async def show(stores: Stores) -> int:
+        await stores.desired.get(args.name)  # NotFoundError (exit 1) for an unknown deployment
+        reader = LogReader(stores.redis, settings.keys.logs(args.name))
+        after = await reader.latest_id()
+        if since_s is not None:
+            lines = await reader.since(int((time.time() - since_s) * 1000), args.replica)
+        else:
+            lines = await reader.last(args.lines, args.replica)
+        for line in lines:
+            print(line.format())
+        sys.stdout.flush()
+        if args.follow:
+            async for line in reader.follow(after, args.replica):
+                print(line.format(), flush=True)
+        return 0
+
+    return with_stores(settings, show)

@@ -1,0 +1,30 @@
+"""The role commands (``gateway``, ``scheduler``, ``worker``, ``job-worker``): each runs one process of its role.
+
+A role's package is imported only when its command is chosen, by module name: the CLI never imports a role.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+
+from streamserve.wire.errors import ConfigError
+
+# Command -> the module whose main(argv) runs that role's process.
+ROLE_COMMANDS = {
+    "gateway": "streamserve.app.main",
+    "scheduler": "streamserve.scheduler.main",
+    "worker": "streamserve.workers.main",
+    "job-worker": "streamserve.workers.job_worker",
+}
+
+
+def run_role(command: str, argv: list[str]) -> int:
+    """Run the role's own ``main`` on the rest of the command line (it parses its own options)."""
+    role_main: Callable[[list[str]], int] = importlib.import_module(ROLE_COMMANDS[command]).main
+    try:
+        return role_main(argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

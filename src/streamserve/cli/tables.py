@@ -1,0 +1,65 @@
+"""The text tables ``status`` and ``traffic`` print."""
+
+from __future__ import annotations
+
+from streamserve.control.status import DeploymentStatus
+from streamserve.wire.config import EndpointConfig
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def _weights(weights: dict[str, float]) -> str:
+    return " ".join(f"{name}={weight:g}" for name, weight in sorted(weights.items())) or "-"
+
+
+def format_endpoints(endpoints: list[EndpointConfig]) -> str:
+    rows = [["ENDPOINT", "ROUTE", "TRAFFIC", "SHADOW"]]
+    rows += [[e.name, e.route_prefix or "-", _weights(e.traffic), _weights(e.shadow)] for e in endpoints]
+    return "\n".join(_table(rows))
+
+
+def format_status(statuses: list[DeploymentStatus]) -> str:
+    if not statuses:
+        return "no deployments"
+    header = ["DEPLOYMENT", "HEALTH", "TARGET", "RUNNING", "STARTING", "STOPPING", "QUEUED", "IN FLIGHT", "ROUTE"]
+    rows = [header] + [
+        [
+            s.name,
+            s.health,
+            _target_cell(s),
+            str(s.running),
+            str(s.starting),
+            str(s.stopping),
+            str(s.queued),
+            str(s.in_flight),
+            s.route_prefix or "-",
+        ]
+        for s in statuses
+    ]
+    lines = _table(rows)
+    replicas = [[r.replica_id, r.state, r.version, r.host or "-", str(r.pid or "-"), str(r.ongoing), r.message]
+                for s in statuses for r in s.replicas]  # fmt: skip
+    if replicas:
+        replica_header = ["REPLICA", "STATE", "VERSION", "HOST", "PID", "ONGOING", "MESSAGE"]
+        if not any(row[-1] for row in replicas):  # the column only when some replica says something
+            replica_header, replicas = replica_header[:-1], [row[:-1] for row in replicas]
+        lines += ["", *_table([replica_header, *replicas]), ""]
+    lines += [f"{s.name}: {s.message}" for s in statuses if s.message]
+    lines += [
+        f"{s.name}: autoscaled to {s.target} ({s.autoscaling.reason})"
+        for s in statuses
+        if s.autoscaling and s.autoscaling.reason
+    ]
+    return "\n".join(lines)
+
+
+def _target_cell(s: DeploymentStatus) -> str:
+    """The target count; for an autoscaled deployment also its bounds, e.g. "3 (auto 0-4)"."""
+    if s.external_scaler_enabled:
+        return f"{s.target} (external)"
+    if s.autoscaling is None:
+        return str(s.target)
+    return f"{s.target} (auto {s.autoscaling.min_replicas}-{s.autoscaling.max_replicas})"

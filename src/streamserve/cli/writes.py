@@ -1,0 +1,132 @@
+"""The control-plane writes: ``deploy``, ``scale``, ``delete``, ``traffic``; with ``--wait``, until they are done."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from streamserve.cli.stores import Stores, with_stores
+from streamserve.cli.tables import format_endpoints
+from streamserve.control.goal_records import GOAL_POLL_S
+from streamserve.runtime.settings import Settings
+from streamserve.wire.config import EndpointConfig, load_config
+from streamserve.wire.errors import ConfigError, GoalFailedError, RequestTimeoutError
+from streamserve.wire.messages import GoalRecord
+from streamserve.wire.states import DeploymentHealth
+
+
+def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
+    config = load_config(args.config)
+
+    async def deploy(stores: Stores) -> int:
+        applied = await stores.desired.apply(config)
+        if not applied:
+            print("no change")
+        for name, goal_id in applied.goals.items():
+            print(f"{name}: updated (goal {goal_id})")
+        for name in applied.endpoints:
+            print(f"{name}: endpoint updated")
+        if args.wait:
+            deadline = time.monotonic() + args.timeout
+            await _wait_for_goals(stores, list(applied.goals.values()), args.timeout)
+            unchanged = [d.name for d in config.deployments if d.name not in applied.goals]
+            await _wait_until_healthy(stores, unchanged, deadline)
+        return 0
+
+    return with_stores(settings, deploy)
+
+
+async def _wait_for_goals(stores: Stores, goal_ids: list[str], timeout: float) -> None:
+    """Wait for each goal in turn, printing progress when it changes; GoalFailedError says why one failed."""
+    deadline = time.monotonic() + timeout
+    last_line = ""
+
+    async def show(goal: GoalRecord) -> None:
+        nonlocal last_line
+        line = await stores.status.progress(goal)
+        if line != last_line:
+            print(f"  {line}", flush=True)
+            last_line = line
+
+    for goal_id in goal_ids:
+        goal = await stores.goals.wait(goal_id, max(0.0, deadline - time.monotonic()), on_progress=show)
+        print(f"{goal.deployment}: done" + (f", {goal.replicas} replica(s) running" if goal.kind != "delete" else ""))
+
+
+async def _wait_until_healthy(stores: Stores, names: list[str], deadline: float) -> None:
+    """Deployments a write left unchanged have no goal: wait on the scheduler's verdict on them instead.
+
+    So ``deploy --wait`` of an unchanged file still fails for a deployment that cannot run.
+    """
+    pending = set(names)
+    while pending:
+        for name in sorted(pending):
+            health = await stores.status.health(name)
+            if health is not None and health.health is DeploymentHealth.UNHEALTHY:
+                raise GoalFailedError(f"{name}: {health.message}")
+            if health is not None and health.health is DeploymentHealth.HEALTHY:
+                print(f"{name}: unchanged, {health.running} replica(s) running")
+                pending.discard(name)
+        if pending and time.monotonic() > deadline:
+            raise RequestTimeoutError(f"{', '.join(sorted(pending))}: not healthy in time")
+        if pending:
+            await asyncio.sleep(GOAL_POLL_S)
+
+
+def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
+    if args.replicas < 0:
+        raise ConfigError(f"replicas must be >= 0, got {args.replicas}")
+
+    async def scale(stores: Stores) -> None:
+        goal_id = await stores.desired.scale(args.name, args.replicas)
+        print(f"{args.name}: {args.replicas} replica(s)" + (f" (goal {goal_id})" if goal_id else " (no change)"))
+        if goal_id and args.wait:
+            await _wait_for_goals(stores, [goal_id], args.timeout)
+
+    with_stores(settings, scale)
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
+    async def delete(stores: Stores) -> None:
+        if args.name in await stores.desired.endpoints():
+            await stores.desired.delete_endpoint(args.name)
+            print(f"{args.name}: endpoint deleted")
+            return
+        goal_id = await stores.desired.delete(args.name)
+        print(f"{args.name}: deleting (goal {goal_id})")
+        if args.wait:
+            await _wait_for_goals(stores, [goal_id], args.timeout)
+
+    with_stores(settings, delete)
+    return 0
+
+
+def cmd_traffic(args: argparse.Namespace, settings: Settings) -> int:
+    traffic = _parse_pairs(args.weights, "weight")
+    shadow = None if args.shadow is None else _parse_pairs(args.shadow, "shadow fraction")
+
+    async def set_traffic(stores: Stores) -> EndpointConfig:
+        return await stores.desired.set_traffic(args.endpoint, traffic, shadow)
+
+    endpoint = with_stores(settings, set_traffic)
+    print(format_endpoints([endpoint]))
+    return 0
+
+
+def _parse_pairs(items: list[str], what: str) -> dict[str, float]:
+    """``["a=0.9", "b=0.1"]`` -> ``{"a": 0.9, "b": 0.1}``; ConfigError names the item that is wrong."""
+    pairs: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            if not (name and sep):
+                raise ValueError(item)
+            weight = float(value)
+        except ValueError:
+            raise ConfigError(f"{item!r} is not NAME={what}, e.g. classify_v1=0.5") from None
+        if name in pairs:
+            raise ConfigError(f"{name!r} is given twice")
+        pairs[name] = weight
+    return pairs

@@ -1,0 +1,179 @@
+"""Calls: enqueue a request on a deployment's stream (and its shadows'), await the reply, turn it into a result.
+
+This is the hot path. ``call`` -> ``request`` -> ``_add`` is one enqueue in
+the pipeliner and one future that the reply stream's reader resolves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+
+from streamserve.client.core import ClientCore
+from streamserve.client.route_table import Route
+from streamserve.transport.connections import is_cluster_client
+from streamserve.transport.pipelining import Command, Script
+from streamserve.wire import scripts
+from streamserve.wire.config import MAX_TIMEOUT_S, DeploymentConfig
+from streamserve.wire.errors import (
+    BadRequestError,
+    DeadLetterError,
+    OverloadedError,
+    RemoteError,
+    RequestTimeoutError,
+)
+from streamserve.wire.ids import new_request_id
+from streamserve.wire.json_values import dumps
+from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.wire.messages import Reply, ReplyStatus, Request, now_ms
+
+logger = logging.getLogger(__name__)
+
+_ENQUEUE = Script(scripts.ENQUEUE)
+# The enqueue sent again after a lost connection: rare, so as EVAL with its source (no NOSCRIPT to handle).
+_ENQUEUE_AGAIN = scripts.ENQUEUE_AGAIN
+
+
+def encode_body(body: Any) -> bytes:
+    """The request body as JSON; BadRequestError (not a bare TypeError) for what JSON cannot hold."""
+    try:
+        return dumps(body)
+    except (TypeError, ValueError) as exc:
+        raise BadRequestError(f"body cannot be sent as JSON: {exc}") from None
+
+
+def call_timeout_s(timeout: float | None, cfg: DeploymentConfig) -> float:
+    """The caller's timeout, else the deployment's; BadRequestError unless it is a positive finite number."""
+    timeout_s = cfg.request_timeout_s if timeout is None else timeout
+    is_number = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
+    if not is_number or not 0 < timeout_s <= MAX_TIMEOUT_S:  # the range test is false for NaN too
+        raise BadRequestError(
+            f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, got {timeout_s!r}"
+        )
+    return timeout_s
+
+
+def result_of(reply: Reply) -> Any:
+    """The handler's return value, or the error the reply stands for."""
+    if reply.status is ReplyStatus.OK:
+        return orjson.loads(reply.body)
+    raise error_of(reply)
+
+
+def error_of(reply: Reply) -> Exception:
+    """The exception a non-OK reply stands for."""
+    if reply.status is ReplyStatus.DEADLINE_EXCEEDED:
+        return RequestTimeoutError(f"request {reply.request_id} passed its deadline before a replica could run it")
+    if reply.status is ReplyStatus.BAD_REQUEST:
+        return BadRequestError(reply.error_message)
+    if reply.status is ReplyStatus.DEAD_LETTER:
+        return DeadLetterError(reply.error_type, reply.error_message, reply.replica_id)
+    return RemoteError(reply.error_type, reply.error_message, reply.replica_id)
+
+
+class Calls(ClientCore):
+    """Run a deployment (or an endpoint's pick) on a body: wait for the result, or only enqueue."""
+
+    async def call(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> Any:
+        """Run deployment (or endpoint) ``name`` on ``body`` and return its result, or raise a StreamServeError."""
+        reply = await self.request(name, encode_body(body), timeout=timeout, method=method)
+        return result_of(reply)
+
+    def submit(
+        self, name: str, body: Any = None, *, timeout: float | None = None, method: str = ""
+    ) -> asyncio.Task[Any]:
+        """Start a call and return a task that resolves to its result."""
+        return asyncio.ensure_future(self.call(name, body, timeout=timeout, method=method))
+
+    async def send(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
+        """Enqueue without waiting for (or receiving) the result; return the request id."""
+        encoded = encode_body(body)
+        self._check_size(encoded)
+        route = await self.route(name)
+        request = Request(
+            new_request_id(),
+            "",
+            now_ms() + int(1000 * call_timeout_s(timeout, route.deployment)),
+            encoded,
+            method,
+        )
+        await self._add(route.deployment, request)
+        self._mirror(route, request)
+        return request.request_id
+
+    async def request(
+        self,
+        name: str | Route,
+        body: bytes,
+        *,
+        timeout: float | None = None,
+        method: str = "",
+        request_id: str | None = None,
+    ) -> Reply:
+        """Send already-encoded JSON and return the raw Reply (the gateway's entry point).
+
+        ``name`` is a deployment or endpoint name, or a Route already picked.
+        ``timeout`` defaults to the deployment's ``request_timeout_s``; the
+        replica skips the request if this deadline passes before it starts.
+        """
+        self._check_size(body)
+        route = name if isinstance(name, Route) else await self.route(name)
+        cfg = route.deployment
+        timeout_s = call_timeout_s(timeout, cfg)
+        request_id = request_id or new_request_id()
+        replies = self._replies
+        assert replies is not None
+        fut = replies.expect(request_id)
+        timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, request_id, timeout_s)
+        try:
+            request = Request(request_id, replies.name, now_ms() + int(timeout_s * 1000), body, method)
+            await self._add(cfg, request)
+            self._mirror(route, request)
+            return await fut
+        finally:
+            timer.cancel()
+            replies.forget(request_id)
+
+    def _mirror(self, route: Route, request: Request) -> None:
+        """Send a copy of an admitted request to each shadow, without a reply stream (no one waits for it)."""
+        for shadow in route.shadows:
+            copy = Request(new_request_id(), "", request.deadline_ms, request.body, request.method)
+            task = asyncio.create_task(self._add(shadow, copy))
+            self._shadow_tasks.add(task)
+            task.add_done_callback(self._shadow_sent)
+
+    def _shadow_sent(self, task: asyncio.Task[None]) -> None:
+        self._shadow_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # A shadow must never hurt live traffic: a full or missing shadow queue only costs its copy.
+            logger.debug("shadow copy not sent: %s", task.exception())
+
+    async def _add(self, cfg: DeploymentConfig, request: Request) -> None:
+        assert self._pipeliner is not None
+        stream = self._keys.requests(cfg.name)
+        args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP]
+        for key, value in request.encode().items():
+            args += [key, value]
+
+        def again() -> list[Command]:
+            """The enqueue may have happened, its answer lost with the connection: it must not add the request
+            twice, and need not at all once the caller has its reply (or stopped waiting)."""
+            if request.reply_to and self._replies is not None and not self._replies.waits_for(request.request_id):
+                return [("ECHO", b"answered")]
+            keys = [stream] if not request.reply_to or is_cluster_client(self.redis) else [stream, request.reply_to]
+            return [("EVAL", _ENQUEUE_AGAIN, len(keys), *keys, *args[:2], request.request_id, *args[2:])]
+
+        with self._refusals:
+            entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream], args, again)
+        if entry_id == 0:
+            raise OverloadedError(
+                f"deployment {cfg.name!r} has {cfg.max_queued_requests} requests queued (max_queued_requests)"
+            )
+
+    def _expire(self, request_id: str, timeout_s: float) -> None:
+        if self._replies is not None:
+            error = RequestTimeoutError(f"no reply within {timeout_s:g}s (request {request_id})")
+            self._replies.fail(request_id, error)

@@ -1,0 +1,53 @@
+"""Control-plane writes from a client: deploy, scale, delete, set traffic, and wait for the goals they return.
+
+Every desired-state write goes through ``DesiredState`` (the owner of those
+hashes) and, for deployments, returns a goal id that ``wait_for_goal`` blocks on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamserve.client.core import ClientCore
+from streamserve.control.desired_state import DesiredState
+from streamserve.control.goal_records import GoalStore
+from streamserve.wire.config import AppConfig, EndpointConfig, load_config
+from streamserve.wire.messages import GoalRecord
+
+
+class ControlWrites(ClientCore):
+    """Desired-state writes, which the scheduler reconciles toward, and the wait for them to be done."""
+
+    async def deploy(self, config: AppConfig | str | Path) -> dict[str, str]:
+        """Apply a config (object or YAML path); return {deployment: goal id} for what changed.
+
+        Endpoints in the config are written too; they need no goal (callers see them at once).
+        """
+        app = config if isinstance(config, AppConfig) else load_config(config)
+        await self.start()
+        return (await self._desired().apply(app)).goals
+
+    async def set_traffic(
+        self, endpoint: str, traffic: dict[str, float], shadow: dict[str, float] | None = None
+    ) -> EndpointConfig:
+        """Create or change an endpoint's traffic weights (and shadows, unless None); every caller follows."""
+        await self.start()
+        return await self._desired().set_traffic(endpoint, traffic, shadow)
+
+    async def scale(self, name: str, num_replicas: int) -> str | None:
+        """Set a deployment's replica count; the goal id, or None if it already had that."""
+        await self.start()
+        return await self._desired().scale(name, num_replicas)
+
+    async def delete(self, name: str) -> str:
+        """Delete a deployment; the goal id."""
+        await self.start()
+        return await self._desired().delete(name)
+
+    async def wait_for_goal(self, goal_id: str, timeout: float | None = None) -> GoalRecord:
+        """Block until the goal is done; GoalFailedError says why it failed, RequestTimeoutError if it took too long."""
+        await self.start()
+        return await GoalStore(self.redis, self._keys).wait(goal_id, timeout)
+
+    def _desired(self) -> DesiredState:
+        return DesiredState(self.redis, self._keys, self._settings.import_allow_list)

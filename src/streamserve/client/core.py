@@ -1,0 +1,124 @@
+"""What every part of the asyncio client shares: settings, connections and their lifecycle, and where a name routes.
+
+``AsyncClient`` is this core plus one mixin per job (``calls``, ``job_calls``,
+``control_writes``, ``state_reads``). Each mixin subclasses ``ClientCore``, so
+all of them see one typed set of fields, and a method found through the
+mixins costs a call no more than one written on a single class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Self
+
+import redis
+import redis.asyncio as aioredis
+
+from streamserve.client.jobs import JobQueue, jobs_redis_url
+from streamserve.client.reply_stream import ReplyStream
+from streamserve.client.route_table import Route, RouteCache
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import JOB_POOL_SIZE, RedisRefusals, async_redis, sync_redis
+from streamserve.transport.pipelining import Pipeliner
+from streamserve.wire.errors import ConfigError, PayloadTooLargeError, UnavailableError
+from streamserve.wire.ids import new_caller_id
+
+
+class ClientCore:
+    """One client's settings and connections: the Redis pool, its reply stream, its routes, its jobs connection."""
+
+    def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
+        settings = settings or Settings()
+        if redis_url is not None:
+            settings = settings.model_copy(update={"redis_url": redis_url})
+        self._settings = settings
+        self._keys = settings.keys
+        self.caller_id = new_caller_id()
+        self._refusals = RedisRefusals(settings.effective_redis_url)
+        self._redis: aioredis.Redis | None = None
+        self._replies: ReplyStream | None = None
+        self._routes: RouteCache | None = None
+        self._pipeliner: Pipeliner | None = None
+        self._jobs: JobQueue | None = None
+        self._jobs_redis: redis.Redis | None = None
+        self._shadow_tasks: set[asyncio.Task[None]] = set()
+        self._start_lock: asyncio.Lock | None = None
+
+    # -- lifecycle ------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, create the reply stream and load the deployments (done by the first call if not before)."""
+        if self._redis is not None:
+            return
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._redis is not None:
+                return
+            redis = async_redis(self._settings.effective_redis_url)
+            replies = ReplyStream(redis, self._keys.reply_stream(self.caller_id), self.caller_id, self._refusals)
+            routes = RouteCache(redis, self._keys)
+            try:
+                with self._refusals:
+                    await replies.create()
+                    await routes.start()
+            except BaseException:
+                await redis.aclose()
+                raise
+            self._pipeliner = Pipeliner(redis)
+            self._redis, self._replies, self._routes = redis, replies, routes
+            replies.start()
+
+    async def aclose(self) -> None:
+        """Stop the reader, fail what is still waiting, drop the reply stream and disconnect."""
+        if self._routes is not None:
+            await self._routes.close()
+        if self._replies is not None:
+            await self._replies.close(UnavailableError("client closed"))
+        if self._pipeliner is not None:
+            await self._pipeliner.aclose()  # shadow copies and sends in flight go out before the pool closes
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+        if self._jobs_redis is not None:
+            self._jobs_redis.close()
+            self._jobs_redis = self._jobs = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- shared by the mixins -----------------------------------------------------
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        """The connection pool, once started."""
+        if self._redis is None:
+            raise UnavailableError("client not started")
+        return self._redis
+
+    async def route(self, name: str) -> Route:
+        """Where a request to ``name`` goes now (see RouteCache.route)."""
+        await self.start()
+        assert self._routes is not None
+        return await self._routes.route(name)
+
+    def _check_size(self, body: bytes) -> None:
+        if len(body) > self._settings.max_request_bytes:
+            raise PayloadTooLargeError(
+                f"request body of {len(body)} bytes is above max_request_bytes ({self._settings.max_request_bytes})"
+            )
+
+    def _job_queue(self) -> JobQueue:
+        """RQ is blocking: jobs get their own small blocking connection, used from worker threads."""
+        if self._jobs is None:
+            try:
+                url = jobs_redis_url(self._settings)
+            except ConfigError as exc:  # the farm's set-up, not the caller's request: 503 at the gateway
+                raise UnavailableError(f"asynchronous jobs are not available: {exc}") from None
+            self._jobs_redis = sync_redis(url, max_connections=JOB_POOL_SIZE)
+            self._jobs = JobQueue(self._jobs_redis, self._keys, self._settings.job_result_ttl_s)
+        return self._jobs

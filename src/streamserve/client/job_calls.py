@@ -1,0 +1,51 @@
+"""Asynchronous jobs from the caller's side: queue a call to run later, read back its status and result.
+
+The RQ queue itself is ``jobs.JobQueue``; it is blocking, so these methods run
+it in a worker thread, on the core's own small blocking connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import orjson
+
+from streamserve.client.calls import call_timeout_s, encode_body
+from streamserve.client.core import ClientCore
+from streamserve.client.jobs import JobInfo
+
+T = TypeVar("T")
+
+
+class JobCalls(ClientCore):
+    """Calls queued as RQ jobs: checked now like ``call``, run later by a job worker."""
+
+    async def submit_job(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
+        """Queue a call of ``name`` as an asynchronous job; return the job id (see ``job``).
+
+        The body is checked now (JSON, size, the name exists and can be
+        served), the call runs later on a job worker, through the same request
+        stream and replicas as ``call``. ``timeout`` bounds the call once it
+        starts (default: the deployment's ``request_timeout_s``).
+        """
+        encoded = encode_body(body)
+        self._check_size(encoded)
+        route = await self.route(name)
+        timeout_s = call_timeout_s(timeout, route.deployment)
+        # RQ serialises with the standard json module: hand it what orjson made of the body, plain JSON types.
+        plain = orjson.loads(encoded)
+        jobs = self._job_queue()
+        return await self._in_thread(
+            lambda: jobs.enqueue(name, plain, method=method, timeout=timeout, call_timeout_s=timeout_s)
+        )
+
+    async def job(self, job_id: str) -> JobInfo:
+        """A job's status, with its result once finished or its error once failed; NotFoundError after its TTL."""
+        jobs = self._job_queue()
+        return await self._in_thread(lambda: jobs.info(job_id))
+
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
+        with self._refusals:
+            return await asyncio.to_thread(fn)

@@ -1,0 +1,145 @@
+"""The blocking client: ``Client`` runs an ``AsyncClient`` on a background event loop.
+
+Its methods are AsyncClient's, not copies of them. ``call``, ``submit`` and
+``send`` are written out, being the hot path (and ``submit`` hands out a
+``concurrent.futures.Future``); every other method is made once from
+AsyncClient's own, so that its name, parameters and docstring are AsyncClient's:
+``_blocking`` runs a coroutine method on the loop and waits for it,
+``_connected`` connects first and then reads the client's local copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from streamserve.client.async_client import AsyncClient
+from streamserve.runtime.settings import Settings
+from streamserve.wire.errors import UnavailableError
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# AsyncClient's public names that Client has no blocking twin of, and why.
+ASYNC_ONLY = frozenset(
+    {
+        "start",  # Client connects on first use
+        "aclose",  # Client.close(), or leaving its with-block
+        "request",  # the gateway's entry point: already-encoded bodies, raw Replies
+        "route",  # a Route is for ``request``
+        "redis",  # the asyncio connection pool, usable only on the client's own loop
+        "generation",  # the gateway's cache check
+        "routes_loaded",  # the gateway's readiness check
+    }
+)
+
+
+def _blocking(
+    method: Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[Client, P], T]:
+    """The Client method that runs AsyncClient's coroutine ``method`` on the client's loop and waits for its end."""
+
+    def run(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._run(method(self._async, *args, **kwargs)).result()
+
+    return _twin_of(method, run, "waits while it runs on the client's event loop")
+
+
+def _connected(method: Callable[Concatenate[AsyncClient, P], T]) -> Callable[Concatenate[Client, P], T]:
+    """The Client method for AsyncClient's local read ``method``: connect (loading the routes) if need be, then read."""
+
+    def read(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        self._run(self._async.start()).result()
+        return method(self._async, *args, **kwargs)
+
+    return _twin_of(method, read, "connects first if the client has not yet")
+
+
+def _twin_of(
+    method: Callable[..., Any], twin: Callable[Concatenate[Client, P], T], how: str
+) -> Callable[Concatenate[Client, P], T]:
+    """``twin`` named and documented as AsyncClient's ``method`` (help() and inspect.signature show its parameters)."""
+    functools.update_wrapper(twin, method, assigned=("__name__", "__annotations__"), updated=())
+    twin.__qualname__ = f"Client.{method.__name__}"
+    twin.__doc__ = f"{inspect.cleandoc(method.__doc__ or '')}\n\nBlocking: {how}."
+    return twin
+
+
+class Client:
+    """The blocking client: the same calls as AsyncClient, run on a background event loop.
+
+    >>> client = Client("redis://localhost:6379")
+    >>> client.call("echo", {"x": 1}, timeout=5)
+
+    Every public method of AsyncClient has its blocking twin here, except those
+    named in ``ASYNC_ONLY`` (the connection's own lifecycle and the gateway's entry points).
+    """
+
+    def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
+        self._async = AsyncClient(redis_url, settings=settings)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="streamserve-client", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if self._closed:
+            coro.close()
+            raise UnavailableError("client closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    # -- the hot path, written out --------------------------------------------------
+
+    def call(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> Any:
+        """Run deployment ``name`` on ``body`` and return its result, or raise a StreamServeError."""
+        return self.submit(name, body, timeout=timeout, method=method).result()
+
+    def submit(
+        self, name: str, body: Any = None, *, timeout: float | None = None, method: str = ""
+    ) -> concurrent.futures.Future[Any]:
+        """Start a call; the Future resolves to its result or raises its error."""
+        return self._run(self._async.call(name, body, timeout=timeout, method=method))
+
+    def send(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
+        """Enqueue without waiting for the result; return the request id."""
+        return self._run(self._async.send(name, body, timeout=timeout, method=method)).result()
+
+    # -- AsyncClient's other methods, made blocking ---------------------------------
+
+    submit_job = _blocking(AsyncClient.submit_job)
+    job = _blocking(AsyncClient.job)
+    deploy = _blocking(AsyncClient.deploy)
+    scale = _blocking(AsyncClient.scale)
+    delete = _blocking(AsyncClient.delete)
+    set_traffic = _blocking(AsyncClient.set_traffic)
+    wait_for_goal = _blocking(AsyncClient.wait_for_goal)
+    status = _blocking(AsyncClient.status)
+    ping = _blocking(AsyncClient.ping)
+    deployment = _connected(AsyncClient.deployment)
+    deployments = _connected(AsyncClient.deployments)
+    endpoints = _connected(AsyncClient.endpoints)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Disconnect and stop the background loop."""
+        if self._closed:
+            return
+        with contextlib.suppress(Exception):
+            self._run(self._async.aclose()).result(timeout=5)
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""The soak: a whole farm under mixed load while its processes are killed (``python -m tests.soak.soak``)."""

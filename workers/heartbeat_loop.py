@@ -1,0 +1,143 @@
+"""A replica's heartbeat: written every heartbeat_interval_s, and the scheduler's record of it read back and obeyed.
+
+The heartbeat says how the replica is (its health, what it holds, the code
+version it runs); the scheduler turns those reports into lifecycle
+transitions. The same transaction reads the replica's record in the
+scheduler's replica hash, which says whether a farm still counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+from streamserve.workers.departure import Departure
+from streamserve.workers.slots import Slots
+
+from streamserve.control.heartbeats import News, news_of, queue_beats, queue_removal
+from streamserve.runtime.processes import is_running
+from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import RETRYABLE_ERRORS
+from streamserve.wire.errors import ProtocolError
+from streamserve.wire.ids import ReplicaID
+from streamserve.wire.messages import Heartbeat, ReplicaRecord, now_ms
+from streamserve.wire.states import RETIRED_REPLICA_STATES, ReplicaHealth
+
+logger = logging.getLogger(__name__)
+
+# How long a replica whose `streamserve up` was killed drains: its Redis is likely gone with it.
+FARM_GONE_DRAIN_S = 5.0
+
+
+class ReplicaHeartbeat:
+    """Beats for one replica until stopped, and makes it leave when its record or its `streamserve up` is gone."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        redis: aioredis.Redis,
+        replica_id: ReplicaID,
+        slots: Slots,
+        leave: Callable[[Departure], None],
+        obeys_its_record: Callable[[], bool],
+        takes_over: str | None,
+    ) -> None:
+        """``leave``: stops the replica. ``obeys_its_record``: whether the record decides now (not once it is
+        leaving anyway). ``takes_over``: the replica whose last heartbeat the first beat replaces."""
+        self._settings = settings
+        self._redis = redis
+        self._keys = settings.keys
+        self._replica_id = replica_id
+        self._consumer = replica_id.to_str()
+        self._name = replica_id.deployment
+        self._slots = slots
+        self._leave = leave
+        self._obeys_its_record = obeys_its_record
+        self._takes_over = takes_over
+        self.health = ReplicaHealth.STARTING
+        self.message = ""  # why it failed or is unhealthy, for `status`
+        self.version = ""  # the code version it runs, once loaded (the config may move on meanwhile)
+        self._lock = asyncio.Lock()
+        self._stop = asyncio.Event()  # set when the replica exits: the loop ends
+        self._told: News | None = None  # what its last heartbeat said (heartbeats.news_of), None before the first
+        self._counted = False  # a scheduler has recorded this replica (so a record that vanishes means "leave")
+
+    def stop(self) -> None:
+        """End the loop (at once, if it is waiting for its next beat)."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Beat every heartbeat_interval_s until stopped."""
+        supervisor = self._settings.supervisor
+        # Ends on the flag as well as on cancellation: redis-py can swallow a cancellation that lands in a write
+        # (CI saw a replica whose heartbeat task went on beating after it was cancelled, so it never exited).
+        while not self._stop.is_set():
+            if supervisor is not None and not is_running(supervisor):
+                why = f"the `streamserve up` that started it (pid {supervisor.partition(':')[0]}) is gone"
+                self._leave(Departure(1, why, drain_limit_s=FARM_GONE_DRAIN_S))
+                supervisor = None
+            try:
+                await self._beat()
+            except RETRYABLE_ERRORS as exc:
+                logger.warning("replica %s: heartbeat failed: %s", self._replica_id, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self._settings.heartbeat_interval_s)
+
+    async def set_health(self, health: ReplicaHealth) -> None:
+        """Report a change of health at once."""
+        self.health = health
+        await self._beat()
+
+    async def _beat(self) -> None:
+        # One beat at a time, each built once it holds the lock: the loop's beat must never land after (and over)
+        # the one that reports a change of health, such as FAILED just before the process exits.
+        async with self._lock:
+            await self._write_beat()
+
+    async def _write_beat(self) -> None:
+        beat = Heartbeat(
+            ts_ms=now_ms(),
+            health=self.health,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            ongoing=self._slots.held,
+            message=self.message,
+            version=self.version,
+        )
+        news = news_of(beat)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            beats = {self._consumer: (beat.ts_ms, beat.encode())}
+            queue_beats(pipe, self._keys, self._name, beats, news != self._told)
+            if self._takes_over is not None:
+                queue_removal(pipe, self._keys, self._name, [self._takes_over])
+            pipe.hget(self._keys.replicas(self._name), self._consumer)
+            self._told = None  # unknown until the transaction's answer comes: a lost one may or may not have run
+            *_, record = await pipe.execute()
+        self._takes_over, self._told = None, news
+        self._obey(record)
+
+    def _obey(self, raw_record: bytes | None) -> None:
+        """Leave when the farm no longer counts this replica: its record says stop, or was there and is gone.
+
+        The scheduler signals the replicas it can see; this covers the rest (another host's, a killed farm's,
+        one started by hand that the scheduler found it has no room for). A replica that never had a record
+        (no scheduler runs, or one has not looked yet) goes on serving.
+        """
+        if not self._obeys_its_record():
+            return
+        if raw_record is None:
+            if self._counted:
+                self._leave(Departure(0, "its record is gone from the scheduler's replica hash: no farm counts it"))
+            return
+        self._counted = True
+        try:
+            state = ReplicaRecord.decode(raw_record).state
+        except ProtocolError:
+            return
+        if state in RETIRED_REPLICA_STATES:
+            self._leave(Departure(0, f"the scheduler retired it (its record says {state.value})"))

@@ -1,0 +1,312 @@
+"""The serving half of a replica, built once its deployment has loaded: read requests, run the handler, reply.
+
+A request has no asyncio task of its own: it is read, its handler started,
+and its reply handed to the Finisher by callbacks on the handler's future
+(why: the README's "Design decisions, and why"). Async handlers still get a
+task, as they must.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+import traceback
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+from streamserve.workers.batcher import Batchers, DeadlinePassed
+from streamserve.workers.finisher import Finisher
+from streamserve.workers.loader import Handler, LoadedDeployment
+from streamserve.workers.slots import Slots
+from streamserve.workers.threads import HandlerThreads
+
+from streamserve.metrics.definitions import BATCH_SIZE, HANDLED, HANDLER_DURATION
+from streamserve.metrics.figures import Figures
+from streamserve.runtime.settings import Settings
+from streamserve.transport.backoff import Backoff
+from streamserve.transport.connections import RETRYABLE_ERRORS
+from streamserve.transport.pipelining import BlockingReader, Pipeliner
+from streamserve.transport.streams import Requeuer, ensure_group
+from streamserve.wire.config import DeploymentConfig
+from streamserve.wire.errors import BadRequestError, ProtocolError, ResponseTooLargeError
+from streamserve.wire.ids import ReplicaID
+from streamserve.wire.json_values import dumps
+from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.wire.messages import Fields, Reply, ReplyStatus, Request, StreamBatches, now_ms
+
+logger = logging.getLogger(__name__)
+
+# How long one XREADGROUP waits; also the longest a stop request waits for the read to return.
+READ_BLOCK_MS = 500
+# At most this many requests delivered by a lost read are recovered at once (a read asks for max_ongoing at most).
+UNDELIVERED_MAX = 1000
+
+
+class Serving:
+    """Serves a loaded deployment from its request stream until the replica stops."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        redis: aioredis.Redis,
+        reader: BlockingReader,
+        pipeliner: Pipeliner,
+        replica_id: ReplicaID,
+        config: DeploymentConfig,
+        deployment: LoadedDeployment,
+        threads: HandlerThreads,
+        slots: Slots,
+        stopping: asyncio.Event,
+        figures: Figures | None,
+    ) -> None:
+        """``reader`` and ``pipeliner``: the replica's connections (the replica closes them). ``threads``: where
+        sync handlers run, max_ongoing_requests at most. ``stopping``: set when it must read no more.
+        ``figures``: None when metrics are off."""
+        self._settings = settings
+        self._redis = redis
+        self._reader = reader
+        self._requeuer = Requeuer(redis)
+        self._keys = settings.keys
+        self._consumer = replica_id.to_str()
+        self._name = replica_id.deployment
+        self._stream = self._keys.requests(self._name)
+        # The deployment's config as of now: the replica replaces it when it changes (its limits apply at once).
+        self.config = config
+        self.deployment = deployment
+        self._threads = threads
+        self._slots = slots
+        self._stopping = stopping
+        self._figures = figures
+        self._finisher = Finisher(pipeliner, self._stream, slots.finished, self._consumer)
+        self._batchers = Batchers(self._invoke_batch, lambda: self.config.max_ongoing_requests, self._consumer)
+        self.served = 0
+        self.failed = 0
+
+    # -- configuration ---------------------------------------------------------
+
+    async def reconfigure(self, user_config: Any) -> None:
+        """Call the deployment's ``reconfigure(user_config)``, if it has one and there is a user_config."""
+        fn = self.deployment.reconfigure
+        if fn is None or user_config is None:
+            return
+        await self._threads.run(fn, user_config)
+
+    def resize(self, max_ongoing_requests: int) -> None:
+        """Hold up to ``max_ongoing_requests`` from now on (``config`` says so already)."""
+        self._threads.resize(max_ongoing_requests)
+        self._slots.wake()
+
+    # -- the end of serving ----------------------------------------------------
+
+    def flush_batches(self) -> None:
+        """Run the partial batches without waiting for them to fill: nothing more will arrive (the replica drains)."""
+        self._batchers.flush_now()
+
+    async def close_batches(self) -> None:
+        """Cancel batches still running (the drain's grace period is over) and log what was batched."""
+        await self._batchers.aclose()
+
+    def close_threads(self) -> None:
+        """End the handler threads: a handler still running past the drain's grace period is not answered."""
+        self._threads.close()
+
+    # -- reading ---------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Read and run requests until the replica stops."""
+        backoff = Backoff()
+        lost_a_read = False
+        while not self._stopping.is_set():
+            free = self._slots.free(self.config.max_ongoing_requests)
+            if free <= 0:
+                await self._slots.wait_for_room()
+                continue
+            try:
+                if lost_a_read:
+                    await self._take(await self._undelivered())
+                    lost_a_read = False
+                read = ("XREADGROUP", "GROUP", CONSUMER_GROUP, self._consumer, "COUNT", free, "BLOCK", READ_BLOCK_MS)
+                batches = await self._reader.read((*read, "STREAMS", self._stream, ">"), READ_BLOCK_MS)
+                backoff.reset()
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                await ensure_group(self._redis, self._stream)  # the stream was deleted and made again
+                continue
+            except RETRYABLE_ERRORS as exc:
+                lost_a_read = True
+                delay = backoff.next()
+                logger.warning("replica %s: read failed (%s); retrying in %.1fs", self._consumer, exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            await self._take(batches)
+
+    async def _undelivered(self) -> StreamBatches:
+        """What Redis delivered to this replica but it does not hold: the reply to a read that was lost with its
+        connection. Those entries are pending under this live replica's name, so nobody else would ever run them."""
+        history = ("XREADGROUP", "GROUP", CONSUMER_GROUP, self._consumer, "COUNT", UNDELIVERED_MAX, "STREAMS")
+        batches = await self._reader.read((*history, self._stream, "0"), READ_BLOCK_MS)  # (no BLOCK: at once)
+        lost = [(s, [(i, f) for i, f in entries if not self._slots.holds(i)]) for s, entries in batches]
+        if any(entries for _s, entries in lost):
+            count = sum(len(entries) for _s, entries in lost)
+            logger.warning("replica %s: %d request(s) delivered by a lost read: running them", self._consumer, count)
+        return lost
+
+    async def _take(self, batches: StreamBatches) -> None:
+        suspects = []
+        for _stream, entries in batches or ():
+            for entry_id, fields in entries:
+                if b"attempts" in fields:
+                    suspects.append((entry_id, fields))
+                else:
+                    self._accept(entry_id, fields)
+        if suspects:
+            # Hand the others back first: had this replica still held them, a death would charge them too.
+            await self._hand_back([entry_id for entry_id, _ in suspects[1:]])
+            await self._run_alone(*suspects[0])
+
+    async def _run_alone(self, entry_id: bytes, fields: Fields) -> None:
+        """Run an entry that a dead replica held with nothing else in flight, and read nothing meanwhile.
+
+        Any entry a dying replica held may be what killed it, so each was
+        charged an attempt. Run side by side again, a poison request would take
+        its neighbours down with it on every delivery until they too reached the
+        dead-letter stream; alone, a death is charged to the culprit only.
+        """
+        await self._slots.wait_idle()
+        self._accept(entry_id, fields)
+        await self._slots.wait_idle()
+
+    async def _hand_back(self, entry_ids: list[bytes]) -> None:
+        """Return suspects read beside the one being run alone to the queue, unrun and uncharged."""
+        if not entry_ids:
+            return
+        await self._requeuer.requeue(
+            self._stream,
+            self._keys.dead_letters(self._name),
+            entry_ids,
+            charge=False,
+            max_delivery_attempts=self.config.max_delivery_attempts,
+        )
+
+    # -- one request -----------------------------------------------------------
+
+    def _accept(self, entry_id: bytes, fields: Fields) -> None:
+        """Take a slot for a request read and start its handler; the rest runs in callbacks, with no task."""
+        self._slots.take(entry_id)
+        try:
+            request = Request.decode(fields)
+        except ProtocolError as exc:
+            logger.warning("replica %s: dropping malformed entry %s: %s", self._consumer, entry_id, exc)
+            self._slots.handler_returned()
+            self._finisher.finish(entry_id)
+            return
+        started_at = time.perf_counter()
+        started = self._start_handler(request)
+        if isinstance(started, Reply):
+            self._finish(entry_id, request, started)
+        else:
+            started.add_done_callback(functools.partial(self._on_handler_done, entry_id, request, started_at))
+
+    def _start_handler(self, request: Request) -> Reply | asyncio.Future[Any]:
+        """Start the handler on the request; a Reply instead when there is nothing to run."""
+        rid = self._consumer
+        if request.deadline_ms and now_ms() > request.deadline_ms:
+            return Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, rid)
+        try:
+            handler = self.deployment.handler(request.method)
+            body = orjson.loads(request.body) if request.body else None
+        except (BadRequestError, orjson.JSONDecodeError) as exc:
+            return Reply(request.request_id, ReplyStatus.BAD_REQUEST, rid, error_message=str(exc))
+        try:
+            if handler.batch is not None:
+                return asyncio.ensure_future(self._batchers.call(request.method, handler, body, request.deadline_ms))
+            return self._invoke(handler, body)
+        except Exception as exc:
+            return self._user_error(request, exc)
+
+    def _invoke(self, handler: Handler, arg: Any) -> asyncio.Future[Any]:
+        """Run a handler on one body (or a batch's list): the one place that tells sync from async.
+
+        Async handlers get a task on the loop; sync ones run on a handler thread with no task at all
+        (a sync callable that returns a coroutine has it run on the loop: HandlerThreads sees to that).
+        """
+        if handler.is_async:
+            task: asyncio.Future[Any] = asyncio.ensure_future(handler.fn(arg))
+            return task
+        return self._threads.run(handler.fn, arg)
+
+    def _invoke_batch(self, handler: Handler, bodies: list[Any]) -> asyncio.Future[Any]:
+        """Run a batched handler on one batch (counting the batch's size)."""
+        if self._figures is not None:
+            self._figures.observe(self._name, BATCH_SIZE, len(bodies))
+        return self._invoke(handler, bodies)
+
+    def _on_handler_done(self, entry_id: bytes, request: Request, started_at: float, done: asyncio.Future[Any]) -> None:
+        if done.cancelled():  # stopping: the entry stays pending, to be claimed again
+            self._slots.handler_returned()
+            self._slots.finished([entry_id])
+            return
+        reply = self._reply_for(request, done)
+        if self._figures is not None:
+            self._figures.observe(self._name, HANDLER_DURATION, time.perf_counter() - started_at)
+        self._finish(entry_id, request, reply)
+
+    def _finish(self, entry_id: bytes, request: Request, reply: Reply) -> None:
+        """Free the request's slot and hand its reply to the Finisher (no reply when nobody waits for one)."""
+        self._slots.handler_returned()
+        self.served += 1
+        if self._figures is not None:
+            self._figures.count(self._name, HANDLED, reply.status.value)
+        if reply.status is not ReplyStatus.OK:
+            self.failed += 1
+        self._finisher.finish(entry_id, reply if request.reply_to else None, request.reply_to)
+
+    def _reply_for(self, request: Request, done: asyncio.Future[Any]) -> Reply:
+        raised = done.exception()
+        if isinstance(raised, DeadlinePassed):
+            return Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, self._consumer)
+        if raised is not None:
+            return self._user_error(request, raised)
+        try:
+            body = dumps(done.result())
+        except Exception as exc:  # the result has no exact JSON form
+            return self._user_error(request, exc, "the handler's result cannot be sent as JSON: ")
+        limit = self.config.max_response_bytes
+        if len(body) > limit:  # never written to Redis
+            return self._user_error(
+                request,
+                ResponseTooLargeError(
+                    f"the handler's result is {len(body)} bytes of JSON, above max_response_bytes ({limit})"
+                ),
+            )
+        return Reply(request.request_id, ReplyStatus.OK, self._consumer, body=body)
+
+    def _user_error(self, request: Request, exc: BaseException, context: str = "") -> Reply:
+        """The reply to a request whose handler raised ``exc``; logged here at ERROR with its traceback (the reply
+        carries the traceback only with STREAMSERVE_DEBUG=1)."""
+        logger.error(
+            "replica %s: the handler raised on request %s: %s%s: %s",
+            self._consumer,
+            request.request_id,
+            context,
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+            extra={"request_id": request.request_id, "deployment": self._name, "replica_id": self._consumer},
+        )
+        message = context + str(exc)
+        if self._settings.debug:
+            message += "\n" + "".join(traceback.format_exception(exc))
+        return Reply(
+            request.request_id,
+            ReplyStatus.USER_ERROR,
+            self._consumer,
+            error_type=type(exc).__name__,
+            error_message=message,
+        )
