@@ -1,4 +1,7 @@
-"""A whole farm runs as a Redis ACL user confined to its keys and channels: the README's line, word for word."""
+"""A whole farm runs as a Redis ACL user confined to its keys and channels: the docs' line, word for word.
+
+The line is the one docs/operations.md prints in its Security section.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ import redis
 
 from streamserve.runtime.embedded_redis import redis_server_binary
 from streamserve.runtime.processes import free_port, stop_group, wait_until
-from tests.e2e.farm import ROOT, Farm, wait_for
+from tests.harness.farm import Farm
+from tests.harness.paths import ROOT
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -21,11 +26,11 @@ PASSWORD = "farm-secret-8d1f"
 ADMIN_PASSWORD = "admin-secret-33a0"
 
 
-def readme_acl_line() -> str:
-    """The ACL line as the README's Security section prints it, with this test's password in place."""
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- acl-begin -->\n```\n(.+?)\n```\n<!-- acl-end -->", readme, re.S)
-    assert block is not None, "README lost its ACL block"
+def docs_acl_line() -> str:
+    """The ACL line as docs/operations.md's Security section prints it, with this test's password in place."""
+    page = (ROOT / "docs" / "operations.md").read_text()
+    block = re.search(r"<!-- acl-begin -->\n```\n(.+?)\n```\n<!-- acl-end -->", page, re.S)
+    assert block is not None, "docs/operations.md lost its ACL block"
     line = block.group(1).strip()
     assert line.startswith("user streamserve on >CHANGE-ME ")
     return line.replace(">CHANGE-ME", f">{PASSWORD}")
@@ -33,14 +38,14 @@ def readme_acl_line() -> str:
 
 @pytest.fixture
 def acl_redis(tmp_path: Path) -> Iterator[int]:
-    """A redis-server whose default user is off; the farm's user is the README's, plus an admin for the test."""
+    """A redis-server whose default user is off; the farm's user is the docs', plus an admin for the test."""
     port = free_port()
     conf = tmp_path / "redis.conf"
     conf.write_text(
         f'port {port}\nbind 127.0.0.1\nsave ""\nappendonly no\ndir {tmp_path}\n'
         "user default off\n"
         f"user admin on >{ADMIN_PASSWORD} ~* &* +@all\n"
-        f"{readme_acl_line()}\n"
+        f"{docs_acl_line()}\n"
     )
     proc = subprocess.Popen(
         [redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -54,14 +59,14 @@ def acl_redis(tmp_path: Path) -> Iterator[int]:
             except redis.RedisError:
                 return proc.poll() is not None
 
-        assert wait_until(up, 10) and proc.poll() is None, "redis-server did not start with the README's ACL line"
+        assert wait_until(up, 10) and proc.poll() is None, "redis-server did not start with the docs' ACL line"
         yield port
     finally:
         admin.close()
         stop_group(proc, timeout_s=5)
 
 
-def test_the_farm_runs_as_the_readme_acl_user(acl_redis: int, tmp_path: Path) -> None:
+def test_the_farm_runs_as_the_documented_acl_user(acl_redis: int, tmp_path: Path) -> None:
     config = tmp_path / "farm.yaml"
     config.write_text(
         "deployments:\n"

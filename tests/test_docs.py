@@ -1,0 +1,62 @@
+"""The documentation holds together: the MkDocs site builds with --strict, and the README's links lead somewhere.
+
+mkdocs.yml turns a broken link, a missing anchor or a page left out of the navigation into a warning, and
+``--strict`` makes every warning fail the build. The README is read on GitHub, outside the site, so its relative
+links are checked here against the tree.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from streamserve.wire.states import REPLICA_TRANSITIONS
+
+ROOT = Path(__file__).resolve().parents[1]
+MKDOCS = Path(sys.executable).parent / "mkdocs"
+# [text](target) and ![alt](target); the target ends at whitespace or the closing parenthesis.
+MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)[^)]*\)")
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    result = subprocess.run(
+        [str(MKDOCS), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "site" / "index.html").exists()
+
+
+def readme_links() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    return [target for target in MARKDOWN_LINK.findall(readme) if not re.match(r"[a-z][a-z0-9+.-]*:|#", target)]
+
+
+def test_every_relative_link_in_the_readme_points_to_a_file() -> None:
+    links = readme_links()
+    assert links, "the README links into docs/"
+    missing = [link for link in links if not (ROOT / link.split("#", 1)[0]).is_file()]
+    assert missing == []
+
+
+def test_the_readme_links_every_page_of_the_site() -> None:
+    linked = {link.split("#", 1)[0] for link in readme_links()}
+    pages = {f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md")}
+    assert pages - linked == set()
+
+
+def test_the_lifecycle_table_is_the_code() -> None:
+    """Architecture's table of replica transitions lists exactly the moves REPLICA_TRANSITIONS allows."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    rows = set(re.findall(r"^\| `([A-Z_]+)` \| `([A-Z_]+)` \|", page, re.M))
+    allowed = {(old.value, new.value) for old, moves in REPLICA_TRANSITIONS.items() for new in moves}
+    assert rows == allowed
