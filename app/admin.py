@@ -9,10 +9,10 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request, Response, params
+
 from streamserve.app.bodies import read_body
 from streamserve.app.errors import json_response
 from streamserve.app.openapi import DEPLOY_BODY, SCALE_BODY, TRAFFIC_BODY
-
 from streamserve.client import AsyncClient
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.goal_records import GoalStore

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 from fastapi import APIRouter, Response
-from streamserve.app.errors import json_response
 
+from streamserve.app.errors import json_response
 from streamserve.client import AsyncClient
 from streamserve.control.status import StatusReader
 from streamserve.metrics.history import SAMPLES_KEPT

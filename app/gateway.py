@@ -25,6 +25,7 @@ from redis.exceptions import ResponseError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 from streamserve.app.admin import admin_router
 from streamserve.app.bodies import ClientDisconnected, read_body
 from streamserve.app.dashboard import dashboard_router
@@ -39,7 +40,6 @@ from streamserve.app.errors import (
 from streamserve.app.observe import CLIENT_CLOSED, RequestObserver
 from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
 from streamserve.app.routing import RouteTable
-
 from streamserve.client import AsyncClient
 from streamserve.client.calls import error_of
 from streamserve.control.status import StatusReader

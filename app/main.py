@@ -7,8 +7,8 @@ import os
 from typing import Any
 
 import uvicorn
-from streamserve.app.gateway import GatewayApp, create_app
 
+from streamserve.app.gateway import GatewayApp, create_app
 from streamserve.control.security import check_exposure
 from streamserve.runtime.gc_freeze import freeze_startup_objects
 from streamserve.runtime.logging_setup import setup_logging, start_process

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
+
 from streamserve.app.errors import STATUS_BY_ERROR
 
 ERROR_BODY: dict[str, Any] = {

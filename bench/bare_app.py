@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import uvicorn
 from fastapi import FastAPI, Request, Response
+
 from streamserve.app.main import UVICORN_OPTIONS
 
 app = FastAPI(title="bare noop")

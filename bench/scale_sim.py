@@ -37,8 +37,6 @@ from typing import Any
 
 import orjson
 import redis
-from streamserve.scheduler.main import serve
-from streamserve.scheduler.scheduler import Scheduler
 
 from bench.children import Child, Children
 from bench.options import Options
@@ -51,6 +49,8 @@ from streamserve.control.long_poll import EVERYTHING, LongPollSubscriber
 from streamserve.runtime.embedded_redis import redis_server_binary
 from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
+from streamserve.scheduler.main import serve
+from streamserve.scheduler.scheduler import Scheduler
 from streamserve.transport.connections import async_redis
 from streamserve.wire.config import AppConfig, DeploymentConfig
 from streamserve.wire.ids import ReplicaID

@@ -6,12 +6,11 @@ import logging
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from streamserve.control.resources import GpuAllocator
 from streamserve.scheduler.autoscaler import AutoscalePolicy
 from streamserve.scheduler.heartbeat_reader import Beats
 from streamserve.scheduler.replica_wrapper import Alive, ReplicaWrapper, Started, Stopped
 from streamserve.scheduler.types import Launcher, ReplicaStore, Timeouts
-
-from streamserve.control.resources import GpuAllocator
 from streamserve.transport.backoff import Backoff
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import ProtocolError

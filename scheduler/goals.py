@@ -6,9 +6,9 @@ import logging
 from collections.abc import Mapping
 
 import redis.asyncio as aioredis
-from streamserve.scheduler.deployment_state import DeploymentState, Target
 
 from streamserve.control.goal_records import GoalStore
+from streamserve.scheduler.deployment_state import DeploymentState, Target
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import GoalRecord

@@ -7,15 +7,15 @@ import asyncio
 import logging
 
 import redis.asyncio as aioredis
-from streamserve.scheduler.collector import collect_periodically
-from streamserve.scheduler.job_pool import JobWorkerPool
-from streamserve.scheduler.launcher import ProcessLauncher
-from streamserve.scheduler.scheduler import Scheduler
 
 from streamserve.client.jobs import jobs_redis_url
 from streamserve.runtime.logging_setup import start_process
 from streamserve.runtime.processes import on_stop_signals
 from streamserve.runtime.settings import Settings
+from streamserve.scheduler.collector import collect_periodically
+from streamserve.scheduler.job_pool import JobWorkerPool
+from streamserve.scheduler.launcher import ProcessLauncher
+from streamserve.scheduler.scheduler import Scheduler
 from streamserve.transport.connections import async_redis
 
 logger = logging.getLogger(__name__)

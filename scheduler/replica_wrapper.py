@@ -12,7 +12,6 @@ from collections.abc import Callable
 from enum import Enum
 
 from streamserve.scheduler.types import Launcher, ReplicaStore, Timeouts
-
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import Heartbeat, ReplicaRecord
 from streamserve.wire.states import ReplicaHealth, ReplicaState, check_replica_transition

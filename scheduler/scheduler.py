@@ -10,6 +10,11 @@ import random
 from collections.abc import Mapping
 
 import redis.asyncio as aioredis
+
+from streamserve.control.desired_state import DesiredState
+from streamserve.control.resources import GpuAllocator, host_gpus, host_memory_bytes, overcommit
+from streamserve.metrics.history import MetricsHistory
+from streamserve.runtime.settings import Settings
 from streamserve.scheduler.deployment_state import DeploymentState, Target
 from streamserve.scheduler.goals import GoalTracker
 from streamserve.scheduler.heartbeat_reader import Beats, HeartbeatReader
@@ -19,11 +24,6 @@ from streamserve.scheduler.leader import LeaderLock
 from streamserve.scheduler.reclaim import Reclaimer
 from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.scheduler.types import Clock, Launcher, Timeouts
-
-from streamserve.control.desired_state import DesiredState
-from streamserve.control.resources import GpuAllocator, host_gpus, host_memory_bytes, overcommit
-from streamserve.metrics.history import MetricsHistory
-from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RETRYABLE_ERRORS
 from streamserve.transport.streams import ensure_group
 from streamserve.wire.config import DeploymentConfig

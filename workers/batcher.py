@@ -22,10 +22,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from streamserve.workers.loader import Handler
-
 from streamserve.batching import BatchConfig, check_outputs
 from streamserve.wire.messages import now_ms
+from streamserve.workers.loader import Handler
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,6 @@ import socket
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
-from streamserve.workers.departure import Departure
-from streamserve.workers.slots import Slots
 
 from streamserve.control.heartbeats import News, news_of, queue_beats, queue_removal
 from streamserve.runtime.processes import is_running
@@ -27,6 +25,8 @@ from streamserve.wire.errors import ProtocolError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import Heartbeat, ReplicaRecord, now_ms
 from streamserve.wire.states import RETIRED_REPLICA_STATES, ReplicaHealth
+from streamserve.workers.departure import Departure
+from streamserve.workers.slots import Slots
 
 logger = logging.getLogger(__name__)
 

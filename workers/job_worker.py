@@ -13,11 +13,11 @@ import logging
 import os
 
 from rq.worker import SimpleWorker
-from streamserve.workers import job_function
 
 from streamserve.client.jobs import JOB_SERIALIZER, JobQueue, job_worker_name, jobs_redis_url
 from streamserve.runtime.logging_setup import start_process
 from streamserve.transport.connections import sync_redis
+from streamserve.workers import job_function
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,6 @@ import sys
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
-from streamserve.workers.output_shipper import OutputShipper
-from streamserve.workers.replica import Replica
 
 from streamserve.runtime.gc_freeze import freeze_startup_objects
 from streamserve.runtime.logging_setup import start_process
@@ -19,6 +17,8 @@ from streamserve.runtime.processes import on_stop_signals, role_command
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import async_redis
 from streamserve.wire.ids import ReplicaID
+from streamserve.workers.output_shipper import OutputShipper
+from streamserve.workers.replica import Replica
 
 logger = logging.getLogger(__name__)
 

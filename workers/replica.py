@@ -19,13 +19,6 @@ from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
-from streamserve.workers.departure import Departure, DepartureRules
-from streamserve.workers.health_checks import watch_health
-from streamserve.workers.heartbeat_loop import ReplicaHeartbeat
-from streamserve.workers.loader import load
-from streamserve.workers.serving import Serving
-from streamserve.workers.slots import Slots
-from streamserve.workers.threads import HandlerThreads
 
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.heartbeats import queue_removal
@@ -41,6 +34,13 @@ from streamserve.wire.errors import NotFoundError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.wire.states import ReplicaHealth
+from streamserve.workers.departure import Departure, DepartureRules
+from streamserve.workers.health_checks import watch_health
+from streamserve.workers.heartbeat_loop import ReplicaHeartbeat
+from streamserve.workers.loader import load
+from streamserve.workers.serving import Serving
+from streamserve.workers.slots import Slots
+from streamserve.workers.threads import HandlerThreads
 
 logger = logging.getLogger(__name__)
 

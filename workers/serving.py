@@ -18,11 +18,6 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
-from streamserve.workers.batcher import Batchers, DeadlinePassed
-from streamserve.workers.finisher import Finisher
-from streamserve.workers.loader import Handler, LoadedDeployment
-from streamserve.workers.slots import Slots
-from streamserve.workers.threads import HandlerThreads
 
 from streamserve.metrics.definitions import BATCH_SIZE, HANDLED, HANDLER_DURATION
 from streamserve.metrics.figures import Figures
@@ -37,6 +32,11 @@ from streamserve.wire.ids import ReplicaID
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import Fields, Reply, ReplyStatus, Request, StreamBatches, now_ms
+from streamserve.workers.batcher import Batchers, DeadlinePassed
+from streamserve.workers.finisher import Finisher
+from streamserve.workers.loader import Handler, LoadedDeployment
+from streamserve.workers.slots import Slots
+from streamserve.workers.threads import HandlerThreads
 
 logger = logging.getLogger(__name__)
 

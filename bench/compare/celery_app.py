@@ -49,6 +49,7 @@ def run_worker(redis_url: str, concurrency: int) -> None:
 
 def run_http(redis_url: str, port: int) -> None:
     import uvicorn
+
     from streamserve.app.main import UVICORN_OPTIONS
 
     celery = make_app(redis_url)

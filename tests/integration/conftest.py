@@ -10,15 +10,15 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
-from streamserve.app.gateway import create_app
-from streamserve.workers.replica import Replica
 
+from streamserve.app.gateway import create_app
 from streamserve.client import AsyncClient
 from streamserve.control.desired_state import DesiredState
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import async_redis
 from streamserve.wire.config import AppConfig, DeploymentConfig
 from streamserve.wire.ids import ReplicaID
+from streamserve.workers.replica import Replica
 from tests import deployments
 from tests.harness.waiting import wait_for_async
 

@@ -12,8 +12,8 @@ import pytest
 import redis.asyncio as aioredis
 from fastapi.routing import APIRoute
 from pydantic import SecretStr
-from streamserve.app.admin import admin_router
 
+from streamserve.app.admin import admin_router
 from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
 from tests.integration.conftest import gateway_http

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import redis.asyncio as aioredis
-from streamserve.scheduler.scheduler import Scheduler
 
 from streamserve.client import AsyncClient
 from streamserve.control.status import StatusReader
 from streamserve.runtime.settings import Settings
+from streamserve.scheduler.scheduler import Scheduler
 from streamserve.wire.messages import ReplicaRecord, Request, now_ms
 from streamserve.wire.states import ACTIVE_REPLICA_STATES
 from tests.harness.fake_launcher import FakeLauncher

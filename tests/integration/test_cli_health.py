@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 
 import redis.asyncio as aioredis
-from streamserve.scheduler.leader import LeaderLock
-from streamserve.scheduler.store import RedisReplicaStore
 
 from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
+from streamserve.scheduler.leader import LeaderLock
+from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.wire.messages import DeploymentHealthRecord, now_ms
 from streamserve.wire.states import DeploymentHealth
 from tests.harness.paths import STREAMSERVE

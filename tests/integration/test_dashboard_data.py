@@ -6,13 +6,13 @@ import re
 
 import httpx
 import redis.asyncio as aioredis
-from streamserve.scheduler.store import RedisReplicaStore
 
 from streamserve.metrics.definitions import REQUEST_DURATION, REQUESTS
 from streamserve.metrics.figures import Figures
 from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.metrics.history import SAMPLE_EVERY_MS, MetricsHistory
 from streamserve.runtime.settings import Settings
+from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.wire.messages import AutoscaleRecord
 from tests.integration.conftest import StartReplica
 

@@ -18,9 +18,8 @@ import httpx
 import pytest
 import redis
 from pydantic import SecretStr
-from streamserve.app.gateway import create_app
-from streamserve.workers.replica import Replica
 
+from streamserve.app.gateway import create_app
 from streamserve.client import AsyncClient
 from streamserve.runtime.embedded_redis import EmbeddedRedis, redis_server_binary
 from streamserve.runtime.processes import free_port, stop_group
@@ -28,6 +27,7 @@ from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import async_redis
 from streamserve.wire.errors import RedisUnavailableError
 from streamserve.wire.ids import ReplicaID
+from streamserve.workers.replica import Replica
 from tests.harness.paths import ROOT, STREAMSERVE
 from tests.harness.waiting import wait_for, wait_for_async
 from tests.integration.conftest import deploy, gateway_http

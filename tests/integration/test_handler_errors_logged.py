@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 
 import pytest
-from streamserve.workers import serving
 
 from streamserve.client import AsyncClient
 from streamserve.runtime.logging_setup import TextFormatter
 from streamserve.wire.errors import RemoteError
+from streamserve.workers import serving
 from tests.integration.conftest import StartReplica
 
 

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
-from streamserve.scheduler.heartbeat_reader import HeartbeatReader
 
 from streamserve.control.heartbeats import queue_beats, queue_removal
 from streamserve.runtime.settings import Settings
+from streamserve.scheduler.heartbeat_reader import HeartbeatReader
 from streamserve.transport.connections import async_redis
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import Heartbeat, now_ms

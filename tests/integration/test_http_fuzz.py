@@ -14,8 +14,8 @@ import pytest
 import schemathesis
 from pydantic import SecretStr
 from schemathesis import checks
-from streamserve.app.gateway import create_app
 
+from streamserve.app.gateway import create_app
 from streamserve.runtime.settings import Settings
 
 EXAMPLES_PER_OPERATION = 25

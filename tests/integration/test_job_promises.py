@@ -26,13 +26,13 @@ import redis
 import redis.asyncio as aioredis
 from rq import Queue
 from rq.registry import StartedJobRegistry
-from streamserve.workers import job_function
 
 from streamserve.client import AsyncClient
 from streamserve.client.jobs import JOB_SERIALIZER
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import UnavailableError
 from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.workers import job_function
 from tests.harness.farm import Processes
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy

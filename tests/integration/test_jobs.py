@@ -14,7 +14,6 @@ from rq import Queue
 from rq.job import Job
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker
-from streamserve.workers import job_function
 
 from streamserve.client import AsyncClient
 from streamserve.client.jobs import JOB_FUNCTION, JOB_SERIALIZER, JobInfo
@@ -22,6 +21,7 @@ from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import BadRequestError, NotFoundError
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.states import JobStatus
+from streamserve.workers import job_function
 from tests import deployments
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica

@@ -38,7 +38,6 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
-from streamserve.workers.replica import Replica
 
 from streamserve.client import AsyncClient
 from streamserve.runtime.embedded_redis import EmbeddedRedis
@@ -46,6 +45,7 @@ from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import Heartbeat
+from streamserve.workers.replica import Replica
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_gateway_health_and_urls import DEBIAN_REDIS_SERVER

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import redis.asyncio as aioredis
-from streamserve.scheduler.scheduler import Scheduler
 
 from streamserve.control.desired_state import DesiredState
 from streamserve.runtime.settings import Settings
+from streamserve.scheduler.scheduler import Scheduler
 from tests.harness.fake_launcher import FakeLauncher
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import deploy

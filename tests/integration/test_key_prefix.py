@@ -17,10 +17,10 @@ import httpx
 import orjson
 import pytest
 import redis.asyncio as aioredis
-from streamserve.scheduler.scheduler import Scheduler
 
 from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
+from streamserve.scheduler.scheduler import Scheduler
 from tests.harness.fake_launcher import FakeLauncher
 from tests.harness.paths import ROOT, STREAMSERVE
 from tests.integration.conftest import StartReplica

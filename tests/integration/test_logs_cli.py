@@ -7,13 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from streamserve.workers.output_shipper import LOG_STREAM_LINES
 
 from streamserve import Client
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import sync_redis
 from streamserve.wire.config import AppConfig, DeploymentConfig
 from streamserve.wire.errors import RemoteError
+from streamserve.workers.output_shipper import LOG_STREAM_LINES
 from tests.harness.farm import Processes
 from tests.harness.paths import ROOT, STREAMSERVE
 from tests.harness.waiting import wait_for

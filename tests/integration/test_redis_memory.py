@@ -9,7 +9,6 @@ from pathlib import Path
 import orjson
 import pytest
 import redis
-from streamserve.workers.replica import Replica
 
 from streamserve.client import AsyncClient
 from streamserve.control.desired_state import DesiredState
@@ -20,6 +19,7 @@ from streamserve.transport.connections import async_redis
 from streamserve.wire.config import AppConfig, DeploymentConfig
 from streamserve.wire.errors import OverloadedError
 from streamserve.wire.ids import ReplicaID
+from streamserve.workers.replica import Replica
 from tests.harness.paths import STREAMSERVE
 from tests.integration.conftest import gateway_http
 

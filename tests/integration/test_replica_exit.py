@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
-from streamserve.workers import replica as replica_module
-from streamserve.workers.replica import Replica
 
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import async_redis
 from streamserve.wire.ids import ReplicaID
+from streamserve.workers import replica as replica_module
+from streamserve.workers.replica import Replica
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import deploy
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import redis.asyncio as aioredis
-from streamserve.workers.replica import Replica
 
 from streamserve.runtime.settings import Settings
 from streamserve.wire.messages import ReplicaRecord, now_ms
 from streamserve.wire.states import ReplicaState
+from streamserve.workers.replica import Replica
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import redis.asyncio as aioredis
-from streamserve.scheduler.scheduler import Scheduler
 
 from streamserve.runtime.settings import Settings
+from streamserve.scheduler.scheduler import Scheduler
 from streamserve.wire.messages import ReplicaRecord
 from streamserve.wire.states import ACTIVE_REPLICA_STATES
 from tests.harness.fake_launcher import FakeLauncher

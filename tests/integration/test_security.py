@@ -17,7 +17,6 @@ import httpx
 import orjson
 import pytest
 import redis as sync_redis_module
-from streamserve.workers.replica import Replica
 
 from streamserve.client import AsyncClient
 from streamserve.control.desired_state import DesiredState
@@ -29,6 +28,7 @@ from streamserve.wire.errors import ConfigError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import Heartbeat
 from streamserve.wire.states import ReplicaHealth
+from streamserve.workers.replica import Replica
 from tests.harness.farm import gateway_process
 from tests.harness.paths import ROOT, STREAMSERVE
 from tests.integration.conftest import gateway_http

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pytest
-from streamserve.scheduler.autoscaler import AutoscalePolicy, Decision
 
+from streamserve.scheduler.autoscaler import AutoscalePolicy, Decision
 from streamserve.wire.config import AutoscalingConfig
 
 TICK_MS = 200

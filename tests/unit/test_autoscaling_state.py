@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 from fakeredis import FakeAsyncRedis
+
+from streamserve.control.desired_state import DesiredState
 from streamserve.scheduler.deployment_state import DeploymentState, Target
 from streamserve.scheduler.goals import GoalTracker
 from streamserve.scheduler.types import Timeouts
-
-from streamserve.control.desired_state import DesiredState
 from streamserve.wire.config import AppConfig, DeploymentConfig
 from streamserve.wire.keys import Keys
 from streamserve.wire.states import DeploymentHealth, GoalStatus, ReplicaState

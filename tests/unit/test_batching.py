@@ -7,13 +7,13 @@ import inspect
 from typing import Any
 
 import pytest
-from streamserve.workers.batcher import Batcher, DeadlinePassed
-from streamserve.workers.loader import LoadedDeployment
 
 import streamserve
 from streamserve.batching import BatchConfig, batch_config_of
 from streamserve.wire.errors import BatchOutputError, ConfigError
 from streamserve.wire.messages import now_ms
+from streamserve.workers.batcher import Batcher, DeadlinePassed
+from streamserve.workers.loader import LoadedDeployment
 
 
 @streamserve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)

@@ -6,8 +6,8 @@ import asyncio
 import gc
 
 import pytest
-from streamserve.scheduler import collector
 
+from streamserve.scheduler import collector
 from tests.harness.waiting import wait_for_async
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from streamserve.workers.departure import Departure, DepartureRules
 
 from streamserve.wire.config import DeploymentConfig
+from streamserve.workers.departure import Departure, DepartureRules
 
 
 def config(external: bool = False, version: str | None = None, **extra: object) -> DeploymentConfig:

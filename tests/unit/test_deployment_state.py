@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+
 from streamserve.scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, DeploymentState, Target
 from streamserve.scheduler.heartbeat_reader import Beats
 from streamserve.scheduler.types import Timeouts
-
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import AutoscaleRecord, DeploymentHealthRecord, Heartbeat, ReplicaRecord

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from streamserve.scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, Target
-
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import Heartbeat
 from streamserve.wire.states import DeploymentHealth, ReplicaHealth, ReplicaState

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from streamserve.scheduler.deployment_state import DeploymentState
-from streamserve.scheduler.types import Timeouts
 
 from streamserve.control.resources import GpuAllocator, host_gpus, overcommit
+from streamserve.scheduler.deployment_state import DeploymentState
+from streamserve.scheduler.types import Timeouts
 from streamserve.wire.config import DeploymentConfig, parse_config
 from streamserve.wire.errors import ConfigError
 from streamserve.wire.messages import ReplicaRecord

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from streamserve.workers.threads import HandlerThreads
 
+from streamserve.workers.threads import HandlerThreads
 from tests.harness.waiting import wait_for_async
 
 WAIT_S = 10.0  # bound on every wait below: a hand-off that never happens fails the test instead of hanging it

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from rq.job import JobStatus as RQJobStatus
-from streamserve.app.gateway import _prefers_async
 
+from streamserve.app.gateway import _prefers_async
 from streamserve.client.jobs import _STATUS_OF, JobInfo, error_from_traceback
 from streamserve.runtime.settings import Settings
 from streamserve.wire.keys import Keys

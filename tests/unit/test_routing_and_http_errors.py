@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 import pytest
+
 from streamserve.app.errors import status_for
 from streamserve.app.routing import RouteTable
-
 from streamserve.wire.errors import (
     BadRequestError,
     DeadLetterError,

@@ -7,9 +7,9 @@ the pid the fake launcher gave it, in start order.
 from __future__ import annotations
 
 import pytest
+
 from streamserve.scheduler.deployment_state import DeploymentState
 from streamserve.scheduler.types import Timeouts
-
 from streamserve.wire.messages import Heartbeat
 from streamserve.wire.states import ReplicaHealth, ReplicaState
 from tests.harness.fake_launcher import HOST

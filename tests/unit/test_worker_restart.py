@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from streamserve.workers.main import restart_command
-
 from streamserve.wire.ids import ReplicaID
+from streamserve.workers.main import restart_command
 
 
 def test_the_new_process_keeps_the_options_and_takes_over_the_old_id() -> None:
