@@ -11,6 +11,7 @@ queued as an asynchronous job (RQ): 202 and ``Location: /-/jobs/<id>``.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -54,6 +55,7 @@ from streamserve.wire.errors import (
     HeadersTooLargeError,
     MethodNotAllowedError,
     NotFoundError,
+    OverloadedError,
     RedisUnavailableError,
     StreamServeError,
     UnavailableError,
@@ -68,6 +70,8 @@ REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # X-Request-Timeout: plain decimal seconds (float() would also take "1_0", "+2", "1e3" and "inf").
 SECONDS_RE = re.compile(r"^(\d+\.?\d*|\.\d+)$")
 _JSON = (b"content-type", b"application/json")
+
+logger = logging.getLogger(__name__)
 
 
 class Gateway:
@@ -346,7 +350,12 @@ def _lifespan(gateway: Gateway) -> Callable[[FastAPI], AbstractAsyncContextManag
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        await gateway.client.start()
+        try:
+            await gateway.client.start()
+        except OverloadedError as exc:
+            # A full Redis: come up all the same, answer what needs no memory (health, status, job results) and 503
+            # with the reason to the rest; every call tries again to make the reply stream, until Redis has room.
+            logger.warning("gateway: %s; calls get 503 until Redis has room", exc)
         flusher = None
         if gateway.observer.figures is not None:
             flusher = MetricsFlusher(gateway.client.redis, gateway.settings.keys, gateway.observer.figures)

@@ -11,6 +11,7 @@ import uvicorn
 from streamserve.app.gateway import GatewayApp, create_app
 from streamserve.control.security import check_exposure
 from streamserve.runtime.gc_freeze import freeze_startup_objects
+from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, inherited
 from streamserve.runtime.logging_setup import setup_logging, start_process
 from streamserve.runtime.settings import Settings, add_gateway_workers_option, add_no_admin_option
 
@@ -53,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     server = {
         "host": args.host,
         "port": args.port,
-        "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S,
+        # A gateway of `up` (it holds up's lifeline) gets no longer than up gives it, even when up died.
+        "timeout_graceful_shutdown": UP_GATEWAY_DRAIN_S
+        if inherited(settings.lifeline_fd) is not None
+        else GRACEFUL_SHUTDOWN_S,
         "log_config": None,  # uvicorn's own records go through streamserve's handler (and its format) too
         **UVICORN_OPTIONS,
     }

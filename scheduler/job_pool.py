@@ -9,11 +9,13 @@ JobAbandoned (the call it made may or may not have run, so it is not run
 again): the pool looks for such jobs whenever one of its workers ends, when
 it starts, and every SWEEP_EVERY_S for workers of this host that died while
 no scheduler watched them. Workers elsewhere are left to RQ's own
-maintenance.
+maintenance. The same sweep uncounts, from their deployments' ``max_queued_jobs``,
+the jobs that ended without saying so (``JobQueue.prune_counts``).
 
-SIGTERM is RQ's warm shutdown: finish the current job, then exit. RQ ignores a
-second SIGTERM within a second, so the group-wide signal and our own do not
-add up to a cold shutdown.
+SIGTERM is RQ's warm shutdown: finish the current job, then exit. A job worker
+takes a SIGTERM after the first as the same request (``JobWorker``), so the
+group-wide signal and our own, however far apart, do not add up to RQ's cold
+shutdown, which would fail the job; the end of the drain is SIGKILL (``kill``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from streamserve.client.jobs import JobQueue, jobs_redis_url, local_worker_gone
 from streamserve.runtime.processes import die_with_parent, role_command
 from streamserve.runtime.settings import Settings
 from streamserve.transport.backoff import Backoff
-from streamserve.transport.connections import sync_redis
+from streamserve.transport.connections import MemoryRefusals, sync_redis
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class JobWorkerPool:
         self._settings = settings
         self._jobs: JobQueue | None = None
         self._sweep_at = 0.0  # at once, on the first tick
+        self._refusals = MemoryRefusals(logger, "job workers' sweep")
 
     @property
     def pids(self) -> list[int]:
@@ -115,10 +118,14 @@ class JobWorkerPool:
             self._jobs = JobQueue(connection, self._settings.keys, self._settings.job_result_ttl_s)
         try:
             failed = self._jobs.fail_abandoned(local_worker_gone)
+            self._jobs.prune_counts()
         except redis.RedisError as exc:
-            logger.warning("could not look for jobs left by stopped job workers: %s; will retry", exc)
+            if not self._refusals.refused(exc):  # a full Redis: said once, not on every tick until it has room
+                logger.warning("could not look for jobs left by stopped job workers: %s; will retry", exc)
             self._sweep_at = 0.0
             return
+        if failed:
+            self._refusals.accepted()
         self._sweep_at = time.monotonic() + SWEEP_EVERY_S
         for job_id in failed:
             logger.warning("job %s failed: its job worker stopped while running it", job_id)

@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 from streamserve.control.resources import GPU_DEVICES_ENV
+from streamserve.runtime.lifeline import inherited
 from streamserve.runtime.processes import role_command, runs_replica
 from streamserve.runtime.settings import Settings
 from streamserve.wire.ids import ReplicaID
@@ -28,6 +29,9 @@ class ProcessLauncher:
 
     def __init__(self, settings: Settings) -> None:
         self._env = {**os.environ, **settings.to_env()}
+        # `up`'s lifeline, handed down to each replica so that it leaves when `up` dies (runtime/lifeline.py).
+        lifeline = inherited(settings.lifeline_fd)
+        self._pass_fds = () if lifeline is None else (lifeline,)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self.host = socket.gethostname()
 
@@ -36,7 +40,7 @@ class ProcessLauncher:
         its process group id)."""
         cmd = role_command("worker", replica_id.deployment, "--replica-id", replica_id.to_str())
         env = {**self._env, GPU_DEVICES_ENV: ",".join(gpus)} if gpus else self._env
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=self._pass_fds)
         self._children[proc.pid] = proc
         return proc.pid
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
+from streamserve.transport.connections import is_out_of_memory
 from streamserve.wire import scripts
 from streamserve.wire.ids import new_caller_id
 from streamserve.wire.keys import Keys
@@ -27,13 +28,25 @@ class LeaderLock:
         self._renew = redis.register_script(scripts.RENEW_LOCK)
         self._release = redis.register_script(scripts.RELEASE_LOCK)
         self.held = False
+        self.writes_refused = False  # the last renewal found Redis out of memory
 
     async def acquire_or_renew(self) -> bool:
-        """Take the lock if free, or extend it if ours; return whether we lead now."""
-        if self.held:
-            self.held = bool(await self._renew(keys=[self._key], args=[self.holder_id, self._ttl_ms]))
-        else:
-            self.held = bool(await self._redis.set(self._key, self.holder_id, nx=True, px=self._ttl_ms))
+        """Take the lock if free, or extend it if ours; return whether we lead now.
+
+        A Redis out of memory still lets us keep the lock, but refuses to let us take a free one: then this raises,
+        and the lock is not held. ``writes_refused`` says whether the last renewal found Redis refusing writes.
+        """
+        self.writes_refused = False
+        try:
+            if self.held:
+                held, refused = await self._renew(keys=[self._key], args=[self.holder_id, self._ttl_ms])
+                self.held, self.writes_refused = bool(held), bool(refused)
+            else:
+                self.held = bool(await self._redis.set(self._key, self.holder_id, nx=True, px=self._ttl_ms))
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                self.held = False  # the lock was free (the script writes only then), and stays free
+            raise
         return self.held
 
     async def release(self) -> None:

@@ -1,4 +1,11 @@
-"""The scheduler process: lead (or stand by), then reconcile every deployment on each tick."""
+"""The scheduler process: lead (or stand by), then reconcile every deployment on each tick.
+
+A Redis that is out of memory refuses the tick's writes (a replica's new state, a goal, a sample): the scheduler
+says so once, keeps reading and acting on what it can, and tries the refused writes again on later ticks. The
+replicas' heartbeats are refused as well, so, as after an outage, their silence counts only from when Redis takes
+writes again (the leader lock's renewal tells, every tick). A scheduler cannot take a free leader lock then (that
+is a write too): it stands by until Redis has room.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import random
 from collections.abc import Mapping
 
 import redis.asyncio as aioredis
+from redis.exceptions import OutOfMemoryError
 
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.resources import GpuAllocator, host_gpus, host_memory_bytes, overcommit
@@ -24,7 +32,7 @@ from streamserve.scheduler.leader import LeaderLock
 from streamserve.scheduler.reclaim import Reclaimer
 from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.scheduler.types import Clock, Launcher, Timeouts
-from streamserve.transport.connections import RETRYABLE_ERRORS
+from streamserve.transport.connections import RETRYABLE_ERRORS, MemoryRefusals
 from streamserve.transport.streams import ensure_group
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.messages import now_ms
@@ -67,6 +75,9 @@ class Scheduler:
         self._goals = GoalTracker(redis, self._keys)
         self._history = MetricsHistory(redis, self._keys)
         self._stop_replicas_on_exit = stop_replicas_on_exit
+        # Set by _shutdown once the job workers are gone: only then may a tick stop the replicas, never because the
+        # exit signal came in the middle of a tick (a job worker's call still queued would find no replica).
+        self._stopping_replicas = False
         self._job_pool = job_pool
         self._states: dict[str, DeploymentState] = {}
         self._gpus = GpuAllocator(host_gpus(settings.gpus))
@@ -75,9 +86,11 @@ class Scheduler:
         # Per deployment: the live consumers at its last reclaim, and when the next is due regardless (see _reclaim).
         self._reclaimed: dict[str, tuple[set[str], int]] = {}
         self._standing_by = False
-        # Set when Redis was away; the next tick counts replicas' silence from then (they could not beat either).
+        # Set when Redis was away or refused writes for memory; the next tick counts replicas' silence from then (they
+        # could not beat either).
         self._redis_was_away = False
         self._silence_from_ms = 0
+        self._memory = MemoryRefusals(logger, f"scheduler {self._lock.holder_id}")
         self.should_exit = asyncio.Event()
         self.ticks = 0
 
@@ -91,6 +104,9 @@ class Scheduler:
                 except RETRYABLE_ERRORS as exc:
                     logger.warning("scheduler: Redis unavailable (%s); retrying", exc)
                     self._redis_was_away = True
+                except Exception as exc:
+                    if not self._memory.refused(exc):
+                        raise
                 await self._sleep(self._settings.tick_interval_s)
             await self._shutdown()
         finally:
@@ -98,24 +114,43 @@ class Scheduler:
 
     async def _lead_or_wait(self) -> None:
         was_leader = self._lock.held
-        if not await self._lock.acquire_or_renew():
+        if not await self._take_the_lead():
             if was_leader:
                 logger.warning("scheduler %s: lost leadership; standing by", self._lock.holder_id)
                 self._states.clear()
             elif not self._standing_by:
                 leader = await self._lock.current_leader()
-                logger.info("scheduler %s: standing by while scheduler %s leads", self._lock.holder_id, leader)
+                if leader is None:  # free, and Redis would not let us take it
+                    logger.info(
+                        "scheduler %s: standing by until Redis has room for the leader lock", self._lock.holder_id
+                    )
+                else:
+                    logger.info("scheduler %s: standing by while scheduler %s leads", self._lock.holder_id, leader)
             self._standing_by = True
             if self._job_pool is not None:
                 self._job_pool.stop()  # only the leader runs job workers: the pool's size is the farm's
             return
         self._standing_by = False
+        if self._lock.writes_refused:
+            self._memory.refused(OutOfMemoryError("the leader lock's renewal was refused for lack of memory"))
+            self._redis_was_away = True
+        else:
+            self._memory.accepted()
         if not was_leader:
             logger.info("scheduler %s: leading", self._lock.holder_id)
             await self._adopt()
         await self.tick()
         if self._job_pool is not None:
             await self._job_pool.keep_running()
+
+    async def _take_the_lead(self) -> bool:
+        """Take or keep the leader lock; whether we lead. A Redis out of memory refuses a lock that is free: no."""
+        try:
+            return await self._lock.acquire_or_renew()
+        except Exception as exc:
+            if not self._memory.refused(exc):
+                raise
+            return False
 
     async def _adopt(self) -> None:
         """Take over whatever replicas Redis records, instead of starting duplicates, and the autoscaled counts."""
@@ -157,14 +192,21 @@ class Scheduler:
                 await self._reconcile(name, desired.get(name), beats[name], ongoing.get(name, 0), now)
             except RETRYABLE_ERRORS:
                 raise
-            except Exception:
+            except Exception as exc:
                 # One deployment's surprise must not stop the others from being reconciled.
-                logger.exception("deployment %s: reconcile step failed; retrying next tick", name)
-        await self._goals.update(goals, desired, self._states, now)
-        await self._history.maybe_sample(sorted(desired), now)
+                if not self._memory.refused(exc):
+                    logger.exception("deployment %s: reconcile step failed; retrying next tick", name)
+        try:
+            await self._goals.update(goals, desired, self._states, now)
+            await self._history.maybe_sample(sorted(desired), now)
+        except RETRYABLE_ERRORS:
+            raise
+        except Exception as exc:
+            if not self._memory.refused(exc):
+                raise
 
     async def _reconcile(self, name: str, cfg: DeploymentConfig | None, beats: Beats, ongoing: int, now: int) -> None:
-        shutting_down = self._stop_replicas_on_exit and self.should_exit.is_set()
+        shutting_down = self._stopping_replicas
         if cfg is not None:
             await self._ensure_group_once(cfg)
         state = self._state(name)
@@ -210,10 +252,11 @@ class Scheduler:
         await self._stop_job_workers()  # first, so that the jobs they run still find live replicas
         if self._lock.held and self._stop_replicas_on_exit:
             logger.info("scheduler: stopping all replicas before exit")
+            self._stopping_replicas = True
             try:
                 await self._adopt()
                 while not all(s.runs_no_process for s in self._states.values()):
-                    await self._lock.acquire_or_renew()
+                    await self._take_the_lead()
                     await self.tick()
                     await asyncio.sleep(self._settings.tick_interval_s)
             except RETRYABLE_ERRORS as exc:
@@ -235,7 +278,7 @@ class Scheduler:
         while self._job_pool.pids and asyncio.get_running_loop().time() < deadline:
             if self._lock.held:
                 with contextlib.suppress(*RETRYABLE_ERRORS):
-                    await self._lock.acquire_or_renew()
+                    await self._take_the_lead()
             await asyncio.sleep(0.1)
         await self._job_pool.kill()
         self._job_pool.close()

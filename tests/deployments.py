@@ -312,3 +312,18 @@ class Checked:
             if self.mode == "hang":
                 await asyncio.Event().wait()
             raise RuntimeError("the database is gone")
+
+
+class SlowStart:
+    """A constructor that takes ``seconds`` (model weights, say): the replica runs, not yet ready, for that long."""
+
+    def __init__(self, seconds: float = 2.0) -> None:
+        time.sleep(seconds)
+
+    def __call__(self, body: Any) -> Any:
+        return body
+
+
+def sized(body: dict[str, Any]) -> str:
+    """A string of ``body["bytes"]`` characters (its JSON two more): a result as large as a test needs."""
+    return "x" * int(body["bytes"])

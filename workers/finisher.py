@@ -9,6 +9,14 @@ the request stream holds only what is queued or being worked on.
 A round trip that fails because Redis is away is sent again, the same
 commands, until Redis answers: left pending, the entries would stay with this
 live replica for as long as it runs, and be run a second time once it is gone.
+
+A reply that Redis refuses for lack of memory (maxmemory reached) fails alone:
+its acknowledgement went through all the same (XACK and XDEL need no memory),
+so the replica keeps the reply, and the request its slot, and sends it again
+by itself until Redis takes it or the caller's deadline has passed. A large
+reply is not sent again: each try would fill Redis anew, and while its bytes
+arrive every other write is refused, other replicas' heartbeats and replies
+included. Its caller gets a small error reply instead, saying why.
 """
 
 from __future__ import annotations
@@ -20,16 +28,24 @@ from collections.abc import Callable
 from typing import Any
 
 from streamserve.transport.backoff import Backoff
-from streamserve.transport.connections import RETRYABLE_ERRORS
+from streamserve.transport.connections import RETRYABLE_ERRORS, is_out_of_memory
 from streamserve.transport.pipelining import Command, Pipeliner
 from streamserve.transport.streams import reply_command
+from streamserve.wire.errors import ResponseTooLargeError
 from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import Reply
+from streamserve.wire.messages import Reply, ReplyStatus, now_ms
 
 logger = logging.getLogger(__name__)
 
 # A finishing round trip that failed for want of Redis is retried at most this far apart.
 RETRY_CAP_S = 1.0
+# A reply Redis refused for lack of memory that is this large (body and error message) or larger is answered with
+# an error reply instead; a smaller one is sent again as it is (the refusal may have lasted only a moment).
+LARGE_REPLY_BYTES = 1024 * 1024
+
+# A reply on its way: the entry it answers, the caller's reply stream, the reply, the request's deadline (epoch ms;
+# 0: none).
+Outgoing = tuple[bytes, str, Reply, int]
 
 
 class Finisher:
@@ -38,37 +54,41 @@ class Finisher:
     def __init__(self, pipeliner: Pipeliner, stream: str, on_finished: Callable[[list[bytes]], None], who: str) -> None:
         self._pipeliner = pipeliner
         self._stream = stream
-        # Called with the entries a round trip settled, whether it succeeded or not.
+        # Called with the entries that are settled: replied to (or given up on) and acknowledged, or left pending.
         self._on_finished = on_finished
         self._who = who
-        self._replies: list[Command] = []
+        self._outgoing: list[Outgoing] = []
         self._entry_ids: list[bytes] = []
-        self._backoff = Backoff(cap=RETRY_CAP_S)
+        self._backoff = Backoff(cap=RETRY_CAP_S)  # Redis away
+        self._refusals = Backoff(cap=RETRY_CAP_S)  # replies refused for lack of memory
 
-    def finish(self, entry_id: bytes, reply: Reply | None = None, reply_to: str = "") -> None:
-        """Reply (unless ``reply`` is None: nobody waits for it) and acknowledge ``entry_id`` this turn."""
+    def finish(self, entry_id: bytes, reply: Reply | None = None, reply_to: str = "", deadline_ms: int = 0) -> None:
+        """Reply (unless ``reply`` is None: nobody waits for it) and acknowledge ``entry_id`` this turn.
+
+        ``deadline_ms``: the request's; a reply Redis refuses for lack of memory is not sent again past it."""
         if reply is not None:
-            self._replies.append(reply_command(reply_to, reply))
+            self._outgoing.append((entry_id, reply_to, reply, deadline_ms))
         if not self._entry_ids:
             asyncio.get_running_loop().call_soon(self._flush)  # after the rest of this turn's requests
         self._entry_ids.append(entry_id)
 
     def _flush(self) -> None:
-        replies, entry_ids = self._replies, self._entry_ids
-        self._replies, self._entry_ids = [], []
-        commands: list[Command] = [
-            *replies,
-            ("XACK", self._stream, CONSUMER_GROUP, *entry_ids),
-            ("XDEL", self._stream, *entry_ids),
-        ]
-        self._send(commands, entry_ids)
+        outgoing, entry_ids = self._outgoing, self._entry_ids
+        self._outgoing, self._entry_ids = [], []
+        self._send(outgoing, entry_ids, True)
 
-    def _send(self, commands: list[Command], entry_ids: list[bytes]) -> None:
+    def _send(self, outgoing: list[Outgoing], entry_ids: list[bytes], acknowledge: bool) -> None:
+        """Send the replies, and (``acknowledge``) the XACK and XDEL of ``entry_ids``, in one round trip."""
+        commands: list[Command] = [reply_command(reply_to, reply) for _, reply_to, reply, _ in outgoing]
+        if acknowledge:
+            commands += [("XACK", self._stream, CONSUMER_GROUP, *entry_ids), ("XDEL", self._stream, *entry_ids)]
         sent = self._pipeliner.execute(*commands)
-        sent.add_done_callback(functools.partial(self._sent, commands, entry_ids))
+        sent.add_done_callback(functools.partial(self._sent, outgoing, entry_ids, acknowledge))
 
-    def _sent(self, commands: list[Command], entry_ids: list[bytes], sent: asyncio.Future[list[Any]]) -> None:
-        settled = True
+    def _sent(
+        self, outgoing: list[Outgoing], entry_ids: list[bytes], acknowledge: bool, sent: asyncio.Future[list[Any]]
+    ) -> None:
+        settled = entry_ids
         try:
             if sent.cancelled():
                 return
@@ -82,14 +102,84 @@ class Finisher:
                         exc,
                         delay,
                     )
-                    asyncio.get_running_loop().call_later(delay, self._send, commands, entry_ids)
-                    settled = False
+                    asyncio.get_running_loop().call_later(delay, self._send, outgoing, entry_ids, acknowledge)
+                    settled = []
                     return
                 logger.error("replica %s: could not finish %d request(s): %s", self._who, len(entry_ids), exc)
                 return
             self._backoff.reset()
-            for failed in (r for r in sent.result() if isinstance(r, Exception)):
-                logger.warning("replica %s: finishing requests: %s", self._who, failed)
+            refused = self._refused(outgoing, sent.result())
+            if refused:
+                unsettled = {entry_id for entry_id, *_ in refused}
+                settled = [entry_id for entry_id in entry_ids if entry_id not in unsettled]
+                self._send_again(refused)
+            else:
+                self._refusals.reset()
         finally:
             if settled:
-                self._on_finished(entry_ids)
+                self._on_finished(settled)
+
+    def _refused(self, outgoing: list[Outgoing], results: list[Any]) -> list[Outgoing]:
+        """The replies Redis refused for lack of memory (the other failures are logged: nothing would mend them)."""
+        refused = []
+        for index, failed in enumerate(results):
+            if not isinstance(failed, Exception):
+                continue
+            if index < len(outgoing) and is_out_of_memory(failed):  # the replies come first
+                refused.append(outgoing[index])
+            else:
+                logger.warning("replica %s: finishing requests: %s", self._who, failed)
+        return refused
+
+    def _send_again(self, refused: list[Outgoing]) -> None:
+        """Send refused replies again, alone and after a pause; a large one as an error reply, none past its
+        caller's deadline (that caller has had its timeout: the entry is settled)."""
+        now = now_ms()
+        late = [out for out in refused if 0 < out[3] < now]
+        if late:
+            logger.warning(
+                "replica %s: Redis had no memory for the replies to %d request(s) before their deadlines passed: "
+                "dropped",
+                self._who,
+                len(late),
+            )
+            self._on_finished([entry_id for entry_id, *_ in late])
+        again = [self._smaller(out) for out in refused if not 0 < out[3] < now]
+        if not again:
+            return
+        delay = self._refusals.next()
+        logger.warning(
+            "replica %s: Redis refused %d reply(ies) for lack of memory (maxmemory); sending again in %.1fs",
+            self._who,
+            len(again),
+            delay,
+        )
+        asyncio.get_running_loop().call_later(delay, self._send, again, [entry_id for entry_id, *_ in again], False)
+
+    def _smaller(self, out: Outgoing) -> Outgoing:
+        """``out`` itself, or an error reply in its place when its reply is too large to try again."""
+        entry_id, reply_to, reply, deadline_ms = out
+        size = len(reply.body) + len(reply.error_message)
+        if size < LARGE_REPLY_BYTES:
+            return out
+        logger.error(
+            "replica %s: Redis has no memory for the %d-byte reply to request %s: its caller gets an error instead",
+            self._who,
+            size,
+            reply.request_id,
+        )
+        return entry_id, reply_to, unstorable(reply, size), deadline_ms
+
+
+def unstorable(reply: Reply, size: int) -> Reply:
+    """The error reply that stands in for ``reply`` (``size`` bytes), which Redis had no memory to store."""
+    return Reply(
+        reply.request_id,
+        ReplyStatus.USER_ERROR,
+        reply.replica_id,
+        error_type=ResponseTooLargeError.__name__,
+        error_message=(
+            f"the reply is {size} bytes, more than Redis could store: it is out of memory (maxmemory reached); "
+            "lower the deployment's max_response_bytes or give Redis more memory"
+        ),
+    )

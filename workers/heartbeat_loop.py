@@ -16,11 +16,13 @@ import socket
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
+from redis.exceptions import ExecAbortError
 
 from streamserve.control.heartbeats import News, news_of, queue_beats, queue_removal
+from streamserve.runtime.lifeline import FARM_GONE_DRAIN_S, inherited, watch
 from streamserve.runtime.processes import is_running
 from streamserve.runtime.settings import Settings
-from streamserve.transport.connections import RETRYABLE_ERRORS
+from streamserve.transport.connections import RETRYABLE_ERRORS, is_out_of_memory
 from streamserve.wire.errors import ProtocolError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import Heartbeat, ReplicaRecord, now_ms
@@ -30,8 +32,12 @@ from streamserve.workers.slots import Slots
 
 logger = logging.getLogger(__name__)
 
-# How long a replica whose `streamserve up` was killed drains: its Redis is likely gone with it.
-FARM_GONE_DRAIN_S = 5.0
+
+def beat_may_fail(exc: BaseException) -> bool:
+    """Whether a beat that failed with ``exc`` is simply tried again at the next interval: Redis is away, or refused
+    the write for lack of memory (a transaction says EXECABORT), which may last only a moment, as while a large reply
+    arrives. Only a replica that stays silent for heartbeat_timeout_s is dead to the scheduler."""
+    return isinstance(exc, (*RETRYABLE_ERRORS, ExecAbortError)) or is_out_of_memory(exc)
 
 
 class ReplicaHeartbeat:
@@ -74,24 +80,47 @@ class ReplicaHeartbeat:
     async def run(self) -> None:
         """Beat every heartbeat_interval_s until stopped."""
         supervisor = self._settings.supervisor
+        lifeline = inherited(self._settings.lifeline_fd)
+        unwatch = None if lifeline is None else watch(lifeline, self._farm_gone)
+        try:
+            await self._beat_until_stopped(None if lifeline is not None else supervisor)
+        finally:
+            if unwatch is not None:
+                unwatch()
+
+    async def _beat_until_stopped(self, supervisor: str | None) -> None:
+        """The beats; and, for a replica of `up` that has no lifeline, a look at ``supervisor`` before each."""
         # Ends on the flag as well as on cancellation: redis-py can swallow a cancellation that lands in a write
         # (CI saw a replica whose heartbeat task went on beating after it was cancelled, so it never exited).
         while not self._stop.is_set():
             if supervisor is not None and not is_running(supervisor):
-                why = f"the `streamserve up` that started it (pid {supervisor.partition(':')[0]}) is gone"
-                self._leave(Departure(1, why, drain_limit_s=FARM_GONE_DRAIN_S))
+                self._farm_gone()
                 supervisor = None
             try:
                 await self._beat()
-            except RETRYABLE_ERRORS as exc:
+            except Exception as exc:
+                if not beat_may_fail(exc):
+                    raise
                 logger.warning("replica %s: heartbeat failed: %s", self._replica_id, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self._settings.heartbeat_interval_s)
 
+    def _farm_gone(self) -> None:
+        """The `streamserve up` that started this replica died (its lifeline was cut, or it is no longer running):
+        nobody will stop it, and its Redis is likely gone with it, so it leaves at once."""
+        pid = (self._settings.supervisor or "?").partition(":")[0]
+        why = f"the `streamserve up` that started it (pid {pid}) is gone"
+        self._leave(Departure(1, why, drain_limit_s=FARM_GONE_DRAIN_S))
+
     async def set_health(self, health: ReplicaHealth) -> None:
-        """Report a change of health at once."""
+        """Report a change of health at once (or with the loop's next beat, if Redis cannot take this one)."""
         self.health = health
-        await self._beat()
+        try:
+            await self._beat()
+        except Exception as exc:
+            if not beat_may_fail(exc):
+                raise
+            logger.warning("replica %s: heartbeat (%s) failed: %s", self._replica_id, health.value, exc)
 
     async def _beat(self) -> None:
         # One beat at a time, each built once it holds the lock: the loop's beat must never land after (and over)

@@ -4,7 +4,9 @@ The job takes JSON-able arguments only and returns the deployment's JSON
 result, so RQ's JSON serializer can carry both. A failed call fails the job:
 before re-raising, the function records the error's type and message in the
 job's meta (``streamserve.client.jobs.ERROR_META``), which ``GET /-/jobs/<id>``
-shows, instead of making readers parse a traceback.
+shows, instead of making readers parse a traceback. A call that Redis refused
+for lack of memory did not run (nothing was written): it is sent again for up
+to FULL_REDIS_WAIT_S before the job fails with that refusal.
 
 Each worker process shares one Client (one reply stream, one reader) across
 its jobs. ``streamserve job-worker`` hands it its settings with
@@ -14,15 +16,27 @@ first job, like any streamserve process.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from typing import Any
 
+import redis
 from rq import get_current_job
+from rq.job import Job
 
 from streamserve.client import Client
-from streamserve.client.jobs import ERROR_META
+from streamserve.client.jobs import ERROR_META, JOB_TIMEOUT_MARGIN_S, uncount
 from streamserve.runtime.settings import Settings
-from streamserve.wire.errors import StreamServeError, error_fields
+from streamserve.transport.backoff import Backoff
+from streamserve.transport.connections import is_out_of_memory
+from streamserve.wire.errors import OverloadedError, StreamServeError, error_fields
+
+logger = logging.getLogger(__name__)
+
+# How long a call that Redis refuses for lack of memory is tried again: half the room RQ's time limit on a job leaves
+# beyond the call itself.
+FULL_REDIS_WAIT_S = JOB_TIMEOUT_MARGIN_S / 2
 
 _lock = threading.Lock()
 _settings: Settings | None = None
@@ -57,12 +71,42 @@ def _shared_client() -> Client:
 
 
 def run(name: str, body: Any, method: str = "", timeout: float | None = None) -> Any:
-    """Call deployment or endpoint ``name`` with ``body``; the result, or the job fails with the call's error."""
+    """Call deployment or endpoint ``name`` with ``body``; the result, or the job fails with the call's error.
+
+    Once the call has ended, however it ended, the job no longer counts against its deployment's
+    ``max_queued_jobs``.
+    """
+    job = get_current_job()
     try:
-        return _shared_client().call(name, body, timeout=timeout, method=method)
+        return _call_when_redis_has_room(name, body, method, timeout)
     except StreamServeError as exc:
-        job = get_current_job()
         if job is not None:
             job.meta[ERROR_META] = error_fields(exc)
             job.save_meta()  # type: ignore[no-untyped-call]  # (rq leaves it unannotated)
         raise
+    finally:
+        if job is not None:
+            _uncount(job)
+
+
+def _call_when_redis_has_room(name: str, body: Any, method: str, timeout: float | None) -> Any:
+    client = _shared_client()
+    give_up_at = time.monotonic() + FULL_REDIS_WAIT_S
+    backoff = Backoff(0.1, 2.0)
+    while True:
+        try:
+            return client.call(name, body, timeout=timeout, method=method)
+        except OverloadedError as exc:
+            refused_for_memory = exc.__cause__ is not None and is_out_of_memory(exc.__cause__)
+            if not refused_for_memory or time.monotonic() >= give_up_at:
+                raise
+            time.sleep(backoff.next())
+
+
+def _uncount(job: Job) -> None:
+    settings = _settings  # set by the call (_shared_client); if even that failed, the job pool's sweep uncounts it
+    try:
+        if settings is not None:
+            uncount(job, settings.keys)
+    except redis.RedisError as exc:  # the sweep again
+        logger.warning("job %s: could not uncount it from its deployment's max_queued_jobs: %s", job.id, exc)

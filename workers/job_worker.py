@@ -4,22 +4,44 @@ It runs jobs in its own process, one at a time (RQ's SimpleWorker, no fork per
 job), so every job of the process shares one streamserve Client: one reply
 stream, one reader, the deployments already loaded. The scheduler keeps
 ``job_workers`` of these running; more can run anywhere that reaches Redis.
+
+A Redis out of memory refuses RQ's writes (the worker's registration, taking a
+job, recording a result). RQ would give up and exit, to be started again and
+exit again; instead every command of the worker waits while Redis refuses it
+for memory, said once in the log, and goes on when Redis has room: no job is
+taken meanwhile, and a result is kept until it can be recorded.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+from types import FrameType
+from typing import Any, TypeVar
 
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from rq.worker import SimpleWorker
 
 from streamserve.client.jobs import JOB_SERIALIZER, JobQueue, job_worker_name, jobs_redis_url
 from streamserve.runtime.logging_setup import start_process
-from streamserve.transport.connections import sync_redis
+from streamserve.transport.backoff import Backoff
+from streamserve.transport.connections import MemoryRefusals, sync_redis
 from streamserve.workers import job_function
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# A command Redis refused for memory is sent again after these delays, doubling.
+FULL_RETRY_FIRST_S = 0.1
+FULL_RETRY_CAP_S = 2.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,12 +51,63 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class WaitWhileFull(Retry):
+    """The connection's retry policy, and besides: a command Redis refuses for memory is sent again until taken.
+
+    A refused command did not run (a transaction that held one was discarded whole), so sending it again is safe.
+    """
+
+    def __init__(self, policy: Retry, refusals: MemoryRefusals) -> None:
+        super().__init__(NoBackoff(), 0)
+        self._policy = policy
+        self._refusals = refusals  # shared by the copies each connection makes
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> WaitWhileFull:
+        return WaitWhileFull(copy.deepcopy(self._policy, memo), self._refusals)
+
+    def update_supported_errors(self, specified_errors: Iterable[type[Exception]]) -> None:
+        self._policy.update_supported_errors(specified_errors)
+
+    def call_with_retry(self, do: Callable[[], T], fail: Callable[..., Any], *args: Any, **kwargs: Any) -> T:
+        backoff = Backoff(FULL_RETRY_FIRST_S, FULL_RETRY_CAP_S)
+        while True:
+            try:
+                result = self._policy.call_with_retry(do, fail, *args, **kwargs)
+            except redis.ResponseError as exc:
+                if not self._refusals.refused(exc):
+                    raise
+                time.sleep(backoff.next())
+                continue
+            if backoff.failures:  # this command was refused for memory, and has gone through now
+                self._refusals.accepted()
+            return result
+
+
+class JobWorker(SimpleWorker):
+    """RQ's SimpleWorker, whose warm shutdown stays warm however many SIGTERMs follow the first.
+
+    RQ makes a second SIGTERM that comes more than a second after the first a cold shutdown, which fails the job it
+    runs. Under ``up`` a job worker gets two, as far apart as the scheduler takes to finish its tick: one from ``up``
+    to the scheduler's process group, one from the job pool. Whoever must stop a job worker at once uses SIGKILL (the
+    pool does, at the end of the drain); a second Ctrl-C at a terminal is still RQ's cold shutdown.
+    """
+
+    def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGTERM:
+            logger.info("job worker %s: SIGTERM again; still finishing its job first", self.name)
+            return
+        super().request_force_stop(signum, frame)
+
+
 def main(argv: list[str] | None = None) -> int:
     _args, settings = start_process(build_parser(), argv)
     connection = sync_redis(jobs_redis_url(settings))
+    policy = connection.get_retry()
+    assert policy is not None  # sync_redis gives every connection the shared policy
+    connection.set_retry(WaitWhileFull(policy, MemoryRefusals(logger, f"job worker {os.getpid()}")))
     queue = JobQueue(connection, settings.keys, settings.job_result_ttl_s).queue
     job_function.configure(settings)
-    worker = SimpleWorker(
+    worker = JobWorker(
         [queue],
         connection=connection,
         serializer=JOB_SERIALIZER,

@@ -23,7 +23,7 @@ from types import TracebackType
 import redis as redis_sync
 from redis.typing import EncodableT, FieldT
 
-from streamserve.transport.connections import RETRYABLE_ERRORS, sync_redis
+from streamserve.transport.connections import RETRYABLE_ERRORS, is_out_of_memory, sync_redis
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,9 @@ class OutputShipper:
                 fields: dict[FieldT, EncodableT] = {**self._fields, "line": line}
                 pipe.xadd(self._key, fields, maxlen=LOG_STREAM_LINES, approximate=True)
             pipe.execute()
-        except RETRYABLE_ERRORS:
+        except Exception as exc:
+            if not (isinstance(exc, RETRYABLE_ERRORS) or is_out_of_memory(exc)):  # Redis away, or full for a while
+                raise
             with self._lock:  # back in front, for the next try (the bound still holds)
                 self._lines.extendleft(reversed(lines))
                 while len(self._lines) > BUFFERED_LINES:

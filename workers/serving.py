@@ -265,7 +265,7 @@ class Serving:
             self._figures.count(self._name, HANDLED, reply.status.value)
         if reply.status is not ReplyStatus.OK:
             self.failed += 1
-        self._finisher.finish(entry_id, reply if request.reply_to else None, request.reply_to)
+        self._finisher.finish(entry_id, reply if request.reply_to else None, request.reply_to, request.deadline_ms)
 
     def _reply_for(self, request: Request, done: asyncio.Future[Any]) -> Reply:
         raised = done.exception()

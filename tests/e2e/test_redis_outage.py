@@ -1,6 +1,7 @@
 """A persistent redis-server killed with -9 under load and started again on the same port and data: callers waiting
 on the gateway get 503 within seconds (not their 60 s deadline), nothing is lost or run twice for a caller that got
-an answer, and the farm serves again within 10 s without restarting any of its processes."""
+an answer, and the farm serves again within 10 s without restarting any of its processes. Killed under an idle farm:
+the first request after it gets its 503 as soon as the later ones do."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ import orjson
 import pytest
 import redis
 
+from streamserve import Client
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.processes import free_port
+from streamserve.wire.errors import RedisUnavailableError
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
-from tests.harness.farm import Processes
+from tests.harness.farm import Processes, running_farm
 from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -33,6 +36,15 @@ deployments:
     num_replicas: 2
     max_ongoing_requests: 4
 """
+ECHO = """
+deployments:
+  - name: echo
+    import_path: examples.echo:Echo
+    num_replicas: 1
+    route_prefix: /echo
+"""
+# docs/operations.md promises new callers a 503 within about 2 s over HTTP, 1.5 s from the client, once Redis dies.
+FIRST_503_S = 3.0
 HELD = 4  # requests a replica holds (waiting for a file) while Redis dies: their callers are in flight
 OUTAGE_S = 5.0  # longer than the reply reader's grace (REPLY_OUTAGE_FAIL_S), so waiting callers are failed
 LOAD_THREADS = 4
@@ -158,6 +170,33 @@ def test_a_redis_restart_under_load_loses_nothing_and_runs_nothing_twice(
         assert deployment["running"] == 2, deployment
     finally:
         processes.stop_all()
+
+
+def test_the_first_request_after_redis_dies_under_an_idle_farm_gets_its_503_within_seconds(
+    redis_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(ECHO)
+    with running_farm(config, tmp_path, redis_url=redis_server.url) as farm, Client(redis_server.url) as client:
+        # Served once, then idle: the gateway and the client each keep a connection to Redis that is about to die.
+        assert farm.post("/echo", {"x": 1}).status_code == 200
+        assert client.call("echo", {"x": 1}, timeout=10)["echo"] == {"x": 1}
+        assert redis_server.proc is not None
+        redis_server.proc.kill()
+        redis_server.proc.wait(5)
+        try:
+            started = time.monotonic()
+            response = farm.post("/echo", {"x": 2})
+            http_s = time.monotonic() - started
+            started = time.monotonic()
+            with pytest.raises(RedisUnavailableError):
+                client.call("echo", {"x": 2}, timeout=30)
+            call_s = time.monotonic() - started
+            assert (response.status_code, response.json()["error"]) == (503, "RedisUnavailableError")
+            waited = {"gateway": round(http_s, 1), "client": round(call_s, 1)}
+            assert max(waited.values()) < FIRST_503_S, f"the first call after Redis died waited (s): {waited}"
+        finally:
+            redis_server.start()  # back, so that the farm stops at once
 
 
 def _running(server: EmbeddedRedis) -> int:

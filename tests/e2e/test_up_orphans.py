@@ -1,15 +1,22 @@
-"""No process of a farm outlives its `streamserve up`: not after kill -9 of `up`, a closed terminal (SIGHUP), a
-service manager's stop (SIGTERM), nor a Ctrl-C after the embedded Redis died first."""
+"""No process of a farm outlives its `streamserve up`: not after kill -9 of `up` (reaped or not, at any moment), a
+closed terminal (SIGHUP), a service manager's stop (SIGTERM), nor a Ctrl-C after the embedded Redis died first."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
-from streamserve.runtime.processes import port_is_free
+from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.processes import free_port, port_is_free
+from streamserve.transport.connections import sync_redis
 from tests.harness.farm import Farm, farm_on, pids_with_marker
 from tests.harness.waiting import wait_for
 
@@ -30,15 +37,77 @@ def replicas(farm: Farm) -> list[int]:
     return farm.role_pids().get("worker", [])
 
 
-def test_kill_9_of_up_leaves_no_process_within_15_s(farm: Farm) -> None:
-    farm.start()
+SLOW_START = """
+deployments:
+  - {name: echo, import_path: 'examples.echo:Echo', num_replicas: 2}
+  - {name: slow, import_path: 'tests.deployments:SlowStart', init_kwargs: {seconds: 2}, num_replicas: 1}
+"""
+MOMENTS = ("before-the-banner", "after-the-banner", "under-traffic")
+ROUNDS = 7  # x 3 moments: 21 kills in a row for each Redis
+
+
+@pytest.fixture(scope="module")
+def external_redis() -> Iterator[EmbeddedRedis]:
+    """A Redis the farms do not own (it outlives each `up`), flushed between farms."""
+    server = EmbeddedRedis(port=free_port())
+    server.start()
     try:
-        assert len(replicas(farm)) == 2 and farm.proc is not None
-        os.kill(farm.proc.pid, signal.SIGKILL)
-        farm.proc.wait(5)
-        # The scheduler, gateway and Redis die with their parent; the replicas see `up` gone and leave.
-        wait_for(lambda: pids_with_marker(farm.token) == [], 15, f"left behind: {farm.processes()}")
-        assert farm.redis_port is not None and port_is_free("127.0.0.1", farm.redis_port)
+        yield server
+    finally:
+        server.stop()
+
+
+def kill_up_at(farm: Farm, moment: str) -> subprocess.Popen[bytes]:
+    """Launch `up` unreaped, as a program that supervises several things does, and kill -9 it at ``moment``."""
+    proc = farm.launch()
+    if moment == "before-the-banner":
+        # The echo replicas are up; the slow one is still in its constructor, so the banner is not out yet.
+        wait_for(lambda: len(replicas(farm)) == 3, 30, lambda: f"replicas did not start: {farm.processes()}")
+        assert b"streamserve is up" not in farm.log()
+    else:
+        wait_for(lambda: b"streamserve is up" in farm.log(), 60, lambda: farm.fail("not up").args[0])
+    if moment == "under-traffic":
+        answered: list[int] = []
+        with ThreadPoolExecutor(4) as pool:
+            callers = [pool.submit(post_until_gone, farm, answered) for _ in range(4)]
+            wait_for(lambda: len(answered) >= 40, 20, lambda: f"too few answers: {[c.exception() for c in callers]}")
+            os.kill(proc.pid, signal.SIGKILL)
+    else:
+        os.kill(proc.pid, signal.SIGKILL)
+    return proc
+
+
+def post_until_gone(farm: Farm, answered: list[int]) -> None:
+    """POST to the gateway until it stops answering (at most 20 s, 127.0.0.1 only), noting each answer."""
+    deadline = time.monotonic() + 20
+    with httpx.Client(base_url=farm.base_url, timeout=2) as http:
+        while time.monotonic() < deadline:
+            try:
+                answered.append(http.post("/echo", json={"n": len(answered)}).status_code)
+            except httpx.HTTPError:
+                return
+
+
+@pytest.mark.parametrize("moment", [m for _ in range(ROUNDS) for m in MOMENTS])
+@pytest.mark.parametrize("redis", ["embedded", "external"])
+def test_kill_9_of_an_unreaped_up_leaves_nothing_within_15_s(
+    tmp_path: Path, redis: str, moment: str, request: pytest.FixtureRequest
+) -> None:
+    """Whoever started `up` has not reaped it (it stays a zombie in /proc): its replicas still leave, at once."""
+    config = tmp_path / "farm.yaml"
+    config.write_text(SLOW_START)
+    url = None
+    if redis == "external":
+        server: EmbeddedRedis = request.getfixturevalue("external_redis")
+        sync_redis(server.url).flushall()
+        url = server.url
+    farm = Farm(config, tmp_path / "up.log", redis_url=url)
+    try:
+        proc = kill_up_at(farm, moment)
+        wait_for(lambda: pids_with_marker(farm.token) == [], 15, lambda: f"left behind: {farm.processes()}")
+        assert proc.poll() == -signal.SIGKILL  # reaped only now, by the test
+        if farm.redis_port is not None:
+            assert port_is_free("127.0.0.1", farm.redis_port)
     finally:
         farm.stop()
 

@@ -80,3 +80,35 @@ def test_up_restarts_a_killed_gateway_and_gives_up_when_it_keeps_exiting(tmp_pat
         assert farm.redis_port is not None and port_is_free("127.0.0.1", farm.redis_port)
     finally:
         farm.stop()
+
+
+SLOW_START = """\
+deployments:
+  - {name: noop, import_path: 'examples.functions:noop', graceful_shutdown_timeout_s: 1}
+  - {name: slow, import_path: 'tests.deployments:SlowStart', init_kwargs: {seconds: 3}, graceful_shutdown_timeout_s: 1}
+"""
+
+
+def test_up_restarts_an_embedded_redis_that_dies_before_the_banner(tmp_path: Path) -> None:
+    """Supervised from the moment it starts: killed while the replicas start, it comes back and `up` comes up."""
+    config = tmp_path / "slow.yaml"
+    config.write_text(SLOW_START)
+    farm = Farm(config, tmp_path / "up.log")
+    proc = farm.launch()
+    try:
+        # The gateway serves (`up` waits for the replicas now); the slow replica is still in its constructor.
+        starting = b"streamserve: starting the replicas of"
+        wait_for(lambda: starting in farm.log(), 30, lambda: farm.fail("no start").args[0])
+        wait_for(lambda: len(farm.role_pids().get("worker", [])) == 2, 30, lambda: farm.fail("no replicas").args[0])
+        [redis_pid] = farm.role_pids()["redis-server"]
+        assert b"streamserve is up" not in farm.log()
+        os.kill(redis_pid, signal.SIGKILL)
+        wait_for(lambda: b"streamserve is up" in farm.log() or proc.poll() is not None, 60, "neither up nor exited")
+        assert proc.poll() is None, farm.fail(f"`up` exited with {proc.returncode}")
+        log = farm.log().decode()
+        assert "the embedded redis-server died; restarting it on its data" in log, log[-3000:]
+        assert "NOT RUNNING" not in log, log[-3000:]
+        wait_for(lambda: serves(farm), 30, "the farm does not serve after its Redis came back")
+        assert farm.stop() == 0
+    finally:
+        farm.stop()

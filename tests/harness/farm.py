@@ -131,6 +131,18 @@ class Farm:
         return marked_env(self.token, self.extra_env)
 
     def start(self, timeout_s: float = 60.0) -> Farm:
+        """Launch `up` and wait for its banner."""
+        proc = self.launch()
+        try:
+            wait_for(lambda: b"streamserve is up" in self.log() or proc.poll() is not None, timeout_s, "not up")
+            assert proc.poll() is None, f"`up` exited with {proc.returncode}"
+        except AssertionError as exc:
+            self.stop()
+            raise self.fail(f"farm did not come up ({exc})") from None
+        return self
+
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Start `up` in a session of its own, as a shell or a supervisor does, and return at once."""
         cmd = [self.command, "up", str(self.config), "--port", str(self.port)]
         if self.redis_url:
             cmd += ["--redis-url", self.redis_url]
@@ -142,14 +154,7 @@ class Farm:
             cmd, cwd=self.cwd, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
-        proc = self.proc
-        try:
-            wait_for(lambda: b"streamserve is up" in self.log() or proc.poll() is not None, timeout_s, "not up")
-            assert proc.poll() is None, f"`up` exited with {proc.returncode}"
-        except AssertionError as exc:
-            self.stop()
-            raise self.fail(f"farm did not come up ({exc})") from None
-        return self
+        return self.proc
 
     def log(self) -> bytes:
         return self.log_path.read_bytes() if self.log_path.exists() else b""

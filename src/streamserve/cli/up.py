@@ -29,6 +29,7 @@ from streamserve.control.desired_state import Applied, DesiredState
 from streamserve.control.goal_records import GoalStore
 from streamserve.control.security import check_exposure
 from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, Lifeline
 from streamserve.runtime.processes import (
     die_with_parent,
     pids_with_env,
@@ -40,10 +41,10 @@ from streamserve.runtime.processes import (
     wait_until,
 )
 from streamserve.runtime.settings import Settings
-from streamserve.transport.connections import RedisRefusals, async_redis, redacted, sync_redis
-from streamserve.transport.redis_checks import redis_problems, warning_text
+from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, async_redis, redacted, sync_redis
+from streamserve.transport.redis_checks import full_memory_warning, redis_problems, warning_text
 from streamserve.wire.config import AppConfig, load_config
-from streamserve.wire.errors import StreamServeError
+from streamserve.wire.errors import OverloadedError, StreamServeError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import GoalRecord, ReplicaRecord
 from streamserve.wire.states import FINAL_GOAL_STATUSES, GoalStatus
@@ -52,7 +53,6 @@ GATEWAY_READY_TIMEOUT_S = 30.0
 # Where the embedded Redis keeps its data unless --data-dir says otherwise (relative to the current directory).
 DEFAULT_DATA_DIR = Path(".streamserve")
 # How long the gateway may take to answer what it holds after Ctrl-C (a second Ctrl-C cuts it short).
-GATEWAY_DRAIN_S = 10.0
 MAX_RESTARTS = 5
 # A child that exits more than MAX_RESTARTS times within RESTART_WINDOW_S brings the farm down.
 RESTART_WINDOW_S = 60.0
@@ -99,6 +99,10 @@ def _own_command() -> str:
     return argv0 if os.sep in argv0 else "streamserve"
 
 
+class FarmDown(Exception):
+    """A process of the farm keeps dying: `up` stops the farm (the message says which)."""
+
+
 class Farm:
     """Runs and supervises the processes of one machine's farm."""
 
@@ -108,6 +112,9 @@ class Farm:
         self.redis: EmbeddedRedis | None = None
         self.scheduler: subprocess.Popen[bytes] | None = None
         self.gateway: subprocess.Popen[bytes] | None = None
+        self._lifeline: Lifeline | None = None
+        self._env: dict[str, str] = {}
+        self._restarts: list[float] = []  # when a child of the farm was last started again
         self._signals = 0
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -133,11 +140,16 @@ class Farm:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in stop_signals}
         try:
             return self._run()
+        except FarmDown as exc:
+            print(f"error: {exc}; stopping", file=sys.stderr)
+            return 1
         except StreamServeError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         finally:
             self._shutdown()
+            if self._lifeline is not None:
+                self._lifeline.close()  # last: the replicas it ties to this process are stopped by now
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -154,16 +166,22 @@ class Farm:
             print(f"warning: {warning_text(self.settings.effective_redis_url, lines)}", file=sys.stderr, flush=True)
         if self.settings.job_workers:
             jobs_redis_url(self.settings)  # on a Redis Cluster, refused now, naming the fix
-        # Replicas watch this process: killed with -9, it cannot stop them, so they leave by themselves.
-        # The Redis is checked (the embedded one keeps everything): the processes started here need not warn.
-        update = {"supervisor": process_ref(os.getpid()), "check_redis": False}
+        # Replicas watch this process through its lifeline: killed with -9, it cannot stop them, so they leave by
+        # themselves. The Redis is checked (the embedded one keeps everything): the processes started here need not
+        # warn.
+        self._lifeline = Lifeline()
+        update = {
+            "supervisor": process_ref(os.getpid()),
+            "lifeline_fd": self._lifeline.read_fd,
+            "check_redis": False,
+        }
         self.settings = self.settings.model_copy(update=update)
         url = self.settings.effective_redis_url
         changed = asyncio.run(self._apply(url))
-        env = {**os.environ, **self.settings.to_env()}
-        self.scheduler = self._spawn(role_command("scheduler", "--stop-replicas-on-exit"), env)
+        self._env = {**os.environ, **self.settings.to_env()}
+        self.scheduler = self._spawn(role_command("scheduler", "--stop-replicas-on-exit"))
         gateway = ("--host", opts.host, "--port", str(opts.port), "--workers", str(opts.gateway_workers))
-        self.gateway = self._spawn(role_command("gateway", *gateway), env)
+        self.gateway = self._spawn(role_command("gateway", *gateway))
         gateway_url = f"http://{opts.host}:{opts.port}"
         if not self._wait_for_gateway(gateway_url):
             if self._signals:
@@ -176,31 +194,38 @@ class Farm:
         if self._signals:
             return 130
         self._banner(gateway_url, url, changed, failed)
-        restarts: list[float] = []
         while not self._signals:
-            if self.redis is not None and not self.redis.running:
-                # Same port, same data: processes reconnect and the long poll catches up by itself.
-                restarts = [t for t in restarts if time.monotonic() - t < RESTART_WINDOW_S] + [time.monotonic()]
-                if len(restarts) > MAX_RESTARTS:
-                    print("error: the embedded redis-server keeps dying; stopping", file=sys.stderr)
-                    return 1
-                print("streamserve: the embedded redis-server died; restarting it on its data", file=sys.stderr)
-                self.redis.start()
-            for name in ("scheduler", "gateway"):
-                proc: subprocess.Popen[bytes] = getattr(self, name)
-                if proc.poll() is None:
-                    continue
-                # Replicas keep serving meanwhile; a restarted scheduler adopts them.
-                restarts = [t for t in restarts if time.monotonic() - t < RESTART_WINDOW_S] + [time.monotonic()]
-                if len(restarts) > MAX_RESTARTS:
-                    print(f"error: the {name} keeps exiting (code {proc.returncode}); stopping", file=sys.stderr)
-                    return 1
-                print(f"streamserve: the {name} exited with code {proc.returncode}; restarting it", file=sys.stderr)
-                setattr(self, name, self._spawn(proc.args, env))  # type: ignore[arg-type]
+            self._supervise("scheduler", "gateway")
             time.sleep(0.2)
         return 0
 
+    def _supervise(self, *children: str) -> None:
+        """Start again what died: the embedded Redis (from the moment it was started, banner or not) and the named
+        children. Raises FarmDown when one keeps dying."""
+        if self.redis is not None and not self.redis.running:
+            # Same port, same data: processes reconnect and the long poll catches up by itself.
+            self._count_restart("the embedded redis-server keeps dying")
+            print("streamserve: the embedded redis-server died; restarting it on its data", file=sys.stderr)
+            self.redis.start()
+        for name in children:
+            proc: subprocess.Popen[bytes] | None = getattr(self, name)
+            if proc is None or proc.poll() is None:
+                continue
+            # Replicas keep serving meanwhile; a restarted scheduler adopts them.
+            self._count_restart(f"the {name} keeps exiting (code {proc.returncode})")
+            print(f"streamserve: the {name} exited with code {proc.returncode}; restarting it", file=sys.stderr)
+            setattr(self, name, self._spawn(proc.args))  # type: ignore[arg-type]
+
+    def _count_restart(self, why: str) -> None:
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW_S] + [now]
+        if len(self._restarts) > MAX_RESTARTS:
+            raise FarmDown(why)
+
     async def _apply(self, url: str) -> Applied:
+        """Apply the config file. On a full Redis the farm comes up all the same, and says what is refused and why."""
+        if full := full_memory_warning(url):
+            print(f"warning: {full}", file=sys.stderr, flush=True)
         redis = async_redis(url)
         try:
             with RedisRefusals(url):
@@ -208,18 +233,33 @@ class Farm:
                 return await DesiredState(redis, self.settings.keys, self.settings.import_allow_list).apply(
                     self.options.config
                 )
+        except OverloadedError as exc:
+            print(
+                f"warning: {exc}: {self.options.config_path} was not applied, the farm runs what Redis holds; apply it "
+                f"once Redis has room: {_own_command()} deploy {self.options.config_path} --redis-url {redacted(url)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return Applied()
         finally:
             await redis.aclose()
 
-    def _spawn(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, cmd: list[str]) -> subprocess.Popen[bytes]:
+        lifeline = () if self._lifeline is None else (self._lifeline.read_fd,)
         return subprocess.Popen(
-            cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent
+            cmd,
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+            pass_fds=lifeline,
         )
 
     def _wait_for_gateway(self, base_url: str) -> bool:
         def ready() -> bool:
             if self._signals or (self.gateway is not None and self.gateway.poll() is not None):
                 return True
+            self._supervise("scheduler")  # a gateway that exits now does not start (its log says why)
             try:
                 return httpx.get(f"{base_url}/-/healthz", timeout=1.0).status_code == 200
             except httpx.HTTPError:
@@ -244,11 +284,17 @@ class Farm:
         try:
             store = GoalStore(redis, self.settings.keys)
             deadline = time.monotonic() + self.settings.start_timeout_s
+            goals: list[GoalRecord] = []
             while True:
-                goals = await store.many(goal_ids)
+                self._supervise("scheduler", "gateway")
+                try:
+                    goals = await store.many(goal_ids)
+                except RETRYABLE_ERRORS:
+                    pass  # Redis died, and was started again just now or will be: the wait rides it out
+                else:
+                    if all(g.status in FINAL_GOAL_STATUSES for g in goals):
+                        return goals
                 if self._signals or time.monotonic() > deadline:
-                    return goals
-                if all(g.status in FINAL_GOAL_STATUSES for g in goals):
                     return goals
                 await asyncio.sleep(0.1)
         finally:
@@ -295,7 +341,7 @@ class Farm:
     def _shutdown(self) -> None:
         """Gateway, then scheduler (it stops the replicas), then Redis; each bounded in time."""
         if self.gateway is not None:
-            self._stop(self.gateway, GATEWAY_DRAIN_S)
+            self._stop(self.gateway, UP_GATEWAY_DRAIN_S)
         if self.scheduler is not None:
             drain = max((d.graceful_shutdown_timeout_s for d in self.options.config.deployments), default=20)
             self._stop(self.scheduler, 2 * drain + 15)  # job workers finish their calls, then the replicas drain

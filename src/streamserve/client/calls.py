@@ -74,6 +74,16 @@ def error_of(reply: Reply) -> Exception:
     return RemoteError(reply.error_type, reply.error_message, reply.replica_id)
 
 
+def _abandon(fut: asyncio.Future[Reply]) -> None:
+    """Drop the reply future of a request that was not enqueued. The reader or the deadline may have failed it
+    meanwhile (Redis gone for REPLY_OUTAGE_FAIL_S while the enqueue was retried): asyncio would log that error as
+    never retrieved, though the caller got the enqueue's own."""
+    if not fut.done():
+        fut.cancel()
+    elif not fut.cancelled():
+        fut.exception()  # marks it retrieved
+
+
 class Calls(ClientCore):
     """Run a deployment (or an endpoint's pick) on a body: wait for the result, or only enqueue."""
 
@@ -130,7 +140,11 @@ class Calls(ClientCore):
         timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, request_id, timeout_s)
         try:
             request = Request(request_id, replies.name, now_ms() + int(timeout_s * 1000), body, method)
-            await self._add(cfg, request)
+            try:
+                await self._add(cfg, request)
+            except BaseException:
+                _abandon(fut)
+                raise
             self._mirror(route, request)
             return await fut
         finally:

@@ -35,6 +35,7 @@ class ClientCore:
         self._keys = settings.keys
         self.caller_id = new_caller_id()
         self._refusals = RedisRefusals(settings.effective_redis_url)
+        self._job_refusals = self._refusals  # the jobs' Redis, once known (see _job_queue)
         self._redis: aioredis.Redis | None = None
         self._replies: ReplyStream | None = None
         self._routes: RouteCache | None = None
@@ -47,27 +48,47 @@ class ClientCore:
     # -- lifecycle ------------------------------------------------------------
 
     async def start(self) -> None:
-        """Connect, create the reply stream and load the deployments (done by the first call if not before)."""
+        """Connect, load the deployments and make the reply stream (done by the first call if not before).
+
+        On a Redis that is out of memory, connecting and loading still work (they write nothing), but the reply
+        stream cannot be made: OverloadedError, and the next start (every call starts) tries again.
+        """
+        if self._replies is not None:
+            return
+        await self._connect()
+        async with self._start_guard():
+            if self._replies is None:
+                replies = ReplyStream(
+                    self.redis, self._keys.reply_stream(self.caller_id), self.caller_id, self._refusals
+                )
+                with self._refusals:
+                    await replies.create()
+                self._replies = replies
+                replies.start()
+
+    async def _connect(self) -> None:
+        """The connection pool and the routes (long-polled): what reads need, and what writes nothing."""
         if self._redis is not None:
             return
-        if self._start_lock is None:
-            self._start_lock = asyncio.Lock()
-        async with self._start_lock:
+        async with self._start_guard():
             if self._redis is not None:
                 return
             redis = async_redis(self._settings.effective_redis_url)
-            replies = ReplyStream(redis, self._keys.reply_stream(self.caller_id), self.caller_id, self._refusals)
             routes = RouteCache(redis, self._keys)
             try:
                 with self._refusals:
-                    await replies.create()
                     await routes.start()
             except BaseException:
                 await redis.aclose()
                 raise
             self._pipeliner = Pipeliner(redis)
-            self._redis, self._replies, self._routes = redis, replies, routes
-            replies.start()
+            self._redis, self._routes = redis, routes
+
+    def _start_guard(self) -> asyncio.Lock:
+        """One start at a time (made on first use: it belongs to the loop that starts the client)."""
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        return self._start_lock
 
     async def aclose(self) -> None:
         """Stop the reader, fail what is still waiting, drop the reply stream and disconnect."""
@@ -121,4 +142,5 @@ class ClientCore:
                 raise UnavailableError(f"asynchronous jobs are not available: {exc}") from None
             self._jobs_redis = sync_redis(url, max_connections=JOB_POOL_SIZE)
             self._jobs = JobQueue(self._jobs_redis, self._keys, self._settings.job_result_ttl_s)
+            self._job_refusals = RedisRefusals(url)
         return self._jobs

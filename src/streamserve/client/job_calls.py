@@ -29,6 +29,8 @@ class JobCalls(ClientCore):
         served), the call runs later on a job worker, through the same request
         stream and replicas as ``call``. ``timeout`` bounds the call once it
         starts (default: the deployment's ``request_timeout_s``).
+        OverloadedError when the deployment has ``max_queued_jobs`` jobs that
+        have not ended (for an endpoint: the deployment it picks now).
         """
         encoded = encode_body(body)
         self._check_size(encoded)
@@ -38,7 +40,9 @@ class JobCalls(ClientCore):
         plain = orjson.loads(encoded)
         jobs = self._job_queue()
         return await self._in_thread(
-            lambda: jobs.enqueue(name, plain, method=method, timeout=timeout, call_timeout_s=timeout_s)
+            lambda: jobs.enqueue(
+                name, plain, counted_in=route.deployment, method=method, timeout=timeout, call_timeout_s=timeout_s
+            )
         )
 
     async def job(self, job_id: str) -> JobInfo:
@@ -47,5 +51,5 @@ class JobCalls(ClientCore):
         return await self._in_thread(lambda: jobs.info(job_id))
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
-        with self._refusals:
+        with self._job_refusals:
             return await asyncio.to_thread(fn)

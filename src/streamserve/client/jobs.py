@@ -6,13 +6,21 @@ an ordinary call through the deployment's request stream. Everything RQ writes
 is serialised as JSON (``JSONSerializer``), never pickled: a job is a
 deployment name, a JSON body and two plain options.
 
+Each deployment accepts at most ``max_queued_jobs`` jobs that have not ended:
+a job is counted in the deployment's accepted-jobs set (one Lua script checks
+the bound and counts it) before RQ queues it, and uncounted when its call
+ends (``uncount``), when its worker is found dead, or, for whatever ended
+without saying so, by the job pool's sweep (``prune_counts``).
+
 This module is blocking (RQ is); the asyncio client calls it in a thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,8 +35,11 @@ from rq.serializers import JSONSerializer
 from streamserve.runtime.processes import is_running, process_ref
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import is_cluster, redacted
-from streamserve.wire.errors import ConfigError, NotFoundError, ProtocolError
+from streamserve.wire import scripts
+from streamserve.wire.config import DeploymentConfig
+from streamserve.wire.errors import ConfigError, NotFoundError, OverloadedError, ProtocolError
 from streamserve.wire.keys import Keys
+from streamserve.wire.messages import now_ms, text
 from streamserve.wire.states import JobStatus
 
 # What RQ workers import and run, by dotted path (a string, so enqueueing imports no client code).
@@ -42,6 +53,16 @@ JOB_TIMEOUT_MARGIN_S = 30
 
 # The job-meta field where the job function leaves ``{"error", "message"}`` before it fails the job.
 ERROR_META = "error"
+
+# The job-meta field naming the deployment whose ``max_queued_jobs`` counts the job (the one picked when it was queued).
+COUNTED_IN_META = "counted_in"
+
+# A count this old whose job has ended, or is gone, is dropped by the sweep: the time between counting a job and RQ
+# queueing it, with plenty to spare.
+PRUNE_AFTER_MS = 60_000
+
+# RQ's statuses of a job that has ended.
+_ENDED = {RQJobStatus.FINISHED.value, RQJobStatus.FAILED.value, RQJobStatus.STOPPED.value, RQJobStatus.CANCELED.value}
 
 # The error of a job whose worker stopped while running it (killed, or died with its machine).
 ABANDONED_ERROR = "JobAbandoned"
@@ -113,26 +134,55 @@ class JobQueue:
 
     def __init__(self, connection: redis.Redis, keys: Keys, result_ttl_s: int) -> None:
         self.connection = connection
+        self._keys = keys
         self._result_ttl_s = result_ttl_s
         self.queue = Queue(keys.jobs_queue(), connection=connection, serializer=JOB_SERIALIZER)
+        self._admit = connection.register_script(scripts.ADMIT_JOB)
 
-    def enqueue(self, name: str, body: Any, *, method: str = "", timeout: float | None, call_timeout_s: float) -> str:
+    def enqueue(
+        self,
+        name: str,
+        body: Any,
+        *,
+        counted_in: DeploymentConfig,
+        method: str = "",
+        timeout: float | None,
+        call_timeout_s: float,
+    ) -> str:
         """Queue a call of deployment or endpoint ``name``; return the job id.
 
+        The job counts against ``counted_in``'s ``max_queued_jobs`` (the
+        deployment that ``name`` routes to now): OverloadedError, with nothing
+        queued, when that deployment has as many jobs not ended yet.
         ``timeout`` is passed to the call (None: the deployment's
         ``request_timeout_s``); ``call_timeout_s`` is how long that call may
         take at most, which bounds the job's run time.
         """
-        job = self.queue.enqueue_call(
-            JOB_FUNCTION,
-            args=(name, body, method, timeout),
-            timeout=int(call_timeout_s) + JOB_TIMEOUT_MARGIN_S,
-            result_ttl=self._result_ttl_s,
-            failure_ttl=self._result_ttl_s,
-            # RQ's default description is the call's repr, body included: keep a large body out of it.
-            description=f"streamserve call {name}" + (f".{method}" if method else ""),
-        )
-        return str(job.id)
+        job_id = str(uuid.uuid4())
+        if not self._admit(
+            keys=[self._keys.accepted_jobs(counted_in.name)], args=[counted_in.max_queued_jobs, job_id, now_ms()]
+        ):
+            raise OverloadedError(
+                f"deployment {counted_in.name!r} has {counted_in.max_queued_jobs} jobs queued or running "
+                "(max_queued_jobs)"
+            )
+        try:
+            self.queue.enqueue_call(
+                JOB_FUNCTION,
+                args=(name, body, method, timeout),
+                timeout=int(call_timeout_s) + JOB_TIMEOUT_MARGIN_S,
+                result_ttl=self._result_ttl_s,
+                failure_ttl=self._result_ttl_s,
+                # RQ's default description is the call's repr, body included: keep a large body out of it.
+                description=f"streamserve call {name}" + (f".{method}" if method else ""),
+                job_id=job_id,
+                meta={COUNTED_IN_META: counted_in.name},
+            )
+        except BaseException:
+            with contextlib.suppress(redis.RedisError):
+                self.connection.zrem(self._keys.accepted_jobs(counted_in.name), job_id)
+            raise
+        return job_id
 
     def info(self, job_id: str) -> JobInfo:
         """The job's status, and its result or error once it has one; NotFoundError once it expired (or never was)."""
@@ -179,10 +229,38 @@ class JobQueue:
             }
             job.save_meta()  # type: ignore[no-untyped-call]  # (rq leaves it unannotated)
             self.connection.zadd(registry.key, {f"{job_id}:{execution_id}": 0}, xx=True)
+            uncount(job, self._keys)
             failed.append(job_id)
         if failed:
             registry.cleanup(timestamp=0)  # only the executions expired above: scored 0
         return failed
+
+    def prune_counts(self) -> int:
+        """Uncount the jobs that ended without saying so, or are gone; how many.
+
+        A job is uncounted by its own call when that ends, and by
+        ``fail_abandoned``; this catches the rest: a worker on another host
+        that died, RQ's own cleanup, a job deleted by hand. Only counts older
+        than PRUNE_AFTER_MS are looked at: a younger one may be counted and not
+        queued yet.
+        """
+        pruned = 0
+        older = now_ms() - PRUNE_AFTER_MS
+        for key in self.connection.scan_iter(match=self._keys.accepted_jobs_pattern(), count=500):
+            counted: list[bytes] = self.connection.zrangebyscore(key, "-inf", older)  # type: ignore[assignment]
+            job_ids = [text(job_id) for job_id in counted]
+            if not job_ids:
+                continue
+            pipe = self.connection.pipeline(transaction=False)
+            for job_id in job_ids:
+                pipe.hget(Job.key_for(job_id), "status")
+            statuses = pipe.execute()
+            ended = [
+                job_id for job_id, raw in zip(job_ids, statuses, strict=True) if raw is None or text(raw) in _ENDED
+            ]
+            if ended:
+                pruned += int(self.connection.zrem(key, *ended))
+        return pruned
 
     @staticmethod
     def _error_of(job: Job, raw: str | None) -> dict[str, str]:
@@ -192,6 +270,13 @@ class JobQueue:
             return {"error": recorded["error"], "message": str(recorded.get("message", ""))}
         latest = job.latest_result()
         return error_from_traceback(latest.exc_string if latest is not None else None, f"the job ended {raw}")
+
+
+def uncount(job: Job, keys: Keys) -> None:
+    """Take an ended job off its deployment's count (a job queued by a release without counts has none)."""
+    deployment = job.meta.get(COUNTED_IN_META)
+    if isinstance(deployment, str):
+        job.connection.zrem(keys.accepted_jobs(deployment), job.id)
 
 
 def job_worker_name(pid: int) -> str:

@@ -13,12 +13,12 @@ class StateReads(ClientCore):
 
     async def status(self) -> list[DeploymentStatus]:
         """Every deployment with its replicas and queue figures."""
-        await self.start()
+        await self._connect()
         return await StatusReader(self.redis, self._keys).status()
 
     async def ping(self) -> None:
         """Raise unless Redis answers."""
-        await self.start()
+        await self._connect()
         with self._refusals:
             await self.redis.ping()
 

@@ -7,6 +7,7 @@ goal in the same transaction (``goals.GoalStore``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from redis.exceptions import WatchError
 from streamserve.control.goal_records import GoalStore, new_goal
 from streamserve.control.long_poll import announce, bump_snapshot_id
 from streamserve.control.security import ImportAllowList
+from streamserve.transport.redis_checks import read_maxmemory
 from streamserve.wire.config import (
     AppConfig,
     DeploymentConfig,
@@ -29,6 +31,13 @@ from streamserve.wire.config import (
 from streamserve.wire.errors import ConfigError, ConflictError, NotFoundError
 from streamserve.wire.keys import ConfigKey, Keys
 from streamserve.wire.messages import now_ms, text
+
+logger = logging.getLogger(__name__)
+
+# A deployment's max_response_bytes may be at most 1/MAX_RESPONSE_SHARE of Redis's maxmemory. A reply passes through
+# Redis whole; one that does not fit is refused, and while its bytes arrive (and for up to a second after, until
+# Redis frees the buffer they came in) every other write is refused too: heartbeats, replies, new requests.
+MAX_RESPONSE_SHARE = 10
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,25 @@ def check_consistent(stored: Stored, change: DesiredChange, diff: Diff) -> None:
     new = [p for p in desired_state_problems(after_d, after_e) if p not in desired_state_problems(before_d, before_e)]
     if new:
         raise ConfigError("; ".join(new))
+
+
+def response_limit_problem(cfg: DeploymentConfig, maxmemory: int) -> str:
+    """Why ``cfg``'s max_response_bytes is too large for a Redis of ``maxmemory`` bytes ("" when it is not)."""
+    allowed = maxmemory // MAX_RESPONSE_SHARE
+    if cfg.max_response_bytes <= allowed:
+        return ""
+    return (
+        f"deployment {cfg.name!r}: max_response_bytes ({cfg.max_response_bytes} bytes) is more than "
+        f"1/{MAX_RESPONSE_SHARE} of Redis's maxmemory ({maxmemory} bytes), so one reply could fill Redis and have "
+        "every other write refused (heartbeats, replies, new requests); "
+        f"set max_response_bytes to {allowed} or less, or give Redis more memory"
+    )
+
+
+def _response_limit_moved(stored: Stored, cfg: DeploymentConfig) -> bool:
+    """Whether ``cfg`` is new, or changes its deployment's max_response_bytes."""
+    raw = stored.deployments.get(cfg.name.encode())
+    return raw is None or DeploymentConfig.from_json(raw).max_response_bytes != cfg.max_response_bytes
 
 
 class DesiredState:
@@ -217,6 +245,24 @@ class DesiredState:
             raise NotFoundError(f"no endpoint named {name!r}")
         await self._write(DesiredChange(delete_endpoints=(name,)), kind="delete")
 
+    async def _check_response_limits(self, stored: Stored, change: DesiredChange, diff: Diff) -> None:
+        """Refuse (ConfigError) a max_response_bytes that the change sets above 1/10 of Redis's maxmemory; only
+        warn when it is the default, which the config did not choose (a farm deployed with it keeps deploying).
+
+        Skipped when Redis has no limit or will not say (INFO refused), and for limits the change leaves as they were.
+        """
+        moved = [change.deployments[n] for n in diff.deployments_changed]
+        moved = [cfg for cfg in moved if _response_limit_moved(stored, cfg)]
+        maxmemory = await read_maxmemory(self._redis) if moved else None
+        if maxmemory is None:
+            return
+        chosen = [response_limit_problem(c, maxmemory) for c in moved if "max_response_bytes" in c.model_fields_set]
+        if any(chosen):
+            raise ConfigError("; ".join(problem for problem in chosen if problem))
+        for cfg in moved:
+            if problem := response_limit_problem(cfg, maxmemory):
+                logger.warning("%s (max_response_bytes is at its default)", problem)
+
     async def _write(self, change: DesiredChange, kind: str) -> Applied:
         """Write configs and their goals in one transaction; nothing at all when nothing changes.
 
@@ -237,6 +283,7 @@ class DesiredState:
                         await pipe.unwatch()  # type: ignore[no-untyped-call]
                         return Applied()
                     check_consistent(stored, change, diff)
+                    await self._check_response_limits(stored, change, diff)
                     now = now_ms()
                     goals = {n: new_goal(n, kind, change.deployments[n], now) for n in diff.deployments_changed}
                     goals.update({n: new_goal(n, "delete", None, now) for n in diff.deployments_removed})

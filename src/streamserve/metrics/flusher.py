@@ -2,9 +2,9 @@
 
 Every gateway and replica adds into the same per-deployment hashes, so any
 gateway's ``/metrics`` shows the whole farm, on one host or many, and the
-totals outlive the processes that counted them. A flush that fails keeps
-its deltas for the next one; a process killed with -9 loses at most the
-last second.
+totals outlive the processes that counted them. A flush that fails (Redis
+away, or out of memory) keeps its deltas for the next one; a process killed
+with -9 loses at most the last second.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 import redis.asyncio as aioredis
 
 from streamserve.metrics.figures import Figures
-from streamserve.transport.connections import RETRYABLE_ERRORS
+from streamserve.transport.connections import RETRYABLE_ERRORS, MemoryRefusals
 from streamserve.wire.keys import Keys
 
 logger = logging.getLogger(__name__)
@@ -34,6 +34,7 @@ class MetricsFlusher:
         self._interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
         self._closing = False  # the loop ends on it too: redis-py can swallow a cancellation that lands in a write
+        self._refusals = MemoryRefusals(logger, "metrics")
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="metrics-flusher")
@@ -45,19 +46,31 @@ class MetricsFlusher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        with contextlib.suppress(*RETRYABLE_ERRORS):
+        try:
             await self.flush()
+        except RETRYABLE_ERRORS:
+            pass
+        except Exception as exc:
+            if not self._refusals.refused(exc):
+                raise
 
     async def _loop(self) -> None:
         while not self._closing:
             await asyncio.sleep(self._interval_s)
             try:
-                await self.flush()
+                wrote = await self.flush()
             except RETRYABLE_ERRORS as exc:
                 logger.debug("metrics: flush failed, kept for the next one: %s", exc)
+            except Exception as exc:
+                if not self._refusals.refused(exc):  # kept for the next one as well
+                    raise
+            else:
+                if wrote:
+                    self._refusals.accepted()
 
-    async def flush(self) -> None:
-        """Add what was counted since the last flush; on a Redis error, keep what is not written yet."""
+    async def flush(self) -> bool:
+        """Add what was counted since the last flush (whether there was some); on a Redis error, keep what is not
+        written yet."""
         deltas = self.figures.take()
         for index, (deployment, fields) in enumerate(deltas.items()):
             try:
@@ -73,3 +86,4 @@ class MetricsFlusher:
             except BaseException:
                 self.figures.put_back(dict(list(deltas.items())[index:]))
                 raise
+        return bool(deltas)

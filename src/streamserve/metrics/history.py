@@ -23,9 +23,10 @@ class MetricsHistory:
         self._keys = keys
         self._last_ms = 0
 
-    async def maybe_sample(self, names: list[str], now_ms: int) -> None:
+    async def maybe_sample(self, names: list[str], now_ms: int) -> bool:
+        """Sample the deployments' metrics if one is due (whether one was written)."""
         if now_ms - self._last_ms < SAMPLE_EVERY_MS or not names:
-            return
+            return False
         self._last_ms = now_ms
         async with self._redis.pipeline(transaction=False) as pipe:
             for name in names:
@@ -37,3 +38,4 @@ class MetricsHistory:
                 fields = {"s": orjson.dumps(sample(totals, now_ms))}
                 pipe.xadd(self._keys.metrics_history(name), fields, maxlen=SAMPLES_KEPT, approximate=True)  # type: ignore[arg-type]
             await pipe.execute()
+        return True

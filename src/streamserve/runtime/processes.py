@@ -91,13 +91,18 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: floa
 
 def process_ref(pid: int) -> str | None:
     """``"PID:START"`` (START: when it started, in clock ticks since boot), naming one process for as long as it
-    lives, unlike a pid alone, which the kernel reuses; None if there is no such process."""
+    lives, unlike a pid alone, which the kernel reuses; None if there is no such process, or only its zombie (dead,
+    not yet reaped by its parent)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    # Field 22, counted after the command name (in parentheses, and free to contain spaces).
-    return f"{pid}:{stat.rpartition(')')[2].split()[19]}"
+    # The fields after the command name (in parentheses, and free to contain spaces): field 3 is the state, field 22
+    # the start time.
+    fields = stat.rpartition(")")[2].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return f"{pid}:{fields[19]}"
 
 
 def is_running(ref: str) -> bool:

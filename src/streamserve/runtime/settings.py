@@ -119,6 +119,9 @@ class Settings(BaseSettings):
     # The `streamserve up` that runs this farm ("PID:START", set by `up` itself): its replicas leave when it is gone.
     supervisor: str | None = None
 
+    # The read end of that `up`'s lifeline (runtime/lifeline.py), inherited by its scheduler and replicas; set by `up`.
+    lifeline_fd: int | None = Field(None, ge=0)
+
     # Warn at start when Redis may lose queued work (transport.redis_checks); a process that has warned passes
     # False to the processes it starts, so that they do not repeat it.
     check_redis: bool = True
@@ -218,6 +221,8 @@ class Settings(BaseSettings):
             env["STREAMSERVE_GPUS"] = self.gpus
         if self.supervisor is not None:
             env["STREAMSERVE_SUPERVISOR"] = self.supervisor
+        if self.lifeline_fd is not None:
+            env["STREAMSERVE_LIFELINE_FD"] = str(self.lifeline_fd)
         if not self.check_redis:
             env["STREAMSERVE_CHECK_REDIS"] = "0"
         if self.api_key is not None:

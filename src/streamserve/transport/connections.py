@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
-from redis.exceptions import ClusterDownError, OutOfMemoryError, ResponseError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    ExecAbortError,
+    OutOfMemoryError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -32,6 +45,53 @@ RETRYABLE_ERRORS: tuple[type[Exception], ...] = (
 RETRY_ATTEMPTS = 5
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 1.0
+
+T = TypeVar("T")
+
+# Who runs the retry loop under way (an asyncio task, or a thread's id): a loop that it starts inside it tries once.
+_NOBODY = object()
+_RETRYING: ContextVar[object] = ContextVar("streamserve_retrying", default=_NOBODY)
+
+
+class OutermostRetry(Retry):
+    """The shared retry policy (blocking connections), applied once per operation: see OutermostAsyncRetry."""
+
+    def call_with_retry(self, do: Callable[[], T], fail: Callable[..., Any], *args: Any, **kwargs: Any) -> T:
+        owner = threading.get_ident()
+        if _RETRYING.get() == owner:
+            return Retry(NoBackoff(), 0, _errors(self)).call_with_retry(do, fail, *args, **kwargs)
+        token = _RETRYING.set(owner)
+        try:
+            return super().call_with_retry(do, fail, *args, **kwargs)
+        finally:
+            _RETRYING.reset(token)
+
+
+class OutermostAsyncRetry(AsyncRetry):
+    """The shared retry policy, applied once per operation: a retry loop started inside another one (in the same
+    task) makes a single attempt, and the outer loop does the waiting.
+
+    redis-py reconnects a lost connection with the connection's own retry policy, from inside the retry loop of
+    the command that found it lost (and so does Pipeliner's round trip). Nested, the two multiplied: the first
+    command after Redis died made up to 36 attempts and waited 6-10 s, not about 1.5 s, before it failed.
+    """
+
+    async def call_with_retry(
+        self, do: Callable[[], Awaitable[T]], fail: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> T:
+        owner = asyncio.current_task()
+        if _RETRYING.get() is owner:
+            return await AsyncRetry(NoBackoff(), 0, _errors(self)).call_with_retry(do, fail, *args, **kwargs)
+        token = _RETRYING.set(owner)
+        try:
+            return await super().call_with_retry(do, fail, *args, **kwargs)
+        finally:
+            _RETRYING.reset(token)
+
+
+def _errors(retry: Retry | AsyncRetry) -> tuple[Any, ...]:
+    """The errors ``retry`` retries (a connection adds its ``retry_on_error`` to them)."""
+    return retry._supported_errors
 
 
 # Connections one asyncio client opens at most; more concurrent commands wait for a free one.
@@ -134,12 +194,12 @@ def async_redis(url: str, *, max_connections: int = POOL_SIZE) -> aioredis.Redis
     On a Redis Cluster it is a ``RedisCluster``, typed as ``Redis``: it takes the same commands, routed by key
     (every deployment's keys share one hash tag, the farm-wide ones another, see keys.py).
     """
-    backoff = ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S)
+    retry = OutermostAsyncRetry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS)
     if is_cluster(url):
-        cluster = aioredis.RedisCluster.from_url(url, **_cluster_options(AsyncRetry(backoff, RETRY_ATTEMPTS)))
+        cluster = aioredis.RedisCluster.from_url(url, **_cluster_options(retry))
         return cast(aioredis.Redis, cluster)
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=POOL_WAIT_S, **_options(AsyncRetry(backoff, RETRY_ATTEMPTS))
+        url, max_connections=max_connections, timeout=POOL_WAIT_S, **_options(retry)
     )
     pool.connection_class = closed_transport_is_lost(pool.connection_class)
     return aioredis.Redis.from_pool(pool)
@@ -183,7 +243,7 @@ def sync_redis(url: str, *, max_connections: int | None = None) -> redis.Redis:
 
     With ``max_connections``, a thread that finds them all busy waits for one (up to POOL_WAIT_S).
     """
-    retry = Retry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS)
+    retry = OutermostRetry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS)
     if is_cluster(url):
         return cast(redis.Redis, redis.RedisCluster.from_url(url, **_cluster_options(retry)))
     options = _options(retry)
@@ -204,10 +264,56 @@ def redacted(url: str) -> str:
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether Redis refused a write for lack of memory (maxmemory reached with the noeviction policy)."""
     # redis-py raises OutOfMemoryError for a plain command or a transaction; inside a Lua script the refusal
-    # arrives as "Error running script ... -OOM command not allowed ...".
+    # arrives as "Error running script ... -OOM command not allowed ...". A transaction that held a refused command
+    # is discarded as a whole (EXECABORT): redis-py raises the refusal itself, from the ExecAbortError.
+    if isinstance(exc, ExecAbortError):
+        return any(is_out_of_memory(cause) for cause in (exc.__cause__, exc.__context__) if cause is not None)
     return isinstance(exc, OutOfMemoryError) or (
         isinstance(exc, ResponseError) and "OOM command not allowed" in str(exc)
     )
+
+
+class MemoryRefusals:
+    """Tells once per episode that Redis refuses writes for lack of memory, and once that it takes them again.
+
+    For the loops that carry on through a full Redis (the scheduler's tick, a job worker's commands, a gateway's
+    metrics): a line per refused write would repeat every tick for as long as Redis stays full. A Redis whose memory
+    hovers at its limit refuses and takes writes by turns: an episode that starts within QUIET_S of the last one told
+    is not told, nor is its end.
+    """
+
+    QUIET_S = 60.0
+
+    def __init__(self, logger: logging.Logger, who: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._logger = logger
+        self._who = who
+        self._clock = clock
+        self.full = False  # within an episode: the last write was refused for memory
+        self._told = False  # the episode under way was told
+        self._told_at = -self.QUIET_S
+
+    def refused(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is Redis refusing a write for memory; the first of an episode is logged."""
+        if not is_out_of_memory(exc):
+            return False
+        if not self.full:
+            self.full = True
+            self._told = self._clock() - self._told_at >= self.QUIET_S
+            if self._told:
+                self._told_at = self._clock()
+                self._logger.warning(
+                    "%s: Redis refuses writes, it is out of memory (maxmemory): %s; carrying on, and trying again",
+                    self._who,
+                    exc,
+                )
+        return True
+
+    def accepted(self) -> None:
+        """A write that needs memory went through: the episode, if one was on, is over."""
+        if self.full:
+            self.full = False
+            if self._told:
+                self._logger.info("%s: Redis takes writes again", self._who)
 
 
 class RedisRefusals:

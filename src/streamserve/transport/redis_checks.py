@@ -7,7 +7,10 @@ the same way). The settings are read with INFO, which managed Redis services
 allow even where CONFIG is renamed; the RDB save points need CONFIG GET and
 are read only where it is allowed. A setting that cannot be read is not
 warned about, and an unreachable Redis is not either: the process reports
-that itself.
+that itself. ``up`` also says when it starts on a Redis that is full
+(``full_memory_warning``): such a Redis refuses whatever the farm would
+write. Deploys read its ``maxmemory`` here too (``read_maxmemory``), to
+hold each deployment's ``max_response_bytes`` to a tenth of it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import redis
+import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -32,6 +36,14 @@ EVICTING = (
     "maxmemory-policy is {policy}: a full Redis evicts keys, queued requests and jobs included, without a word. "
     "Fix: 'maxmemory-policy noeviction' in redis.conf (or CONFIG SET maxmemory-policy noeviction, then "
     "CONFIG REWRITE); a full Redis then refuses new work (callers get 503) instead of losing it"
+)
+
+FULL = (
+    "Redis at {url} is out of memory: {used} used, maxmemory {maxmemory}. Until it has room it refuses every write: "
+    "calls and asynchronous jobs get 503 (OverloadedError), replicas cannot start, and what is already there (job "
+    "results, status) can still be read. Fix: a larger maxmemory (--redis-maxmemory for the embedded Redis, or "
+    "CONFIG SET maxmemory), or fewer queued jobs and shorter result TTLs (max_queued_jobs, "
+    "STREAMSERVE_JOB_RESULT_TTL_S)"
 )
 
 
@@ -61,14 +73,7 @@ def warning_text(url: str, lines: list[str]) -> str:
 
 def read_durability(url: str) -> RedisDurability | None:
     """Ask the Redis at ``url``; None when it cannot be reached (or refuses us) within CHECK_TIMEOUT_S."""
-    client = redis.Redis.from_url(
-        url,
-        socket_connect_timeout=CHECK_TIMEOUT_S,
-        socket_timeout=CHECK_TIMEOUT_S,
-        retry=Retry(NoBackoff(), 0),
-        decode_responses=True,
-        **QUIET_HANDSHAKE,
-    )
+    client = _client(url)
     try:
         persistence = _info(client, "persistence")
         memory = _info(client, "memory")
@@ -85,10 +90,47 @@ def read_durability(url: str) -> RedisDurability | None:
         client.close()
 
 
+def full_memory_warning(url: str) -> str | None:
+    """What a Redis that is out of memory (maxmemory reached) refuses, and the fix; None when it has room (or cannot
+    be asked)."""
+    client = _client(url)
+    try:
+        memory = _info(client, "memory")
+    finally:
+        client.close()
+    if memory is None:
+        return None
+    try:
+        maxmemory = int(str(memory.get("maxmemory", 0)))
+        # Redis 7 leaves replication and AOF buffers out of the figure it holds against maxmemory.
+        used = int(str(memory.get("used_memory", 0))) - int(str(memory.get("mem_not_counted_for_evict", 0)))
+    except ValueError:
+        return None
+    if not 0 < maxmemory <= used:
+        return None
+    return FULL.format(url=redacted(url), used=_megabytes(used), maxmemory=_megabytes(maxmemory))
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 2**20:.1f}mb"
+
+
 def redis_problems(url: str) -> list[str]:
     """``problems`` of the Redis at ``url``; none when it cannot be asked."""
     found = read_durability(url)
     return [] if found is None else problems(found)
+
+
+def _client(url: str) -> redis.Redis:
+    """A connection that answers within CHECK_TIMEOUT_S or not at all (no retries)."""
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=CHECK_TIMEOUT_S,
+        socket_timeout=CHECK_TIMEOUT_S,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=True,
+        **QUIET_HANDSHAKE,
+    )
 
 
 def _info(client: redis.Redis, section: str) -> dict[str, object] | None:
@@ -114,3 +156,16 @@ def _save_points(client: redis.Redis) -> str | None:
         return None
     value = reply.get("save")
     return None if value is None else str(value)
+
+
+async def read_maxmemory(client: aioredis.Redis) -> int | None:
+    """Redis's memory limit in bytes, from INFO (allowed where CONFIG is not); None when it has none or will not
+    say (INFO refused, as an ACL user may be). On a Redis Cluster, the smallest of its nodes' limits."""
+    try:
+        info = await client.info("memory")
+    except redis.ResponseError:
+        return None
+    # One server answers its own fields; a cluster client, one set of fields per node.
+    answers = [info] if "maxmemory" in info else [v for v in info.values() if isinstance(v, dict)]
+    limits = [int(answer["maxmemory"]) for answer in answers if int(answer.get("maxmemory", 0)) > 0]
+    return min(limits) if limits else None

@@ -130,6 +130,8 @@ class DeploymentConfig(_Strict):
     autoscaling_config: AutoscalingConfig | None = None
     max_ongoing_requests: int = Field(8, ge=1)
     max_queued_requests: int = Field(1000, ge=1)
+    # Asynchronous jobs of this deployment accepted and not finished (queued or running); past it, 503 at once.
+    max_queued_jobs: int = Field(1000, ge=1)
     max_delivery_attempts: int = Field(3, ge=1)
     user_config: Any = None
     version: str | None = None

@@ -103,7 +103,8 @@ class RemoteError(StreamServeError):
 
 
 class ResponseTooLargeError(StreamServeError):
-    """A handler's result above its deployment's ``max_response_bytes``; the caller gets it as a RemoteError."""
+    """A handler's result above its deployment's ``max_response_bytes``, or more than Redis had memory for; the caller
+    gets it as a RemoteError."""
 
 
 class DeadLetterError(RemoteError):

@@ -147,6 +147,15 @@ class Keys:
         """Stream, capped: the autoscaler's recent decisions, each with its reason."""
         return self._tagged(deployment, "autoscale_decisions")
 
+    def accepted_jobs(self, deployment: str) -> str:
+        """Sorted set: the deployment's asynchronous jobs accepted and not finished (job id -> when accepted, epoch ms),
+        at most its ``max_queued_jobs``. It lives with RQ's keys, in the jobs' Redis."""
+        return self._tagged(deployment, "jobs")
+
+    def accepted_jobs_pattern(self) -> str:
+        """SCAN pattern matching every deployment's accepted-jobs set."""
+        return f"{self.prefix}:{{*}}:jobs"
+
     def logs(self, deployment: str) -> str:
         """Stream, capped: the output of the deployment's replicas, one entry per line (`streamserve logs`)."""
         return self._tagged(deployment, "logs")

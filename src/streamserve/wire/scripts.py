@@ -96,19 +96,40 @@ return {redis.call('XLEN', KEYS[1]), pending_count(KEYS[1], ARGV[1])}
 """
 )
 
+ADMIT_JOB = """
+-- Count an asynchronous job against its deployment's bound, if the deployment has room (check and count are one
+-- step, so concurrent submitters cannot overshoot it). The caller queues the job on RQ only once it is counted.
+-- KEYS[1]  the deployment's accepted-jobs sorted set (job id -> when accepted, epoch ms)
+-- ARGV[1]  max_queued_jobs: jobs accepted and not finished
+-- ARGV[2]  the job id
+-- ARGV[3]  now, epoch ms
+-- Returns 1 when the job is counted, 0 when the deployment already has max_queued_jobs.
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
+return 1
+"""
+
 RENEW_LOCK = """
 -- Extend a lock's expiry if we still hold it; take it again if it expired (Redis was away) and nobody took it.
+-- The extension is a SET, which a Redis out of memory refuses; then a PEXPIRE, which it takes, extends it: so the
+-- holder learns on every renewal whether Redis takes writes, at no cost of its own.
 -- KEYS[1] the lock key; ARGV[1] our holder id; ARGV[2] expiry in ms
--- Returns 1 if we hold it now, 0 if someone else does.
+-- Returns {1 if we hold it now else 0, 1 if Redis refused the SET for lack of memory else 0}.
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local set = redis.pcall('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if type(set) == 'table' and set.err then
+    if not string.find(set.err, 'OOM', 1, true) then return redis.error_reply(set.err) end
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, 1}
+  end
+  return {1, 0}
 end
 if not holder then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
+  return {1, 0}
 end
-return 0
+return {0, 0}
 """
 
 RELEASE_LOCK = """

@@ -1,0 +1,74 @@
+"""A lifeline from `streamserve up` to every process it starts, however far down: a pipe whose write end only `up`
+holds and never writes.
+
+When `up` dies, by any signal, SIGKILL included, the kernel closes that write end and every read end becomes
+readable at end-of-file at once. A replica learns of it without polling, and whatever process reaped `up` or not:
+a killed `up` that its parent has not waited for yet stays a zombie in /proc, but its file descriptors are closed.
+
+`up` passes the read end to the scheduler (``pass_fds``), which passes it on to each replica it starts; its number
+travels in the settings (``lifeline_fd``). Replicas are in sessions of their own, so that they outlive a scheduler
+that crashes (a restarted one adopts them); the lifeline ties them to `up` alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+from collections.abc import Callable
+
+# How long a replica whose `up` died drains: its Redis is likely gone with it, and nobody will stop it.
+FARM_GONE_DRAIN_S = 5.0
+# How long a gateway of `up` answers what it holds once told to stop: `up` waits this long for it on Ctrl-C, and a
+# gateway whose `up` died (the kernel sends it SIGTERM) takes no longer either.
+UP_GATEWAY_DRAIN_S = 10.0
+
+
+class Lifeline:
+    """Held by `up`: the pipe. ``read_fd`` goes to its children; the write end stays here, unwritten, until exit."""
+
+    def __init__(self) -> None:
+        # Both ends are close-on-exec (os.pipe's default): only a child given ``read_fd`` in pass_fds has it, and no
+        # child ever holds the write end, or `up`'s death would not close the pipe.
+        self.read_fd, self._write_fd = os.pipe()
+
+    def close(self) -> None:
+        for fd in (self.read_fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def inherited(fd: int | None) -> int | None:
+    """``fd`` if it is a pipe this process holds (a lifeline handed down), else None: a number copied in the
+    environment without the descriptor may name some other file here, or nothing."""
+    if fd is None:
+        return None
+    try:
+        return fd if stat.S_ISFIFO(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
+
+
+def watch(fd: int, on_cut: Callable[[], None]) -> Callable[[], None]:
+    """Call ``on_cut`` once, on the running loop, when the lifeline's write end is closed; returns ``unwatch``."""
+    loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+
+    def readable() -> None:
+        try:
+            data = os.read(fd, 1)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            return  # nobody writes to it; ignore rather than spin
+        loop.remove_reader(fd)
+        on_cut()
+
+    def unwatch() -> None:
+        loop.remove_reader(fd)
+
+    loop.add_reader(fd, readable)
+    return unwatch

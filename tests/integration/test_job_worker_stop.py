@@ -1,0 +1,86 @@
+"""A job worker asked to stop finishes the job it runs, however many SIGTERMs follow the first.
+
+Under `up`, a job worker gets SIGTERM twice: from `up`, to the scheduler's process group, and from the job pool once
+the scheduler's loop gets there. RQ makes a second one that comes more than a second after the first a cold
+shutdown, which fails the job; a job worker's hard stop is SIGKILL, at the end of the drain (issue 26).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+import redis
+import redis.asyncio as aioredis
+from rq.job import Job
+from rq.worker import Worker
+
+from streamserve.client.jobs import JOB_SERIALIZER
+from streamserve.runtime.settings import Settings
+from streamserve.wire.keys import CONSUMER_GROUP
+from tests import deployments
+from tests.harness.farm import Processes
+from tests.harness.waiting import wait_for_async
+from tests.integration.conftest import StartReplica
+from tests.integration.test_gateway_app import wait_for_routes
+from tests.integration.test_job_promises import PREFER_ASYNC, job_body
+
+# RQ ignores a second SIGTERM this soon after the first.
+RQ_REPEAT_WINDOW = timedelta(seconds=1)
+
+
+@pytest.fixture
+def connection(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def stop_requested_at(connection: redis.Redis, job_id: str) -> datetime | None:
+    """When the worker running ``job_id`` took its stop request, as RQ records it."""
+    job = Job.fetch(job_id, connection=connection, serializer=JOB_SERIALIZER)
+    worker = Worker.find_by_key(Worker.redis_worker_namespace_prefix + str(job.worker_name), connection=connection)
+    return worker.shutdown_requested_date if worker is not None else None
+
+
+async def test_a_second_sigterm_a_while_after_the_first_still_lets_the_job_finish(
+    gate: None,
+    start_replica: StartReplica,
+    http: httpx.AsyncClient,
+    processes: Processes,
+    aredis: aioredis.Redis,
+    settings: Settings,
+    connection: redis.Redis,
+) -> None:
+    await start_replica(import_path="tests.deployments:gate", route_prefix="/rec")
+    await wait_for_routes(http)
+    resp = await http.post("/rec", json="held", headers=PREFER_ASYNC)
+    assert resp.status_code == 202
+    location = resp.headers["location"]
+    job_id = location.rsplit("/", 1)[1]
+    worker = processes.spawn("job-worker", "job-worker")
+
+    async def running_on_the_replica() -> bool:
+        _code, body = await job_body(http, location)
+        pending = await aredis.xpending(settings.keys.requests("rec"), CONSUMER_GROUP)
+        return bool(body["status"] == "started" and pending["pending"] == 1)
+
+    await wait_for_async(running_on_the_replica, 30, lambda: processes.log("job-worker").read_text())
+    worker.send_signal(signal.SIGTERM)  # `up`'s, to the scheduler's process group
+
+    async def past_rqs_repeat_window() -> bool:
+        taken = await asyncio.to_thread(stop_requested_at, connection, job_id)
+        return taken is not None and datetime.now(UTC) - taken > RQ_REPEAT_WINDOW
+
+    await wait_for_async(past_rqs_repeat_window, 10, "the job worker never recorded its stop request")
+    worker.send_signal(signal.SIGTERM)  # the job pool's, once the scheduler's tick is over
+    deployments.GATE.set()  # the call returns
+    await asyncio.to_thread(worker.wait, 20)
+    assert await job_body(http, location) == (200, {"job_id": job_id, "status": "finished", "result": "held"})
+    assert worker.returncode == 0
