@@ -1,15 +1,15 @@
-"""The admin API under ``/-/``: the CLI's writes over HTTP, guarded by an API key when one is set."""
+"""The admin API under ``/-/``: the CLI's writes over HTTP, behind app/admin_guard.py's token and checks."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request, Response, params
 
+from streamserve.app.admin_guard import AdminGuard
 from streamserve.app.bodies import read_body
 from streamserve.app.errors import json_response
 from streamserve.app.openapi import DEPLOY_BODY, SCALE_BODY, TRAFFIC_BODY
@@ -20,10 +20,8 @@ from streamserve.runtime.settings import Settings
 from streamserve.wire.config import parse_config
 from streamserve.wire.errors import (
     BadRequestError,
-    ForbiddenError,
     GoalFailedError,
     RequestTimeoutError,
-    UnauthorizedError,
 )
 from streamserve.wire.states import FINAL_GOAL_STATUSES
 
@@ -31,35 +29,17 @@ MAX_GOAL_WAIT_S = 60.0
 
 
 def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
-    """The writes (behind the API key, when one is set) and the goal read, under ``/-``."""
+    """The writes (behind the token and the checks of app/admin_guard.py) and the goal read, under ``/-``."""
     router = APIRouter(prefix="/-")
-    guarded = [Depends(_api_key_guard(settings))]
+    guarded = [Depends(AdminGuard(settings))]
     _add_deployment_writes(router, guarded, settings, client)
     _add_endpoint_writes(router, guarded, settings, client)
     _add_goal_read(router, settings, client)
     return router
 
 
-def _api_key_guard(settings: Settings) -> Callable[[Request], None]:
-    def require_api_key(request: Request) -> None:
-        """With STREAMSERVE_API_KEY set, writes need ``Authorization: Bearer <key>`` (or ``X-API-Key``)."""
-        if not settings.admin:
-            raise ForbiddenError(
-                "admin writes are switched off on this gateway (STREAMSERVE_ADMIN=off); "
-                "deploy with the streamserve CLI or the Python client"
-            )
-        if settings.api_key is None:
-            return
-        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-        given = request.headers.get("x-api-key") or (credentials.strip() if scheme.lower() == "bearer" else "")
-        if not hmac.compare_digest(given.encode(), settings.api_key.get_secret_value().encode()):
-            raise UnauthorizedError("admin writes need Authorization: Bearer <STREAMSERVE_API_KEY>")
-
-    return require_api_key
-
-
 def _desired(settings: Settings, client: AsyncClient) -> DesiredState:
-    return DesiredState(client.redis, settings.keys, settings.import_allow_list)
+    return DesiredState(client.redis, settings.keys, settings.import_allow_list, settings.config_limit_values)
 
 
 def _add_deployment_writes(
@@ -68,7 +48,7 @@ def _add_deployment_writes(
     @router.post("/deploy", dependencies=guarded, openapi_extra=DEPLOY_BODY)
     async def deploy(request: Request) -> Response:
         """Body: a config as JSON (the YAML file's shape). Answers {"goals": {deployment: goal id}}."""
-        config = parse_config(await _json_body(request, settings), "request body")
+        config = parse_config(await _json_body(request, settings), "request body", settings.config_limit_values)
         applied = await _desired(settings, client).apply(config)
         return json_response({"goals": applied.goals, "endpoints": applied.endpoints})
 

@@ -27,6 +27,7 @@ from streamserve.wire.errors import (
     StreamServeError,
     UnauthorizedError,
     UnavailableError,
+    UnsupportedMediaTypeError,
     error_fields,
 )
 
@@ -40,6 +41,7 @@ STATUS_BY_ERROR: list[tuple[type[StreamServeError], int]] = [
     (ConflictError, 409),
     (UnauthorizedError, 401),
     (ForbiddenError, 403),
+    (UnsupportedMediaTypeError, 415),
     (BadRequestError, 400),
     (RequestTimeoutError, 504),
     (OverloadedError, 503),

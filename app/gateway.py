@@ -66,7 +66,7 @@ from streamserve.wire.messages import ReplyStatus
 from streamserve.wire.states import JobStatus
 
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
-REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")  # \Z: "$" would take a trailing newline
 # X-Request-Timeout: plain decimal seconds (float() would also take "1_0", "+2", "1e3" and "inf").
 SECONDS_RE = re.compile(r"^(\d+\.?\d*|\.\d+)$")
 _JSON = (b"content-type", b"application/json")
@@ -299,12 +299,13 @@ class GatewayApp:
             else:
                 await self._refuse_headers(scope, receive, send)
             return
-        started, status = time.perf_counter(), CLIENT_CLOSED
+        started, status, replied_id = time.perf_counter(), CLIENT_CLOSED, ""
 
         async def send_and_note(message: Message) -> None:
-            nonlocal status
+            nonlocal status, replied_id
             if message["type"] == "http.response.start":
                 status = message["status"]
+                replied_id = _Headers(message.get("headers", ())).get(b"x-request-id") or ""
             await send(message)
 
         try:
@@ -313,8 +314,11 @@ class GatewayApp:
             else:
                 await self._refuse_headers(scope, receive, send_and_note)
         finally:
-            request_id = _Headers(scope["headers"]).get(b"x-request-id") or ""
-            observer.done(scope["method"], scope["path"], status, started, request_id[:128], "", "")
+            # The id the reply carries (a new one where the caller's was refused), else the caller's when it is a
+            # valid id, as on deployment paths: spaces in it cannot add fields to the line.
+            given = _Headers(scope["headers"]).get(b"x-request-id") or ""
+            request_id = replied_id or (given if REQUEST_ID_RE.fullmatch(given) else "")
+            observer.done(scope["method"], scope["path"], status, started, request_id, "", "")
 
     def _headers_fit(self, scope: Scope) -> bool:
         return sum(len(name) + len(value) for name, value in scope["headers"]) <= self.gateway.settings.max_header_bytes

@@ -9,13 +9,16 @@ from typing import Any
 import uvicorn
 
 from streamserve.app.gateway import GatewayApp, create_app
+from streamserve.app.http_protocol import GatewayHttpProtocol, use_connection_limits
 from streamserve.control.security import check_exposure
+from streamserve.runtime.fd_limit import raise_fd_limit
 from streamserve.runtime.gc_freeze import freeze_startup_objects
 from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, inherited
 from streamserve.runtime.logging_setup import setup_logging, start_process
 from streamserve.runtime.settings import Settings, add_gateway_workers_option, add_no_admin_option
 
-# The server settings of the gateway (the benchmark's bare app uses the same).
+# The server settings of the gateway (the benchmark's bare app uses the same); the gateway's own connections are
+# uvicorn's httptools protocol with a header timeout and a connection cap (app/http_protocol.py).
 UVICORN_OPTIONS: dict[str, Any] = {
     "loop": "uvloop",
     "http": "httptools",
@@ -43,6 +46,7 @@ def worker_app() -> GatewayApp:
     first process wrote (Settings.to_env), its own logging, its own client and reply stream."""
     settings = Settings()
     setup_logging(settings.debug, settings.log_format, role="gateway")
+    use_connection_limits(settings)
     app = create_app(settings)
     freeze_startup_objects()
     return app
@@ -51,6 +55,7 @@ def worker_app() -> GatewayApp:
 def main(argv: list[str] | None = None) -> int:
     args, settings = start_process(build_parser(), argv)
     check_exposure(args.host, api_key_set=settings.api_key is not None, admin=settings.admin)
+    settings = settings.model_copy(update={"bind_host": args.host})  # admin writes take it as a Host
     server = {
         "host": args.host,
         "port": args.port,
@@ -60,12 +65,15 @@ def main(argv: list[str] | None = None) -> int:
         else GRACEFUL_SHUTDOWN_S,
         "log_config": None,  # uvicorn's own records go through streamserve's handler (and its format) too
         **UVICORN_OPTIONS,
+        "http": GatewayHttpProtocol,
     }
     if args.gateway_workers > 1:
         # uvicorn's supervisor holds the socket and runs (and restarts) the workers; it serves nothing itself.
         os.environ.update(settings.to_env())
+        raise_fd_limit()  # the workers inherit it (and hold their connections to the limits in worker_app)
         uvicorn.run(f"{__name__}:worker_app", factory=True, workers=args.gateway_workers, **server)
         return 0
+    use_connection_limits(settings)
     app = create_app(settings)
     freeze_startup_objects()
     uvicorn.run(app, **server)

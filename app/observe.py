@@ -11,6 +11,7 @@ from typing import TextIO
 
 from streamserve.metrics.definitions import REQUEST_DURATION, REQUESTS
 from streamserve.metrics.figures import Figures
+from streamserve.wire.printable import printable
 
 access_logger = logging.getLogger("streamserve.access")
 
@@ -89,10 +90,13 @@ class _AccessLines:
         second = int(now)
         if second != self._second:  # logging's asctime, made once a second
             self._second, self._stamp = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        self._pending.append(
+        # Escaped (wire.printable) as one: the caller's path and request id cannot forge a line or reach a terminal
+        # as control sequences. Only a line with a control character in it costs more than a scan.
+        line = (
             f"{self._stamp},{int((now - second) * 1000):03d}{self._head}{method} {path} {status} {duration_ms:.2f}ms "
-            f"deployment={deployment or '-'} replica={replica or '-'} request_id={request_id or '-'}\n"
+            f"deployment={deployment or '-'} replica={replica or '-'} request_id={request_id or '-'}"
         )
+        self._pending.append(printable(line))
         if len(self._pending) == 1:
             asyncio.get_running_loop().call_later(ACCESS_FLUSH_S, self.flush)
         elif len(self._pending) >= ACCESS_FLUSH_LINES:
@@ -100,7 +104,7 @@ class _AccessLines:
 
     def flush(self) -> None:
         if self._pending:
-            lines, self._pending = "".join(self._pending), []
+            lines, self._pending = "\n".join(self._pending) + "\n", []
             try:
                 self._stream.write(lines)
                 self._stream.flush()

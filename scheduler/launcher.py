@@ -28,7 +28,7 @@ class ProcessLauncher:
     """Starts ``python -m streamserve worker`` processes and tells whether they live."""
 
     def __init__(self, settings: Settings) -> None:
-        self._env = {**os.environ, **settings.to_env()}
+        self._env = settings.user_code_env(os.environ)  # without the API key: replicas run user code
         # `up`'s lifeline, handed down to each replica so that it leaves when `up` dies (runtime/lifeline.py).
         lifeline = inherited(settings.lifeline_fd)
         self._pass_fds = () if lifeline is None else (lifeline,)

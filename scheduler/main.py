@@ -10,12 +10,12 @@ import redis.asyncio as aioredis
 
 from streamserve.client.jobs import jobs_redis_url
 from streamserve.runtime.logging_setup import start_process
-from streamserve.runtime.processes import on_stop_signals
 from streamserve.runtime.settings import Settings
 from streamserve.scheduler.collector import collect_periodically
 from streamserve.scheduler.job_pool import JobWorkerPool
 from streamserve.scheduler.launcher import ProcessLauncher
 from streamserve.scheduler.scheduler import Scheduler
+from streamserve.scheduler.stop_signals import StopSignals
 from streamserve.transport.connections import async_redis
 
 logger = logging.getLogger(__name__)
@@ -45,10 +45,13 @@ async def run(settings: Settings, stop_replicas_on_exit: bool) -> None:
 
 
 async def serve(scheduler: Scheduler, redis: aioredis.Redis) -> None:
-    """Run ``scheduler`` as the process's one job until SIGTERM or SIGINT, then close ``redis``."""
+    """Run ``scheduler`` as the process's one job until SIGTERM or SIGINT, then close ``redis``.
+
+    The signal is answered within a second, whatever a tick is doing (scheduler/stop_signals.py).
+    """
     collector = asyncio.create_task(collect_periodically())
     try:
-        with on_stop_signals(scheduler.should_exit.set):
+        with StopSignals(scheduler.should_exit.set):
             await scheduler.run()
     finally:
         collector.cancel()

@@ -327,3 +327,8 @@ class SlowStart:
 def sized(body: dict[str, Any]) -> str:
     """A string of ``body["bytes"]`` characters (its JSON two more): a result as large as a test needs."""
     return "x" * int(body["bytes"])
+
+
+def streamserve_environment(body: Any) -> list[str]:
+    """The names of the streamserve settings this replica's environment holds (what user code could read)."""
+    return sorted(name for name in os.environ if name.startswith("STREAMSERVE_") or name == "REDIS_URL")

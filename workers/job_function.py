@@ -11,7 +11,15 @@ to FULL_REDIS_WAIT_S before the job fails with that refusal.
 Each worker process shares one Client (one reply stream, one reader) across
 its jobs. ``streamserve job-worker`` hands it its settings with
 ``configure``; a plain ``rq worker`` gets them from the environment on the
-first job, like any streamserve process.
+first job, like any streamserve process. Only ``streamserve job-worker`` (or
+``rq worker --job-class streamserve.client.job_guard.GuardedJob``) refuses
+jobs that name another function.
+
+A job names a deployment or an endpoint. With ``STREAMSERVE_IMPORT_ALLOW``
+set, a job whose call would reach a deployment importing from outside it
+fails at once with the ConfigError a write of that deployment gets: the
+worker imports no deployment (replicas do, and refuse such a one), so this
+only says why sooner than a replica that never loads would.
 """
 
 from __future__ import annotations
@@ -60,13 +68,20 @@ def close() -> None:
         client.close()
 
 
+def _process_settings() -> Settings:
+    global _settings
+    with _lock:
+        if _settings is None:
+            _settings = Settings()  # a plain `rq worker`: read the environment, once
+        return _settings
+
+
 def _shared_client() -> Client:
-    global _client, _settings
+    global _client
+    settings = _process_settings()
     with _lock:
         if _client is None:
-            if _settings is None:
-                _settings = Settings()  # a plain `rq worker`: read the environment, once
-            _client = Client(settings=_settings)
+            _client = Client(settings=settings)
         return _client
 
 
@@ -78,6 +93,7 @@ def run(name: str, body: Any, method: str = "", timeout: float | None = None) ->
     """
     job = get_current_job()
     try:
+        _check_allowed(name)
         return _call_when_redis_has_room(name, body, method, timeout)
     except StreamServeError as exc:
         if job is not None:
@@ -87,6 +103,24 @@ def run(name: str, body: Any, method: str = "", timeout: float | None = None) ->
     finally:
         if job is not None:
             _uncount(job)
+
+
+def _check_allowed(name: str) -> None:
+    """ConfigError when a deployment that a call of ``name`` may reach imports from outside the allow-list.
+
+    What the client knows of ``name``: the deployment itself, or every deployment of the endpoint (shadows too). A
+    name it has not seen yet is left to the call, which looks it up; its replicas check it when they load it.
+    """
+    allow = _process_settings().import_allow_list
+    if not allow.prefixes:
+        return
+    client = _shared_client()
+    endpoint = client.endpoints().get(name)
+    deployments = client.deployments()
+    for reached in sorted(endpoint.deployments if endpoint is not None else {name}):
+        cfg = deployments.get(reached)
+        if cfg is not None:
+            allow.check(cfg.import_path, cfg.name)
 
 
 def _call_when_redis_has_room(name: str, body: Any, method: str, timeout: float | None) -> Any:

@@ -29,6 +29,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from rq.worker import SimpleWorker
 
+from streamserve.client.job_guard import GuardedJob
 from streamserve.client.jobs import JOB_SERIALIZER, JobQueue, job_worker_name, jobs_redis_url
 from streamserve.runtime.logging_setup import start_process
 from streamserve.transport.backoff import Backoff
@@ -84,13 +85,19 @@ class WaitWhileFull(Retry):
 
 
 class JobWorker(SimpleWorker):
-    """RQ's SimpleWorker, whose warm shutdown stays warm however many SIGTERMs follow the first.
+    """RQ's SimpleWorker, which runs only streamserve's job function, and whose warm shutdown stays warm however many
+    SIGTERMs follow the first.
+
+    Every job it takes is a GuardedJob: one that names any other function (or callbacks, or webhooks), written to
+    Redis by anyone who can, fails without running, and the worker goes on.
 
     RQ makes a second SIGTERM that comes more than a second after the first a cold shutdown, which fails the job it
     runs. Under ``up`` a job worker gets two, as far apart as the scheduler takes to finish its tick: one from ``up``
     to the scheduler's process group, one from the job pool. Whoever must stop a job worker at once uses SIGKILL (the
     pool does, at the end of the drain); a second Ctrl-C at a terminal is still RQ's cold shutdown.
     """
+
+    job_class = GuardedJob
 
     def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGTERM:

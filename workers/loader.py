@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamserve.batching import BatchConfig, batch_config_of
+from streamserve.control.security import ImportAllowList
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import BadRequestError, ConfigError
 
@@ -70,24 +71,33 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
-def import_attr(import_path: str) -> Any:
-    """``package.module:attr.sub`` -> the object; ConfigError says what failed."""
+def import_attr(import_path: str, allow: ImportAllowList, deployment: str) -> Any:
+    """``package.module:attr.sub`` -> the object; ConfigError says what failed.
+
+    ``allow`` judges the module named, then every object reached on the way, each before the next attribute is
+    read from it (the rule is ImportAllowList's): ``examples.echo:os.system`` stops at ``os``.
+    """
+    allow.check(import_path, deployment)
     module_name, _, attr_path = import_path.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"cannot import module {module_name!r}: {exc}") from exc
-    for part in attr_path.split("."):
+    allow.check_reached(obj, module_name, import_path, deployment)
+    parts = attr_path.split(".")
+    for i, part in enumerate(parts):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise ConfigError(f"module {module_name!r} has no attribute {attr_path!r}") from None
+        allow.check_reached(obj, f"{module_name}:{'.'.join(parts[: i + 1])}", import_path, deployment)
     return obj
 
 
-def load(cfg: DeploymentConfig) -> LoadedDeployment:
-    """Import the deployment and, for a class, build its one instance (constructor errors propagate)."""
-    obj = import_attr(cfg.import_path)
+def load(cfg: DeploymentConfig, allow: ImportAllowList) -> LoadedDeployment:
+    """Import the deployment (as far as ``allow`` lets it) and, for a class, build its one instance (constructor
+    errors propagate)."""
+    obj = import_attr(cfg.import_path, allow, cfg.name)
     if inspect.isclass(obj):
         return LoadedDeployment(obj(*cfg.init_args, **cfg.init_kwargs), is_class=True)
     if not callable(obj):

@@ -10,6 +10,7 @@ lines wait in a bounded buffer and the oldest are dropped past it.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import faulthandler
 import logging
@@ -33,8 +34,10 @@ LOG_STREAM_LINES = 10_000
 BUFFERED_LINES = 10_000
 # How often waiting lines are sent.
 SHIP_EVERY_S = 0.2
-# A line longer than this is cut (a handler printing a whole tensor).
-MAX_LINE_CHARS = 8192
+# A line longer than this (in bytes) is shipped cut, marked with its length (a handler printing a whole tensor).
+MAX_LINE_BYTES = 16 * 1024
+# How long a read from the pipe is at most.
+READ_BYTES = 65536
 # How long stopping waits for the readers to see the end of their pipes and for the last batch.
 STOP_WAIT_S = 3.0
 
@@ -96,23 +99,20 @@ class OutputShipper:
     # -- threads ------------------------------------------------------------------------------------
 
     def _read(self, read_end: int, passthrough: int) -> None:
-        partial = b""
+        lines = LineCutter()
         with contextlib.suppress(OSError):
-            while chunk := os.read(read_end, 65536):
+            while chunk := os.read(read_end, READ_BYTES):
                 with contextlib.suppress(OSError):
                     os.write(passthrough, chunk)
-                *lines, partial = (partial + chunk).split(b"\n")
-                self._keep(lines)
-        if partial:
-            self._keep([partial])
+                self._keep(lines.feed(chunk))
+        self._keep(lines.end())
         os.close(read_end)
 
-    def _keep(self, lines: list[bytes]) -> None:
+    def _keep(self, lines: list[str]) -> None:
         if not lines:
             return
         with self._lock:
-            for line in lines:
-                self._lines.append(line[:MAX_LINE_CHARS].decode("utf-8", "replace").rstrip("\r"))
+            self._lines.extend(lines)
             while len(self._lines) > BUFFERED_LINES:
                 self._lines.popleft()
                 self._dropped += 1
@@ -148,3 +148,53 @@ class OutputShipper:
                 while len(self._lines) > BUFFERED_LINES:
                     self._lines.popleft()
                     self._dropped += 1
+
+
+class LineCutter:
+    """Splits a pipe's output into lines, each at most MAX_LINE_BYTES long (then marked as cut, with its length).
+
+    A line is kept only up to the cap while the rest of it is counted, not held: a 50 MB line costs one pass over
+    its chunks and 16 KiB of memory, not a copy of everything read so far at every chunk.
+    """
+
+    def __init__(self) -> None:
+        self._head = bytearray()  # the current line's first bytes, up to the cap
+        self._size = 0  # the current line's length so far
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """The lines that ``chunk`` ends (the rest waits for the next chunk)."""
+        first, *others = chunk.split(b"\n")
+        self._add(first)
+        if not others:
+            return []
+        *whole, rest = others
+        done = [self._finish(), *(_shipped(piece[:MAX_LINE_BYTES], len(piece)) for piece in whole)]
+        self._add(rest)
+        return done
+
+    def end(self) -> list[str]:
+        """The last line, when the output did not end with a newline."""
+        return [self._finish()] if self._size else []
+
+    def _add(self, piece: bytes) -> None:
+        if (room := MAX_LINE_BYTES - len(self._head)) > 0:
+            self._head += piece[:room]
+        self._size += len(piece)
+
+    def _finish(self) -> str:
+        line = _shipped(bytes(self._head), self._size)
+        self._head, self._size = bytearray(), 0
+        return line
+
+
+def _shipped(head: bytes, size: int) -> str:
+    """A line as shipped, from its first MAX_LINE_BYTES bytes ``head`` and its whole length ``size``."""
+    if size <= MAX_LINE_BYTES:
+        return head.decode("utf-8", "replace").rstrip("\r")
+    # Not final: a character that the cap cut in two is left out, not shown as a replacement character.
+    return codecs.getincrementaldecoder("utf-8")("replace").decode(head, final=False) + cut_marker(size)
+
+
+def cut_marker(size: int) -> str:
+    """What ends a line shipped cut: how long the whole line was (without its newline)."""
+    return f"… [cut: the line had {size} bytes]"

@@ -214,7 +214,7 @@ class Replica:
             threads = HandlerThreads(cfg.max_ongoing_requests)
             try:
                 # Import and constructor may block for a long time (model weights): keep the loop free for heartbeats.
-                deployment = await asyncio.to_thread(load, cfg)
+                deployment = await asyncio.to_thread(load, cfg, self._settings.import_allow_list)
                 self._heartbeat.version = cfg.code_version()
                 serving = Serving(
                     settings=self._settings,

@@ -55,9 +55,12 @@ def test_admin_http_deploy_and_wait_for_the_goal(farm: Farm) -> None:
     import httpx
 
     cfg = {"deployments": [{"name": "viahttp", "import_path": "examples.functions:noop", "route_prefix": "/viahttp"}]}
-    goal_id = httpx.post(f"{farm.base_url}/-/deploy", json=cfg, timeout=10).json()["goals"]["viahttp"]
+    refused = httpx.post(f"{farm.base_url}/-/deploy", json=cfg, timeout=10)
+    assert refused.status_code == 401 and ".streamserve/api_key" in refused.json()["message"]
+    admin = farm.admin_headers()  # the token `up` made, in its data directory
+    goal_id = httpx.post(f"{farm.base_url}/-/deploy", json=cfg, headers=admin, timeout=10).json()["goals"]["viahttp"]
     goal = httpx.get(f"{farm.base_url}/-/goals/{goal_id}", params={"wait": 30}, timeout=40).json()
     assert goal["status"] == "DONE"
     assert farm.post("/viahttp", {"a": 1}).json() == {"a": 1}
-    gone = httpx.delete(f"{farm.base_url}/-/deployments/viahttp", timeout=10).json()["goal_id"]
+    gone = httpx.delete(f"{farm.base_url}/-/deployments/viahttp", headers=admin, timeout=10).json()["goal_id"]
     assert httpx.get(f"{farm.base_url}/-/goals/{gone}", params={"wait": 30}, timeout=40).json()["status"] == "DONE"

@@ -96,6 +96,11 @@ def test_the_farm_runs_as_the_documented_acl_user(acl_redis: int, tmp_path: Path
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=acl_redis).ping()
         assert "farm-secret" not in farm.log().decode(), "up printed the Redis password"
+        # ps shows every user the command lines: `up --redis-url` moves a URL with a password to its environment
+        # (starting again), and its children get it through theirs.
+        shown = {pid: " ".join(argv) for pid, argv in farm.processes().items()}
+        assert len(shown) >= 5 and any(" up " in line for line in shown.values()), shown
+        assert not [line for line in shown.values() if PASSWORD in line], shown
     finally:
         code = farm.stop()
         admin.close()

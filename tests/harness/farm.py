@@ -78,7 +78,9 @@ def command_line(pid: int) -> list[str]:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return []
-    return raw.decode(errors="replace").split("\0")[:-1]
+    # Each argument ends with a NUL; a retitled process (RQ's, with setproctitle installed) may leave one without.
+    raw = raw.rstrip(b"\0")
+    return raw.decode(errors="replace").split("\0") if raw else []
 
 
 def role_of(argv: list[str]) -> str | None:
@@ -120,8 +122,14 @@ class Farm:
 
     @property
     def data_dir(self) -> Path:
-        """Where the embedded Redis keeps its data (a second `start` with the same farm finds it again)."""
+        """Where the embedded Redis keeps its data (a second `start` with the same farm finds it again) and `up` the
+        admin token."""
         return self.log_path.parent / f"redis-data-{self.port}"
+
+    def admin_headers(self) -> dict[str, str]:
+        """What an admin write needs: the token `up` keeps in its data directory."""
+        token = (self.data_dir / "api_key").read_text().strip()
+        return {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
 
     @property
     def effective_redis_url(self) -> str:
@@ -144,10 +152,13 @@ class Farm:
     def launch(self) -> subprocess.Popen[bytes]:
         """Start `up` in a session of its own, as a shell or a supervisor does, and return at once."""
         cmd = [self.command, "up", str(self.config), "--port", str(self.port)]
+        # The data directory (the embedded Redis's data, the admin token) is beside the log, apart from every other
+        # farm's.
+        cmd += ["--data-dir", str(self.data_dir)]
         if self.redis_url:
             cmd += ["--redis-url", self.redis_url]
-        else:  # the embedded Redis keeps its data beside the log, apart from every other farm's
-            cmd += ["--redis-port", str(self.redis_port), "--data-dir", str(self.data_dir)]
+        else:
+            cmd += ["--redis-port", str(self.redis_port)]
         cmd += self.extra_args
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
@@ -184,8 +195,8 @@ class Farm:
         Found by the marker, and as descendants of `up`: redis-server writes its title over its environment.
         """
         pids = set(pids_with_marker(self.token))
-        if self.proc is not None:
-            pids.update(descendants(self.proc.pid))
+        if self.proc is not None:  # `up` by its pid too
+            pids.update({self.proc.pid, *descendants(self.proc.pid)})
         found = {pid: command_line(pid) for pid in sorted(pids)}
         return {pid: argv for pid, argv in found.items() if argv}
 

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from pydantic import SecretStr
 
 from streamserve.app.gateway import create_app
 from streamserve.client import AsyncClient
@@ -71,13 +72,26 @@ async def client(settings: Settings) -> AsyncIterator[AsyncClient]:
         yield c
 
 
+# The admin token of ``gateway_http``'s gateway when the test's settings have none (admin writes always need one).
+TEST_API_KEY = "integration-test-token"
+
+
 @contextlib.asynccontextmanager
 async def gateway_http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    """The gateway app in-process with its client started, behind an ASGI httpx client."""
+    """The gateway app in-process with its client started, behind an ASGI httpx client.
+
+    Without an API key in ``settings``, the gateway gets TEST_API_KEY and the client sends it; a test that sets
+    its own key sends it itself (or not)."""
+    headers = {}
+    if settings.api_key is None:
+        settings = settings.model_copy(update={"api_key": SecretStr(TEST_API_KEY)})
+        headers["Authorization"] = f"Bearer {TEST_API_KEY}"
+    headers["Content-Type"] = "application/json"  # what admin writes take; deployment routes ignore it
     app = create_app(settings)
     await app.gateway.client.start()
     try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost", headers=headers) as http:
             yield http
     finally:
         await app.gateway.client.aclose()

@@ -46,11 +46,18 @@ async def test_batch_outputs_are_bounded_too(start_replica: StartReplica, client
         await client.call("batched", "b" * 1_000)
 
 
+TOKEN = "limits-test-token"
+
+
 @pytest.fixture
 def gateway(redis_url: str, tmp_path: Path) -> Iterator[int]:
     """A real gateway process (uvicorn decides what happens to the connection) with a 1 s body timeout."""
     with gateway_process(
-        redis_url, tmp_path, STREAMSERVE_BODY_TIMEOUT_S="1", STREAMSERVE_MAX_HEADER_BYTES="8192"
+        redis_url,
+        tmp_path,
+        STREAMSERVE_BODY_TIMEOUT_S="1",
+        STREAMSERVE_MAX_HEADER_BYTES="8192",
+        STREAMSERVE_API_KEY=TOKEN,
     ) as port:
         yield port
 
@@ -71,7 +78,8 @@ async def test_a_body_that_trickles_gets_408_and_its_connection_closed(
     routes = f"http://127.0.0.1:{gateway}/-/routes"
     wait_for(lambda: "/rec" in httpx.get(routes, timeout=5).json(), 10, "the gateway never saw /rec")
     with socket.create_connection(("127.0.0.1", gateway), timeout=10) as sock:
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n[\r\n".encode())
+        head = f"POST {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\n"
+        sock.sendall(f"{head}Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n[\r\n".encode())
         started = time.monotonic()
         answer = _read_all(sock, 10)  # we send nothing more: the gateway must not wait for us
     assert time.monotonic() - started < 5

@@ -2,7 +2,8 @@
 
 - Off loopback, a gateway (or ``up``) with an open admin API refuses to start.
 - ``STREAMSERVE_IMPORT_ALLOW`` refuses other modules where configs are written (HTTP, CLI, client) and again
-  where replicas import them.
+  where replicas import them, judging there every object the import path reaches.
+- Job workers run streamserve's job function only (test_job_guard.py).
 - ``STREAMSERVE_ADMIN=off`` turns every admin write away.
 """
 
@@ -95,6 +96,29 @@ async def test_a_replica_refuses_a_module_outside_the_allow_list(settings: Setti
         beat = Heartbeat.decode(raw)
         assert beat.health is ReplicaHealth.FAILED
         assert "'tests.deployments:Recorder' is outside STREAMSERVE_IMPORT_ALLOW (examples)" in beat.message
+    finally:
+        await redis.aclose()
+
+
+async def test_a_replica_refuses_a_path_that_walks_out_of_an_allowed_module(settings: Settings) -> None:
+    """``examples.echo:os.system`` names an allowed module, so the write takes it; the replica resolves it and stops at
+    ``os``, before reading ``system``, and its FAILED heartbeat says which object came from where."""
+    strict = settings.model_copy(update={"import_allow": "examples"})
+    cfg = DeploymentConfig.model_validate({"name": "pwn", "import_path": "examples.echo:os.system"})
+    redis = async_redis(settings.effective_redis_url)
+    try:
+        await DesiredState(redis, settings.keys, strict.import_allow_list).apply(AppConfig(deployments=[cfg]))
+        replica = Replica(strict, redis, ReplicaID.new("pwn"))
+        assert await asyncio.wait_for(replica.run(), timeout=10) == 1
+        raw = await redis.hget(settings.keys.heartbeats("pwn"), replica.replica_id.to_str())
+        assert raw is not None
+        beat = Heartbeat.decode(raw)
+        assert beat.health is ReplicaHealth.FAILED
+        assert beat.message == (
+            "ConfigError: deployment 'pwn': import_path 'examples.echo:os.system' is refused: 'examples.echo:os' is "
+            "the module 'os' from module 'os', outside STREAMSERVE_IMPORT_ALLOW (examples); name a function or class "
+            "defined in an allowed module"
+        )
     finally:
         await redis.aclose()
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from streamserve.app.errors import status_for
+from streamserve.app.gateway import REQUEST_ID_RE
 from streamserve.app.routing import RouteTable
 from streamserve.wire.errors import (
     BadRequestError,
@@ -42,3 +43,8 @@ def test_longest_prefix_wins_and_segments_matter() -> None:
 )
 def test_http_status_table(error: StreamServeError, status: int) -> None:
     assert status_for(error) == status
+
+
+def test_a_request_id_with_a_trailing_newline_is_not_taken() -> None:
+    """An id is echoed in a header and logged: "$" would let "abc\\n" through, which could forge a log line."""
+    assert REQUEST_ID_RE.match("abc-1.2:3") and not REQUEST_ID_RE.match("abc\n")

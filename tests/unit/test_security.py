@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from pydantic import SecretStr
 
 from streamserve.control.security import ImportAllowList, check_exposure, is_loopback
+from streamserve.runtime.processes import without_secret_urls
 from streamserve.runtime.settings import Settings
+from streamserve.scheduler.launcher import ProcessLauncher
 from streamserve.wire.errors import ConfigError
 
 
@@ -75,3 +78,35 @@ def test_admin_off_and_allow_list_from_the_environment(monkeypatch: pytest.Monke
     monkeypatch.setenv("STREAMSERVE_IMPORT_ALLOW", "os system")
     with pytest.raises(ConfigError, match="STREAMSERVE_IMPORT_ALLOW"):
         Settings.from_command_line(argparse.Namespace(redis_url=None))
+
+
+def test_replicas_are_started_without_the_api_key() -> None:
+    """User code runs in replicas: it gets the farm's settings, never the gateway's token."""
+    settings = Settings(redis_url="redis://127.0.0.1:6379/0", api_key=SecretStr("gateway-only"))
+    inherited = {"PATH": "/usr/bin", "STREAMSERVE_API_KEY": "from-the-shell"}
+    env = ProcessLauncher(settings)._env
+    assert "STREAMSERVE_API_KEY" not in env and env["REDIS_URL"] == "redis://127.0.0.1:6379/0"
+    assert "STREAMSERVE_API_KEY" not in settings.user_code_env(inherited)
+    assert settings.to_env()["STREAMSERVE_API_KEY"] == "gateway-only"  # the gateway's children get it
+
+
+@pytest.mark.parametrize(
+    ("argv", "kept", "moved"),
+    [
+        (["up", "c.yaml", "--redis-url", "redis://:pw@h:1/0", "--port", "8"], ["up", "c.yaml", "--port", "8"], True),
+        (["status", "--redis-url=rediss://user:pw@h:1/0"], ["status"], True),
+        (["status", "--redis-url", "unix:///run/redis.sock?password=pw"], ["status"], True),
+        (["status", "--redis-url", "redis://h:1/0"], None, False),  # no password: nothing to hide
+        (["status"], None, False),
+    ],
+)
+def test_a_password_on_the_command_line_moves_to_the_environment(
+    argv: list[str], kept: list[str] | None, moved: bool
+) -> None:
+    """What `ps` shows every user: the command line. A URL with a password goes to the environment instead."""
+    result = without_secret_urls(argv)
+    if not moved:
+        assert result is None
+        return
+    assert result is not None and result[0] == kept
+    assert "pw" in result[1]["STREAMSERVE_REDIS_URL"] and not any("pw" in arg for arg in result[0])

@@ -17,6 +17,7 @@ from streamserve.cli.tables import format_endpoints, format_status
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RedisRefusals, async_redis
 from streamserve.wire.errors import ConfigError
+from streamserve.wire.printable import printable
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -47,7 +48,7 @@ def cmd_health(_args: argparse.Namespace, settings: Settings) -> int:
         finally:
             await redis.aclose()
 
-    problems = asyncio.run(check())
+    problems = [printable(problem) for problem in asyncio.run(check())]
     print("\n".join(problems) or "healthy: a scheduler leads and every deployment is HEALTHY")
     return 1 if problems else 0
 
@@ -70,11 +71,11 @@ def cmd_logs(args: argparse.Namespace, settings: Settings) -> int:
         else:
             lines = await reader.last(args.lines, args.replica)
         for line in lines:
-            print(line.format())
+            print(line.format(args.raw))
         sys.stdout.flush()
         if args.follow:
             async for line in reader.follow(after, args.replica):
-                print(line.format(), flush=True)
+                print(line.format(args.raw), flush=True)
         return 0
 
     return with_stores(settings, show)

@@ -20,6 +20,7 @@ def cmd_manifests(args: argparse.Namespace, settings: Settings) -> int:
         keys=settings.keys,
         import_allow=settings.import_allow,
         redis_memory=args.redis_memory,
+        limits=settings.config_limit_values,
     )
     for note in notes(spec):
         print(f"note: {note}", file=sys.stderr)

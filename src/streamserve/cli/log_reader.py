@@ -10,6 +10,7 @@ from typing import cast
 import redis.asyncio as aioredis
 
 from streamserve.wire.messages import Fields, StreamBatches, text
+from streamserve.wire.printable import printable
 
 # Lines shown without --since (the newest ones).
 DEFAULT_LINES = 200
@@ -36,17 +37,25 @@ class LogLine:
     host: str
     line: str
 
-    def format(self) -> str:
-        return f"{self.replica} | {self.line}"
+    def format(self, raw: bool = False) -> str:
+        """``replica | line``, escaped (wire.printable) so that a handler's output cannot drive the terminal (clear
+        it, set its clipboard, overwrite a line); ``raw``: as the replica printed it."""
+        shown = f"{self.replica} | {self.line}"
+        return shown if raw else printable(shown)
 
 
 def _line(entry_id: bytes, fields: Fields) -> LogLine:
     return LogLine(
         text(entry_id),
-        text(fields.get(b"replica", b"?")),
-        text(fields.get(b"host", b"")),
-        text(fields.get(b"line", b"")),
+        _decoded(fields.get(b"replica", b"?")),
+        _decoded(fields.get(b"host", b"")),
+        _decoded(fields.get(b"line", b"")),
     )
+
+
+def _decoded(value: bytes) -> str:
+    """Replicas ship UTF-8 (workers/output_shipper); anything else a Redis writer put there is shown, not fatal."""
+    return value.decode("utf-8", "replace")
 
 
 def _matches(line: LogLine, replica: str | None) -> bool:

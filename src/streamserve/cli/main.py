@@ -14,20 +14,24 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError, RedisError
 
 from streamserve.cli.calls import cmd_call
+from streamserve.cli.farm_lookup import beside_running_farm, no_farm_hint
 from streamserve.cli.inspection import cmd_health, cmd_logs, cmd_status
 from streamserve.cli.kubernetes import cmd_manifests
 from streamserve.cli.parser import build_parser
 from streamserve.cli.roles import ROLE_COMMANDS, run_role
 from streamserve.cli.writes import cmd_delete, cmd_deploy, cmd_scale, cmd_traffic
+from streamserve.runtime.processes import hide_passwords_from_ps
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import ConfigError, StreamServeError
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    if argv is None:  # the process's own command line (not a caller's list): keep passwords out of `ps`
+        hide_passwords_from_ps(sys.argv[1:])
+        argv = sys.argv[1:]
     if argv and argv[0] in ROLE_COMMANDS:
         return run_role(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
@@ -36,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     restore = (
         signal.signal(signal.SIGINT, _interrupt) if threading.current_thread() is threading.main_thread() else None
     )
+    settings: Settings | None = None
     try:
-        settings = Settings.from_command_line(args)
+        settings = beside_running_farm(args, Settings.from_command_line(args))
         return COMMANDS[args.command](args, settings)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -46,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except RedisError as exc:
-        print(f"error: Redis: {exc}", file=sys.stderr)
+        hint = no_farm_hint(args, settings) if isinstance(exc, ConnectionError) and settings is not None else ""
+        print(f"error: Redis: {exc}{hint}", file=sys.stderr)
         return 1
     finally:
         if restore is not None:

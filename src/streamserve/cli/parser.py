@@ -43,9 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _command(sub: Subcommands, name: str, help_text: str) -> argparse.ArgumentParser:
-    """A command that works on a farm's Redis, so takes --redis-url."""
+    """A command that works on a farm's Redis, so takes --redis-url, and --data-dir to find the farm `up` runs."""
     command = sub.add_parser(name, help=help_text, description=help_text)
     add_redis_url_option(command)
+    if name != "up":
+        command.add_argument(
+            "--data-dir",
+            type=Path,
+            help="the data directory of the `streamserve up` to work on, when neither --redis-url nor REDIS_URL is "
+            "given (default .streamserve in the current directory, if `up` runs from there)",
+        )
     return command
 
 
@@ -71,7 +78,8 @@ def _add_up(sub: Subcommands) -> None:
         "--data-dir",
         type=Path,
         help="where the embedded Redis keeps its data, so a restart finds queued requests, jobs and deployments "
-        "again (default .streamserve in the current directory)",
+        "again, and where the admin token (api_key) and the farm's address (farm.json) are written for the "
+        "commands run beside it (default .streamserve in the current directory)",
     )
     p.add_argument("--fresh", action="store_true", help="start the embedded Redis empty (forget its data)")
     add_no_admin_option(p)
@@ -100,6 +108,12 @@ def _add_logs(sub: Subcommands) -> None:
     p.add_argument("-f", "--follow", action="store_true", help="then print new lines as they come, until Ctrl-C")
     p.add_argument("--replica", metavar="ID", help="only this replica (its id, or the part after #)")
     p.add_argument("--since", metavar="AGE", help="lines of the last AGE, e.g. 30s, 10m, 2h, 1d")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="print each line as the replica printed it: control characters (escape sequences, carriage returns) "
+        "are not escaped, so they act on this terminal",
+    )
     p.add_argument(
         "-n",
         "--lines",

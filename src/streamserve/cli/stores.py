@@ -35,7 +35,7 @@ def with_stores(settings: Settings, fn: Callable[[Stores], Awaitable[T]]) -> T:
         redis = async_redis(settings.effective_redis_url)
         try:
             keys = settings.keys
-            desired = DesiredState(redis, keys, settings.import_allow_list)
+            desired = DesiredState(redis, keys, settings.import_allow_list, settings.config_limit_values)
             return await fn(Stores(desired, GoalStore(redis, keys), StatusReader(redis, keys), redis))
         finally:
             await redis.aclose()

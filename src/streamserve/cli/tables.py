@@ -1,12 +1,18 @@
-"""The text tables ``status`` and ``traffic`` print."""
+"""The text tables ``status`` and ``traffic`` print.
+
+Every cell and every line is escaped (wire.printable): names, routes and messages come from configs, replicas and
+Redis, and must not reach the terminal as control sequences.
+"""
 
 from __future__ import annotations
 
 from streamserve.control.status import DeploymentStatus
 from streamserve.wire.config import EndpointConfig
+from streamserve.wire.printable import printable
 
 
 def _table(rows: list[list[str]]) -> list[str]:
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
@@ -47,9 +53,9 @@ def format_status(statuses: list[DeploymentStatus]) -> str:
         if not any(row[-1] for row in replicas):  # the column only when some replica says something
             replica_header, replicas = replica_header[:-1], [row[:-1] for row in replicas]
         lines += ["", *_table([replica_header, *replicas]), ""]
-    lines += [f"{s.name}: {s.message}" for s in statuses if s.message]
+    lines += [printable(f"{s.name}: {s.message}") for s in statuses if s.message]
     lines += [
-        f"{s.name}: autoscaled to {s.target} ({s.autoscaling.reason})"
+        printable(f"{s.name}: autoscaled to {s.target} ({s.autoscaling.reason})")
         for s in statuses
         if s.autoscaling and s.autoscaling.reason
     ]

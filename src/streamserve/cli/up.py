@@ -23,12 +23,21 @@ from types import FrameType
 
 import httpx
 import redis
+from pydantic import SecretStr
 
 from streamserve.client.jobs import jobs_redis_url
 from streamserve.control.desired_state import Applied, DesiredState
 from streamserve.control.goal_records import GoalStore
 from streamserve.control.security import check_exposure
 from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.farm_files import (
+    DEFAULT_DATA_DIR,
+    FarmRecord,
+    api_key_path,
+    ensure_api_key,
+    remove_farm,
+    write_farm,
+)
 from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, Lifeline
 from streamserve.runtime.processes import (
     die_with_parent,
@@ -50,8 +59,6 @@ from streamserve.wire.messages import GoalRecord, ReplicaRecord
 from streamserve.wire.states import FINAL_GOAL_STATUSES, GoalStatus
 
 GATEWAY_READY_TIMEOUT_S = 30.0
-# Where the embedded Redis keeps its data unless --data-dir says otherwise (relative to the current directory).
-DEFAULT_DATA_DIR = Path(".streamserve")
 # How long the gateway may take to answer what it holds after Ctrl-C (a second Ctrl-C cuts it short).
 MAX_RESTARTS = 5
 # A child that exits more than MAX_RESTARTS times within RESTART_WINDOW_S brings the farm down.
@@ -66,7 +73,8 @@ class UpOptions:
     port: int
     redis_port: int | None = None
     redis_maxmemory: str | None = None
-    # Where the embedded Redis keeps its data (None: DEFAULT_DATA_DIR); fresh: start it empty.
+    # Where the embedded Redis keeps its data and `up` its token and farm files (None: DEFAULT_DATA_DIR); fresh:
+    # start the embedded Redis empty.
     data_dir: Path | None = None
     fresh: bool = False
     # Gateway processes on the one port (``streamserve gateway --workers``).
@@ -76,7 +84,7 @@ class UpOptions:
 def run_up(args: argparse.Namespace, settings: Settings) -> int:
     """`streamserve up`: the options checked, the config loaded, then the farm runs until Ctrl-C."""
     check_exposure(args.host, api_key_set=settings.api_key is not None, admin=settings.admin)
-    config = load_config(args.config)
+    config = load_config(args.config, settings.config_limit_values)
     options = UpOptions(
         config,
         args.config,
@@ -113,6 +121,8 @@ class Farm:
         self.scheduler: subprocess.Popen[bytes] | None = None
         self.gateway: subprocess.Popen[bytes] | None = None
         self._lifeline: Lifeline | None = None
+        self.data_dir = options.data_dir or DEFAULT_DATA_DIR
+        self._token_file: Path | None = None  # where the admin token is, when `up` made or kept it
         self._env: dict[str, str] = {}
         self._restarts: list[float] = []  # when a child of the farm was last started again
         self._signals = 0
@@ -127,10 +137,10 @@ class Farm:
         if not port_is_free(opts.host, opts.port):
             print(f"error: {opts.host}:{opts.port} is in use; pass --port to pick another", file=sys.stderr)
             return 1
-        embedded_only = opts.redis_port is not None or opts.redis_maxmemory or opts.data_dir is not None or opts.fresh
+        embedded_only = opts.redis_port is not None or opts.redis_maxmemory or opts.fresh
         if embedded_only and self.settings.redis_url is not None:
             print(
-                "error: --redis-port, --redis-maxmemory, --data-dir and --fresh are for the embedded Redis; "
+                "error: --redis-port, --redis-maxmemory and --fresh are for the embedded Redis; "
                 "drop them or drop --redis-url",
                 file=sys.stderr,
             )
@@ -148,6 +158,8 @@ class Farm:
             return 1
         finally:
             self._shutdown()
+            if self.settings.supervisor is not None:
+                remove_farm(self.data_dir, self.settings.supervisor)
             if self._lifeline is not None:
                 self._lifeline.close()  # last: the replicas it ties to this process are stopped by now
             for sig, handler in previous.items():
@@ -155,9 +167,12 @@ class Farm:
 
     def _run(self) -> int:
         opts = self.options
+        if self.settings.admin and self.settings.api_key is None:
+            # Admin writes always need a token (app/admin_guard.py): without STREAMSERVE_API_KEY, the one kept here.
+            self.settings = self.settings.model_copy(update={"api_key": SecretStr(ensure_api_key(self.data_dir))})
+            self._token_file = api_key_path(self.data_dir)
         if self.settings.redis_url is None:
-            data_dir = opts.data_dir or DEFAULT_DATA_DIR
-            self.redis = EmbeddedRedis(port=opts.redis_port, maxmemory=opts.redis_maxmemory, data_dir=data_dir)
+            self.redis = EmbeddedRedis(port=opts.redis_port, maxmemory=opts.redis_maxmemory, data_dir=self.data_dir)
             if opts.fresh:
                 self.redis.forget_data()
             self.redis.start()
@@ -188,6 +203,7 @@ class Farm:
                 return 130
             print("error: the gateway did not come up; see the log above", file=sys.stderr)
             return 1
+        write_farm(self.data_dir, FarmRecord(self.settings.supervisor or "", url, gateway_url))
         if changed.goals:
             print(f"streamserve: starting the replicas of {', '.join(changed.goals)}", flush=True)
         failed = self._wait_for_replicas(url, changed.goals)
@@ -230,9 +246,9 @@ class Farm:
         try:
             with RedisRefusals(url):
                 await redis.ping()
-                return await DesiredState(redis, self.settings.keys, self.settings.import_allow_list).apply(
-                    self.options.config
-                )
+                settings = self.settings
+                desired = DesiredState(redis, settings.keys, settings.import_allow_list, settings.config_limit_values)
+                return await desired.apply(self.options.config)
         except OverloadedError as exc:
             print(
                 f"warning: {exc}: {self.options.config_path} was not applied, the farm runs what Redis holds; apply it "
@@ -246,9 +262,11 @@ class Farm:
 
     def _spawn(self, cmd: list[str]) -> subprocess.Popen[bytes]:
         lifeline = () if self._lifeline is None else (self._lifeline.read_fd,)
+        # Only the gateway checks the API key: the scheduler, and the replicas it starts, never see it.
+        env = self._env if "gateway" in cmd else self.settings.user_code_env(os.environ)
         return subprocess.Popen(
             cmd,
-            env=self._env,
+            env=env,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             preexec_fn=die_with_parent,
@@ -334,9 +352,21 @@ class Farm:
         for e in self.options.config.endpoints:
             route = f"POST {gateway_url}{e.route_prefix}" if e.route_prefix else "client only"
             lines.append(f"  - {e.name}: endpoint over {', '.join(sorted(e.traffic))}, {route}")
-        lines.append(f"  try: {_own_command()} status --redis-url {redacted(redis_url)}")
+        lines.append(self._admin_line(gateway_url))
+        beside = "" if self.options.data_dir is None else f" --data-dir {self.options.data_dir}"
+        lines.append(f"  try: {_own_command()} status{beside}   (commands run here find this farm)")
         lines.append("Press Ctrl-C to stop.")
         print("\n".join(lines), flush=True)
+
+    def _admin_line(self, gateway_url: str) -> str:
+        if not self.settings.admin:
+            return "  admin     writes switched off (--no-admin): deploy with the CLI"
+        if self._token_file is None:
+            return "  admin     writes need 'Authorization: Bearer $STREAMSERVE_API_KEY'"
+        return (
+            f"  admin     token in {self._token_file} (mode 0600), e.g. curl -X POST {gateway_url}/-/deploy "
+            f'-H "Authorization: Bearer $(cat {self._token_file})" -H "Content-Type: application/json" -d @config.json'
+        )
 
     def _shutdown(self) -> None:
         """Gateway, then scheduler (it stops the replicas), then Redis; each bounded in time."""

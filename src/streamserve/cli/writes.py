@@ -17,7 +17,7 @@ from streamserve.wire.states import DeploymentHealth
 
 
 def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
-    config = load_config(args.config)
+    config = load_config(args.config, settings.config_limit_values)
 
     async def deploy(stores: Stores) -> int:
         applied = await stores.desired.apply(config)

@@ -23,7 +23,7 @@ class ControlWrites(ClientCore):
 
         Endpoints in the config are written too; they need no goal (callers see them at once).
         """
-        app = config if isinstance(config, AppConfig) else load_config(config)
+        app = config if isinstance(config, AppConfig) else load_config(config, self._settings.config_limit_values)
         await self.start()
         return (await self._desired().apply(app)).goals
 
@@ -50,4 +50,5 @@ class ControlWrites(ClientCore):
         return await GoalStore(self.redis, self._keys).wait(goal_id, timeout)
 
     def _desired(self) -> DesiredState:
-        return DesiredState(self.redis, self._keys, self._settings.import_allow_list)
+        settings = self._settings
+        return DesiredState(self.redis, self._keys, settings.import_allow_list, settings.config_limit_values)

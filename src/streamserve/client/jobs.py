@@ -4,7 +4,8 @@ RQ keeps each job's status, result and TTL; an RQ worker (``streamserve
 job-worker``, kept running by the scheduler) runs ``JOB_FUNCTION``, which makes
 an ordinary call through the deployment's request stream. Everything RQ writes
 is serialised as JSON (``JSONSerializer``), never pickled: a job is a
-deployment name, a JSON body and two plain options.
+deployment name, a JSON body and two plain options, and a job worker runs
+nothing else (``job_guard.GuardedJob``, whoever wrote the job).
 
 Each deployment accepts at most ``max_queued_jobs`` jobs that have not ended:
 a job is counted in the deployment's accepted-jobs set (one Lua script checks
@@ -32,6 +33,8 @@ from rq.job import Job
 from rq.job import JobStatus as RQJobStatus
 from rq.serializers import JSONSerializer
 
+from streamserve.client.job_guard import JOB_FUNCTION as JOB_FUNCTION  # what RQ workers run, named here too
+from streamserve.client.job_guard import GuardedJob
 from streamserve.runtime.processes import is_running, process_ref
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import is_cluster, redacted
@@ -41,9 +44,6 @@ from streamserve.wire.errors import ConfigError, NotFoundError, OverloadedError,
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import now_ms, text
 from streamserve.wire.states import JobStatus
-
-# What RQ workers import and run, by dotted path (a string, so enqueueing imports no client code).
-JOB_FUNCTION = "streamserve.workers.job_function.run"
 
 # The serializer of every job, on both sides: the queue here and the workers' (``rq worker -S``).
 JOB_SERIALIZER = JSONSerializer
@@ -136,7 +136,8 @@ class JobQueue:
         self.connection = connection
         self._keys = keys
         self._result_ttl_s = result_ttl_s
-        self.queue = Queue(keys.jobs_queue(), connection=connection, serializer=JOB_SERIALIZER)
+        # GuardedJob: what RQ does with a job here (its registries' cleanup, which may fail it) calls no callback.
+        self.queue = Queue(keys.jobs_queue(), connection=connection, serializer=JOB_SERIALIZER, job_class=GuardedJob)
         self._admit = connection.register_script(scripts.ADMIT_JOB)
 
     def enqueue(
@@ -189,7 +190,7 @@ class JobQueue:
         if not _JOB_ID_RE.match(job_id):
             raise NotFoundError(f"no job {job_id!r}")
         try:
-            job = Job.fetch(job_id, connection=self.connection, serializer=JOB_SERIALIZER)
+            job = GuardedJob.fetch(job_id, connection=self.connection, serializer=JOB_SERIALIZER)
         except NoSuchJobError:
             raise NotFoundError(f"no job {job_id!r} (unknown, or its result TTL passed)") from None
         if job.origin != self.queue.name:
@@ -217,7 +218,7 @@ class JobQueue:
         failed = []
         for job_id, execution_id in registry.get_job_and_execution_ids(cleanup=False):
             try:
-                job = Job.fetch(job_id, connection=self.connection, serializer=JOB_SERIALIZER)
+                job = GuardedJob.fetch(job_id, connection=self.connection, serializer=JOB_SERIALIZER)
             except NoSuchJobError:
                 continue
             worker = job.worker_name

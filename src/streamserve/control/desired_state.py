@@ -30,6 +30,7 @@ from streamserve.wire.config import (
 )
 from streamserve.wire.errors import ConfigError, ConflictError, NotFoundError
 from streamserve.wire.keys import ConfigKey, Keys
+from streamserve.wire.limits import DEFAULT_LIMITS, ConfigLimits, limits_context
 from streamserve.wire.messages import now_ms, text
 
 logger = logging.getLogger(__name__)
@@ -105,8 +106,9 @@ def parse_endpoint(data: dict[str, Any]) -> EndpointConfig:
         raise ConfigError(f"endpoint {data.get('name')!r}: {format_validation_error(exc, data)}") from exc
 
 
-def check_consistent(stored: Stored, change: DesiredChange, diff: Diff) -> None:
-    """Refuse a change that would leave the desired state inconsistent (see config.desired_state_problems).
+def check_consistent(stored: Stored, change: DesiredChange, diff: Diff, limits: ConfigLimits = DEFAULT_LIMITS) -> None:
+    """Refuse a change that would leave the desired state inconsistent (see config.desired_state_problems), or
+    holding more deployments or endpoints than ``limits`` allow.
 
     Only problems the change adds count, so a state that was already broken
     can still be mended one write at a time.
@@ -127,6 +129,10 @@ def check_consistent(stored: Stored, change: DesiredChange, diff: Diff) -> None:
                 "it; change that endpoint's traffic (streamserve traffic) or delete the endpoint first"
             )
     new = [p for p in desired_state_problems(after_d, after_e) if p not in desired_state_problems(before_d, before_e)]
+    for kind, before, after in (("deployments", before_d, after_d), ("endpoints", before_e, after_e)):
+        problem = limits.problem(kind, len(after), f"{len(after)} {kind}")
+        if len(after) > len(before) and problem:
+            new.append(f"the farm would hold {problem}")
     if new:
         raise ConfigError("; ".join(new))
 
@@ -153,12 +159,20 @@ def _response_limit_moved(stored: Stored, cfg: DeploymentConfig) -> bool:
 class DesiredState:
     """Reads and writes the desired deployments and endpoints (CLI, clients, admin API, scheduler, replicas)."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, import_allow: ImportAllowList | None = None) -> None:
-        """``import_allow``: writes of deployments importing from elsewhere are refused (ConfigError)."""
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        import_allow: ImportAllowList | None = None,
+        limits: ConfigLimits = DEFAULT_LIMITS,
+    ) -> None:
+        """``import_allow``: writes of deployments importing from elsewhere are refused (ConfigError); ``limits``:
+        the counts and sizes a write may ask for (a scale, and how many deployments and endpoints the farm holds)."""
         self._redis = redis
         self._keys = keys
         self._goals = GoalStore(redis, keys)
         self._import_allow = import_allow or ImportAllowList()
+        self._limits = limits
 
     async def deployments(self) -> dict[str, DeploymentConfig]:
         """Every desired deployment, by name."""
@@ -210,7 +224,7 @@ class DesiredState:
             )
         data = {**current.model_dump(), "num_replicas": num_replicas, "autoscaling_config": None}
         try:
-            updated = DeploymentConfig.model_validate(data)  # re-run the field checks
+            updated = DeploymentConfig.model_validate(data, context=limits_context(self._limits))  # the field checks
         except ValidationError as exc:
             raise ConfigError(f"deployment {name!r}: {format_validation_error(exc, data)}") from exc
         return (await self._write(DesiredChange(deployments={name: updated}), kind="scale")).goals.get(name)
@@ -282,7 +296,7 @@ class DesiredState:
                     if not diff:
                         await pipe.unwatch()  # type: ignore[no-untyped-call]
                         return Applied()
-                    check_consistent(stored, change, diff)
+                    check_consistent(stored, change, diff, self._limits)
                     await self._check_response_limits(stored, change, diff)
                     now = now_ms()
                     goals = {n: new_goal(n, kind, change.deployments[n], now) for n in diff.deployments_changed}

@@ -18,6 +18,7 @@ from streamserve.runtime.embedded_redis import DEFAULT_PORT
 from streamserve.wire.config import MEMORY_RE, AppConfig, load_config, memory_bytes
 from streamserve.wire.errors import ConfigError
 from streamserve.wire.keys import Keys
+from streamserve.wire.limits import DEFAULT_LIMITS, ConfigLimits
 
 Manifest = dict[str, Any]
 
@@ -93,6 +94,7 @@ class FarmSpec:
     keys: Keys
     import_allow: str | None = None
     redis_memory: str = DEFAULT_REDIS_MEMORY  # a Kubernetes quantity; only the in-cluster Redis has one
+    limits: ConfigLimits = DEFAULT_LIMITS  # what the config is checked against (STREAMSERVE_CONFIG_LIMITS)
 
     @classmethod
     def from_file(
@@ -105,6 +107,7 @@ class FarmSpec:
         keys: Keys,
         import_allow: str | None = None,
         redis_memory: str | None = None,
+        limits: ConfigLimits = DEFAULT_LIMITS,
     ) -> FarmSpec:
         """Read and check the inputs; ConfigError names what is wrong."""
         if not image or not image.strip():
@@ -116,7 +119,7 @@ class FarmSpec:
         memory = DEFAULT_REDIS_MEMORY if redis_memory is None else redis_memory.strip()
         if not MEMORY_RE.match(memory) or memory_bytes(memory) <= 0:
             raise ConfigError(f"--redis-memory {memory!r} is not a memory size: use e.g. 512Mi or 2Gi")
-        config = load_config(path)
+        config = load_config(path, limits)
         raw = yaml.safe_load(path.read_text())  # load_config just parsed it
         redis = RedisTarget.in_namespace(namespace) if redis_url is None else RedisTarget.parse(redis_url)
-        return cls(config, raw, path.name, image.strip(), namespace, redis, keys, import_allow, memory)
+        return cls(config, raw, path.name, image.strip(), namespace, redis, keys, import_allow, memory, limits)

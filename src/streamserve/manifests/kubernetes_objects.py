@@ -24,6 +24,7 @@ from streamserve.manifests.farm_spec import (
     Manifest,
 )
 from streamserve.wire.config import MEMORY_RE, memory_bytes, parse_config
+from streamserve.wire.limits import DEFAULT_LIMITS, ConfigLimits
 
 CONFIG_DIR = "/etc/streamserve"
 CONFIG_FILE = "config.yaml"
@@ -200,7 +201,7 @@ def redis_statefulset(spec: FarmSpec) -> Manifest:
     }
 
 
-def k8s_config(raw: dict[str, Any]) -> dict[str, Any]:
+def k8s_config(raw: dict[str, Any], limits: ConfigLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """The config as the user wrote it, but every deployment externally scaled.
 
     ``num_replicas`` and ``autoscaling_config`` leave it: they became the
@@ -211,7 +212,7 @@ def k8s_config(raw: dict[str, Any]) -> dict[str, Any]:
         rest = {k: v for k, v in d.items() if k not in ("num_replicas", "autoscaling_config")}
         deployments.append({**rest, "external_scaler_enabled": True})
     rewritten = {**raw, "deployments": deployments}
-    parse_config(rewritten, "the rewritten config")  # still valid (it is, unless this function is wrong)
+    parse_config(rewritten, "the rewritten config", limits)  # still valid (it is, unless this function is wrong)
     return rewritten
 
 

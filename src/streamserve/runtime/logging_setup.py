@@ -8,15 +8,21 @@ import os
 
 from pythonjsonlogger.json import JsonFormatter
 
+from streamserve.runtime.fd_limit import raise_fd_limit
 from streamserve.runtime.settings import Settings, add_redis_url_option
 from streamserve.transport.redis_checks import redis_problems, warning_text
+from streamserve.wire.printable import printable, printable_lines
 
 logger = logging.getLogger(__name__)
 
 
 class TextFormatter(logging.Formatter):
     """One line per record, tagged with the logger and pid; ``request_id=...`` at the end when the record has one
-    (``extra={"request_id": ...}``), before any traceback."""
+    (``extra={"request_id": ...}``), before any traceback.
+
+    The line is escaped (wire.printable): a value in the message cannot start a line of its own or reach the
+    terminal as a control sequence. A traceback keeps its newlines (it is made of lines) but not those of an
+    exception's message or notes, which a caller may have chosen; its other controls are escaped."""
 
     def __init__(self) -> None:
         super().__init__(f"%(asctime)s %(levelname)-7s [%(name)s {os.getpid()}] %(message)s")
@@ -24,7 +30,33 @@ class TextFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         line = super().formatMessage(record)
         request_id = getattr(record, "request_id", None)
-        return f"{line} request_id={request_id}" if request_id else line
+        return printable(f"{line} request_id={request_id}" if request_id else line)
+
+    def format(self, record: logging.LogRecord) -> str:
+        # The message has no newline left (formatMessage), so the first one starts the traceback or stack, which
+        # are escaped here whoever formatted them first (logging caches the traceback's text on the record).
+        line, newline, rest = super().format(record).partition("\n")
+        if not rest:
+            return line
+        exc = record.exc_info[1] if record.exc_info else None
+        return line + newline + printable_lines(_messages_on_one_line(rest, exc))
+
+
+def _messages_on_one_line(traceback: str, exc: BaseException | None) -> str:
+    """``traceback`` with each message and note of the exceptions it shows escaped onto its one line: one with a
+    newline (``ValueError(f"bad input {body}")``) cannot print a line that looks like a log record of its own."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        try:
+            parts = [str(exc), *getattr(exc, "__notes__", ())]
+        except Exception:  # a broken __str__: the traceback says so itself
+            parts = []
+        for part in parts:
+            if isinstance(part, str) and "\n" in part:
+                traceback = traceback.replace(part, printable(part))
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return traceback
 
 
 def json_formatter(role: str) -> logging.Formatter:
@@ -52,6 +84,7 @@ def start_process(parser: argparse.ArgumentParser, argv: list[str] | None) -> tu
     args = parser.parse_args(argv)
     settings = Settings.from_command_line(args)
     setup_logging(settings.debug, settings.log_format, role=parser.prog.removeprefix("streamserve ").strip())
+    raise_fd_limit()  # every role holds connections (Redis, clients, replicas' pipes): as many as the system allows
     if settings.check_redis:
         if lines := redis_problems(settings.effective_redis_url):
             logger.warning("%s", warning_text(settings.effective_redis_url, lines))

@@ -131,3 +131,37 @@ def runs_replica(pid: int, replica_id: ReplicaID) -> bool:
     except OSError:
         return False
     return b"\0--replica-id\0" + replica_id.to_str().encode() + b"\0" in cmdline
+
+
+# Command-line options whose value may be a URL with a password, and the setting each one is.
+SECRET_URL_OPTIONS = {"--redis-url": "STREAMSERVE_REDIS_URL"}
+
+
+def without_secret_urls(argv: list[str]) -> tuple[list[str], dict[str, str]] | None:
+    """``argv`` with every URL option that holds a password (``user:pw@``, or unix://'s ``?password=``) taken
+    out, and the environment that says the same (STREAMSERVE_REDIS_URL wins over REDIS_URL, as --redis-url does);
+    None when there is no such option."""
+    kept: list[str] = []
+    env: dict[str, str] = {}
+    args = iter(argv)
+    for arg in args:
+        option, equals, value = arg.partition("=")
+        if option in SECRET_URL_OPTIONS and not equals:
+            value = next(args, "")
+        if option in SECRET_URL_OPTIONS and ("@" in value.partition("://")[2] or "password=" in value):
+            env[SECRET_URL_OPTIONS[option]] = value
+        else:
+            kept.append(arg)
+            if option in SECRET_URL_OPTIONS and not equals and value:
+                kept.append(value)
+    return (kept, env) if env else None
+
+
+def hide_passwords_from_ps(argv: list[str]) -> None:
+    """Start again with URLs that hold a password (``--redis-url redis://:pw@host``) moved from the command line,
+    which ``ps`` shows every user of the machine, to the environment, which only this user can read."""
+    moved = without_secret_urls(argv)
+    if moved is not None:
+        kept, env = moved
+        os.environ.update(env)
+        os.execv(sys.executable, [sys.executable, "-m", "streamserve", *kept])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Literal
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
@@ -13,8 +14,10 @@ from streamserve.control.resources import GPU_LIST_RE
 from streamserve.control.security import ImportAllowList
 from streamserve.wire.errors import ConfigError
 from streamserve.wire.keys import DEFAULT_PREFIX, Keys
+from streamserve.wire.limits import ConfigLimits
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+API_KEY_ENV = "STREAMSERVE_API_KEY"
 
 
 def add_redis_url_option(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +85,16 @@ class Settings(BaseSettings):
     # Comma-separated module prefixes deployments may import from (e.g. "examples,myapp"); unset: any module.
     import_allow: str | None = None
 
+    # Comma-separated host names (besides the bound address and localhost) under which the gateway takes admin
+    # writes, e.g. "gateway.internal,serve.example.com"; "*" takes any (app/admin_guard.py).
+    allowed_hosts: str | None = None
+
+    # Comma-separated browser origins that may send admin writes, e.g. "https://ops.example.com"; "*" any.
+    allowed_origins: str | None = None
+
+    # The address the gateway binds (set by ``streamserve gateway --host``): admin writes take it as a Host.
+    bind_host: str | None = None
+
     # How often a replica refreshes its heartbeat.
     heartbeat_interval_s: float = Field(1.0, gt=0)
 
@@ -138,6 +151,18 @@ class Settings(BaseSettings):
     # Processes count requests and handler times and flush them to Redis for the gateways' ``/metrics``.
     metrics: bool = True
 
+    # A gateway connection whose request headers are not all in this long after it opened (or, on a kept-alive
+    # connection, after the request's first byte) is closed, with a 408 if part of a request came.
+    header_timeout_s: float = Field(10.0, gt=0)
+
+    # The most client connections one gateway process holds; beyond, the one waiting longest without a request in
+    # progress is closed, or (all busy) the new one gets 503. Unset: 10000, within what the open-file limit allows.
+    max_connections: int | None = Field(None, ge=1)
+
+    # The maxima of counts and sizes in a config that this process writes, over the defaults of
+    # wire/limits.py's ConfigLimits: "NAME=N" pairs separated by commas, e.g. "num_replicas=4096".
+    config_limits: str | None = None
+
     @field_validator("api_key", mode="before")
     @classmethod
     def _key_is_not_blank(cls, value: object) -> object:
@@ -150,6 +175,12 @@ class Settings(BaseSettings):
     @classmethod
     def _allow_list_parses(cls, value: str | None) -> str | None:
         ImportAllowList.parse(value)
+        return value
+
+    @field_validator("config_limits")
+    @classmethod
+    def _config_limits_parse(cls, value: str | None) -> str | None:
+        ConfigLimits.parse(value)
         return value
 
     @classmethod
@@ -174,6 +205,11 @@ class Settings(BaseSettings):
     @property
     def import_allow_list(self) -> ImportAllowList:
         return ImportAllowList.parse(self.import_allow)
+
+    @property
+    def config_limit_values(self) -> ConfigLimits:
+        """The maxima a config this process writes is checked against (``config_limits`` over the defaults)."""
+        return ConfigLimits.parse(self.config_limits)
 
     @property
     def keys(self) -> Keys:
@@ -212,9 +248,17 @@ class Settings(BaseSettings):
             "STREAMSERVE_LOG_FORMAT": self.log_format,
             "STREAMSERVE_ACCESS_LOG": "1" if self.access_log else "0",
             "STREAMSERVE_METRICS": "1" if self.metrics else "0",
+            "STREAMSERVE_HEADER_TIMEOUT_S": str(self.header_timeout_s),
         }
+        if self.max_connections is not None:
+            env["STREAMSERVE_MAX_CONNECTIONS"] = str(self.max_connections)
+        if self.config_limits is not None:
+            env["STREAMSERVE_CONFIG_LIMITS"] = self.config_limits
         if self.import_allow is not None:
             env["STREAMSERVE_IMPORT_ALLOW"] = self.import_allow
+        for name in ("allowed_hosts", "allowed_origins", "bind_host"):
+            if (value := getattr(self, name)) is not None:
+                env[f"STREAMSERVE_{name.upper()}"] = value
         if self.jobs_redis_url is not None:
             env["STREAMSERVE_JOBS_REDIS_URL"] = self.jobs_redis_url
         if self.gpus is not None:
@@ -226,7 +270,14 @@ class Settings(BaseSettings):
         if not self.check_redis:
             env["STREAMSERVE_CHECK_REDIS"] = "0"
         if self.api_key is not None:
-            env["STREAMSERVE_API_KEY"] = self.api_key.get_secret_value()
+            env[API_KEY_ENV] = self.api_key.get_secret_value()
+        return env
+
+    def user_code_env(self, inherited: Mapping[str, str]) -> dict[str, str]:
+        """The environment of a process that runs user code (a replica): ``inherited`` and ``to_env()`` without the
+        API key, which only a gateway needs, and which user code must not be able to read."""
+        env = {**inherited, **self.to_env()}
+        env.pop(API_KEY_ENV, None)
         return env
 
 

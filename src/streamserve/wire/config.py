@@ -6,26 +6,50 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import orjson
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from streamserve.wire.errors import ConfigError, ProtocolError
+from streamserve.wire.limits import DEFAULT_LIMITS, ConfigLimits, at_most, limits_context, write_limits
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # The gateway's own paths: admin API, status, jobs, docs.
 GATEWAY_PREFIX = "/-/"
 RESERVED_ROUTE_PREFIXES = (GATEWAY_PREFIX, "/metrics")
-# The longest request timeout (a week): past any call's sensible bound, and within what RQ's job timer holds.
+# The longest request timeout (a week): past any call's sensible bound, and within what RQ's job timer holds. Every
+# other duration in a config (drain, health checks, autoscaling delays) is at most this too.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+# A route_prefix: at most this long, "/" or "/"-separated segments of these characters (unreserved in URLs, RFC 3986),
+# none of them "." or "..": no space, control character, quote, markup or bidi override to reach a log, a terminal
+# or a page, and no path a client or proxy would normalise into another.
+MAX_ROUTE_PREFIX_CHARS = 256
+ROUTE_SEGMENT_RE = re.compile(r"^[A-Za-z0-9._~-]+$")
+
+
+def _at_most_a_week(value: float, info: ValidationInfo) -> float:
+    """A field validator for a duration written in a config: at most MAX_TIMEOUT_S."""
+    if write_limits(info) is not None and value > MAX_TIMEOUT_S:
+        raise ValueError(f"{value:g} s is more than a week ({MAX_TIMEOUT_S:g} s), the longest a duration may be")
+    return value
 
 
 class _Strict(BaseModel):
     # Infinity and NaN have no JSON form (they would be stored as null and fail to load back).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # Defaults are validated too: a maximum lowered below a default (limits.ConfigLimits) holds for it as well.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, validate_default=True)
 
 
 def _check_name(value: str) -> str:
@@ -34,7 +58,7 @@ def _check_name(value: str) -> str:
     return value
 
 
-def _check_route_prefix(value: str | None) -> str | None:
+def _check_route_prefix(value: str | None, info: ValidationInfo) -> str | None:
     if value is None:
         return None
     if not value.startswith("/"):
@@ -43,7 +67,27 @@ def _check_route_prefix(value: str | None) -> str | None:
         raise ValueError(f"{value!r} must not end with '/'")
     if any(value == p.rstrip("/") or value.startswith(p) for p in RESERVED_ROUTE_PREFIXES):
         raise ValueError(f"{value!r} is reserved for the gateway's own routes")
+    if write_limits(info) is not None:
+        _check_route_characters(value)
     return value
+
+
+def _check_route_characters(value: str) -> None:
+    """A route_prefix being written: a URL path of safe characters (see ROUTE_SEGMENT_RE)."""
+    if len(value) > MAX_ROUTE_PREFIX_CHARS:
+        raise ValueError(f"is {len(value)} characters long; at most {MAX_ROUTE_PREFIX_CHARS}")
+    if value == "/":
+        return
+    for segment in value[1:].split("/"):
+        if not segment:
+            raise ValueError(f"{value!r} has an empty segment ('//')")
+        if segment in (".", ".."):
+            raise ValueError(f"{value!r} has a {segment!r} segment, which clients and proxies resolve away")
+        if not ROUTE_SEGMENT_RE.match(segment):
+            raise ValueError(
+                f"{value!r} holds a character a route may not: use '/'-separated segments of letters, digits "
+                "and . _ ~ - (no spaces, control characters, quotes, '%' or non-ASCII)"
+            )
 
 
 def _default_route_prefix(cls: type[BaseModel], data: Any) -> Any:
@@ -61,6 +105,10 @@ class AutoscalingConfig(_Strict):
     target_ongoing_requests: float = Field(2.0, gt=0)
     upscale_delay_s: float = Field(30.0, ge=0)
     downscale_delay_s: float = Field(600.0, ge=0)
+
+    _replicas = field_validator("min_replicas", "max_replicas")(at_most("num_replicas"))
+    _target = field_validator("target_ongoing_requests")(at_most("max_ongoing_requests"))
+    _delays = field_validator("upscale_delay_s", "downscale_delay_s")(_at_most_a_week)
 
     @model_validator(mode="after")
     def _min_le_max(self) -> AutoscalingConfig:
@@ -88,15 +136,23 @@ class Resources(_Strict):
     gpus: int = Field(0, ge=0, strict=True)
     memory: str | int | None = None
 
+    _cpus = field_validator("cpus")(at_most("cpus"))
+    _gpus = field_validator("gpus")(at_most("gpus"))
+
     @field_validator("memory")
     @classmethod
-    def _memory(cls, value: str | int | None) -> str | int | None:
+    def _memory(cls, value: str | int | None, info: ValidationInfo) -> str | int | None:
         if value is None:
             return None
         if isinstance(value, bool) or (isinstance(value, int) and value <= 0):
             raise ValueError(f"{value!r} is not a memory size: use bytes (> 0) or e.g. '512Mi', '2Gi'")
         if isinstance(value, str) and (not MEMORY_RE.match(value) or memory_bytes(value) <= 0):
             raise ValueError(f"{value!r} is not a memory size: use bytes (> 0) or e.g. '512Mi', '2Gi'")
+        limits = write_limits(info)
+        size = memory_bytes(value)
+        shown = f"{size} bytes" if isinstance(value, int) else f"{value!r} ({size} bytes)"
+        if limits is not None and (problem := limits.problem("memory", size, shown)):
+            raise ValueError(problem)
         return value
 
     @property
@@ -116,7 +172,8 @@ def memory_bytes(value: str | int) -> int:
     match = MEMORY_RE.match(value)
     if match is None:
         raise ValueError(f"{value!r} is not a memory size")
-    return int(float(match["number"]) * MEMORY_UNITS[match["unit"]])
+    # Exact, and for any length of number: through a float, "1e400" digits would be infinity (and int() of it fail).
+    return int(Decimal(match["number"]) * MEMORY_UNITS[match["unit"]])
 
 
 class DeploymentConfig(_Strict):
@@ -150,6 +207,15 @@ class DeploymentConfig(_Strict):
     _default_route = model_validator(mode="before")(_default_route_prefix)
     _name = field_validator("name")(_check_name)
     _route = field_validator("route_prefix")(_check_route_prefix)
+    _replicas = field_validator("num_replicas")(at_most("num_replicas"))
+    _ongoing = field_validator("max_ongoing_requests")(at_most("max_ongoing_requests"))
+    _queued = field_validator("max_queued_requests")(at_most("max_queued_requests"))
+    _jobs = field_validator("max_queued_jobs")(at_most("max_queued_jobs"))
+    _attempts = field_validator("max_delivery_attempts")(at_most("max_delivery_attempts"))
+    _response = field_validator("max_response_bytes")(at_most("max_response_bytes"))
+    _durations = field_validator("graceful_shutdown_timeout_s", "health_check_period_s", "health_check_timeout_s")(
+        _at_most_a_week
+    )
 
     @field_validator("import_path")
     @classmethod
@@ -168,6 +234,20 @@ class DeploymentConfig(_Strict):
                 "external_scaler_enabled: its replicas are started outside streamserve (Kubernetes, KEDA, systemd), "
                 "so it takes neither num_replicas nor autoscaling_config"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _fits_in_json(self, info: ValidationInfo) -> DeploymentConfig:
+        """Being written: storable as JSON (integers within 64 bits, nesting orjson encodes), and not too large."""
+        limits = write_limits(info)
+        if limits is None:
+            return self
+        try:
+            size = len(self.to_json())
+        except orjson.JSONEncodeError as exc:
+            raise ValueError(f"init_args, init_kwargs or user_config cannot be stored as JSON: {exc}") from None
+        if problem := limits.problem("config_bytes", size, f"{size} bytes"):
+            raise ValueError(f"the deployment as JSON (init_args, init_kwargs, user_config...): {problem}")
         return self
 
     def wanted_replicas(self, autoscaled: int | None = None, live: int = 0) -> int:
@@ -200,7 +280,7 @@ class DeploymentConfig(_Strict):
     def from_json(cls, raw: bytes | str) -> DeploymentConfig:
         """A stored config; ProtocolError if it is not one (written by hand, or by another version)."""
         try:
-            return cls.model_validate(orjson.loads(raw))
+            return cls.model_validate(orjson.loads(raw), context=limits_context(None))
         except ValueError as exc:
             raise ProtocolError(f"stored deployment config is unreadable: {exc}") from exc
 
@@ -224,20 +304,19 @@ class EndpointConfig(_Strict):
 
     @field_validator("traffic")
     @classmethod
-    def _weights(cls, value: dict[str, float]) -> dict[str, float]:
-        for name in value:
-            _check_name(name)
+    def _weights(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        _check_names_at_most(value, info)
         if not value:
             raise ValueError("needs at least one deployment")
-        if any(not math.isfinite(w) or w < 0 for w in value.values()) or sum(value.values()) <= 0:
-            raise ValueError("weights must be finite, >= 0 and add up to more than 0")
+        total = sum(value.values())
+        if any(not math.isfinite(w) or w < 0 for w in value.values()) or not 0 < total < math.inf:
+            raise ValueError("weights must be finite, >= 0 and add up to more than 0 (and less than infinity)")
         return value
 
     @field_validator("shadow")
     @classmethod
-    def _fractions(cls, value: dict[str, float]) -> dict[str, float]:
-        for name in value:
-            _check_name(name)
+    def _fractions(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        _check_names_at_most(value, info)
         if any(not 0 <= f <= 1 for f in value.values()):
             raise ValueError("shadow fractions must be between 0 and 1")
         return value
@@ -254,7 +333,7 @@ class EndpointConfig(_Strict):
     def from_json(cls, raw: bytes | str) -> EndpointConfig:
         """A stored endpoint; ProtocolError if it is not one."""
         try:
-            return cls.model_validate(orjson.loads(raw))
+            return cls.model_validate(orjson.loads(raw), context=limits_context(None))
         except ValueError as exc:
             raise ProtocolError(f"stored endpoint config is unreadable: {exc}") from exc
 
@@ -264,6 +343,16 @@ class AppConfig(_Strict):
 
     deployments: list[DeploymentConfig] = Field(default_factory=list)
     endpoints: list[EndpointConfig] = Field(default_factory=list)
+
+    @field_validator("deployments", "endpoints", mode="before")
+    @classmethod
+    def _not_too_many(cls, value: Any, info: ValidationInfo) -> Any:
+        """Counted before each one is checked: ten million deployments are refused at once, not one by one."""
+        limits = write_limits(info)
+        field = str(info.field_name)
+        if isinstance(value, list) and limits is not None and (problem := limits.problem(field, len(value))):
+            raise ValueError(f"{len(value)} {field}: {problem}")
+        return value
 
     @model_validator(mode="after")
     def _unique(self) -> AppConfig:
@@ -307,6 +396,15 @@ def desired_state_problems(
     return problems
 
 
+def _check_names_at_most(weights: dict[str, float], info: ValidationInfo) -> None:
+    """An endpoint's traffic or shadow: deployment names, no more of them than a farm may have deployments."""
+    limits = write_limits(info)
+    if limits is not None and (problem := limits.problem("deployments", len(weights), f"{len(weights)} names")):
+        raise ValueError(problem)
+    for name in weights:
+        _check_name(name)
+
+
 def _describe_location(loc: tuple[int | str, ...], data: Any) -> str:
     """('deployments', 0, 'num_replicas') -> "deployment 'echo' (deployments[0]): num_replicas"."""
     if len(loc) >= 2 and loc[0] in ("deployments", "endpoints") and isinstance(loc[1], int):
@@ -333,17 +431,17 @@ def format_validation_error(exc: ValidationError, data: Any) -> str:
     return "\n".join(lines)
 
 
-def parse_config(data: Any, source: str = "config") -> AppConfig:
-    """Validate an already-loaded config mapping."""
+def parse_config(data: Any, source: str = "config", limits: ConfigLimits = DEFAULT_LIMITS) -> AppConfig:
+    """Validate an already-loaded config mapping, its counts and sizes against ``limits``."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping with 'deployments' (and optionally 'endpoints')")
     try:
-        return AppConfig.model_validate(data)
+        return AppConfig.model_validate(data, context=limits_context(limits))
     except ValidationError as exc:
         raise ConfigError(f"{source}:\n{format_validation_error(exc, data)}") from exc
 
 
-def load_config(path: str | Path) -> AppConfig:
+def load_config(path: str | Path, limits: ConfigLimits = DEFAULT_LIMITS) -> AppConfig:
     """Read and validate a YAML config file; ConfigError says which field of which deployment is wrong."""
     path = Path(path)
     try:
@@ -354,4 +452,4 @@ def load_config(path: str | Path) -> AppConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_config(data, str(path))
+    return parse_config(data, str(path), limits)

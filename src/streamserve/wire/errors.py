@@ -23,7 +23,12 @@ class UnauthorizedError(BadRequestError):
 
 
 class ForbiddenError(BadRequestError):
-    """An admin write on a gateway whose admin writes are switched off (STREAMSERVE_ADMIN=off)."""
+    """An admin write the gateway refuses whoever sends it: admin writes switched off (STREAMSERVE_ADMIN=off), no
+    token configured, or a ``Host`` or ``Origin`` it does not serve."""
+
+
+class UnsupportedMediaTypeError(BadRequestError):
+    """An admin write whose body is not ``application/json``."""
 
 
 class NotFoundError(BadRequestError):
@@ -44,6 +49,10 @@ class PayloadTooLargeError(BadRequestError):
 
 class BodyTimeoutError(BadRequestError):
     """The request body did not arrive within ``body_timeout_s``."""
+
+
+class HeaderTimeoutError(BodyTimeoutError):
+    """The request's headers did not all arrive within ``header_timeout_s`` (a 408, like a body that is late)."""
 
 
 class HeadersTooLargeError(BadRequestError):
@@ -135,6 +144,7 @@ __all__ = [
     "DeadLetterError",
     "ForbiddenError",
     "GoalFailedError",
+    "HeaderTimeoutError",
     "HeadersTooLargeError",
     "MethodNotAllowedError",
     "NotFoundError",
@@ -148,4 +158,5 @@ __all__ = [
     "StreamServeError",
     "UnauthorizedError",
     "UnavailableError",
+    "UnsupportedMediaTypeError",
 ]

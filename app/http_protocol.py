@@ -1,0 +1,212 @@
+"""The gateway's HTTP connections: uvicorn's httptools protocol with a deadline on request headers and a cap on
+open connections, so that clients that never finish their headers (slowloris) cannot hold all of its sockets.
+
+uvicorn has neither: a new connection may stay silent, or trickle its headers, for ever (its keep-alive timeout
+starts only after a response), and its ``limit_concurrency`` answers 503 only once headers are complete, which such
+a connection never reaches. Here:
+
+- A connection's request headers must all be in within ``header_timeout_s`` of its opening (a later request on a
+  kept-alive connection: of that request's first byte). Past it the connection is closed, with a 408 when part of a
+  request came. At most one timer per connection at a time (armed when it opens, and by a request that begins after
+  the last one fired; a timer that fires early is moved to the deadline): no work per byte, a few attribute and dict
+  operations per request.
+- At ``max_connections`` open connections, a new one closes the connection that has waited longest without a
+  request in progress (idle between requests, or still sending its headers), oldest first; when every connection has
+  a request in progress, the new one gets 503 (``OverloadedError``) instead. A slowloris thus takes the place of other
+  slow connections, never of requests being served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from asyncio import TimerHandle
+from dataclasses import dataclass
+from typing import ClassVar
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from streamserve.app.errors import error_response
+from streamserve.runtime.fd_limit import raise_fd_limit
+from streamserve.runtime.settings import Settings
+from streamserve.wire.errors import HeaderTimeoutError, OverloadedError, StreamServeError
+
+logger = logging.getLogger(__name__)
+
+# Connections a gateway process holds unless STREAMSERVE_MAX_CONNECTIONS says otherwise.
+DEFAULT_MAX_CONNECTIONS = 10_000
+# Open files a gateway needs besides its clients' connections (the listening socket, its Redis pool of 64, logs,
+# connections in their last second, CLOSING_MAX) at most; at most a quarter of a small limit.
+FD_HEADROOM = 256
+# A connection given a last answer (408, 503) is closed when the client closes its side, or this long after.
+CLOSING_GRACE_S = 1.0
+# At most this many connections wait out CLOSING_GRACE_S at once; beyond, they are closed at once.
+CLOSING_MAX = 64
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What a gateway process allows each connection: ``header_timeout_s``, and ``max_connections`` at once."""
+
+    header_timeout_s: float
+    max_connections: int
+
+    @classmethod
+    def for_process(cls, settings: Settings, fd_limit: int) -> ConnectionLimits:
+        """The settings' limits under an open-file limit of ``fd_limit``; a cap above what it leaves room for is
+        lowered to that room, with a warning (accepting more would fail with "Too many open files")."""
+        room = max(1, fd_limit - min(FD_HEADROOM, fd_limit // 4))
+        cap = settings.max_connections
+        if cap is None:
+            cap = min(DEFAULT_MAX_CONNECTIONS, room)
+        elif cap > room:
+            logger.warning(
+                "STREAMSERVE_MAX_CONNECTIONS=%d is more than the open-file limit (%d) leaves room for; holding at most"
+                " %d connections (raise the limit with ulimit -n, or LimitNOFILE= in a systemd unit)",
+                cap,
+                fd_limit,
+                room,
+            )
+            cap = room
+        return cls(header_timeout_s=settings.header_timeout_s, max_connections=cap)
+
+
+def raw_response(exc: StreamServeError) -> bytes:
+    """The whole HTTP/1.1 response for ``exc`` (app/errors.py's status, headers and body), closing the connection."""
+    response = error_response(exc, {"Connection": "close"})
+    head = [STATUS_LINE[response.status_code]]
+    head += [name + b": " + value + b"\r\n" for name, value in response.raw_headers]
+    return b"".join([*head, b"\r\n", response.body])
+
+
+class LastAnswer(asyncio.Protocol):
+    """A connection's last moments: write one answer, shut our side, drop whatever the client still sends, and close
+    when it closes its side or after CLOSING_GRACE_S. Closing at once, with request bytes unread, would reset the
+    connection, and the client's system could throw the answer away before the client read it."""
+
+    lingering: ClassVar[int] = 0  # how many connections are in their last moments
+
+    def __init__(self) -> None:
+        self.timer: TimerHandle | None = None
+
+    @classmethod
+    def take_over(cls, transport: asyncio.Transport, answer: bytes) -> None:
+        if cls.lingering >= CLOSING_MAX:
+            transport.write(answer)
+            transport.close()
+            return
+        protocol = cls()
+        transport.set_protocol(protocol)
+        transport.write(answer)
+        if transport.can_write_eof():
+            transport.write_eof()
+        if not transport.is_reading():
+            transport.resume_reading()
+        cls.lingering += 1
+        protocol.timer = asyncio.get_running_loop().call_later(CLOSING_GRACE_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            LastAnswer.lingering -= 1
+
+
+class GatewayHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with ConnectionLimits (see the module's docstring); call ``configure`` first."""
+
+    # Set by configure(), before the first connection.
+    limits: ClassVar[ConnectionLimits]
+    timeout_answer: ClassVar[bytes]
+    full_answer: ClassVar[bytes]
+    # Connections without a request in progress (idle, or sending headers), longest waiting first: who makes room.
+    waiting: ClassVar[dict[GatewayHttpProtocol, None]] = {}
+
+    header_timer: TimerHandle | None = None
+    header_deadline: float = 0.0
+
+    @classmethod
+    def configure(cls, limits: ConnectionLimits) -> None:
+        """Use ``limits`` for every connection this process accepts from now on."""
+        cls.limits = limits
+        late = f"the request's headers did not arrive within {limits.header_timeout_s:g}s (header_timeout_s)"
+        cls.timeout_answer = raw_response(HeaderTimeoutError(late))
+        full = f"the gateway holds max_connections ({limits.max_connections}), each with a request in progress; retry"
+        cls.full_answer = raw_response(OverloadedError(full, retry_after_s=1.0))
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.limits.max_connections and not self.make_room():
+            self.transport = transport  # never one of uvicorn's connections; connection_lost needs only this
+            LastAnswer.take_over(transport, self.full_answer)
+            return
+        super().connection_made(transport)
+        self.waiting[self] = None
+        self.header_deadline = self.loop.time() + self.limits.header_timeout_s
+        self.header_timer = self.loop.call_later(self.limits.header_timeout_s, self.check_headers)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.waiting.pop(self, None)
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self.cycle is not None:  # a later request on this connection: its headers have their own time
+            self.header_deadline = self.loop.time() + self.limits.header_timeout_s
+            if self.header_timer is None:
+                self.header_timer = self.loop.call_later(self.limits.header_timeout_s, self.check_headers)
+
+    def on_headers_complete(self) -> None:
+        self.waiting.pop(self, None)
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        idle = not self.pipeline  # else the next request, already read, starts now
+        super().on_response_complete()
+        if idle and not self.transport.is_closing():
+            self.waiting[self] = None
+
+    def reading_headers(self) -> bool:
+        """Whether the connection waits for the rest of a request's headers, with no request in progress."""
+        in_headers = self.scope is None or "method" not in self.scope  # uvicorn sets it once headers are complete
+        return in_headers and (self.cycle is None or self.cycle.response_complete)
+
+    def check_headers(self) -> None:
+        self.header_timer = None
+        if self.transport.is_closing() or not self.reading_headers():
+            return  # a later request arms the timer again
+        left = self.header_deadline - self.loop.time()
+        if left > 0:
+            self.header_timer = self.loop.call_later(left, self.check_headers)
+        elif self.scope is None:
+            self.transport.close()  # not a byte of a request: nothing to answer
+        else:
+            self.leave_uvicorn()
+            LastAnswer.take_over(self.transport, self.timeout_answer)
+
+    def make_room(self) -> bool:
+        """Close the connection that has waited longest without a request in progress; False if there is none."""
+        if not self.waiting:
+            return False
+        oldest = next(iter(self.waiting))
+        del self.waiting[oldest]
+        oldest.transport.close()
+        return True
+
+    def leave_uvicorn(self) -> None:
+        """Forget this connection before another protocol takes its transport over (uvicorn no longer sees it)."""
+        self.connections.discard(self)
+        self.waiting.pop(self, None)
+        self._unset_keepalive_if_required()
+
+
+def use_connection_limits(settings: Settings) -> None:
+    """Raise this process's open-file limit as far as allowed, and hold its connections to the settings' limits."""
+    GatewayHttpProtocol.configure(ConnectionLimits.for_process(settings, raise_fd_limit()))

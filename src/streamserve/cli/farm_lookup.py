@@ -1,0 +1,28 @@
+"""Which farm a command works on when the command line does not say: the one `up` runs from the data directory."""
+
+from __future__ import annotations
+
+import argparse
+
+from streamserve.runtime.farm_files import DEFAULT_DATA_DIR, running_farm
+from streamserve.runtime.settings import Settings
+
+
+def beside_running_farm(args: argparse.Namespace, settings: Settings) -> Settings:
+    """``settings``, with the Redis of the farm `up` runs from ``--data-dir`` (default ``.streamserve``) when
+    neither ``--redis-url`` nor ``REDIS_URL`` names one. So ``up --redis-port 48889`` then ``status`` just works."""
+    if settings.redis_url is not None or args.command == "up" or not hasattr(args, "data_dir"):
+        return settings
+    farm = running_farm(args.data_dir)
+    return settings if farm is None else settings.model_copy(update={"redis_url": farm.redis_url})
+
+
+def no_farm_hint(args: argparse.Namespace, settings: Settings) -> str:
+    """What to add to a connection error of a command that fell back to the default Redis."""
+    if settings.redis_url is not None or not hasattr(args, "data_dir"):
+        return ""
+    where = args.data_dir or DEFAULT_DATA_DIR
+    return (
+        f" (no `streamserve up` runs from {where}/, so the default Redis was tried: run the command where `up` "
+        "runs, or pass --data-dir, --redis-url or REDIS_URL)"
+    )

@@ -1,0 +1,118 @@
+"""What `streamserve up` leaves in its data directory for the commands run beside it: the admin token, the farm.
+
+``<data dir>/api_key`` holds the token admin writes need when no
+``STREAMSERVE_API_KEY`` is set; it is made once and kept, so that scripts
+which read it keep working across restarts. ``<data dir>/farm.json`` says
+where the running farm's Redis and gateway are, so that ``streamserve
+status`` in the same directory finds them. Both are mode 0600: the Redis
+URL may hold a password, and the token deploys code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from streamserve.runtime.processes import process_ref
+from streamserve.wire.errors import ConfigError
+
+# Where `up` keeps its files (and the embedded Redis its data) unless --data-dir says otherwise.
+DEFAULT_DATA_DIR = Path(".streamserve")
+TOKEN_FILE = "api_key"
+FARM_FILE = "farm.json"
+PRIVATE = 0o600
+
+
+class UnsafeFileError(ConfigError):
+    """A token or farm file that others may read or write: refused rather than trusted."""
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically, readable by this user only (never briefly readable by others)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        temporary.unlink()
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+
+
+def _read_private(path: Path) -> bytes | None:
+    """The file's bytes; None when it does not exist; UnsafeFileError when others could read or change it."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return None
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO) or info.st_uid != os.getuid():
+        raise UnsafeFileError(f"{path} may be read or changed by other users: remove it, `up` makes it again")
+    return path.read_bytes()
+
+
+def api_key_path(data_dir: Path | None) -> Path:
+    return (data_dir or DEFAULT_DATA_DIR) / TOKEN_FILE
+
+
+def ensure_api_key(data_dir: Path | None) -> str:
+    """The token in the data directory, made (random, 256 bits) if there is none yet."""
+    path = api_key_path(data_dir)
+    existing = _read_private(path)
+    if existing is not None and existing.strip():
+        return existing.decode().strip()
+    token = secrets.token_urlsafe(32)
+    _write_private(path, token.encode() + b"\n")
+    return token
+
+
+def read_api_key(data_dir: Path | None) -> str | None:
+    existing = _read_private(api_key_path(data_dir))
+    return (existing.decode().strip() or None) if existing is not None else None
+
+
+@dataclass(frozen=True)
+class FarmRecord:
+    """The running `up`: its process (``pid:start``, see runtime.processes.process_ref) and where it serves."""
+
+    supervisor: str
+    redis_url: str
+    gateway_url: str
+
+    def is_running(self) -> bool:
+        pid = self.supervisor.partition(":")[0]
+        return pid.isdigit() and process_ref(int(pid)) == self.supervisor
+
+
+def write_farm(data_dir: Path | None, record: FarmRecord) -> None:
+    _write_private((data_dir or DEFAULT_DATA_DIR) / FARM_FILE, orjson.dumps(record.__dict__))
+
+
+def remove_farm(data_dir: Path | None, supervisor: str) -> None:
+    """Forget the farm file, if it is still this supervisor's (another `up` may have taken the directory)."""
+    path = (data_dir or DEFAULT_DATA_DIR) / FARM_FILE
+    with contextlib.suppress(OSError, UnsafeFileError, ValueError, TypeError):
+        record = read_farm_file(path)
+        if record is not None and record.supervisor == supervisor:
+            path.unlink()
+
+
+def read_farm_file(path: Path) -> FarmRecord | None:
+    raw = _read_private(path)
+    return None if raw is None else FarmRecord(**orjson.loads(raw))
+
+
+def running_farm(data_dir: Path | None) -> FarmRecord | None:
+    """The farm `up` runs from this data directory, if it still runs; a stale or unreadable file counts as none."""
+    try:
+        record = read_farm_file((data_dir or DEFAULT_DATA_DIR) / FARM_FILE)
+    except (OSError, ValueError, TypeError):
+        return None
+    return record if record is not None and record.is_running() else None

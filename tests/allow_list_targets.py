@@ -1,0 +1,44 @@
+"""What the import allow-list's tests resolve: objects this module defines, and objects it merely imported.
+
+Under ``STREAMSERVE_IMPORT_ALLOW=tests.allow_list_targets`` the first kind loads and the second is refused
+(tests/unit/test_import_resolution.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from builtins import print  # reachable as tests.allow_list_targets:print, as any module may make it
+from os import system
+from typing import Any
+
+__all__ = ["Model", "handler", "model", "os", "print", "run_true", "system", "table"]
+
+
+class Model:
+    """A class defined here, with a class nested in it."""
+
+    class Options:
+        """A class nested in an allowed class."""
+
+        def __init__(self, body: Any = None) -> None:
+            self.body = body
+
+    def __call__(self, body: Any) -> Any:
+        return body
+
+    def predict(self, body: Any) -> Any:
+        return body
+
+    @staticmethod
+    def helper(body: Any) -> Any:
+        return body
+
+
+def handler(body: Any) -> Any:
+    return body
+
+
+model = Model()  # an instance of a class defined here
+table = {"handler": handler}  # an instance of a built-in type
+run_true = functools.partial(system, "true")  # an instance of functools.partial, wrapping os.system

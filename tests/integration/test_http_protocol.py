@@ -1,0 +1,123 @@
+"""The gateway's HTTP protocol (app/http_protocol.py) in-process, where the order of events is ours to choose: who
+makes room at the cap, and a refused client that sent its request before the server accepted it."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import pytest
+import uvicorn
+from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
+from uvicorn.server import ServerState
+
+from streamserve.app.http_protocol import ConnectionLimits, GatewayHttpProtocol
+from tests.harness.waiting import wait_for_async
+
+GET = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+@dataclass
+class Served:
+    port: int
+    state: ServerState
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    clients: list[socket.socket] = field(default_factory=list)
+
+    def connect(self) -> socket.socket:
+        """A client connection, made (by the kernel) whether or not the server has accepted it yet."""
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        self.clients.append(sock)
+        return sock
+
+    async def accepted(self, count: int) -> None:
+        await wait_for_async(lambda: len(self.state.connections) == count, 5, f"{count} connections never held")
+
+
+@asynccontextmanager
+async def serving(max_connections: int) -> AsyncIterator[Served]:
+    """GatewayHttpProtocol on a free port of this event loop, for an app that answers ``ok``, or (``/hold``) waits
+    for ``release`` first."""
+    release = asyncio.Event()
+
+    async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        assert scope["type"] == "http"
+        if scope["path"] == "/hold":
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok", "more_body": False})
+
+    config = uvicorn.Config(app, http=GatewayHttpProtocol, lifespan="off", log_config=None)
+    config.load()
+    GatewayHttpProtocol.configure(ConnectionLimits(header_timeout_s=10.0, max_connections=max_connections))
+    state = ServerState()
+    server = await asyncio.get_running_loop().create_server(
+        lambda: GatewayHttpProtocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0
+    )
+    served = Served(server.sockets[0].getsockname()[1], state, release)
+    try:
+        yield served
+    finally:
+        release.set()
+        for sock in served.clients:
+            sock.close()
+        server.close()
+        await wait_for_async(lambda: not state.connections and not state.tasks, 5, "connections left open")
+        await server.wait_closed()
+
+
+def _read_until(sock: socket.socket, end: bytes) -> bytes:
+    data = b""
+    while not data.endswith(end):
+        data += sock.recv(65536) or pytest.fail(f"closed after {data!r}")
+    return data
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+async def test_a_refused_client_reads_its_whole_503_though_its_request_came_before_the_accept() -> None:
+    async with serving(max_connections=1) as served:
+        served.connect().sendall(b"GET /hold HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        await wait_for_async(lambda: len(served.state.tasks) == 1, 5, "the first request never started")
+        late = served.connect()
+        late.sendall(GET)  # before the event loop runs again, so before the server accepts the connection
+        answer = await asyncio.to_thread(_read_until_closed, late)
+    assert answer.startswith(b"HTTP/1.1 503 ") and answer.endswith(b"}"), answer
+    assert b'"error":"OverloadedError"' in answer
+
+
+async def test_at_the_cap_the_connection_waiting_longest_makes_room() -> None:
+    async with serving(max_connections=2) as served:
+        oldest = served.connect()
+        oldest.sendall(b"GET / HTTP/1.1\r\nHost: 1")  # its headers never end
+        await served.accepted(1)
+        newer = served.connect()
+        newer.sendall(GET)
+        assert (await asyncio.to_thread(_read_until, newer, b"ok")).startswith(b"HTTP/1.1 200 ")  # idle now, kept alive
+        await served.accepted(2)
+        newest = served.connect()
+        newest.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert (await asyncio.to_thread(_read_until_closed, newest)).endswith(b"ok")
+        assert await asyncio.to_thread(_read_until_closed, oldest) == b""  # closed to make room, without a word
+        newer.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            newer.recv(1)  # still open
+
+
+async def test_a_kept_alive_connection_between_requests_makes_room_too() -> None:
+    async with serving(max_connections=1) as served:
+        idle = served.connect()
+        idle.sendall(GET)
+        assert (await asyncio.to_thread(_read_until, idle, b"ok")).startswith(b"HTTP/1.1 200 ")
+        newest = served.connect()
+        newest.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert (await asyncio.to_thread(_read_until_closed, newest)).endswith(b"ok")
+        assert await asyncio.to_thread(_read_until_closed, idle) == b""

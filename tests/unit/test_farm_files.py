@@ -1,0 +1,55 @@
+"""The files `up` leaves for the commands beside it: a private token kept across restarts, the running farm."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from streamserve.runtime.farm_files import (
+    FarmRecord,
+    UnsafeFileError,
+    ensure_api_key,
+    read_api_key,
+    remove_farm,
+    running_farm,
+    write_farm,
+)
+from streamserve.runtime.processes import process_ref
+
+
+def test_the_token_is_made_private_once_and_kept(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    token = ensure_api_key(data_dir)
+    assert len(token) >= 40  # 256 random bits, url-safe
+    assert (data_dir / "api_key").stat().st_mode & 0o777 == 0o600
+    assert data_dir.stat().st_mode & 0o777 == 0o700
+    assert ensure_api_key(data_dir) == token == read_api_key(data_dir)
+    assert ensure_api_key(tmp_path / "other") != token
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    ensure_api_key(tmp_path)
+    os.chmod(tmp_path / "api_key", 0o644)
+    with pytest.raises(UnsafeFileError, match="other users"):
+        ensure_api_key(tmp_path)
+
+
+def test_only_a_running_farm_is_found(tmp_path: Path) -> None:
+    assert running_farm(tmp_path) is None
+    me = process_ref(os.getpid())
+    assert me is not None
+    write_farm(tmp_path, FarmRecord(me, "redis://127.0.0.1:48889/0", "http://127.0.0.1:8000"))
+    assert (tmp_path / "farm.json").stat().st_mode & 0o777 == 0o600
+    found = running_farm(tmp_path)
+    assert found is not None and found.redis_url == "redis://127.0.0.1:48889/0"
+
+    gone_ref = f"{os.getpid()}:0"  # this pid, but another process's start: an `up` gone and its pid reused
+    write_farm(tmp_path, FarmRecord(gone_ref, "redis://127.0.0.1:1/0", "http://127.0.0.1:1"))
+    assert running_farm(tmp_path) is None, "a farm whose `up` is gone is not the one to use"
+
+    remove_farm(tmp_path, me)  # not this supervisor's file any more: kept
+    assert (tmp_path / "farm.json").exists()
+    remove_farm(tmp_path, gone_ref)
+    assert not (tmp_path / "farm.json").exists()
