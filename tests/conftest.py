@@ -45,6 +45,16 @@ def settings(redis_url: str) -> Settings:
 
 
 @pytest.fixture
+def connection(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain (blocking) client of the session server, closed after the test."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
 async def aredis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_url)
     try:

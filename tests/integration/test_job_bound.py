@@ -31,15 +31,6 @@ RunJobs = Callable[[], Coroutine[Any, Any, None]]
 
 
 @pytest.fixture
-def connection(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@pytest.fixture
 def run_jobs(settings: Settings, connection: redis.Redis) -> Iterator[RunJobs]:
     """run() works off every queued job on a thread (the in-process replica keeps serving), then returns."""
     job_function.configure(settings)

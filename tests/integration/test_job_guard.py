@@ -36,15 +36,6 @@ RunJobs = Callable[[Settings], Coroutine[Any, Any, None]]
 LEAVE_MARK = "tests.job_callbacks.leave_mark"
 
 
-@pytest.fixture
-def connection(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
 def stock_rq_queue(connection: redis.Redis, settings: Settings) -> Queue:
     """The queue our job workers read, as anyone with stock RQ and the farm's Redis URL can write to it."""
     return Queue(settings.keys.jobs_queue(), connection=connection, serializer=JOB_SERIALIZER)

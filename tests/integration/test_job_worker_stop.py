@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import httpx
-import pytest
 import redis
 import redis.asyncio as aioredis
 from rq.job import Job
@@ -31,15 +29,6 @@ from tests.integration.test_job_promises import PREFER_ASYNC, job_body
 
 # RQ ignores a second SIGTERM this soon after the first.
 RQ_REPEAT_WINDOW = timedelta(seconds=1)
-
-
-@pytest.fixture
-def connection(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def stop_requested_at(connection: redis.Redis, job_id: str) -> datetime | None:

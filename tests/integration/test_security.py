@@ -21,6 +21,7 @@ import redis as sync_redis_module
 
 from streamserve.client import AsyncClient
 from streamserve.control.desired_state import DesiredState
+from streamserve.control.security import ImportAllowList
 from streamserve.runtime.processes import free_port, port_is_free
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import async_redis
@@ -82,45 +83,39 @@ async def test_the_allow_list_refuses_other_modules_on_every_write_path(settings
     assert ok.status_code == 200, ok.text
 
 
-async def test_a_replica_refuses_a_module_outside_the_allow_list(settings: Settings) -> None:
-    """A config that reached Redis some other way (an old write, someone with redis-cli) still does not run."""
-    cfg = DeploymentConfig.model_validate({"name": "pwn", "import_path": "tests.deployments:Recorder"})
+async def failed_start(settings: Settings, import_path: str, write_allow: str | None) -> Heartbeat:
+    """Write a deployment (checked against ``write_allow`` only), run one replica under the allow-list
+    ``examples``: it exits 1, and its last heartbeat (FAILED) is returned."""
+    cfg = DeploymentConfig.model_validate({"name": "pwn", "import_path": import_path})
     redis = async_redis(settings.effective_redis_url)
     try:
-        await DesiredState(redis, settings.keys).apply(AppConfig(deployments=[cfg]))  # no allow-list here
-        strict = settings.model_copy(update={"import_allow": "examples"})
-        replica = Replica(strict, redis, ReplicaID.new("pwn"))
+        await DesiredState(redis, settings.keys, ImportAllowList.parse(write_allow)).apply(AppConfig(deployments=[cfg]))
+        replica = Replica(settings.model_copy(update={"import_allow": "examples"}), redis, ReplicaID.new("pwn"))
         assert await asyncio.wait_for(replica.run(), timeout=10) == 1
         raw = await redis.hget(settings.keys.heartbeats("pwn"), replica.replica_id.to_str())
         assert raw is not None
         beat = Heartbeat.decode(raw)
         assert beat.health is ReplicaHealth.FAILED
-        assert "'tests.deployments:Recorder' is outside STREAMSERVE_IMPORT_ALLOW (examples)" in beat.message
+        return beat
     finally:
         await redis.aclose()
+
+
+async def test_a_replica_refuses_a_module_outside_the_allow_list(settings: Settings) -> None:
+    """A config that reached Redis some other way (an old write, someone with redis-cli) still does not run."""
+    beat = await failed_start(settings, "tests.deployments:Recorder", write_allow=None)  # no allow-list at the write
+    assert "'tests.deployments:Recorder' is outside STREAMSERVE_IMPORT_ALLOW (examples)" in beat.message
 
 
 async def test_a_replica_refuses_a_path_that_walks_out_of_an_allowed_module(settings: Settings) -> None:
     """``examples.echo:os.system`` names an allowed module, so the write takes it; the replica resolves it and stops at
     ``os``, before reading ``system``, and its FAILED heartbeat says which object came from where."""
-    strict = settings.model_copy(update={"import_allow": "examples"})
-    cfg = DeploymentConfig.model_validate({"name": "pwn", "import_path": "examples.echo:os.system"})
-    redis = async_redis(settings.effective_redis_url)
-    try:
-        await DesiredState(redis, settings.keys, strict.import_allow_list).apply(AppConfig(deployments=[cfg]))
-        replica = Replica(strict, redis, ReplicaID.new("pwn"))
-        assert await asyncio.wait_for(replica.run(), timeout=10) == 1
-        raw = await redis.hget(settings.keys.heartbeats("pwn"), replica.replica_id.to_str())
-        assert raw is not None
-        beat = Heartbeat.decode(raw)
-        assert beat.health is ReplicaHealth.FAILED
-        assert beat.message == (
-            "ConfigError: deployment 'pwn': import_path 'examples.echo:os.system' is refused: 'examples.echo:os' is "
-            "the module 'os' from module 'os', outside STREAMSERVE_IMPORT_ALLOW (examples); name a function or class "
-            "defined in an allowed module"
-        )
-    finally:
-        await redis.aclose()
+    beat = await failed_start(settings, "examples.echo:os.system", write_allow="examples")
+    assert beat.message == (
+        "ConfigError: deployment 'pwn': import_path 'examples.echo:os.system' is refused: 'examples.echo:os' is "
+        "the module 'os' from module 'os', outside STREAMSERVE_IMPORT_ALLOW (examples); name a function or class "
+        "defined in an allowed module"
+    )
 
 
 async def test_admin_off_turns_every_write_away(settings: Settings) -> None:
