@@ -7,6 +7,10 @@ stack a request cost the gateway twice the CPU (bench/README.md).
 
 With ``Prefer: respond-async`` the same POST is checked the same way, then
 queued as an asynchronous job (RQ): 202 and ``Location: /-/jobs/<id>``.
+
+Every deployment POST says it takes a stream (Request.stream); the first
+reply decides: a unary handler's answer is sent as before, a streaming
+handler's chunks are relayed as they come (app/streaming_response.py).
 """
 
 from __future__ import annotations
@@ -41,8 +45,15 @@ from streamserve.app.errors import (
 from streamserve.app.observe import CLIENT_CLOSED, RequestObserver
 from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
 from streamserve.app.routing import RouteTable
+from streamserve.app.streaming_response import (
+    StreamCut,
+    quiet_stream_cuts,
+    stream_headers,
+    stream_response,
+    wants_sse,
+)
 from streamserve.client import AsyncClient
-from streamserve.client.calls import error_of
+from streamserve.client.outcomes import STREAM_REPLIES, error_of
 from streamserve.control.status import StatusReader
 from streamserve.metrics.exposition import CONTENT_TYPE, farm_metrics
 from streamserve.metrics.figures import Figures
@@ -62,7 +73,7 @@ from streamserve.wire.errors import (
 )
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import check_decoded
-from streamserve.wire.messages import ReplyStatus
+from streamserve.wire.messages import Reply, ReplyStatus
 from streamserve.wire.states import JobStatus
 
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -150,9 +161,9 @@ class Gateway:
             route = await self.client.route(name)
             exchange.reply_headers["X-Deployment"] = exchange.deployment = deployment = route.deployment.name
             timeout = min(route.deployment.request_timeout_s, header_timeout)
-            reply = await self.client.request(route, body, timeout=timeout, request_id=exchange.request_id)
+            reply = await self.client.request(route, body, timeout=timeout, request_id=exchange.request_id, stream=True)
             exchange.replica = reply.replica_id
-            if reply.status is not ReplyStatus.OK:
+            if reply.status is not ReplyStatus.OK and reply.status not in STREAM_REPLIES:
                 raise error_of(reply)
         except StreamServeError as exc:
             response = error_response(exc, exchange.reply_headers)
@@ -160,6 +171,9 @@ class Gateway:
             await response(scope, receive, send)
             return
         except ClientDisconnected:
+            return
+        if reply.status is not ReplyStatus.OK:
+            await self._stream(exchange, reply)
             return
         exchange.status = 200
         await send(
@@ -176,6 +190,22 @@ class Gateway:
             }
         )
         await send({"type": "http.response.body", "body": reply.body})
+
+    async def _stream(self, exchange: _Exchange, first: Reply) -> None:
+        """A streaming handler's answer (``first`` its first reply): 200, then its chunks as they come."""
+        feed = self.client.follow(first)
+        sse = wants_sse(exchange.headers.getlist(b"accept"))
+        headers = stream_headers(sse, exchange.request_id, exchange.deployment, first.replica_id)
+        exchange.status = 200
+        try:
+            exchange.status = await stream_response(
+                exchange.send, exchange.receive, feed, headers, sse, exchange.request_id
+            )
+        except StreamCut as cut:
+            exchange.status = cut.status
+            raise
+        finally:
+            exchange.replica = feed.replica_id or first.replica_id
 
     async def _submit_job(
         self, name: str, value: object, header_timeout: float, reply_headers: dict[str, str]
@@ -331,6 +361,7 @@ class GatewayApp:
 
 def create_app(settings: Settings) -> GatewayApp:
     """Build the gateway; its client connects at startup (ASGI lifespan) and closes at shutdown."""
+    quiet_stream_cuts()
     gateway = Gateway(settings)
     api = FastAPI(
         title="streamserve gateway",

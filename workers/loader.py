@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -16,12 +17,15 @@ from streamserve.wire.errors import BadRequestError, ConfigError
 
 @dataclass
 class Handler:
-    """One callable of the deployment, whether it must be awaited, and whether it takes batches."""
+    """One callable of the deployment, whether it must be awaited, whether it takes batches, whether it streams."""
 
     fn: Callable[..., Any]
+    # Runs on the event loop: a coroutine function, or an async generator function (a streaming one).
     is_async: bool
     # Set for a ``@streamserve.batch`` handler: it takes a list of bodies (workers/batcher.py).
     batch: BatchConfig | None = None
+    # A generator or async generator function: each value it yields is one chunk (workers/streaming.py).
+    is_stream: bool = False
 
 
 @dataclass
@@ -47,7 +51,8 @@ class LoadedDeployment:
             raise BadRequestError(f"{type(self.target).__name__} has no public method {method!r}")
         else:
             fn = getattr(self.target, method)
-        handler = Handler(fn, _is_async(fn), batch_config_of(fn))
+        stream = is_stream(fn)
+        handler = Handler(fn, _is_async(fn) or (stream and _is_async_generator(fn)), batch_config_of(fn), stream)
         self._handlers[method] = handler
         return handler
 
@@ -69,6 +74,48 @@ def _is_async(fn: Callable[..., Any]) -> bool:
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004 - an instance whose __call__ is async
     return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _is_generator_function(fn: object) -> bool:
+    # inspect sees through bound methods and functools.partial.
+    return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
+
+
+def _called(fn: Callable[..., Any]) -> object:
+    """What runs when ``fn`` is called: itself, or an instance's ``__call__``."""
+    if inspect.isroutine(fn) or isinstance(fn, functools.partial):
+        return fn
+    return getattr(fn, "__call__", None)  # noqa: B004 - a callable instance
+
+
+def is_stream(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` makes a generator or an async generator: a function, a bound method, or an instance
+    whose ``__call__`` is one."""
+    return _is_generator_function(_called(fn))
+
+
+def _is_async_generator(fn: Callable[..., Any]) -> bool:
+    return inspect.isasyncgenfunction(_called(fn))
+
+
+def _refuse_batched_generators(obj: Any, import_path: str) -> None:
+    """ConfigError for a ``@streamserve.batch`` handler that is a generator (``obj``: the function, or the class
+    before it is built): a batch has one result per body, and streams are not batched."""
+    if inspect.isclass(obj):
+        names = [name for name in dir(obj) if name == "__call__" or not name.startswith("_")]
+        candidates = [(f"{obj.__name__}.{name}", inspect.getattr_static(obj, name, None)) for name in names]
+    else:
+        candidates = [(import_path, obj)]
+    for name, found in candidates:
+        fn = getattr(found, "__func__", found)  # staticmethod, classmethod
+        if batch_config_of(fn) is None:
+            continue
+        call = _called(fn)
+        if callable(call) and _is_generator_function(inspect.unwrap(call)):  # under @batch's own wrapper
+            raise ConfigError(
+                f"{name} is a @streamserve.batch generator: a batched handler cannot stream (a batch returns one "
+                "result per body); drop @streamserve.batch, or return a list instead of yielding"
+            )
 
 
 def import_attr(import_path: str, allow: ImportAllowList, deployment: str) -> Any:
@@ -98,6 +145,8 @@ def load(cfg: DeploymentConfig, allow: ImportAllowList) -> LoadedDeployment:
     """Import the deployment (as far as ``allow`` lets it) and, for a class, build its one instance (constructor
     errors propagate)."""
     obj = import_attr(cfg.import_path, allow, cfg.name)
+    if callable(obj):
+        _refuse_batched_generators(obj, cfg.import_path)  # before a constructor that may take minutes
     if inspect.isclass(obj):
         return LoadedDeployment(obj(*cfg.init_args, **cfg.init_kwargs), is_class=True)
     if not callable(obj):

@@ -34,6 +34,7 @@ from streamserve.wire.errors import NotFoundError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.wire.states import ReplicaHealth
+from streamserve.workers.control_reader import ControlReader
 from streamserve.workers.departure import Departure, DepartureRules
 from streamserve.workers.health_checks import watch_health
 from streamserve.workers.heartbeat_loop import ReplicaHeartbeat
@@ -139,11 +140,16 @@ class Replica:
             metrics.start()
         longpoll: LongPollSubscriber | None = None
         serving: Serving | None = None
+        control: ControlReader | None = None
         try:
             serving = await self._load()
             if serving is None:
                 return 1  # the FAILED heartbeat stays: it tells the scheduler why
             await ensure_group(self._redis, self._stream)
+            # What callers say about the requests it serves (how far they have read a stream); read until it exits.
+            control_key = self._keys.replica_control(self._name, self._consumer)
+            control = ControlReader(self._redis, control_key, serving.streams.control_handlers, self._consumer)
+            await control.start()
             longpoll = LongPollSubscriber(
                 self._redis, self._keys, lambda k: k == ConfigKey.DEPLOYMENTS, functools.partial(self._follow, serving)
             )
@@ -167,7 +173,10 @@ class Replica:
             await self._wind_down("the heartbeat", heartbeat)
             if serving is not None:
                 await self._wind_down("the batches", serving.close_batches())
+                serving.close_streams()
                 serving.close_threads()
+            if control is not None:
+                await self._wind_down("the control stream", control.aclose())
             await self._wind_down("the replies", self._pipeliner.aclose())
             if metrics is not None:
                 await self._wind_down("the last metrics", metrics.aclose())

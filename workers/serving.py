@@ -36,6 +36,7 @@ from streamserve.workers.batcher import Batchers, DeadlinePassed
 from streamserve.workers.finisher import Finisher
 from streamserve.workers.loader import Handler, LoadedDeployment
 from streamserve.workers.slots import Slots
+from streamserve.workers.streaming import Streams
 from streamserve.workers.threads import HandlerThreads
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,14 @@ class Serving:
         self._figures = figures
         self._finisher = Finisher(pipeliner, self._stream, slots.finished, self._consumer)
         self._batchers = Batchers(self._invoke_batch, lambda: self.config.max_ongoing_requests, self._consumer)
+        self.streams = Streams(
+            pipeliner=pipeliner,
+            threads=threads,
+            replica_id=self._consumer,
+            deployment=self._name,
+            figures=figures,
+            user_error=self._user_error,
+        )
         self.served = 0
         self.failed = 0
 
@@ -110,6 +119,10 @@ class Serving:
     async def close_batches(self) -> None:
         """Cancel batches still running (the drain's grace period is over) and log what was batched."""
         await self._batchers.aclose()
+
+    def close_streams(self) -> None:
+        """Stop the streams still running past the drain's grace period, unanswered (their entries stay pending)."""
+        self.streams.close()
 
     def close_threads(self) -> None:
         """End the handler threads: a handler still running past the drain's grace period is not answered."""
@@ -207,14 +220,17 @@ class Serving:
             self._finisher.finish(entry_id)
             return
         started_at = time.perf_counter()
-        started = self._start_handler(request)
+        started = self._start_handler(entry_id, request, started_at)
         if isinstance(started, Reply):
             self._finish(entry_id, request, started)
-        else:
+        elif started is not None:
             started.add_done_callback(functools.partial(self._on_handler_done, entry_id, request, started_at))
 
-    def _start_handler(self, request: Request) -> Reply | asyncio.Future[Any]:
-        """Start the handler on the request; a Reply instead when there is nothing to run."""
+    def _start_handler(
+        self, entry_id: bytes, request: Request, started_at: float
+    ) -> Reply | asyncio.Future[Any] | None:
+        """Start the handler on the request; a Reply instead when there is nothing to run, None for a stream (it
+        finishes by itself)."""
         rid = self._consumer
         if request.deadline_ms and now_ms() > request.deadline_ms:
             return Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, rid)
@@ -224,6 +240,8 @@ class Serving:
         except (BadRequestError, orjson.JSONDecodeError) as exc:
             return Reply(request.request_id, ReplyStatus.BAD_REQUEST, rid, error_message=str(exc))
         try:
+            if handler.is_stream:
+                return self._start_stream(entry_id, request, handler, body, started_at)
             if handler.batch is not None:
                 return asyncio.ensure_future(self._batchers.call(request.method, handler, body, request.deadline_ms))
             return self._invoke(handler, body)
@@ -247,24 +265,61 @@ class Serving:
             self._figures.observe(self._name, BATCH_SIZE, len(bodies))
         return self._invoke(handler, bodies)
 
+    def _start_stream(
+        self, entry_id: bytes, request: Request, handler: Handler, body: Any, started_at: float
+    ) -> Reply | None:
+        """Run a streaming handler (workers/streaming.py); a BAD_REQUEST for a caller that takes no stream."""
+        if not (request.stream and request.reply_to):
+            method = f" (method {request.method!r})" if request.method else ""
+            return Reply(
+                request.request_id,
+                ReplyStatus.BAD_REQUEST,
+                self._consumer,
+                error_message=(
+                    f"deployment {self._name!r}{method} streams its answer: call it with Client.stream() or "
+                    "AsyncClient.stream(), or over HTTP"
+                ),
+            )
+        outcome = self.streams.start(request, handler, body, self.config)
+        outcome.add_done_callback(functools.partial(self._on_stream_done, entry_id, request, started_at))
+        return None
+
     def _on_handler_done(self, entry_id: bytes, request: Request, started_at: float, done: asyncio.Future[Any]) -> None:
         if done.cancelled():  # stopping: the entry stays pending, to be claimed again
-            self._slots.handler_returned()
-            self._slots.finished([entry_id])
+            self._leave_pending(entry_id)
             return
         reply = self._reply_for(request, done)
         if self._figures is not None:
             self._figures.observe(self._name, HANDLER_DURATION, time.perf_counter() - started_at)
         self._finish(entry_id, request, reply)
 
+    def _on_stream_done(
+        self, entry_id: bytes, request: Request, started_at: float, done: asyncio.Future[Reply]
+    ) -> None:
+        if done.cancelled():  # stopping: the entry stays pending, to be claimed again
+            self._leave_pending(entry_id)
+            return
+        if self._figures is not None:
+            self._figures.observe(self._name, HANDLER_DURATION, time.perf_counter() - started_at)
+        self._finish(entry_id, request, done.result())
+
+    def _leave_pending(self, entry_id: bytes) -> None:
+        """Give up a request unanswered (the replica stops): its entry stays pending, to be claimed again."""
+        self._slots.handler_returned()
+        self._slots.finished([entry_id])
+
     def _finish(self, entry_id: bytes, request: Request, reply: Reply) -> None:
         """Free the request's slot and hand its reply to the Finisher (no reply when nobody waits for one)."""
         self._slots.handler_returned()
         self.served += 1
+        outcome = reply.status
+        if outcome is not ReplyStatus.OK:
+            if outcome is ReplyStatus.END:  # a stream that ended well
+                outcome = ReplyStatus.OK
+            else:
+                self.failed += 1
         if self._figures is not None:
-            self._figures.count(self._name, HANDLED, reply.status.value)
-        if reply.status is not ReplyStatus.OK:
-            self.failed += 1
+            self._figures.count(self._name, HANDLED, outcome.value)
         self._finisher.finish(entry_id, reply if request.reply_to else None, request.reply_to, request.deadline_ms)
 
     def _reply_for(self, request: Request, done: asyncio.Future[Any]) -> Reply:

@@ -59,6 +59,7 @@ CASES: list[tuple[dict[str, object], dict[str, object], str, str]] = [
             "max_queued_jobs",
             "max_delivery_attempts",
             "max_response_bytes",
+            "max_unread_chunks",
         )
     ],
     (dep(resources={"cpus": float(D.cpus)}), dep(resources={"cpus": D.cpus + 0.5}), "cpus", "resources.cpus"),

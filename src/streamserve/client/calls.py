@@ -2,6 +2,10 @@
 
 This is the hot path. ``call`` -> ``request`` -> ``_add`` is one enqueue in
 the pipeliner and one future that the reply stream's reader resolves.
+
+Streams (``stream``, and every deployment POST of the gateway) go the same
+way, with Request.stream set; when the first reply is a chunk, the request
+goes on as a ``ChunkFeed`` (``follow``) under the same deadline.
 """
 
 from __future__ import annotations
@@ -10,21 +14,18 @@ import asyncio
 import logging
 from typing import Any
 
-import orjson
-
+from streamserve.client.chunk_feed import ChunkFeed
+from streamserve.client.chunk_stream import ChunkStream
 from streamserve.client.core import ClientCore
+from streamserve.client.outcomes import STREAM_REPLIES, result_of
+from streamserve.client.read_progress import progress_reporter
+from streamserve.client.reply_stream import ReplyStream
 from streamserve.client.route_table import Route
 from streamserve.transport.connections import is_cluster_client
 from streamserve.transport.pipelining import Command, Script
 from streamserve.wire import scripts
 from streamserve.wire.config import MAX_TIMEOUT_S, DeploymentConfig
-from streamserve.wire.errors import (
-    BadRequestError,
-    DeadLetterError,
-    OverloadedError,
-    RemoteError,
-    RequestTimeoutError,
-)
+from streamserve.wire.errors import BadRequestError, OverloadedError, RequestTimeoutError
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
@@ -56,24 +57,6 @@ def call_timeout_s(timeout: float | None, cfg: DeploymentConfig) -> float:
     return timeout_s
 
 
-def result_of(reply: Reply) -> Any:
-    """The handler's return value, or the error the reply stands for."""
-    if reply.status is ReplyStatus.OK:
-        return orjson.loads(reply.body)
-    raise error_of(reply)
-
-
-def error_of(reply: Reply) -> Exception:
-    """The exception a non-OK reply stands for."""
-    if reply.status is ReplyStatus.DEADLINE_EXCEEDED:
-        return RequestTimeoutError(f"request {reply.request_id} passed its deadline before a replica could run it")
-    if reply.status is ReplyStatus.BAD_REQUEST:
-        return BadRequestError(reply.error_message)
-    if reply.status is ReplyStatus.DEAD_LETTER:
-        return DeadLetterError(reply.error_type, reply.error_message, reply.replica_id)
-    return RemoteError(reply.error_type, reply.error_message, reply.replica_id)
-
-
 def _abandon(fut: asyncio.Future[Reply]) -> None:
     """Drop the reply future of a request that was not enqueued. The reader or the deadline may have failed it
     meanwhile (Redis gone for REPLY_OUTAGE_FAIL_S while the enqueue was retried): asyncio would log that error as
@@ -97,6 +80,34 @@ class Calls(ClientCore):
     ) -> asyncio.Task[Any]:
         """Start a call and return a task that resolves to its result."""
         return asyncio.ensure_future(self.call(name, body, timeout=timeout, method=method))
+
+    def stream(
+        self, name: str, body: Any = None, *, method: str | None = None, timeout: float | None = None
+    ) -> ChunkStream:
+        """Run streaming deployment (or endpoint) ``name`` on ``body``: an async iterator of its chunks.
+
+        The request is sent when the iteration starts, and ``timeout`` (default: the deployment's
+        ``request_timeout_s``) bounds the whole stream. An error ends the iteration by raising the StreamServeError
+        that ``call`` would raise for it, after the chunks that came before it. A deployment that does not stream
+        gives its one result as the only chunk. Leaving the iteration early (``break``, ``close()``) forgets the
+        request. A body JSON cannot hold raises BadRequestError here, before anything is sent.
+        """
+        encoded = encode_body(body)
+        self._check_size(encoded)
+
+        async def start() -> Reply | ChunkFeed:
+            reply = await self.request(name, encoded, timeout=timeout, method=method or "", stream=True)
+            return self.follow(reply) if reply.status in STREAM_REPLIES else reply
+
+        return ChunkStream(start)
+
+    def follow(self, first: Reply) -> ChunkFeed:
+        """The rest of a stream whose first reply, from ``request(..., stream=True)``, is ``first`` (CHUNK, or END
+        for a stream of no chunk). Its consumer must ``close()`` it once done (it forgets the request)."""
+        feed = self._replies.feed(first.request_id) if self._replies is not None else None
+        if feed is None:  # END: the stream is over already (a closed client: its requests failed)
+            return ChunkFeed.ended(first)
+        return feed
 
     async def send(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
         """Enqueue without waiting for (or receiving) the result; return the request id."""
@@ -122,12 +133,17 @@ class Calls(ClientCore):
         timeout: float | None = None,
         method: str = "",
         request_id: str | None = None,
+        stream: bool = False,
     ) -> Reply:
         """Send already-encoded JSON and return the raw Reply (the gateway's entry point).
 
         ``name`` is a deployment or endpoint name, or a Route already picked.
         ``timeout`` defaults to the deployment's ``request_timeout_s``; the
         replica skips the request if this deadline passes before it starts.
+
+        ``stream``: the caller takes a stream (Request.stream). The reply is a unary handler's one answer as
+        usual, or a streaming handler's first (CHUNK, or END when it yielded nothing); after a CHUNK the request
+        goes on, its deadline still running, as ``follow(reply)``, which the caller must close.
         """
         self._check_size(body)
         route = name if isinstance(name, Route) else await self.route(name)
@@ -139,17 +155,47 @@ class Calls(ClientCore):
         fut = replies.expect(request_id)
         timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, request_id, timeout_s)
         try:
-            request = Request(request_id, replies.name, now_ms() + int(timeout_s * 1000), body, method)
+            request = Request(request_id, replies.name, now_ms() + int(timeout_s * 1000), body, method, stream=stream)
             try:
                 await self._add(cfg, request)
             except BaseException:
                 _abandon(fut)
                 raise
             self._mirror(route, request)
-            return await fut
-        finally:
+            reply = await fut
+        except BaseException:
             timer.cancel()
             replies.forget(request_id)
+            replies.forget_feed(request_id)  # its first chunk may have come as the caller was cancelled
+            raise
+        if reply.status is ReplyStatus.CHUNK:
+            self._hand_over(replies, cfg, reply, timer, stream)
+        else:
+            timer.cancel()
+            replies.forget(request_id)
+        return reply
+
+    def _hand_over(
+        self, replies: ReplyStream, cfg: DeploymentConfig, first: Reply, timer: asyncio.TimerHandle, stream: bool
+    ) -> None:
+        """A request's first reply was a chunk: its feed now holds the deadline (``timer``) and reports how far its
+        consumer has read; closing it forgets the request."""
+        request_id = first.request_id
+        feed = replies.feed(request_id)
+        assert feed is not None  # opened by the reader with the chunk
+
+        def close() -> None:
+            # Phase B: a consumer that leaves before the end will cancel the request here.
+            timer.cancel()
+            replies.forget_feed(request_id)
+
+        feed.on_close = close
+        feed.deadline = timer.when()
+        if not stream:  # a replica streamed to call(): result_of() raises ProtocolError for the chunk
+            feed.close()
+            return
+        assert self._pipeliner is not None
+        feed.report = progress_reporter(self._pipeliner, self._keys, cfg.name, request_id)
 
     def _mirror(self, route: Route, request: Request) -> None:
         """Send a copy of an admitted request to each shadow, without a reply stream (no one waits for it)."""
@@ -188,6 +234,11 @@ class Calls(ClientCore):
             )
 
     def _expire(self, request_id: str, timeout_s: float) -> None:
-        if self._replies is not None:
-            error = RequestTimeoutError(f"no reply within {timeout_s:g}s (request {request_id})")
-            self._replies.fail(request_id, error)
+        replies = self._replies
+        if replies is None:
+            return
+        feed = replies.feed(request_id)
+        if feed is None:
+            replies.fail(request_id, RequestTimeoutError(f"no reply within {timeout_s:g}s (request {request_id})"))
+        else:
+            feed.fail(RequestTimeoutError(f"the stream did not end within {timeout_s:g}s (request {request_id})"))

@@ -10,6 +10,12 @@ When Redis goes away, requests already sent cannot be answered: their replies
 would be written to Redis. After ``REPLY_OUTAGE_FAIL_S`` without Redis every
 caller still waiting gets RedisUnavailableError instead of waiting out its
 deadline; if Redis is back sooner, the reader reads on from where it was.
+
+Streams: a request's first reply resolves its future, as for any request. When
+that reply is a CHUNK, the request becomes a stream: the rest of its replies go
+to its ``ChunkFeed`` (``feed``), opened right then by the reader, so that no
+reply that came in the same read is lost. A unary reply costs one status check
+more than before.
 """
 
 from __future__ import annotations
@@ -20,11 +26,12 @@ import logging
 
 import redis.asyncio as aioredis
 
+from streamserve.client.chunk_feed import ChunkFeed
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals
 from streamserve.transport.pipelining import BlockingReader, Command
 from streamserve.wire.errors import ProtocolError, RedisUnavailableError, StreamServeError
-from streamserve.wire.messages import Reply
+from streamserve.wire.messages import Reply, ReplyStatus
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +57,8 @@ class ReplyStream:
         self._caller_id = caller_id
         self._refusals = refusals
         self._pending: dict[str, asyncio.Future[Reply]] = {}
+        # Streams past their first reply, by request id, until their consumer closes them.
+        self._feeds: dict[str, ChunkFeed] = {}
         self._last_id = b"0-0"
         self._trimmed_to = b"0-0"
         self._trim_due = 0.0
@@ -83,6 +92,14 @@ class ReplyStream:
     def forget(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
 
+    def feed(self, request_id: str) -> ChunkFeed | None:
+        """The stream ``request_id`` turned into with its first reply (a CHUNK), until ``forget_feed``."""
+        return self._feeds.get(request_id)
+
+    def forget_feed(self, request_id: str) -> None:
+        """Its consumer is done with the stream: its later replies are dropped."""
+        self._feeds.pop(request_id, None)
+
     def fail(self, request_id: str, exc: StreamServeError) -> None:
         """Resolve a request that is still waiting with an error (its deadline passed)."""
         fut = self._pending.get(request_id)
@@ -106,6 +123,8 @@ class ReplyStream:
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(error)
+        for feed in self._feeds.values():
+            feed.fail(error)
         with contextlib.suppress(*RETRYABLE_ERRORS):
             await self._redis.delete(self.name)
 
@@ -165,14 +184,18 @@ class ReplyStream:
     def _fail_waiting(self, exc: Exception) -> None:
         """Fail every caller still waiting: their replies cannot reach them while Redis is away."""
         waiting = [fut for fut in self._pending.values() if not fut.done()]
-        if not waiting:
+        feeds = [feed for feed in self._feeds.values() if not feed.failed]
+        if not waiting and not feeds:
             return
         # (every retryable error has a meaning: RedisUnavailableError naming the URL)
         cause = self._refusals.meaning(exc) or exc
         error = RedisUnavailableError(f"{cause}; lost while waiting for the reply (the request may still run once)")
         for fut in waiting:
             fut.set_exception(error)
-        logger.warning("reply reader: %d caller(s) failed after %.0fs without Redis", len(waiting), REPLY_OUTAGE_FAIL_S)
+        for feed in feeds:
+            feed.fail(error)
+        count = len(waiting) + len(feeds)
+        logger.warning("reply reader: %d caller(s) failed after %.0fs without Redis", count, REPLY_OUTAGE_FAIL_S)
 
     def _resolve(self, fields: dict[bytes, bytes]) -> None:
         if b"hello" in fields or b"wake" in fields:
@@ -183,5 +206,21 @@ class ReplyStream:
             logger.warning("dropping unreadable reply: %s", exc)
             return
         fut = self._pending.get(reply.request_id)
-        if fut is not None and not fut.done():
-            fut.set_result(reply)
+        if fut is not None:
+            if reply.status is ReplyStatus.CHUNK:
+                self._open_feed(fut, reply)
+            elif not fut.done():
+                fut.set_result(reply)
+            return
+        feed = self._feeds.get(reply.request_id)
+        if feed is not None:
+            feed.add(reply)
+
+    def _open_feed(self, fut: asyncio.Future[Reply], first: Reply) -> None:
+        """A request's first chunk: its later replies go to a feed from now on; its caller gets ``first``."""
+        if fut.done():
+            return  # it failed (deadline) or was abandoned: nobody would read the stream
+        del self._pending[first.request_id]
+        feed = self._feeds[first.request_id] = ChunkFeed(first.request_id)
+        feed.add(first)
+        fut.set_result(first)

@@ -2,7 +2,8 @@
 
 Its methods are AsyncClient's, not copies of them. ``call``, ``submit`` and
 ``send`` are written out, being the hot path (and ``submit`` hands out a
-``concurrent.futures.Future``); every other method is made once from
+``concurrent.futures.Future``), and so is ``stream``, whose async iterator
+becomes a plain one (``ChunkIterator``); every other method is made once from
 AsyncClient's own, so that its name, parameters and docstring are AsyncClient's:
 ``_blocking`` runs a coroutine method on the loop and waits for it,
 ``_connected`` connects first and then reads the client's local copy.
@@ -17,9 +18,10 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from streamserve.client.async_client import AsyncClient
+from streamserve.client.chunk_stream import ChunkStream
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import UnavailableError
 
@@ -36,6 +38,7 @@ ASYNC_ONLY = frozenset(
         "redis",  # the asyncio connection pool, usable only on the client's own loop
         "generation",  # the gateway's cache check
         "routes_loaded",  # the gateway's readiness check
+        "follow",  # the gateway's entry point: a stream's feed after ``request``
     }
 )
 
@@ -110,6 +113,17 @@ class Client:
         """Enqueue without waiting for the result; return the request id."""
         return self._run(self._async.send(name, body, timeout=timeout, method=method)).result()
 
+    def stream(
+        self, name: str, body: Any = None, *, method: str | None = None, timeout: float | None = None
+    ) -> ChunkIterator:
+        """Run streaming deployment ``name`` on ``body``: an iterator of its chunks (see AsyncClient.stream).
+
+        >>> for token in client.stream("tokens", {"prompt": "hi"}):
+        ...     print(token)
+
+        Blocking: each step waits on the client's event loop for the next chunk."""
+        return ChunkIterator(self, self._async.stream(name, body, method=method, timeout=timeout))
+
     # -- AsyncClient's other methods, made blocking ---------------------------------
 
     submit_job = _blocking(AsyncClient.submit_job)
@@ -143,3 +157,44 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ChunkIterator:
+    """What ``Client.stream`` returns: AsyncClient's ChunkStream, stepped on the client's loop from any thread.
+
+    The request is sent by the first ``next()``; errors are raised as by AsyncClient.stream. ``close()`` (or leaving
+    a with-block, or dropping the iterator) before the end forgets the request."""
+
+    def __init__(self, client: Client, chunks: ChunkStream) -> None:
+        self._client = client
+        self._chunks = chunks
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> Any:
+        step = self._client._run(self._chunks.__anext__())
+        try:
+            return step.result()
+        except StopAsyncIteration:
+            raise StopIteration from None
+        except BaseException:  # e.g. KeyboardInterrupt while waiting: the stream stops (closes) with the step
+            step.cancel()
+            raise
+
+    def close(self) -> None:
+        """Stop here: the request is forgotten (the stream is closed on the client's loop)."""
+        client = self._client
+        if not client._closed:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: so did the stream
+                client._loop.call_soon_threadsafe(self._chunks.close)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_chunks", None) is not None:
+            self.close()

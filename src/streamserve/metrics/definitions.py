@@ -23,7 +23,7 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 @dataclass(frozen=True)
 class Counter:
-    """A counter with one label (besides ``deployment``)."""
+    """A counter with one label (besides ``deployment``), or none when ``label`` is ""."""
 
     name: str
     help: str
@@ -35,10 +35,13 @@ class Counter:
         try:
             return self._fields[value]
         except KeyError:
-            return self._fields.setdefault(value, f"{self.name}|{self.label}={value}")
+            return self._fields.setdefault(value, f"{self.name}|{self.label}={value}" if self.label else self.name)
 
     def label_of(self, hash_field: str) -> str | None:
-        """The label value a hash field counts, or None when the field is not this counter's."""
+        """The label value a hash field counts ("" for a counter without one), or None when the field is not this
+        counter's."""
+        if not self.label:
+            return "" if hash_field == self.name else None
         head = f"{self.name}|{self.label}="
         return hash_field[len(head) :] if hash_field.startswith(head) else None
 
@@ -89,9 +92,15 @@ HANDLER_DURATION = Histogram(
     "handler_duration_seconds", "Seconds a replica spent on a request, from taking it to its result.", LATENCY_BUCKETS
 )
 BATCH_SIZE = Histogram("batch_size", "Requests per batch a batched handler was called with.", BATCH_SIZE_BUCKETS)
+STREAM_CHUNKS = Counter("stream_chunks_total", "Chunks streaming handlers yielded that replicas sent.", "")
+TIME_TO_FIRST_CHUNK = Histogram(
+    "stream_time_to_first_chunk_seconds",
+    "Seconds from a replica taking a streaming request to its first chunk handed to Redis.",
+    LATENCY_BUCKETS,
+)
 
-COUNTERS = (REQUESTS, HANDLED)
-HISTOGRAMS = (REQUEST_DURATION, HANDLER_DURATION, BATCH_SIZE)
+COUNTERS = (REQUESTS, HANDLED, STREAM_CHUNKS)
+HISTOGRAMS = (REQUEST_DURATION, HANDLER_DURATION, BATCH_SIZE, TIME_TO_FIRST_CHUNK)
 
 # -- read from Redis at each scrape --------------------------------------------------
 

@@ -54,12 +54,13 @@ def families(statuses: list[DeploymentStatus], totals: Totals, leading: bool) ->
 
 
 def _counter(counter: Counter, totals: Totals) -> Metric:
-    family = CounterMetricFamily(PREFIX + counter.name, counter.help, labels=["deployment", counter.label])
+    labels = ["deployment", counter.label] if counter.label else ["deployment"]
+    family = CounterMetricFamily(PREFIX + counter.name, counter.help, labels=labels)
     for deployment in sorted(totals):
         for name, value in sorted(totals[deployment].items()):
             label = counter.label_of(name)
             if label is not None:
-                family.add_metric([deployment, label], float(value))
+                family.add_metric([deployment, label] if counter.label else [deployment], float(value))
     return family
 
 

@@ -13,12 +13,12 @@ class Figures:
     def __init__(self) -> None:
         self._deltas: Deltas = {}
 
-    def count(self, deployment: str, counter: Counter, label_value: str) -> None:
+    def count(self, deployment: str, counter: Counter, label_value: str, amount: int = 1) -> None:
         fields = self._deltas.get(deployment)
         if fields is None:
             fields = self._deltas[deployment] = {}
         name = counter.field(label_value)
-        fields[name] = fields.get(name, 0) + 1
+        fields[name] = fields.get(name, 0) + amount
 
     def observe(self, deployment: str, histogram: Histogram, value: float) -> None:
         fields = self._deltas.get(deployment)

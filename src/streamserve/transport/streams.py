@@ -25,6 +25,9 @@ from streamserve.wire.messages import Reply, text
 REPLY_STREAM_MAXLEN = 100_000
 # Approximate bound of each dead-letter stream; the REQUEUE script enforces it.
 DEAD_LETTER_CAP = 10_000
+# Approximate cap on a replica's control stream (Keys.replica_control): the replica reads it continuously, and both
+# it and the callers that add to it cap it.
+CONTROL_STREAM_MAXLEN = 10_000
 
 
 def reply_command(reply_to: str, reply: Reply) -> Command:

@@ -200,6 +200,8 @@ class DeploymentConfig(_Strict):
     health_check_period_s: float = Field(10.0, gt=0)
     health_check_timeout_s: float = Field(30.0, gt=0)
     max_response_bytes: int = Field(16 * 1024 * 1024, ge=1)
+    # A streaming handler is paused once this many of its chunks are ahead of what its caller has taken.
+    max_unread_chunks: int = Field(64, ge=1)
     # Replicas are started by someone else (Kubernetes, KEDA, systemd, a person): every worker that heartbeats counts.
     external_scaler_enabled: bool = False
     resources: Resources = Field(default_factory=Resources)
@@ -213,6 +215,7 @@ class DeploymentConfig(_Strict):
     _jobs = field_validator("max_queued_jobs")(at_most("max_queued_jobs"))
     _attempts = field_validator("max_delivery_attempts")(at_most("max_delivery_attempts"))
     _response = field_validator("max_response_bytes")(at_most("max_response_bytes"))
+    _unread = field_validator("max_unread_chunks")(at_most("max_unread_chunks"))
     _durations = field_validator("graceful_shutdown_timeout_s", "health_check_period_s", "health_check_timeout_s")(
         _at_most_a_week
     )

@@ -156,6 +156,12 @@ class Keys:
         """SCAN pattern matching every deployment's accepted-jobs set."""
         return f"{self.prefix}:{{*}}:jobs"
 
+    def replica_control(self, deployment: str, replica_id: str) -> str:
+        """Stream, capped, one per replica while it runs: what its callers tell it about requests it is serving
+        (how far a stream's caller has read; later, cancellations). Made by the replica, deleted when it exits;
+        callers add with NOMKSTREAM, so a gone replica's stream is never made again."""
+        return self._tagged(deployment, f"control:{replica_id}")
+
     def logs(self, deployment: str) -> str:
         """Stream, capped: the output of the deployment's replicas, one entry per line (`streamserve logs`)."""
         return self._tagged(deployment, "logs")

@@ -50,6 +50,10 @@ class ConfigLimits:
     max_response_bytes: int = 512 * 1024 * 1024
     """The largest ``max_response_bytes``: 512 MiB, the longest string Redis takes (its proto-max-bulk-len)."""
 
+    max_unread_chunks: int = 10_000
+    """The largest ``max_unread_chunks``: how many chunks a streaming handler may get ahead of its caller (each
+    stream may hold that many chunks in Redis and in its caller's memory)."""
+
     cpus: int = 1024
     """The most CPU cores one replica may ask for (``resources.cpus``)."""
 

@@ -69,6 +69,9 @@ class Request:
     method: str = ""
     # Deliveries that ended with the replica dying (set when the scheduler re-queues it).
     attempts: int = 0
+    # The caller takes a stream of chunks (Client.stream, HTTP): a streaming handler may answer with CHUNK replies.
+    # Without it, a streaming handler is not run: the caller gets BAD_REQUEST naming stream().
+    stream: bool = False
 
     def encode(self) -> WireFields:
         fields: WireFields = {
@@ -81,6 +84,8 @@ class Request:
         }
         if self.attempts:
             fields["attempts"] = self.attempts
+        if self.stream:
+            fields["stream"] = b"1"
         return fields
 
     @classmethod
@@ -94,6 +99,7 @@ class Request:
                 body=_field(fields, b"body", "request"),
                 method=fields.get(b"method", b"").decode(),
                 attempts=int(fields.get(b"attempts", b"0")),
+                stream=fields.get(b"stream") == b"1",
             )
         except (UnicodeDecodeError, ValueError) as exc:
             raise ProtocolError(f"malformed request message: {exc}") from exc
@@ -112,6 +118,16 @@ class ReplyStatus(str, Enum):
     BAD_REQUEST = "bad_request"
     # Delivered too many times; moved to the dead-letter stream.
     DEAD_LETTER = "dead_letter"
+    # Chunks of a streaming handler's output: ``body`` holds ``count`` chunks, each one compact JSON value, joined
+    # by b"\n" (compact JSON never holds a raw newline), the first of them chunk number ``seq`` (from 0).
+    CHUNK = "chunk"
+    # A stream ended well after ``seq`` chunks. A stream that fails ends with USER_ERROR, DEADLINE_EXCEEDED (or
+    # BAD_REQUEST) instead, its ``seq`` the number of chunks sent before it.
+    END = "end"
+
+
+# The statuses that end a request's replies (every one but CHUNK).
+FINAL_STATUSES = frozenset(status for status in ReplyStatus if status is not ReplyStatus.CHUNK)
 
 
 _STATUS_BY_BYTES = {status.value.encode(): status for status in ReplyStatus}
@@ -127,6 +143,12 @@ class Reply:
     body: bytes = b""
     error_type: str = ""
     error_message: str = ""
+    # Streams only (CHUNK, END, and an error that ends a stream): see ReplyStatus.
+    seq: int = 0
+    count: int = 0
+    # Streams only, on CHUNK: the replica's max_unread_chunks, so that the caller knows how often to say how far it
+    # has read (control messages on the replica's control stream, Keys.replica_control).
+    window: int = 0
 
     def encode(self) -> WireFields:
         fields: WireFields = {
@@ -139,6 +161,10 @@ class Reply:
         if self.error_type or self.error_message:  # an answer that went well carries no empty error fields
             fields["error_type"] = self.error_type
             fields["error_message"] = self.error_message
+        if self.seq or self.count or self.window:  # nor does a unary one any stream fields
+            fields["seq"] = self.seq
+            fields["count"] = self.count
+            fields["window"] = self.window
         return fields
 
     @classmethod
@@ -156,9 +182,41 @@ class Reply:
                 body=fields.get(b"body", b""),
                 error_type=fields.get(b"error_type", b"").decode(),
                 error_message=fields.get(b"error_message", b"").decode(errors="replace"),
+                **(_stream_fields(fields) if b"seq" in fields else {}),  # a unary reply has none: nothing to parse
             )
-        except UnicodeDecodeError as exc:
+        except (UnicodeDecodeError, ValueError) as exc:
             raise ProtocolError(f"malformed reply message: {exc}") from exc
+
+
+@dataclass(slots=True)
+class ReadProgress:
+    """A stream's caller has taken ``read`` chunks of request ``request_id``: on the serving replica's control stream.
+
+    The replica keeps a streaming handler at most ``max_unread_chunks`` ahead of this (flow control)."""
+
+    request_id: str
+    read: int
+
+    def encode(self) -> WireFields:
+        return {"v": _V, "kind": "read", "id": self.request_id, "read": self.read}
+
+    @classmethod
+    def decode(cls, fields: Fields) -> ReadProgress:
+        _check_version(fields, "control")
+        try:
+            return cls(
+                request_id=_field(fields, b"id", "control").decode(), read=int(_field(fields, b"read", "control"))
+            )
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ProtocolError(f"malformed control message: {exc}") from exc
+
+
+def _stream_fields(fields: Fields) -> dict[str, int]:
+    return {
+        "seq": int(fields[b"seq"]),
+        "count": int(fields.get(b"count", b"0")),
+        "window": int(fields.get(b"window", b"0")),
+    }
 
 
 class _Record(BaseModel):

@@ -1,0 +1,152 @@
+"""A deployment POST answered by a streaming handler: 200, then its chunks as they come, as NDJSON or as SSE.
+
+NDJSON (``application/x-ndjson``, the default): one JSON value per line. SSE (``text/event-stream``, when the
+request's ``Accept`` names it): each chunk is ``data: <json>`` and a blank line.
+
+Each wake-up writes what came since the last one (one CHUNK message, or all those one read of the reply stream
+brought) with one ASGI send, and takes more from the feed only once that send returned: a slow HTTP reader slows
+the replica, through the feed's progress messages (flow control), and nothing piles up in the gateway.
+
+How a stream ends:
+- well: the response ends as any chunked response does;
+- with an error (the handler raised, the deadline passed, ...): SSE writes ``event: error`` with
+  ``data: {"error", "message", "request_id"}`` and ends normally; NDJSON writes that object as its last line and
+  then cuts the connection without the chunked body's end, so that an NDJSON client can tell a stream that failed
+  from one that ended (its HTTP client reports an incomplete body; the last line says why);
+- the client went away: writing stops and the request is forgotten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+import orjson
+from starlette.types import Receive, Send
+
+from streamserve.app.bodies import ClientDisconnected
+from streamserve.app.errors import status_for
+from streamserve.app.observe import CLIENT_CLOSED
+from streamserve.client.chunk_feed import ChunkFeed
+from streamserve.wire.errors import RequestTimeoutError, StreamServeError, error_fields
+
+NDJSON = b"application/x-ndjson"
+SSE = b"text/event-stream"
+# A write still waiting this long after the stream's deadline (its client stopped reading) cuts the connection.
+STUCK_WRITE_GRACE_S = 1.0
+
+
+class StreamCut(Exception):
+    """Raised once a stream's response cannot end well (an NDJSON stream's error line is written, or a write is stuck
+    past the deadline), so that the server closes the connection without the chunked body's end. ``status``: what
+    the request is counted and logged as."""
+
+    def __init__(self, status: int, why: str) -> None:
+        super().__init__(why)
+        self.status = status
+
+
+def wants_sse(accept_headers: list[str]) -> bool:
+    """Whether the request's ``Accept`` headers name ``text/event-stream`` (and not with ``q=0``)."""
+    for header in accept_headers:
+        for item in header.split(","):
+            media, _, params = item.partition(";")
+            if media.strip().lower() == "text/event-stream":
+                return not _refused(params)
+    return False
+
+
+def stream_headers(sse: bool, request_id: str, deployment: str, replica_id: str) -> list[tuple[bytes, bytes]]:
+    headers = [
+        (b"content-type", SSE if sse else NDJSON),
+        (b"x-request-id", request_id.encode()),
+        (b"x-deployment", deployment.encode()),
+        (b"x-replica", replica_id.encode()),
+    ]
+    if sse:
+        headers.append((b"cache-control", b"no-cache"))
+    return headers
+
+
+async def stream_response(
+    send: Send, receive: Receive, feed: ChunkFeed, headers: list[tuple[bytes, bytes]], sse: bool, request_id: str
+) -> int:
+    """Answer with ``feed``'s chunks until its end, then close it; the status the request is counted as (200, or
+    the error's, or CLIENT_CLOSED). Raises StreamCut where the connection must be cut (see the module)."""
+    frame = _sse_frame if sse else _ndjson_frame
+    watcher = asyncio.create_task(_watch_disconnect(receive, feed))
+    stuck_at = None if math.isinf(feed.deadline) else feed.deadline + STUCK_WRITE_GRACE_S
+    try:
+        async with asyncio.timeout_at(stuck_at):
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            while True:
+                try:
+                    batch = await feed.next_batch()
+                except ClientDisconnected:
+                    return CLIENT_CLOSED
+                except StreamServeError as exc:
+                    return await _end_with_error(send, exc, sse, request_id)
+                if batch is None:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return 200
+                await send({"type": "http.response.body", "body": frame(batch), "more_body": True})
+    except TimeoutError:
+        error = RequestTimeoutError(f"the client read too slowly to take the stream before its deadline ({request_id})")
+        raise StreamCut(status_for(error), str(error)) from None
+    finally:
+        watcher.cancel()
+        feed.close()
+
+
+async def _end_with_error(send: Send, exc: StreamServeError, sse: bool, request_id: str) -> int:
+    """After chunks, an error: SSE's error event and a normal end, or NDJSON's error line and a cut."""
+    status = status_for(exc)
+    error = orjson.dumps({**error_fields(exc), "request_id": request_id})
+    if sse:
+        await send({"type": "http.response.body", "body": b"event: error\ndata: " + error + b"\n\n"})
+        return status
+    await send({"type": "http.response.body", "body": error + b"\n", "more_body": True})
+    raise StreamCut(status, f"stream {request_id} ended with {exc!r}")
+
+
+async def _watch_disconnect(receive: Receive, feed: ChunkFeed) -> None:
+    """End the stream as soon as its client goes away (the request body was read: what comes now is that)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    feed.fail(ClientDisconnected())
+
+
+def _ndjson_frame(batch: bytes) -> bytes:
+    return batch + b"\n"
+
+
+def _sse_frame(batch: bytes) -> bytes:
+    return b"data: " + batch.replace(b"\n", b"\n\ndata: ") + b"\n\n"
+
+
+def _refused(params: str) -> bool:
+    """Whether media-type parameters say ``q=0`` (not acceptable)."""
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "q":
+            try:
+                return float(value) == 0
+            except ValueError:
+                return False
+    return False
+
+
+class _QuietStreamCuts(logging.Filter):
+    """Drops uvicorn's "Exception in ASGI application" for a StreamCut: a cut made on purpose, not a failure."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], StreamCut))
+
+
+_QUIET = _QuietStreamCuts()
+
+
+def quiet_stream_cuts() -> None:
+    """Keep uvicorn from logging the cuts of failed NDJSON streams as errors (once per process is enough)."""
+    logging.getLogger("uvicorn.error").addFilter(_QUIET)  # adding it again does nothing

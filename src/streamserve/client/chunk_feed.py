@@ -1,0 +1,222 @@
+"""One streamed request's chunks, between the reply reader that brings them and the consumer that takes them.
+
+The reply reader ``add``s each reply of the stream (CHUNK messages, then one final reply); the consumer takes the
+chunks in order, a message's worth at a time (``next_batch``, the gateway) or one by one (``next_chunk``, the
+Python client). What the feed holds is bounded by flow control, not here: the replica runs at most ``window``
+chunks ahead of what the consumer has taken, and the feed tells it how far that is (``report``) once the consumer
+has taken at least ``max(1, window // 2)`` chunks beyond what it last said.
+
+Retries: a replica that dies mid-stream leaves its request to another one, which runs the handler again from chunk
+0 under the same request id. The feed keeps the index of the next chunk it expects and drops every chunk below it,
+so a deterministic handler continues seamlessly; it reports to whichever replica sent the latest chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+from streamserve.client.outcomes import error_of
+from streamserve.wire.errors import ProtocolError
+from streamserve.wire.messages import Reply, ReplyStatus
+
+# Tells the replica (by id) serving the stream how many chunks the consumer has taken.
+Report = Callable[[str, int], None]
+
+
+class ChunkFeed:
+    """The chunks of one stream not yet taken, its end once it came, and how far its consumer has read."""
+
+    __slots__ = (
+        "_batches",
+        "_failed",
+        "_final",
+        "_offset",
+        "_reported",
+        "_taken",
+        "_waiter",
+        "_window",
+        "deadline",
+        "next_index",
+        "on_close",
+        "replica_id",
+        "report",
+        "request_id",
+    )
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        # Messages' bodies not yet taken, each ``count`` chunks joined by b"\n"; the first one taken up to _offset.
+        self._batches: deque[tuple[bytes, int]] = deque()
+        self._offset = 0
+        self.next_index = 0  # the index of the next chunk to keep: how many chunks have come, duplicates dropped
+        self._taken = 0
+        self._reported = 0  # the ``read`` last told to replica_id
+        self._window = 0
+        self.replica_id = ""
+        self._final: Reply | None = None  # the reply that ended the stream, after the chunks still held
+        self._failed: BaseException | None = None  # ends the stream at once (deadline, Redis gone, caller gone)
+        self._waiter: asyncio.Future[None] | None = None
+        # Set by whoever sends the request (the client): where progress goes, what closing does, the deadline
+        # (event-loop time) that ``fail`` will be called at.
+        self.report: Report | None = None
+        self.on_close: Callable[[], None] | None = None
+        self.deadline = float("inf")
+
+    @classmethod
+    def ended(cls, final: Reply) -> ChunkFeed:
+        """The feed of a stream whose first reply already ended it (END after no chunk)."""
+        feed = cls(final.request_id)
+        feed.add(final)
+        return feed
+
+    @property
+    def failed(self) -> bool:
+        """Whether the stream was ended at once (``fail``) or closed."""
+        return self._failed is not None
+
+    # -- the reply reader's side ----------------------------------------------------
+
+    def add(self, reply: Reply) -> None:
+        """Take in one reply of this stream: chunks (duplicates dropped) or its end; later replies are ignored."""
+        if self._final is not None or self._failed is not None:
+            return  # a late duplicate (a second replica's end), or nobody reads any more
+        if reply.status is not ReplyStatus.CHUNK:
+            if reply.status is ReplyStatus.END and reply.seq > self.next_index:
+                self.fail(
+                    ProtocolError(f"stream {self.request_id} ended after {reply.seq} chunks, {self.next_index} came")
+                )
+                return
+            self._final = reply
+            self._wake()
+            return
+        self._window = reply.window
+        if reply.replica_id != self.replica_id:  # the first chunk, or another replica runs the handler again
+            self.replica_id, self._reported = reply.replica_id, 0
+            self._report_if_due()
+        first, end = reply.seq, reply.seq + reply.count
+        if end <= self.next_index or reply.count <= 0:
+            return  # all of them came already
+        body = reply.body
+        if first < self.next_index:  # a re-run catching up: keep what is new
+            body = _after_lines(body, self.next_index - first)
+        elif first > self.next_index:
+            self.fail(ProtocolError(f"stream {self.request_id} skipped chunks {self.next_index} to {first - 1}"))
+            return
+        self._batches.append((body, end - self.next_index))
+        self.next_index = end
+        self._wake()
+
+    def fail(self, exc: BaseException) -> None:
+        """End the stream at once with ``exc`` (the chunks still held are dropped): its deadline passed, Redis was
+        lost, the client closed, or the consumer went away."""
+        if self._failed is None:
+            self._failed = exc
+            self._batches.clear()
+            self._wake()
+
+    # -- the consumer's side ------------------------------------------------------------
+
+    async def next_batch(self) -> bytes | None:
+        """Every chunk that has come and is not yet taken, joined by b"\\n" (each one compact JSON), waiting for one
+        if there is none; None once the stream ended well. Raises the stream's error after its chunks."""
+        while True:
+            if self._failed is not None:
+                raise self._failed
+            if self._batches:
+                return self._take_all()
+            if self._final is not None:
+                self._raise_if_failed()
+                return None
+            await self._wait()
+
+    async def next_chunk(self) -> bytes | None:
+        """The next chunk (compact JSON), waiting for it; None once the stream ended well. Raises the stream's error
+        after its chunks."""
+        while True:
+            if self._failed is not None:
+                raise self._failed
+            if self._batches:
+                return self._take_one()
+            if self._final is not None:
+                self._raise_if_failed()
+                return None
+            await self._wait()
+
+    def close(self) -> None:
+        """The consumer is done with the stream (ended, failed or left early): forget the request."""
+        self.fail(ProtocolError(f"stream {self.request_id} was closed"))
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            on_close()
+
+    # -- inside -------------------------------------------------------------------------
+
+    def _take_all(self) -> bytes:
+        body, count = self._batches.popleft()
+        if self._offset:
+            body, count = body[self._offset :], count - body.count(b"\n", 0, self._offset)
+            self._offset = 0
+        if self._batches:
+            parts = [body]
+            while self._batches:
+                more, more_count = self._batches.popleft()
+                parts.append(more)
+                count += more_count
+            body = b"\n".join(parts)
+        self._took(count)
+        return body
+
+    def _take_one(self) -> bytes:
+        body, _count = self._batches[0]
+        start = self._offset
+        stop = body.find(b"\n", start)
+        if stop < 0:  # the last chunk of this message
+            self._batches.popleft()
+            self._offset = 0
+            chunk = body[start:] if start else body
+        else:
+            self._offset = stop + 1
+            chunk = body[start:stop]
+        self._took(1)
+        return chunk
+
+    def _took(self, count: int) -> None:
+        self._taken += count
+        self._report_if_due()
+
+    def _report_if_due(self) -> None:
+        """Tell the replica how far the consumer has read, once that is ``max(1, window // 2)`` beyond what it was
+        told; not once the stream has ended (its handler is done)."""
+        if self._taken - self._reported >= max(1, self._window // 2) and self._final is None:
+            self._reported = self._taken
+            if self.report is not None:
+                self.report(self.replica_id, self._taken)
+
+    def _raise_if_failed(self) -> None:
+        """At the stream's end: raise the error its final reply stands for, unless it ended well."""
+        final = self._final
+        assert final is not None
+        if final.status is not ReplyStatus.END:
+            raise error_of(final)
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+def _after_lines(body: bytes, skip: int) -> bytes:
+    """``body`` without its first ``skip`` lines."""
+    start = 0
+    for _ in range(skip):
+        start = body.index(b"\n", start) + 1
+    return body[start:]

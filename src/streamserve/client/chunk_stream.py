@@ -1,0 +1,78 @@
+"""What ``AsyncClient.stream`` returns: an async iterator over one streamed call's chunks, decoded."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Self
+
+import orjson
+
+from streamserve.client.chunk_feed import ChunkFeed
+from streamserve.client.outcomes import result_of
+from streamserve.wire.messages import Reply
+
+# Sends the request; its first reply when that is a unary answer (or an error), else the stream's feed.
+Start = Callable[[], Awaitable[Reply | ChunkFeed]]
+
+
+class ChunkStream:
+    """An async iterator of a streaming handler's chunks, each decoded from its JSON.
+
+    >>> async for token in client.stream("tokens", {"prompt": "hi"}):
+    ...     print(token)
+
+    The request is sent by the first ``__anext__``. An error ends the iteration by raising the StreamServeError that
+    ``call`` would raise for it, after the chunks that came before it. A deployment that does not stream gives its one
+    result as the only chunk. ``break``, ``close()``, ``aclose()`` or leaving ``async with`` before the end forget
+    the request: its later chunks are dropped.
+    """
+
+    def __init__(self, start: Start) -> None:
+        self._start: Start | None = start
+        self._feed: ChunkFeed | None = None
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Any:
+        feed = self._feed
+        if feed is None:
+            if self._start is None:  # closed, ended, or a unary answer given
+                raise StopAsyncIteration
+            start, self._start = self._start, None
+            first = await start()
+            if not isinstance(first, ChunkFeed):
+                return result_of(first)  # a unary deployment's result, the stream's one chunk (or its error)
+            self._feed = feed = first
+        try:
+            chunk = await feed.next_chunk()
+        except BaseException:
+            self.close()
+            raise
+        if chunk is None:
+            self.close()
+            raise StopAsyncIteration
+        return orjson.loads(chunk)
+
+    def close(self) -> None:
+        """Stop here: the request is forgotten, and chunks still to come are dropped. Safe to call again.
+
+        Phase B: this is where a stream left before its end will cancel its request."""
+        self._start = None
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            feed.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # An iteration left with ``break`` drops its last reference here, on the client's loop.
+        if getattr(self, "_feed", None) is not None:
+            self.close()

@@ -1,0 +1,169 @@
+"""Streaming through real processes: `streamserve up`, a gateway, a scheduler and replica processes; HTTP clients
+that read NDJSON and Server-Sent Events as they come, the Python client, errors after chunks, deadlines over the
+whole stream, and a slow reader that holds the generator back."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from streamserve import Client
+from streamserve.errors import BadRequestError, RemoteError, RequestTimeoutError
+from tests.harness.farm import Farm, running_farm
+from tests.harness.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = """\
+deployments:
+  - name: tokens
+    import_path: examples.tokens:generate
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 2
+  - name: count
+    import_path: tests.stream_deployments:count_to
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 2
+  - name: failing
+    import_path: tests.stream_deployments:fail_after
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 2
+  - name: slow
+    import_path: tests.stream_deployments:sync_slow
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 2
+  - name: big
+    import_path: tests.stream_e2e_deployments:big_chunks_noting_progress
+    num_replicas: 1
+    max_unread_chunks: 8
+    graceful_shutdown_timeout_s: 2
+"""
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
+    workdir = tmp_path_factory.mktemp("streaming")
+    config = workdir / "config.yaml"
+    config.write_text(CONFIG)
+    with running_farm(config, workdir) as farm:
+        yield farm
+
+
+def test_ndjson_lines_arrive_as_the_handler_yields_them(farm: Farm) -> None:
+    body = {"text": "one two three", "delay_s": 0.4}
+    arrived: list[tuple[float, dict[str, object]]] = []
+    with httpx.stream("POST", f"{farm.base_url}/tokens", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/x-ndjson"
+        assert response.headers["x-deployment"] == "tokens" and response.headers["x-request-id"]
+        for line in response.iter_lines():
+            arrived.append((time.monotonic(), orjson.loads(line)))
+    assert [chunk for _, chunk in arrived] == [
+        {"token": "one", "index": 0},
+        {"token": "two", "index": 1},
+        {"token": "three", "index": 2},
+    ]
+    # Each line came when it was made (0.4 s apart), not all at the end.
+    assert arrived[1][0] - arrived[0][0] > 0.2 and arrived[2][0] - arrived[1][0] > 0.2
+
+
+def test_server_sent_events(farm: Farm) -> None:
+    headers = {"Accept": "text/event-stream"}
+    response = httpx.post(f"{farm.base_url}/count", json=3, headers=headers, timeout=30)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    assert response.text == 'data: {"i":0}\n\ndata: {"i":1}\n\ndata: {"i":2}\n\n'
+
+
+def test_an_error_after_chunks_ends_the_stream_so_that_clients_can_tell(farm: Farm) -> None:
+    """SSE: an `error` event. NDJSON: a last line with the error, and no clean end of the body."""
+    sse = httpx.post(f"{farm.base_url}/failing", json=2, headers={"Accept": "text/event-stream"}, timeout=30)
+    events = sse.text.split("\n\n")
+    assert events[:2] == ["data: 0", "data: 1"]
+    assert events[2].startswith("event: error\ndata: ")
+    error = orjson.loads(events[2].partition("data: ")[2])
+    assert error["error"] == "ValueError" and error["message"] == "boom after 2" and error["request_id"]
+
+    lines: list[bytes] = []
+    cut = pytest.raises(httpx.RemoteProtocolError)  # the body was cut: no terminating chunk
+    with cut, httpx.stream("POST", f"{farm.base_url}/failing", json=2, timeout=30) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            lines.append(line.encode())
+    assert lines[:2] == [b"0", b"1"] and orjson.loads(lines[2])["error"] == "ValueError"
+
+    before = httpx.post(f"{farm.base_url}/failing", json=0, timeout=30)  # no chunk yet: an ordinary error
+    assert before.status_code == 500 and before.json()["error"] == "ValueError"
+
+
+def test_the_python_client_streams_and_raises_after_the_chunks(farm: Farm) -> None:
+    with Client(farm.effective_redis_url) as client:
+        assert list(client.stream("count", 4)) == [{"i": 0}, {"i": 1}, {"i": 2}, {"i": 3}]
+        got: list[object] = []
+        with pytest.raises(RemoteError, match="boom after 3"):
+            for chunk in client.stream("failing", 3):
+                got.append(chunk)
+        assert got == [0, 1, 2]
+        with pytest.raises(BadRequestError, match=r"stream\(\)"):
+            client.call("count", 2)
+
+
+def test_the_deadline_bounds_the_whole_stream(farm: Farm) -> None:
+    with Client(farm.effective_redis_url) as client:
+        got: list[object] = []
+        with pytest.raises(RequestTimeoutError):
+            for chunk in client.stream("slow", 0.2, timeout=1.0):
+                got.append(chunk)
+        assert 1 <= len(got) < 10, got
+    sse = httpx.post(
+        f"{farm.base_url}/slow",
+        json=0.2,
+        headers={"Accept": "text/event-stream", "X-Request-Timeout": "1"},
+        timeout=30,
+    )
+    assert sse.status_code == 200 and "event: error" in sse.text, sse.text[-300:]
+
+
+def test_a_slow_reader_holds_the_generator_back(farm: Farm, tmp_path: Path) -> None:
+    """500 chunks of 64 KiB (32 MB) to a reader that stops after one line: the generator stops soon after, held by
+    max_unread_chunks (8) once the sockets' buffers are full; then the reader takes the rest and all of it comes."""
+    progress = tmp_path / "progress"
+    body = orjson.dumps({"n": 500, "size": 65536, "path": str(progress)})
+    port = int(farm.base_url.rpartition(":")[2])
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.settimeout(30)
+        sock.connect(("127.0.0.1", port))
+        request = (
+            f"POST /big HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        sock.sendall(request + body)
+        first = sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200"), first[:200]
+
+        seen = [""]
+
+        def stalled() -> bool:
+            """The generator has gone as far as it will while nobody reads: no progress since the last look."""
+            now = progress.read_text() if progress.exists() else ""
+            still, seen[0] = now != "" and now == seen[0], now
+            return still
+
+        wait_for(stalled, 30, "the generator never stopped for the slow reader", interval_s=1.0)
+        held_at = int(progress.read_text())
+        print(f"with the reader stopped, the generator got to chunk {held_at} of 500")
+        assert held_at < 250, f"the generator ran on to chunk {held_at} with nobody reading"
+
+        received, tail = len(first), first[-5:]
+        while tail != b"0\r\n\r\n":  # read on to the body's clean end (its terminating chunk)
+            data = sock.recv(1 << 20)
+            if not data:
+                break
+            received, tail = received + len(data), (tail + data)[-5:]
+    assert int(progress.read_text()) == 499 and received > 500 * 65536

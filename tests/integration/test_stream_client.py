@@ -1,0 +1,336 @@
+"""The caller's side of streaming (issue 28): AsyncClient.stream and Client.stream against a replica the test plays
+on the wire (tests/integration/fake_stream_replica.py), on the real test Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+
+from streamserve.client import AsyncClient, Client
+from streamserve.client.chunk_stream import ChunkStream
+from streamserve.runtime.settings import Settings
+from streamserve.wire.errors import BadRequestError, RemoteError, RequestTimeoutError, StreamServeError
+from streamserve.wire.ids import new_request_id
+from streamserve.wire.messages import Reply, ReplyStatus
+from tests.harness.waiting import wait_for, wait_for_async
+from tests.integration.conftest import deploy
+from tests.integration.fake_stream_replica import FakeStreamReplica
+
+
+@pytest.fixture
+async def fake(settings: Settings, aredis: aioredis.Redis) -> FakeStreamReplica:
+    await deploy(settings, name="tokens", route_prefix="/tokens")
+    return await FakeStreamReplica.start(aredis, settings, "tokens", window=4)
+
+
+async def collect(chunks: AsyncIterator[Any]) -> tuple[list[Any], StreamServeError | None]:
+    """The chunks of a stream and the error that ended it (None: it ended well)."""
+    got: list[Any] = []
+    try:
+        async for chunk in chunks:
+            got.append(chunk)
+    except StreamServeError as exc:
+        return got, exc
+    return got, None
+
+
+def collect_blocking(chunks: Iterator[Any]) -> tuple[list[Any], StreamServeError | None]:
+    got: list[Any] = []
+    try:
+        for chunk in chunks:
+            got.append(chunk)
+    except StreamServeError as exc:
+        return got, exc
+    return got, None
+
+
+def feed_count(client: AsyncClient) -> int:
+    """Streams the client still follows (each one forgotten once its consumer is done)."""
+    assert client._replies is not None
+    return len(client._replies._feeds)
+
+
+async def test_chunks_come_in_order_as_they_are_sent_and_the_end_ends_the_iteration(
+    client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    stream = client.stream("tokens", {"prompt": "hi"})
+    first = asyncio.create_task(anext(stream))  # the request is sent when the iteration starts
+    request = await fake.next_request()
+    assert request.stream and orjson.loads(request.body) == {"prompt": "hi"}
+    await fake.chunks(request, ["a", "b"])
+    assert await first == "a"
+    assert await anext(stream) == "b"
+    third = asyncio.create_task(anext(stream))
+    await fake.chunks(request, [{"c": [1, 2]}])
+    assert await third == {"c": [1, 2]}
+    await fake.end(request)
+    with pytest.raises(StopAsyncIteration):
+        await anext(stream)
+    assert feed_count(client) == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "error_class"),
+    [
+        (ReplyStatus.USER_ERROR, RemoteError),
+        (ReplyStatus.DEADLINE_EXCEEDED, RequestTimeoutError),
+        (ReplyStatus.BAD_REQUEST, BadRequestError),
+    ],
+)
+async def test_an_error_after_chunks_is_raised_after_them_as_call_would_raise_it(
+    client: AsyncClient, fake: FakeStreamReplica, status: ReplyStatus, error_class: type[StreamServeError]
+) -> None:
+    consumer = asyncio.create_task(collect(client.stream("tokens", None)))
+    request = await fake.next_request()
+    await fake.chunks(request, [1, 2])
+    await fake.chunks(request, [3])
+    await fake.fail(request, "ValueError", "chunk 3 cannot be made", status=status)
+    got, error = await consumer
+    assert got == [1, 2, 3]
+    assert type(error) is error_class
+    if isinstance(error, RemoteError):
+        assert (error.error_type, error.message, error.replica_id) == (
+            "ValueError",
+            "chunk 3 cannot be made",
+            fake.replica_id,
+        )
+    if status is ReplyStatus.BAD_REQUEST:
+        assert str(error) == "chunk 3 cannot be made"
+    assert feed_count(client) == 0
+
+
+async def test_an_error_before_any_chunk_is_raised_by_the_first_step(
+    client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    consumer = asyncio.create_task(collect(client.stream("tokens", None)))
+    await fake.fail(await fake.next_request(), "KeyError", "'prompt'")
+    got, error = await consumer
+    assert got == [] and isinstance(error, RemoteError) and error.error_type == "KeyError"
+
+
+async def test_the_blocking_client_streams_the_same(settings: Settings, fake: FakeStreamReplica) -> None:
+    with Client(settings=settings) as blocking:
+        consumer = asyncio.create_task(asyncio.to_thread(collect_blocking, blocking.stream("tokens", [1])))
+        request = await fake.next_request()
+        assert request.stream and request.body == b"[1]"
+        await fake.chunks(request, ["x", "y"])
+        await fake.chunks(request, ["z"])
+        await fake.fail(request, "RuntimeError", "out of tokens")
+        got, error = await consumer
+        assert got == ["x", "y", "z"]
+        assert isinstance(error, RemoteError) and (error.error_type, error.message) == ("RuntimeError", "out of tokens")
+
+        consumer = asyncio.create_task(asyncio.to_thread(collect_blocking, blocking.stream("tokens", None)))
+        request = await fake.next_request()
+        await fake.chunks(request, [None, 0.5])
+        await fake.end(request)
+        assert await consumer == ([None, 0.5], None)
+
+
+async def test_closing_or_breaking_out_of_a_stream_forgets_the_request(
+    settings: Settings, client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    async def first_only() -> Any:
+        async for chunk in client.stream("tokens", None):
+            return chunk  # leaves the iteration with chunks still coming
+
+    task = asyncio.create_task(first_only())
+    request = await fake.next_request()
+    await fake.chunks(request, [1, 2, 3])
+    assert await task == 1
+    await wait_for_async(lambda: feed_count(client) == 0, 5, "the stream left with break is still followed")
+    await fake.chunks(request, [4])  # later replies are dropped, quietly
+    await fake.end(request)
+
+    async with client.stream("tokens", None) as stream:
+        step = asyncio.create_task(anext(stream))
+        request = await fake.next_request()
+        await fake.chunks(request, ["a", "b"])
+        assert await step == "a"
+        assert feed_count(client) == 1
+    assert feed_count(client) == 0
+    with pytest.raises(StopAsyncIteration):
+        await anext(stream)
+
+    with Client(settings=settings) as blocking:
+        chunks = blocking.stream("tokens", None)
+        step = asyncio.create_task(asyncio.to_thread(next, chunks))
+        request = await fake.next_request()
+        await fake.chunks(request, ["a", "b"])
+        assert await step == "a"
+        chunks.close()
+        wait_for(lambda: feed_count(blocking._async) == 0, 5, "the closed blocking stream is still followed")
+        with pytest.raises(StopIteration):
+            next(chunks)
+
+
+async def test_call_of_a_streaming_deployment_raises_the_replicas_error_naming_stream(
+    client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    call = asyncio.create_task(client.call("tokens", 1))
+    request = await fake.next_request()
+    assert not request.stream  # call() does not take a stream
+    message = (
+        "deployment 'tokens' streams its answer: call it with Client.stream() or AsyncClient.stream(), or over HTTP"
+    )
+    await fake.fail(request, "", message, status=ReplyStatus.BAD_REQUEST)
+    with pytest.raises(BadRequestError) as raised:
+        await call
+    assert str(raised.value) == message
+
+
+async def test_stream_of_a_unary_deployment_yields_its_one_result(client: AsyncClient, fake: FakeStreamReplica) -> None:
+    consumer = asyncio.create_task(collect(client.stream("tokens", 7)))
+    await fake.answer(await fake.next_request(), {"sum": 7})
+    assert await consumer == ([{"sum": 7}], None)
+
+    consumer = asyncio.create_task(collect(client.stream("tokens", None)))
+    await fake.end(await fake.next_request())  # a generator that yielded nothing
+    assert await consumer == ([], None)
+
+
+async def test_a_stream_gets_only_its_own_chunks(client: AsyncClient, fake: FakeStreamReplica) -> None:
+    one = asyncio.create_task(collect(client.stream("tokens", 1)))
+    first = await fake.next_request()
+    two = asyncio.create_task(collect(client.stream("tokens", 2)))
+    second = await fake.next_request()
+    assert client._replies is not None
+    stranger = Reply(new_request_id(), ReplyStatus.CHUNK, fake.replica_id, b'"not yours"', count=1, window=4)
+    await fake.redis.xadd(client._replies.name, stranger.encode())  # type: ignore[arg-type]
+    await fake.chunks(first, ["1a"])
+    await fake.chunks(second, ["2a", "2b"])
+    await fake.chunks(first, ["1b"])
+    await fake.end(second)
+    await fake.end(first)
+    assert await one == (["1a", "1b"], None)
+    assert await two == (["2a", "2b"], None)
+
+
+async def test_a_rerun_by_another_replica_continues_without_duplicates_and_progress_follows_it(
+    client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    stream = client.stream("tokens", None)
+    step = asyncio.create_task(anext(stream))
+    request = await fake.next_request()
+    await fake.chunks(request, ["c0", "c1", "c2"])
+    got = [await step, await anext(stream), await anext(stream)]
+    await wait_for_async(lambda: reads_are(fake, request.request_id, [2]), 5)  # window 4: every 2 chunks
+
+    # The replica dies; another one runs the generator again from chunk 0, under the same request id.
+    other = fake.twin()
+    await other.make_control_stream()
+    await other.chunks(request, ["c0", "c1", "c2", "c3", "c4"], seq=0)
+    await wait_for_async(lambda: reads_are(other, request.request_id, [3]), 5)  # told at once how far it is
+    got += [await anext(stream), await anext(stream)]
+    assert got == ["c0", "c1", "c2", "c3", "c4"]
+    await wait_for_async(lambda: reads_are(other, request.request_id, [3, 5]), 5)
+    await other.end(request)
+    assert await collect(stream) == ([], None)
+    assert await fake.reads(request) == [2]
+
+
+async def reads_are(replica: FakeStreamReplica, request_id: str, expected: list[int]) -> bool:
+    return [p.read for p in await replica.progress() if p.request_id == request_id] == expected
+
+
+async def test_progress_is_reported_every_half_window_and_not_after_the_end(
+    client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    stream = client.stream("tokens", None)
+    step = asyncio.create_task(anext(stream))
+    request = await fake.next_request()
+    await fake.chunks(request, list(range(10)))  # window 4: a report once 2 more chunks are taken
+    assert await step == 0
+    for taken in range(2, 11):
+        assert await anext(stream) == taken - 1
+        expected = list(range(2, taken + 1, 2))
+        await wait_for_async(lambda e=expected: reads_are(fake, request.request_id, e), 5, f"reads {expected}")
+    await fake.chunks(request, [10, 11, 12, 13])
+    await fake.end(request)
+    assert client._replies is not None
+    feed = client._replies.feed(request.request_id)
+    assert feed is not None
+    await wait_for_async(lambda: feed._final is not None, 5, "the end did not reach the client")
+    assert (await collect(stream)) == ([10, 11, 12, 13], None)
+    assert await fake.reads(request) == [2, 4, 6, 8, 10]  # the handler had ended: nobody to tell
+
+
+async def test_a_slow_consumer_holds_the_generator_within_its_window(
+    client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    fake.window = 8
+    stream = client.stream("tokens", None)
+    step = asyncio.create_task(anext(stream))
+    request = await fake.next_request()
+    generator = asyncio.create_task(fake.run_window(request, total=40))
+    try:
+        assert await step == 0
+        assert client._replies is not None
+        feed = client._replies.feed(request.request_id)
+        assert feed is not None
+        rid = request.request_id
+        await wait_for_async(lambda: fake.paused and fake.sent[rid] == 8, 5, lambda: f"sent {fake.sent}")
+        assert feed.next_index - 1 <= 8  # what the client holds: at most a window
+        for _ in range(3):  # 4 taken: reported, so the generator may go on to 4 + 8
+            await anext(stream)
+        await wait_for_async(lambda: fake.paused and fake.sent[rid] == 12, 5, lambda: f"sent {fake.sent}")
+        assert feed.next_index - 4 <= 8
+        rest = [chunk async for chunk in stream]
+        assert rest == list(range(4, 40))
+    finally:
+        generator.cancel()
+
+
+@pytest.mark.parametrize("where", ["call", "deployment"])
+async def test_the_timeout_bounds_the_whole_stream(
+    settings: Settings, client: AsyncClient, aredis: aioredis.Redis, where: str
+) -> None:
+    await deploy(settings, name="tokens", request_timeout_s=0.5 if where == "deployment" else 30)
+    fake = await FakeStreamReplica.start(aredis, settings, "tokens", window=1000)
+    stream = client.stream("tokens", None, timeout=0.5 if where == "call" else None)
+    started = time.monotonic()
+    consumer = asyncio.create_task(collect(stream))
+    request = await fake.next_request()
+
+    async def keep_sending() -> None:  # a generator that never ends, a chunk every 20 ms
+        while True:
+            await fake.chunks(request, ["tick"])
+            await asyncio.sleep(0.02)
+
+    producer = asyncio.create_task(keep_sending())
+    try:
+        got, error = await asyncio.wait_for(consumer, 5)  # the stream would go on for ever
+    finally:
+        producer.cancel()
+    assert isinstance(error, RequestTimeoutError) and "0.5s" in str(error)
+    assert len(got) >= 1 and set(got) == {"tick"}
+    assert 0.5 <= time.monotonic() - started < 3
+    assert feed_count(client) == 0
+
+
+async def test_a_progress_message_that_fails_is_logged_and_the_stream_goes_on(
+    client: AsyncClient, fake: FakeStreamReplica, caplog: pytest.LogCaptureFixture
+) -> None:
+    await fake.redis.delete(fake.control)
+    await fake.redis.set(fake.control, b"not a stream")  # XADD to it fails (WRONGTYPE)
+    consumer = asyncio.create_task(collect(client.stream("tokens", None)))
+    request = await fake.next_request()
+    with caplog.at_level(logging.WARNING, logger="streamserve.client.read_progress"):
+        await fake.chunks(request, [1, 2, 3, 4])
+        await wait_for_async(lambda: "how far a stream was read" in caplog.text, 5, "no warning logged")
+        await fake.end(request)
+        assert await consumer == ([1, 2, 3, 4], None)
+    assert "WRONGTYPE" in caplog.text
+
+
+def test_a_body_json_cannot_hold_is_refused_before_anything_is_sent(settings: Settings) -> None:
+    with Client(settings=settings) as blocking, pytest.raises(BadRequestError, match="cannot be sent as JSON"):
+        blocking.stream("tokens", float("nan"))
+    assert isinstance(AsyncClient(settings=settings).stream("tokens", 1), ChunkStream)
