@@ -15,7 +15,7 @@ import pytest
 
 from streamserve import Client
 from streamserve.errors import BadRequestError, RemoteError, RequestTimeoutError
-from tests.harness.farm import Farm, running_farm
+from tests.harness.farm import Farm, running_farm_of
 from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -48,10 +48,7 @@ deployments:
 
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
-    workdir = tmp_path_factory.mktemp("streaming")
-    config = workdir / "config.yaml"
-    config.write_text(CONFIG)
-    with running_farm(config, workdir) as farm:
+    with running_farm_of(CONFIG, tmp_path_factory.mktemp("streaming")) as farm:
         yield farm
 
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.e2e.browser import CHROMIUM, Browser
-from tests.harness.farm import Farm, running_farm
+from tests.harness.farm import Farm, running_farm_of
 from tests.harness.paths import STREAMSERVE
 from tests.harness.waiting import wait_for
 
@@ -32,10 +32,7 @@ PWN = '{"deployments":[{"name":"pwn","import_path":"os:system"}]}'
 
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
-    workdir = tmp_path_factory.mktemp("admin-token")
-    config = workdir / "config.yaml"
-    config.write_text(CONFIG)
-    with running_farm(config, workdir) as farm:
+    with running_farm_of(CONFIG, tmp_path_factory.mktemp("admin-token")) as farm:
         yield farm
 
 

@@ -247,6 +247,15 @@ def running_farm(
         farm.stop()
 
 
+@contextlib.contextmanager
+def running_farm_of(config_text: str, workdir: Path, extra_env: Mapping[str, str] = FAST_HEARTBEATS) -> Iterator[Farm]:
+    """``running_farm`` of a config given as text (written to ``workdir/config.yaml``)."""
+    config = workdir / "config.yaml"
+    config.write_text(config_text)
+    with running_farm(config, workdir, extra_env=extra_env) as farm:
+        yield farm
+
+
 @dataclass(frozen=True)
 class Gateway:
     """A gateway process a test started (``name``, for ``Processes``): where it listens and where its output goes."""

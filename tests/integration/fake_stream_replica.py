@@ -7,6 +7,7 @@ stream (which it makes, as a real replica does). ``run_window`` plays a generato
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,12 @@ class FakeStreamReplica:
             ),
         )
         self.sent[request.request_id] = first + len(values)
+
+    async def send_forever(self, request: Request, value: Any, interval_s: float = 0.02) -> None:
+        """A generator that never ends: ``value`` every ``interval_s`` (run it as a task; cancel it)."""
+        while True:
+            await self.chunks(request, [value])
+            await asyncio.sleep(interval_s)
 
     async def end(self, request: Request) -> None:
         seq = self.sent.get(request.request_id, 0)

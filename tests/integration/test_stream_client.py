@@ -299,12 +299,7 @@ async def test_the_timeout_bounds_the_whole_stream(
     consumer = asyncio.create_task(collect(stream))
     request = await fake.next_request()
 
-    async def keep_sending() -> None:  # a generator that never ends, a chunk every 20 ms
-        while True:
-            await fake.chunks(request, ["tick"])
-            await asyncio.sleep(0.02)
-
-    producer = asyncio.create_task(keep_sending())
+    producer = asyncio.create_task(fake.send_forever(request, "tick"))  # a chunk every 20 ms, never an end
     try:
         got, error = await asyncio.wait_for(consumer, 5)  # the stream would go on for ever
     finally:

@@ -251,12 +251,7 @@ async def test_the_request_timeout_bounds_the_whole_stream(
     call.start()
     request = await fake.next_request()
 
-    async def keep_sending() -> None:  # a generator that never ends, a chunk every 20 ms
-        while True:
-            await fake.chunks(request, ["tick"])
-            await asyncio.sleep(0.02)
-
-    producer = asyncio.create_task(keep_sending())
+    producer = asyncio.create_task(fake.send_forever(request, "tick"))  # a chunk every 20 ms, never an end
     try:
         assert (await call.start_message())[0] == 200
         bodies = []
