@@ -50,22 +50,13 @@ def rq_queue(connection: redis.Redis, settings: Settings) -> Queue:
 
 
 @pytest.fixture
-def sync_redis(redis_url: str) -> Iterator[redis.Redis]:
-    connection = redis.Redis.from_url(redis_url)
-    try:
-        yield connection
-    finally:
-        connection.close()
-
-
-@pytest.fixture
-def run_jobs(settings: Settings, sync_redis: redis.Redis) -> Iterator[RunJobs]:
+def run_jobs(settings: Settings, connection: redis.Redis) -> Iterator[RunJobs]:
     """run() works off every queued job on a thread of this process (the in-process replica keeps serving)."""
     job_function.configure(settings)
 
     def burst() -> None:
-        queue = rq_queue(sync_redis, settings)
-        ThreadWorker([queue], connection=sync_redis, serializer=JOB_SERIALIZER).work(burst=True)
+        queue = rq_queue(connection, settings)
+        ThreadWorker([queue], connection=connection, serializer=JOB_SERIALIZER).work(burst=True)
 
     async def run() -> None:
         await asyncio.wait_for(asyncio.to_thread(burst), timeout=30)
@@ -83,7 +74,7 @@ async def job_body(http: httpx.AsyncClient, location: str) -> tuple[int, dict[st
 
 
 async def test_respond_async_to_a_deployment_scaled_to_zero_is_503_and_queues_no_job(
-    http: httpx.AsyncClient, client: AsyncClient, settings: Settings, sync_redis: redis.Redis
+    http: httpx.AsyncClient, client: AsyncClient, settings: Settings, connection: redis.Redis
 ) -> None:
     await deploy(settings, num_replicas=0, route_prefix="/zero")
     await wait_for_routes(http)
@@ -93,7 +84,7 @@ async def test_respond_async_to_a_deployment_scaled_to_zero_is_503_and_queues_no
     assert "location" not in resp.headers
     with pytest.raises(UnavailableError):  # the client's submit_job "checks like call()"
         await client.submit_job("rec", {"a": 1})
-    assert rq_queue(sync_redis, settings).count == 0
+    assert rq_queue(connection, settings).count == 0
 
 
 async def test_respond_async_to_an_autoscaled_deployment_at_zero_replicas_is_queued(
@@ -169,7 +160,7 @@ async def test_a_job_whose_worker_dies_unwatched_stays_started_until_maintenance
     processes: Processes,
     aredis: aioredis.Redis,
     settings: Settings,
-    sync_redis: redis.Redis,
+    connection: redis.Redis,
 ) -> None:
     await start_replica(import_path="tests.deployments:gate", route_prefix="/rec", request_timeout_s=CALL_TIMEOUT_S)
     await wait_for_routes(http)
@@ -198,7 +189,7 @@ async def test_a_job_whose_worker_dies_unwatched_stays_started_until_maintenance
     assert info.returncode == 0, info.stderr
     assert (await job_body(http, location))[1]["status"] == "started"  # its heartbeat has not expired yet
 
-    registry = StartedJobRegistry(queue=rq_queue(sync_redis, settings))
+    registry = StartedJobRegistry(queue=rq_queue(connection, settings))
     # RQ's maintenance, run as if at a later time: just before the heartbeat can have expired, then just after.
     await asyncio.to_thread(registry.cleanup, submitted + README_ABANDONED_AFTER_S - 1)
     assert (await job_body(http, location))[1]["status"] == "started"
