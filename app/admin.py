@@ -34,6 +34,7 @@ def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
     guarded = [Depends(AdminGuard(settings))]
     _add_deployment_writes(router, guarded, settings, client)
     _add_endpoint_writes(router, guarded, settings, client)
+    _add_job_writes(router, guarded, client)
     _add_goal_read(router, settings, client)
     return router
 
@@ -82,6 +83,14 @@ def _add_endpoint_writes(
     async def delete_endpoint(name: str) -> Response:
         await _desired(settings, client).delete_endpoint(name)
         return json_response({"deleted": name})
+
+
+def _add_job_writes(router: APIRouter, guarded: Sequence[params.Depends], client: AsyncClient) -> None:
+    @router.delete("/jobs/{job_id}", dependencies=guarded)
+    async def cancel_job(job_id: str) -> Response:
+        """Cancel an asynchronous job (queued: it never runs; running: its call is cancelled). Answers the job, now
+        canceled; 409 once it has ended, 404 unknown or past its TTL."""
+        return json_response((await client.cancel_job(job_id)).to_json())
 
 
 def _add_goal_read(router: APIRouter, settings: Settings, client: AsyncClient) -> None:

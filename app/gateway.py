@@ -15,6 +15,7 @@ handler's chunks are relayed as they come (app/streaming_response.py).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -42,6 +43,7 @@ from streamserve.app.errors import (
     json_response,
     redis_error_handler,
 )
+from streamserve.app.http_protocol import ON_DISCONNECT
 from streamserve.app.observe import CLIENT_CLOSED, RequestObserver
 from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
 from streamserve.app.routing import RouteTable
@@ -68,6 +70,7 @@ from streamserve.wire.errors import (
     NotFoundError,
     OverloadedError,
     RedisUnavailableError,
+    RequestCancelledError,
     StreamServeError,
     UnavailableError,
 )
@@ -161,10 +164,13 @@ class Gateway:
             route = await self.client.route(name)
             exchange.reply_headers["X-Deployment"] = exchange.deployment = deployment = route.deployment.name
             timeout = min(route.deployment.request_timeout_s, header_timeout)
+            scope[ON_DISCONNECT] = functools.partial(self.client.caller_left, exchange.request_id)
             reply = await self.client.request(route, body, timeout=timeout, request_id=exchange.request_id, stream=True)
             exchange.replica = reply.replica_id
             if reply.status is not ReplyStatus.OK and reply.status not in STREAM_REPLIES:
                 raise error_of(reply)
+        except RequestCancelledError:  # its caller disconnected (caller_left): nobody to answer; the access log: 499
+            return
         except StreamServeError as exc:
             response = error_response(exc, exchange.reply_headers)
             exchange.status = response.status_code

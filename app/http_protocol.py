@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from asyncio import TimerHandle
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -42,6 +43,12 @@ FD_HEADROOM = 256
 CLOSING_GRACE_S = 1.0
 # At most this many connections wait out CLOSING_GRACE_S at once; beyond, they are closed at once.
 CLOSING_MAX = 64
+
+
+# The ASGI scope key of what to call when the connection is lost before the response is complete. uvicorn tells an
+# app only when it next awaits ``receive()``; one that waits for something else meanwhile (the gateway, for a reply
+# from Redis) sets this, so that the caller's leaving cancels its request at once, with no task of its own.
+ON_DISCONNECT = "streamserve.on_disconnect"
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self.header_timer.cancel()
             self.header_timer = None
         super().connection_lost(exc)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            on_disconnect: Callable[[], None] | None = cycle.scope.get(ON_DISCONNECT)  # type: ignore[assignment]
+            if on_disconnect is not None:
+                on_disconnect()  # the app waits for something other than the body (a reply): it is told now
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

@@ -38,7 +38,7 @@ class Reclaimer:
     def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self._redis = redis
         self._keys = keys
-        self._requeuer = Requeuer(redis)
+        self._requeuer = Requeuer(redis, keys)
 
     async def reclaim(self, cfg: DeploymentConfig, live: Set[str]) -> ReclaimResult:
         """Free everything held by consumers not in ``live`` (replica ids still running or draining)."""
@@ -66,8 +66,7 @@ class Reclaimer:
                 return
             ids = [p["message_id"] for p in pending]
             dead = await self._requeuer.requeue(
-                stream,
-                self._keys.dead_letters(cfg.name),
+                cfg.name,
                 ids,
                 charge=True,
                 max_delivery_attempts=cfg.max_delivery_attempts,

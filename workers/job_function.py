@@ -8,6 +8,13 @@ shows, instead of making readers parse a traceback. A call that Redis refused
 for lack of memory did not run (nothing was written): it is sent again for up
 to FULL_REDIS_WAIT_S before the job fails with that refusal.
 
+A cancelled job (``DELETE /-/jobs/<id>``, which sets ``Keys.job_cancel``):
+the function looks at that key before it calls, and every JOB_CANCEL_POLL_S
+while it waits for the call; once set, it cancels the call (its request is
+cancelled in the replica) and fails the job with RequestCancelledError. When
+the call ends, the function records how (``jobs.settle``); should the cancel
+have come first, the job fails as cancelled, whatever the call answered.
+
 Each worker process shares one Client (one reply stream, one reader) across
 its jobs. ``streamserve job-worker`` hands it its settings with
 ``configure``; a plain ``rq worker`` gets them from the environment on the
@@ -24,6 +31,7 @@ only says why sooner than a replica that never loads would.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -34,17 +42,28 @@ from rq import get_current_job
 from rq.job import Job
 
 from streamserve.client import Client
-from streamserve.client.jobs import ERROR_META, JOB_TIMEOUT_MARGIN_S, uncount
+from streamserve.client.jobs import (
+    ERROR_META,
+    JOB_TIMEOUT_MARGIN_S,
+    cancel_requested,
+    cancelled_error,
+    settle,
+    uncount,
+)
 from streamserve.runtime.settings import Settings
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import is_out_of_memory
-from streamserve.wire.errors import OverloadedError, StreamServeError, error_fields
+from streamserve.wire.errors import OverloadedError, RequestCancelledError, StreamServeError, error_fields
+from streamserve.wire.states import JobStatus
 
 logger = logging.getLogger(__name__)
 
 # How long a call that Redis refuses for lack of memory is tried again: half the room RQ's time limit on a job leaves
 # beyond the call itself.
 FULL_REDIS_WAIT_S = JOB_TIMEOUT_MARGIN_S / 2
+
+# How often a job waiting for its call looks whether it was cancelled: one GET each time (job workers are few).
+JOB_CANCEL_POLL_S = 0.1
 
 _lock = threading.Lock()
 _settings: Settings | None = None
@@ -89,12 +108,21 @@ def run(name: str, body: Any, method: str = "", timeout: float | None = None) ->
     """Call deployment or endpoint ``name`` with ``body``; the result, or the job fails with the call's error.
 
     Once the call has ended, however it ended, the job no longer counts against its deployment's
-    ``max_queued_jobs``.
+    ``max_queued_jobs``. A job cancelled before its call ended fails with RequestCancelledError.
     """
     job = get_current_job()
     try:
-        _check_allowed(name)
-        return _call_when_redis_has_room(name, body, method, timeout)
+        try:
+            _check_allowed(name)
+            if job is not None and _cancel_requested(job):
+                raise cancelled_error(job.id)  # cancelled as this worker took it: the call is never made
+            result = _call_when_redis_has_room(name, body, method, timeout, job)
+        except StreamServeError as exc:
+            if not isinstance(exc, RequestCancelledError):
+                _settle(job, JobStatus.FAILED)  # its error, unless it came after its cancel
+            raise
+        _settle(job, JobStatus.FINISHED)  # its result, unless it came after its cancel: then dropped
+        return result
     except StreamServeError as exc:
         if job is not None:
             job.meta[ERROR_META] = error_fields(exc)
@@ -123,18 +151,54 @@ def _check_allowed(name: str) -> None:
             allow.check(cfg.import_path, cfg.name)
 
 
-def _call_when_redis_has_room(name: str, body: Any, method: str, timeout: float | None) -> Any:
+def _call_when_redis_has_room(name: str, body: Any, method: str, timeout: float | None, job: Job | None) -> Any:
     client = _shared_client()
     give_up_at = time.monotonic() + FULL_REDIS_WAIT_S
     backoff = Backoff(0.1, 2.0)
     while True:
         try:
-            return client.call(name, body, timeout=timeout, method=method)
+            return _wait(client.submit(name, body, timeout=timeout, method=method), job)
         except OverloadedError as exc:
             refused_for_memory = exc.__cause__ is not None and is_out_of_memory(exc.__cause__)
             if not refused_for_memory or time.monotonic() >= give_up_at:
                 raise
             time.sleep(backoff.next())
+
+
+def _wait(call: concurrent.futures.Future[Any], job: Job | None) -> Any:
+    """The call's result; should ``job`` be cancelled meanwhile, the call is cancelled: RequestCancelledError."""
+    while True:
+        try:
+            return call.result(timeout=None if job is None else JOB_CANCEL_POLL_S)
+        except TimeoutError:
+            if call.done():  # the call's own TimeoutError, not the poll's
+                raise
+        assert job is not None
+        if _cancel_requested(job):
+            call.cancel()  # cancels its request, wherever it is (client/cancels.py)
+            raise cancelled_error(job.id)
+
+
+def _cancel_requested(job: Job) -> bool:
+    try:
+        return cancel_requested(job.connection, _process_settings().keys, job.id)
+    except redis.RedisError as exc:  # not a cancel: the call goes on, under its own deadline
+        logger.debug("job %s: could not look whether it was cancelled: %s", job.id, exc)
+        return False
+
+
+def _settle(job: Job | None, status: JobStatus) -> None:
+    """Record that ``job``'s call ended with ``status``; RequestCancelledError when its cancel came first."""
+    if job is None:
+        return
+    settings = _process_settings()
+    try:
+        won = settle(job, settings.keys, status, settings.job_result_ttl_s)
+    except redis.RedisError as exc:  # RQ records the end as it can; a cancel racing it now may read canceled
+        logger.warning("job %s: could not record that its call ended: %s", job.id, exc)
+        return
+    if not won:
+        raise cancelled_error(job.id) from None
 
 
 def _uncount(job: Job) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from streamserve.client.handles import close_handles, serve_handles_on
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.heartbeats import queue_removal
 from streamserve.control.long_poll import LongPollSubscriber
@@ -141,14 +142,16 @@ class Replica:
         longpoll: LongPollSubscriber | None = None
         serving: Serving | None = None
         control: ControlReader | None = None
+        serve_handles_on(asyncio.get_running_loop(), self._settings)  # where its handlers' handles call from
         try:
             serving = await self._load()
             if serving is None:
                 return 1  # the FAILED heartbeat stays: it tells the scheduler why
             await ensure_group(self._redis, self._stream)
-            # What callers say about the requests it serves (how far they have read a stream); read until it exits.
+            # What callers say about the requests it serves (how far they have read a stream, that they cancel one);
+            # read until it exits.
             control_key = self._keys.replica_control(self._name, self._consumer)
-            control = ControlReader(self._redis, control_key, serving.streams.control_handlers, self._consumer)
+            control = ControlReader(self._redis, control_key, serving.control_handlers, self._consumer)
             await control.start()
             longpoll = LongPollSubscriber(
                 self._redis, self._keys, lambda k: k == ConfigKey.DEPLOYMENTS, functools.partial(self._follow, serving)
@@ -175,6 +178,7 @@ class Replica:
                 await self._wind_down("the batches", serving.close_batches())
                 serving.close_streams()
                 serving.close_threads()
+            await self._wind_down("the handles' client", close_handles())
             if control is not None:
                 await self._wind_down("the control stream", control.aclose())
             await self._wind_down("the replies", self._pipeliner.aclose())

@@ -4,6 +4,14 @@ A request has no asyncio task of its own: it is read, its handler started,
 and its reply handed to the Finisher by callbacks on the handler's future
 (why: the README's "Design decisions, and why"). Async handlers still get a
 task, as they must.
+
+Each request a handler runs has a RequestScope (runtime/request_scope.py),
+kept by entry id while it runs, which is what a cancellation (a CancelRequest
+on the replica's control stream) finds: an async handler's task is cancelled,
+a generator closed, a sync handler told through ``streamserve.cancelled()``. A
+cancelled request is acknowledged without a reply (its caller has stopped
+waiting) and counted; a cancellation that arrives before the read that
+delivered the request is remembered, and the request never starts.
 """
 
 from __future__ import annotations
@@ -19,8 +27,16 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from streamserve.metrics.definitions import BATCH_SIZE, HANDLED, HANDLER_DURATION
+from streamserve.metrics.definitions import (
+    BATCH_SIZE,
+    CANCELLED,
+    HANDLED,
+    HANDLER_DURATION,
+    QUEUED_STAGE,
+    RUNNING_STAGE,
+)
 from streamserve.metrics.figures import Figures
+from streamserve.runtime.request_scope import RequestScope, run_in
 from streamserve.runtime.settings import Settings
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import RETRYABLE_ERRORS
@@ -31,8 +47,9 @@ from streamserve.wire.errors import BadRequestError, ProtocolError, ResponseTooL
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import Fields, Reply, ReplyStatus, Request, StreamBatches, now_ms
+from streamserve.wire.messages import CancelRequest, Fields, Reply, ReplyStatus, Request, StreamBatches, now_ms
 from streamserve.workers.batcher import Batchers, DeadlinePassed
+from streamserve.workers.control_reader import ControlHandler
 from streamserve.workers.finisher import Finisher
 from streamserve.workers.loader import Handler, LoadedDeployment
 from streamserve.workers.slots import Slots
@@ -45,6 +62,12 @@ logger = logging.getLogger(__name__)
 READ_BLOCK_MS = 500
 # At most this many requests delivered by a lost read are recovered at once (a read asks for max_ongoing at most).
 UNDELIVERED_MAX = 1000
+# How often running async handlers are checked for a passed deadline (their task is then cancelled).
+DEADLINE_SWEEP_S = 0.05
+# Cancellations of entries the replica does not hold (yet: their read is on its way; or no more: they just ended)
+# are remembered this long, and this many at most.
+EARLY_CANCEL_KEEP_S = 60.0
+EARLY_CANCEL_MAX = 10_000
 
 
 class Serving:
@@ -71,7 +94,7 @@ class Serving:
         self._settings = settings
         self._redis = redis
         self._reader = reader
-        self._requeuer = Requeuer(redis)
+        self._requeuer = Requeuer(redis, settings.keys)
         self._keys = settings.keys
         self._consumer = replica_id.to_str()
         self._name = replica_id.deployment
@@ -95,6 +118,11 @@ class Serving:
         )
         self.served = 0
         self.failed = 0
+        self._loop = asyncio.get_running_loop()
+        # The requests whose handler runs, by entry id.
+        self._running: dict[bytes, RequestScope] = {}
+        # Entry ids cancelled while this replica did not hold them -> when (monotonic), oldest first.
+        self._early_cancels: dict[bytes, float] = {}
 
     # -- configuration ---------------------------------------------------------
 
@@ -132,6 +160,13 @@ class Serving:
 
     async def serve(self) -> None:
         """Read and run requests until the replica stops."""
+        overdue = asyncio.create_task(self._stop_overdue(), name="deadlines")
+        try:
+            await self._read_until_stopped()
+        finally:
+            overdue.cancel()
+
+    async def _read_until_stopped(self) -> None:
         backoff = Backoff()
         lost_a_read = False
         while not self._stopping.is_set():
@@ -158,6 +193,33 @@ class Serving:
                 await asyncio.sleep(delay)
                 continue
             await self._take(batches)
+
+    async def _stop_overdue(self) -> None:
+        """Cancel the task of every async handler still running past its request's deadline."""
+        while True:
+            await asyncio.sleep(DEADLINE_SWEEP_S)
+            now = now_ms()
+            overdue = [s for s in self._running.values() if s.deadline_stop is not None and 0 < s.deadline_ms <= now]
+            for scope in overdue:
+                scope.stop_overdue()
+
+    # -- cancellation ----------------------------------------------------------
+
+    @property
+    def control_handlers(self) -> dict[bytes, ControlHandler]:
+        """What the replica does with messages on its control stream, by their ``kind``."""
+        return {**self.streams.control_handlers, b"cancel": self._cancel}
+
+    def _cancel(self, fields: Fields) -> None:
+        entry_id = CancelRequest.decode(fields).entry_id.encode()
+        scope = self._running.get(entry_id)
+        if scope is not None:
+            scope.cancel()
+            return
+        early = self._early_cancels
+        early[entry_id] = now = time.monotonic()
+        while len(early) > EARLY_CANCEL_MAX or next(iter(early.values())) < now - EARLY_CANCEL_KEEP_S:
+            del early[next(iter(early))]
 
     async def _undelivered(self) -> StreamBatches:
         """What Redis delivered to this replica but it does not hold: the reply to a read that was lost with its
@@ -200,8 +262,7 @@ class Serving:
         if not entry_ids:
             return
         await self._requeuer.requeue(
-            self._stream,
-            self._keys.dead_letters(self._name),
+            self._name,
             entry_ids,
             charge=False,
             max_delivery_attempts=self.config.max_delivery_attempts,
@@ -220,18 +281,23 @@ class Serving:
             self._finisher.finish(entry_id)
             return
         started_at = time.perf_counter()
-        started = self._start_handler(entry_id, request, started_at)
+        scope = RequestScope(request.request_id, request.deadline_ms)
+        started = self._start_handler(entry_id, request, scope, started_at)
         if isinstance(started, Reply):
             self._finish(entry_id, request, started)
-        elif started is not None:
+            return
+        self._running[entry_id] = scope
+        if started is not None:
             started.add_done_callback(functools.partial(self._on_handler_done, entry_id, request, started_at))
 
     def _start_handler(
-        self, entry_id: bytes, request: Request, started_at: float
+        self, entry_id: bytes, request: Request, scope: RequestScope, started_at: float
     ) -> Reply | asyncio.Future[Any] | None:
         """Start the handler on the request; a Reply instead when there is nothing to run, None for a stream (it
         finishes by itself)."""
         rid = self._consumer
+        if self._early_cancels and self._early_cancels.pop(entry_id, None) is not None:
+            return Reply(request.request_id, ReplyStatus.CANCELLED, rid, error_message=QUEUED_STAGE)
         if request.deadline_ms and now_ms() > request.deadline_ms:
             return Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, rid)
         try:
@@ -241,23 +307,32 @@ class Serving:
             return Reply(request.request_id, ReplyStatus.BAD_REQUEST, rid, error_message=str(exc))
         try:
             if handler.is_stream:
-                return self._start_stream(entry_id, request, handler, body, started_at)
+                return self._start_stream(entry_id, request, handler, body, scope, started_at)
             if handler.batch is not None:
-                return asyncio.ensure_future(self._batchers.call(request.method, handler, body, request.deadline_ms))
-            return self._invoke(handler, body)
+                batched = asyncio.ensure_future(self._batchers.call(request.method, handler, body, request.deadline_ms))
+                scope.stop = batched.cancel
+                return batched
+            return self._invoke(handler, body, scope)
         except Exception as exc:
             return self._user_error(request, exc)
 
-    def _invoke(self, handler: Handler, arg: Any) -> asyncio.Future[Any]:
-        """Run a handler on one body (or a batch's list): the one place that tells sync from async.
+    def _invoke(self, handler: Handler, arg: Any, scope: RequestScope | None = None) -> asyncio.Future[Any]:
+        """Run a handler on one body (or a batch's list, with no ``scope``): the one place that tells sync from async.
 
-        Async handlers get a task on the loop; sync ones run on a handler thread with no task at all
-        (a sync callable that returns a coroutine has it run on the loop: HandlerThreads sees to that).
+        Async handlers get a task on the loop, which cancellation or the deadline cancels; sync ones run on a handler
+        thread with no task at all (a sync callable that returns a coroutine has it run on the loop: HandlerThreads
+        sees to that), told of a cancellation by ``streamserve.cancelled()``.
         """
         if handler.is_async:
-            task: asyncio.Future[Any] = asyncio.ensure_future(handler.fn(arg))
+            if scope is None:
+                batch: asyncio.Future[Any] = asyncio.ensure_future(handler.fn(arg))
+                return batch
+            task = self._loop.create_task(handler.fn(arg), context=scope.context())
+            scope.stop = scope.deadline_stop = task.cancel
             return task
-        return self._threads.run(handler.fn, arg)
+        if scope is None:
+            return self._threads.run(handler.fn, arg)
+        return self._threads.run(functools.partial(run_in, scope, handler.fn), arg)
 
     def _invoke_batch(self, handler: Handler, bodies: list[Any]) -> asyncio.Future[Any]:
         """Run a batched handler on one batch (counting the batch's size)."""
@@ -266,7 +341,7 @@ class Serving:
         return self._invoke(handler, bodies)
 
     def _start_stream(
-        self, entry_id: bytes, request: Request, handler: Handler, body: Any, started_at: float
+        self, entry_id: bytes, request: Request, handler: Handler, body: Any, scope: RequestScope, started_at: float
     ) -> Reply | None:
         """Run a streaming handler (workers/streaming.py); a BAD_REQUEST for a caller that takes no stream."""
         if not (request.stream and request.reply_to):
@@ -280,15 +355,25 @@ class Serving:
                     "AsyncClient.stream(), or over HTTP"
                 ),
             )
-        outcome = self.streams.start(request, handler, body, self.config)
+        outcome = self.streams.start(request, handler, body, self.config, scope)
         outcome.add_done_callback(functools.partial(self._on_stream_done, entry_id, request, started_at))
         return None
 
     def _on_handler_done(self, entry_id: bytes, request: Request, started_at: float, done: asyncio.Future[Any]) -> None:
-        if done.cancelled():  # stopping: the entry stays pending, to be claimed again
-            self._leave_pending(entry_id)
-            return
-        reply = self._reply_for(request, done)
+        scope = self._running.pop(entry_id, None)
+        if scope is not None and scope.is_cancelled:  # whatever it returned, nobody waits for it
+            if not done.cancelled():
+                done.exception()  # what it raised (RequestCancelledError from a handle, say) is nobody's to log
+            reply = Reply(request.request_id, ReplyStatus.CANCELLED, self._consumer, error_message=RUNNING_STAGE)
+        elif done.cancelled():
+            if scope is None or not scope.stopped_overdue:
+                self._leave_pending(entry_id)  # stopping: the entry stays pending, to be claimed again
+                return
+            # Its deadline passed while it ran: stopped, and counted as cancelled (the caller has its timeout already).
+            self._count_cancelled(RUNNING_STAGE)
+            reply = Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, self._consumer)
+        else:
+            reply = self._reply_for(request, done)
         if self._figures is not None:
             self._figures.observe(self._name, HANDLER_DURATION, time.perf_counter() - started_at)
         self._finish(entry_id, request, reply)
@@ -296,6 +381,7 @@ class Serving:
     def _on_stream_done(
         self, entry_id: bytes, request: Request, started_at: float, done: asyncio.Future[Reply]
     ) -> None:
+        self._running.pop(entry_id, None)
         if done.cancelled():  # stopping: the entry stays pending, to be claimed again
             self._leave_pending(entry_id)
             return
@@ -313,14 +399,22 @@ class Serving:
         self._slots.handler_returned()
         self.served += 1
         outcome = reply.status
+        answered = bool(request.reply_to)
         if outcome is not ReplyStatus.OK:
             if outcome is ReplyStatus.END:  # a stream that ended well
                 outcome = ReplyStatus.OK
+            elif outcome is ReplyStatus.CANCELLED:  # nobody waits for it: counted, not sent
+                answered = False
+                self._count_cancelled(reply.error_message)
             else:
                 self.failed += 1
         if self._figures is not None:
             self._figures.count(self._name, HANDLED, outcome.value)
-        self._finisher.finish(entry_id, reply if request.reply_to else None, request.reply_to, request.deadline_ms)
+        self._finisher.finish(entry_id, reply if answered else None, request.reply_to, request.deadline_ms)
+
+    def _count_cancelled(self, stage: str) -> None:
+        if self._figures is not None:
+            self._figures.count(self._name, CANCELLED, stage)
 
     def _reply_for(self, request: Request, done: asyncio.Future[Any]) -> Reply:
         raised = done.exception()
@@ -353,7 +447,12 @@ class Serving:
             type(exc).__name__,
             exc,
             exc_info=exc,
-            extra={"request_id": request.request_id, "deployment": self._name, "replica_id": self._consumer},
+            extra={
+                "request_id": request.request_id,
+                "deployment": self._name,
+                "replica_id": self._consumer,
+                **({"parent_request_id": request.parent} if request.parent else {}),
+            },
         )
         message = context + str(exc)
         if self._settings.debug:

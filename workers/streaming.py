@@ -17,8 +17,10 @@ for all those the loop has not taken yet) and blocks while the stream is
 paused. Either way the generator is kept at most ``max_unread_chunks`` chunks
 ahead of what its caller says it has read (ReadProgress, on the replica's
 control stream: workers/control_reader.py), and it is closed once the
-request's deadline passes: an async one at once (cancelled where it waits, then
-``aclose()``), a sync one at its next ``yield``.
+request's deadline passes or the request is cancelled: an async one at once
+(cancelled where it waits, then ``aclose()``, which raises GeneratorExit at the
+``yield`` where it is paused), a sync one at its next ``yield``. A cancelled
+stream sends nothing more: its chunks not yet sent are dropped.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from streamserve.metrics.definitions import STREAM_CHUNKS, TIME_TO_FIRST_CHUNK
+from streamserve.metrics.definitions import RUNNING_STAGE, STREAM_CHUNKS, TIME_TO_FIRST_CHUNK
 from streamserve.metrics.figures import Figures
+from streamserve.runtime.request_scope import RequestScope
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.pipelining import Pipeliner
 from streamserve.transport.streams import reply_command
@@ -85,8 +88,11 @@ class _Replica:
 class Stream:
     """One streaming request, from its generator's start to its final reply (``outcome``)."""
 
-    def __init__(self, request: Request, replica: _Replica, window: int, max_chunk_bytes: int) -> None:
+    def __init__(
+        self, request: Request, replica: _Replica, window: int, max_chunk_bytes: int, scope: RequestScope
+    ) -> None:
         self._request = request
+        self._scope = scope
         self._replica = replica
         self.window = window
         self._max_chunk_bytes = max_chunk_bytes
@@ -100,7 +106,8 @@ class Stream:
         self._async_room: asyncio.Event | None = None  # a paused async generator's task waits on it
         self._produced = 0  # chunks taken from the generator, encoded and handed over
         self._read = 0  # how many its caller last said it has read
-        self._stop = False  # close the generator: its deadline passed, or the replica closes it
+        self._stop = False  # close the generator: its deadline passed, it was cancelled, or the replica closes it
+        self._cancelled = False
         self._handoff: list[bytes] = []  # a sync generator's chunks the loop has not taken yet
         self._handoff_due = False
         self._task: asyncio.Task[_Ending] | None = None
@@ -121,15 +128,28 @@ class Stream:
     def start(self, handler: Handler, body: Any) -> None:
         """Start the generator: an async one in a task on the loop, a sync one on a handler thread."""
         producing: asyncio.Future[_Ending]
+        context = self._scope.context()  # streamserve.cancelled() and handles see the request in the generator
         if handler.is_async:
             self._async_room = asyncio.Event()
-            producing = self._task = asyncio.ensure_future(self._iterate_async(handler.fn, body))
+            producing = self._task = self._loop.create_task(self._iterate_async(handler.fn, body), context=context)
         else:
-            producing = self._replica.threads.run(functools.partial(self._iterate_sync, handler.fn), body)
+            iterate = functools.partial(self._iterate_sync, handler.fn)
+            producing = self._replica.threads.run(functools.partial(context.run, iterate), body)
         producing.add_done_callback(self._producer_done)
+        self._scope.stop = self.cancel
         deadline_ms = self._request.deadline_ms
         if deadline_ms:
             self._deadline_timer = self._loop.call_later(max(0.0, (deadline_ms - now_ms()) / 1000), self._on_deadline)
+
+    def cancel(self) -> None:
+        """The request was cancelled: close the generator, send nothing more, end with a CANCELLED outcome."""
+        if self._ending is not None and not self._queue:
+            return  # it has ended, its final reply on its way
+        self._cancelled = True
+        self._queue.clear()
+        self._stop_generator()
+        if self._ending is not None:
+            self._send()
 
     def close(self) -> None:
         """Stop it without a reply (the replica exits past its drain's grace period): its entry stays pending."""
@@ -259,11 +279,11 @@ class Stream:
                     await asyncio.sleep(0)  # a generator that never waits: let these chunks go meanwhile
             return _Ending(stopped=True)
         except asyncio.CancelledError:
-            if self._deadline_passed:
+            if self._deadline_passed or self._cancelled:
                 return _Ending(stopped=True)
             raise  # the replica closes it: no reply
         except Exception as exc:
-            return _Ending(stopped=True) if self._deadline_passed else _Ending(exc)
+            return _Ending(stopped=True) if self._deadline_passed or self._cancelled else _Ending(exc)
         finally:
             await self._aclose_quietly(chunks)
 
@@ -309,7 +329,7 @@ class Stream:
         final reply once all of them have."""
         if self._in_flight or self.outcome.done():
             return
-        if self._undeliverable:
+        if self._undeliverable or self._cancelled:
             self._queue.clear()
         if not self._queue:
             self._finish_if_ended()
@@ -394,7 +414,9 @@ class Stream:
         ending = self._ending
         if ending is None:
             return
-        if self._undeliverable or (ending.stopped and self._deadline_passed):
+        if self._cancelled:
+            reply = Reply(self._rid, ReplyStatus.CANCELLED, self._who, error_message=RUNNING_STAGE)
+        elif self._undeliverable or (ending.stopped and self._deadline_passed):
             reply = Reply(self._rid, ReplyStatus.DEADLINE_EXCEEDED, self._who)
         elif ending.error is not None:
             reply = self._replica.user_error(self._request, ending.error, ending.context)
@@ -432,9 +454,12 @@ class Streams:
         self._replica = _Replica(pipeliner, threads, replica_id, deployment, figures, user_error)
         self._running: dict[str, Stream] = {}
 
-    def start(self, request: Request, handler: Handler, body: Any, config: DeploymentConfig) -> asyncio.Future[Reply]:
-        """Run ``handler`` (a generator function) on ``body``; the future holds its final reply."""
-        stream = Stream(request, self._replica, config.max_unread_chunks, config.max_response_bytes)
+    def start(
+        self, request: Request, handler: Handler, body: Any, config: DeploymentConfig, scope: RequestScope
+    ) -> asyncio.Future[Reply]:
+        """Run ``handler`` (a generator function) on ``body``; the future holds its final reply. Cancelling ``scope``
+        stops it."""
+        stream = Stream(request, self._replica, config.max_unread_chunks, config.max_response_bytes, scope)
         stream.start(handler, body)
         self._running[request.request_id] = stream
         stream.outcome.add_done_callback(functools.partial(self._ended, stream))

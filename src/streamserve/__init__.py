@@ -2,6 +2,7 @@
 
 from streamserve.batching import batch
 from streamserve.client import AsyncClient, Client
+from streamserve.client.handles import DeploymentHandle, handle
 from streamserve.errors import (
     BadRequestError,
     BatchOutputError,
@@ -13,10 +14,12 @@ from streamserve.errors import (
     ProtocolError,
     RedisUnavailableError,
     RemoteError,
+    RequestCancelledError,
     RequestTimeoutError,
     StreamServeError,
     UnavailableError,
 )
+from streamserve.runtime.request_scope import cancelled
 
 __version__ = "0.1.0"
 
@@ -27,14 +30,18 @@ __all__ = [
     "Client",
     "ConfigError",
     "DeadLetterError",
+    "DeploymentHandle",
     "GoalFailedError",
     "NotFoundError",
     "OverloadedError",
     "ProtocolError",
     "RedisUnavailableError",
     "RemoteError",
+    "RequestCancelledError",
     "RequestTimeoutError",
     "StreamServeError",
     "UnavailableError",
     "batch",
+    "cancelled",
+    "handle",
 ]

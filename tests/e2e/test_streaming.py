@@ -164,3 +164,12 @@ def test_a_slow_reader_holds_the_generator_back(farm: Farm, tmp_path: Path) -> N
                 break
             received, tail = received + len(data), (tail + data)[-5:]
     assert int(progress.read_text()) == 499 and received > 500 * 65536
+
+
+def test_streamserve_call_prints_each_chunk_as_a_line(farm: Farm) -> None:
+    """The CLI's `call` streams: one JSON line per chunk, and a unary answer's one line is unchanged."""
+    printed = farm.cli("call", "count", "3").stdout
+    assert printed.splitlines() == ['{"i":0}', '{"i":1}', '{"i":2}']
+    failed = farm.cli("call", "failing", "2", check=False)
+    assert failed.stdout.splitlines() == ["0", "1"] and failed.returncode != 0
+    assert "ValueError: boom after 2" in failed.stderr

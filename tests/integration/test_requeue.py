@@ -24,7 +24,7 @@ class Queue:
         self.redis = redis
         self.stream = settings.keys.requests("rec")
         self.dead = settings.keys.dead_letters("rec")
-        self.requeuer = Requeuer(redis)
+        self.requeuer = Requeuer(redis, settings.keys)
 
     async def add(self, request_id: str, attempts: int = 0) -> bytes:
         request = Request(request_id, "streamserve:replies:caller1", now_ms() + 60_000, b'{"x":1}', "m", attempts)
@@ -49,7 +49,7 @@ class Queue:
 
     async def requeue(self, entry_ids: Sequence[bytes], *, charge: bool, max_attempts: int = 3) -> list[DeadLetter]:
         return await self.requeuer.requeue(
-            self.stream, self.dead, entry_ids, charge=charge, max_delivery_attempts=max_attempts, reason=REASON
+            "rec", entry_ids, charge=charge, max_delivery_attempts=max_attempts, reason=REASON
         )
 
 

@@ -68,11 +68,11 @@ async def test_the_dead_letter_stream_stays_near_its_cap(aredis: aioredis.Redis,
     ids = [entry_id for entry_id, _fields in read]
     assert len(ids) == total
 
-    requeuer = Requeuer(aredis)
+    requeuer = Requeuer(aredis, settings.keys)
     dead_lettered = 0
     for start in range(0, total, batch):
         letters = await requeuer.requeue(
-            stream, dead, ids[start : start + batch], charge=True, max_delivery_attempts=1, reason="it crashed"
+            "poison", ids[start : start + batch], charge=True, max_delivery_attempts=1, reason="it crashed"
         )
         dead_lettered += len(letters)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import logging
 from collections.abc import Callable
@@ -141,18 +142,21 @@ def test_max_queued_jobs_has_a_default_and_takes_no_nonsense() -> None:
 
 
 class FakeClient:
-    """Answers ``call`` with each of ``answers`` in turn (an exception is raised)."""
+    """Answers ``submit`` with each of ``answers`` in turn, as a done future (an exception is raised by it)."""
 
     def __init__(self, *answers: Any) -> None:
         self.answers = list(answers)
         self.calls = 0
 
-    def call(self, name: str, body: Any, *, timeout: float | None, method: str) -> Any:
+    def submit(self, name: str, body: Any, *, timeout: float | None, method: str) -> concurrent.futures.Future[Any]:
         self.calls += 1
         answer = self.answers.pop(0)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if isinstance(answer, Exception):
-            raise answer
-        return answer
+            future.set_exception(answer)
+        else:
+            future.set_result(answer)
+        return future
 
 
 def refused_for_memory() -> OverloadedError:

@@ -15,7 +15,7 @@ from streamserve.wire.states import JobStatus
 def test_every_rq_status_has_a_caller_status() -> None:
     assert set(_STATUS_OF) == set(RQJobStatus)
     assert _STATUS_OF[RQJobStatus.STARTED] is JobStatus.STARTED
-    assert _STATUS_OF[RQJobStatus.CANCELED] is JobStatus.FAILED
+    assert _STATUS_OF[RQJobStatus.CANCELED] is JobStatus.CANCELED
 
 
 def test_job_info_json_has_result_only_when_finished_and_error_only_when_failed() -> None:

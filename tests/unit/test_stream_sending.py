@@ -11,6 +11,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from streamserve.runtime.request_scope import RequestScope
 from streamserve.transport.pipelining import Command
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.messages import Reply, ReplyStatus, Request, now_ms
@@ -63,7 +64,8 @@ async def start(fn: Any, body: Any, pipeliner: HeldPipeliner, deadline_ms: int =
         user_error=user_error,
     )
     request = Request("req-1", "replies", deadline_ms, b"null", stream=True)
-    return streams.start(request, Handler(fn, is_async=True, is_stream=True), body, CONFIG)
+    scope = RequestScope(request.request_id, deadline_ms)
+    return streams.start(request, Handler(fn, is_async=True, is_stream=True), body, CONFIG, scope)
 
 
 async def turns(count: int = 5) -> None:

@@ -1,11 +1,14 @@
-"""``call``: one request to a deployment or endpoint through the Python client, its JSON result printed."""
+"""``call``: one request to a deployment or endpoint through the Python client, its JSON result printed.
+
+A streaming deployment's chunks are printed as they come, one JSON value per line (a unary deployment's result is
+its one line); Ctrl-C cancels the request.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
-from typing import Any
 
 import orjson
 
@@ -20,10 +23,13 @@ def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
     except orjson.JSONDecodeError as exc:
         raise BadRequestError(f"body is not valid JSON: {exc}") from None
 
-    async def call() -> Any:
+    async def call() -> None:
         async with AsyncClient(settings=settings) as client:
-            return await client.call(args.name, body, timeout=args.timeout, method=args.method)
+            chunks = client.stream(args.name, body, timeout=args.timeout, method=args.method or None)
+            async with chunks:  # leaving it early (Ctrl-C) cancels the request
+                async for chunk in chunks:
+                    sys.stdout.write(orjson.dumps(chunk).decode() + "\n")
+                    sys.stdout.flush()
 
-    result = asyncio.run(call())
-    sys.stdout.write(orjson.dumps(result).decode() + "\n")
+    asyncio.run(call())
     return 0

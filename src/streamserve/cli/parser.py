@@ -150,7 +150,9 @@ def _add_traffic(sub: Subcommands) -> None:
 
 
 def _add_call(sub: Subcommands) -> None:
-    p = _command(sub, "call", "call a deployment or endpoint with a JSON argument and print the JSON result")
+    p = _command(
+        sub, "call", "call a deployment or endpoint with a JSON argument and print the JSON result (or each chunk)"
+    )
     p.add_argument("name")
     p.add_argument("body", nargs="?", default="null", help="JSON (default null)")
     p.add_argument("--timeout", type=float, help="seconds (default: the deployment's request_timeout_s)")

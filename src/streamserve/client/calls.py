@@ -6,6 +6,10 @@ the pipeliner and one future that the reply stream's reader resolves.
 Streams (``stream``, and every deployment POST of the gateway) go the same
 way, with Request.stream set; when the first reply is a chunk, the request
 goes on as a ``ChunkFeed`` (``follow``) under the same deadline.
+
+A caller that stops waiting before the end cancels its request (client/cancels.py):
+the task awaiting ``request`` cancelled, or failed by ``caller_left`` (the
+gateway's HTTP caller disconnected), or a stream's feed closed before its end.
 """
 
 from __future__ import annotations
@@ -25,11 +29,11 @@ from streamserve.transport.connections import is_cluster_client
 from streamserve.transport.pipelining import Command, Script
 from streamserve.wire import scripts
 from streamserve.wire.config import MAX_TIMEOUT_S, DeploymentConfig
-from streamserve.wire.errors import BadRequestError, OverloadedError, RequestTimeoutError
+from streamserve.wire.errors import BadRequestError, OverloadedError, RequestCancelledError, RequestTimeoutError
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import Reply, ReplyStatus, Request, now_ms
+from streamserve.wire.messages import Reply, ReplyStatus, Request, now_ms, text
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +93,9 @@ class Calls(ClientCore):
         The request is sent when the iteration starts, and ``timeout`` (default: the deployment's
         ``request_timeout_s``) bounds the whole stream. An error ends the iteration by raising the StreamServeError
         that ``call`` would raise for it, after the chunks that came before it. A deployment that does not stream
-        gives its one result as the only chunk. Leaving the iteration early (``break``, ``close()``) forgets the
-        request. A body JSON cannot hold raises BadRequestError here, before anything is sent.
+        gives its one result as the only chunk. Leaving the iteration early (``break``, ``close()``) cancels the
+        request (its generator is closed). A body JSON cannot hold raises BadRequestError here, before anything is
+        sent.
         """
         encoded = encode_body(body)
         self._check_size(encoded)
@@ -103,7 +108,8 @@ class Calls(ClientCore):
 
     def follow(self, first: Reply) -> ChunkFeed:
         """The rest of a stream whose first reply, from ``request(..., stream=True)``, is ``first`` (CHUNK, or END
-        for a stream of no chunk). Its consumer must ``close()`` it once done (it forgets the request)."""
+        for a stream of no chunk). Its consumer must ``close()`` it once done (it forgets the request, and cancels it
+        if it has not ended)."""
         feed = self._replies.feed(first.request_id) if self._replies is not None else None
         if feed is None:  # END: the stream is over already (a closed client: its requests failed)
             return ChunkFeed.ended(first)
@@ -134,6 +140,8 @@ class Calls(ClientCore):
         method: str = "",
         request_id: str | None = None,
         stream: bool = False,
+        parent: str = "",
+        deadline_ms: int = 0,
     ) -> Reply:
         """Send already-encoded JSON and return the raw Reply (the gateway's entry point).
 
@@ -144,6 +152,9 @@ class Calls(ClientCore):
         ``stream``: the caller takes a stream (Request.stream). The reply is a unary handler's one answer as
         usual, or a streaming handler's first (CHUNK, or END when it yielded nothing); after a CHUNK the request
         goes on, its deadline still running, as ``follow(reply)``, which the caller must close.
+
+        ``parent`` and ``deadline_ms`` (handles, client/handles.py): the id of the request whose handler sends this
+        one (Request.parent), and the latest deadline it may have (epoch ms; 0: none), its parent's.
         """
         self._check_size(body)
         route = name if isinstance(name, Route) else await self.route(name)
@@ -154,40 +165,53 @@ class Calls(ClientCore):
         assert replies is not None
         fut = replies.expect(request_id)
         timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, request_id, timeout_s)
+        entry_id = ""
         try:
-            request = Request(request_id, replies.name, now_ms() + int(timeout_s * 1000), body, method, stream=stream)
+            deadline = now_ms() + int(timeout_s * 1000)
+            if deadline_ms:
+                deadline = min(deadline, deadline_ms)
+            request = Request(request_id, replies.name, deadline, body, method, stream=stream, parent=parent)
             try:
-                await self._add(cfg, request)
+                entry_id = await self._add(cfg, request)
             except BaseException:
                 _abandon(fut)
                 raise
             self._mirror(route, request)
             reply = await fut
-        except BaseException:
+        except BaseException as exc:
             timer.cancel()
             replies.forget(request_id)
             replies.forget_feed(request_id)  # its first chunk may have come as the caller was cancelled
+            if entry_id and isinstance(exc, asyncio.CancelledError | RequestCancelledError):
+                self._cancel_soon(cfg.name, entry_id, request_id)  # the caller stopped waiting
             raise
         if reply.status is ReplyStatus.CHUNK:
-            self._hand_over(replies, cfg, reply, timer, stream)
+            self._hand_over(replies, cfg, reply, timer, stream, entry_id)
         else:
             timer.cancel()
             replies.forget(request_id)
         return reply
 
     def _hand_over(
-        self, replies: ReplyStream, cfg: DeploymentConfig, first: Reply, timer: asyncio.TimerHandle, stream: bool
+        self,
+        replies: ReplyStream,
+        cfg: DeploymentConfig,
+        first: Reply,
+        timer: asyncio.TimerHandle,
+        stream: bool,
+        entry_id: str,
     ) -> None:
         """A request's first reply was a chunk: its feed now holds the deadline (``timer``) and reports how far its
-        consumer has read; closing it forgets the request."""
+        consumer has read; closing it forgets the request, and cancels it if it has not ended."""
         request_id = first.request_id
         feed = replies.feed(request_id)
         assert feed is not None  # opened by the reader with the chunk
 
         def close() -> None:
-            # Phase B: a consumer that leaves before the end will cancel the request here.
             timer.cancel()
             replies.forget_feed(request_id)
+            if not feed.finished:
+                self._cancel_soon(cfg.name, entry_id, request_id)
 
         feed.on_close = close
         feed.deadline = timer.when()
@@ -197,6 +221,16 @@ class Calls(ClientCore):
         assert self._pipeliner is not None
         feed.report = progress_reporter(self._pipeliner, self._keys, cfg.name, request_id)
 
+    def caller_left(self, request_id: str) -> None:
+        """The caller of request ``request_id`` is gone (the gateway's HTTP caller disconnected): stop waiting for its
+        reply, and cancel it."""
+        if self._replies is not None:
+            self._replies.fail(request_id, RequestCancelledError(f"request {request_id}: its caller disconnected"))
+
+    def _cancel_soon(self, deployment: str, entry_id: str, request_id: str) -> None:
+        if self._canceller is not None:
+            self._canceller.cancel_soon(deployment, entry_id, request_id)
+
     def _mirror(self, route: Route, request: Request) -> None:
         """Send a copy of an admitted request to each shadow, without a reply stream (no one waits for it)."""
         for shadow in route.shadows:
@@ -205,13 +239,14 @@ class Calls(ClientCore):
             self._shadow_tasks.add(task)
             task.add_done_callback(self._shadow_sent)
 
-    def _shadow_sent(self, task: asyncio.Task[None]) -> None:
+    def _shadow_sent(self, task: asyncio.Task[str]) -> None:
         self._shadow_tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             # A shadow must never hurt live traffic: a full or missing shadow queue only costs its copy.
             logger.debug("shadow copy not sent: %s", task.exception())
 
-    async def _add(self, cfg: DeploymentConfig, request: Request) -> None:
+    async def _add(self, cfg: DeploymentConfig, request: Request) -> str:
+        """Queue ``request`` on ``cfg``'s stream (if it has room); its entry id."""
         assert self._pipeliner is not None
         stream = self._keys.requests(cfg.name)
         args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP]
@@ -232,6 +267,7 @@ class Calls(ClientCore):
             raise OverloadedError(
                 f"deployment {cfg.name!r} has {cfg.max_queued_requests} requests queued (max_queued_requests)"
             )
+        return text(entry_id)
 
     def _expire(self, request_id: str, timeout_s: float) -> None:
         replies = self._replies

@@ -72,6 +72,11 @@ class ChunkFeed:
         return feed
 
     @property
+    def finished(self) -> bool:
+        """Whether the stream's final reply has come (its handler is done)."""
+        return self._final is not None
+
+    @property
     def failed(self) -> bool:
         """Whether the stream was ended at once (``fail``) or closed."""
         return self._failed is not None

@@ -23,8 +23,8 @@ class ChunkStream:
 
     The request is sent by the first ``__anext__``. An error ends the iteration by raising the StreamServeError that
     ``call`` would raise for it, after the chunks that came before it. A deployment that does not stream gives its one
-    result as the only chunk. ``break``, ``close()``, ``aclose()`` or leaving ``async with`` before the end forget
-    the request: its later chunks are dropped.
+    result as the only chunk. ``break``, ``close()``, ``aclose()`` or leaving ``async with`` before the end cancel
+    the request: its generator is closed, and chunks still to come are dropped.
     """
 
     def __init__(self, start: Start) -> None:
@@ -55,9 +55,8 @@ class ChunkStream:
         return orjson.loads(chunk)
 
     def close(self) -> None:
-        """Stop here: the request is forgotten, and chunks still to come are dropped. Safe to call again.
-
-        Phase B: this is where a stream left before its end will cancel its request."""
+        """Stop here: the request is cancelled if it has not ended, and chunks still to come are dropped. Safe to call
+        again."""
         self._start = None
         feed, self._feed = self._feed, None
         if feed is not None:

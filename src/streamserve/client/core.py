@@ -14,6 +14,7 @@ from typing import Self
 import redis
 import redis.asyncio as aioredis
 
+from streamserve.client.cancels import Canceller
 from streamserve.client.jobs import JobQueue, jobs_redis_url
 from streamserve.client.reply_stream import ReplyStream
 from streamserve.client.route_table import Route, RouteCache
@@ -40,9 +41,10 @@ class ClientCore:
         self._replies: ReplyStream | None = None
         self._routes: RouteCache | None = None
         self._pipeliner: Pipeliner | None = None
+        self._canceller: Canceller | None = None
         self._jobs: JobQueue | None = None
         self._jobs_redis: redis.Redis | None = None
-        self._shadow_tasks: set[asyncio.Task[None]] = set()
+        self._shadow_tasks: set[asyncio.Task[str]] = set()
         self._start_lock: asyncio.Lock | None = None
 
     # -- lifecycle ------------------------------------------------------------
@@ -82,6 +84,7 @@ class ClientCore:
                 await redis.aclose()
                 raise
             self._pipeliner = Pipeliner(redis)
+            self._canceller = Canceller(self._pipeliner, self._keys)
             self._redis, self._routes = redis, routes
 
     def _start_guard(self) -> asyncio.Lock:
@@ -96,6 +99,8 @@ class ClientCore:
             await self._routes.close()
         if self._replies is not None:
             await self._replies.close(UnavailableError("client closed"))
+        if self._canceller is not None:
+            await self._canceller.aclose()  # the requests its callers stopped waiting for
         if self._pipeliner is not None:
             await self._pipeliner.aclose()  # shadow copies and sends in flight go out before the pool closes
         if self._redis is not None:

@@ -13,6 +13,15 @@ the bound and counts it) before RQ queues it, and uncounted when its call
 ends (``uncount``), when its worker is found dead, or, for whatever ended
 without saying so, by the job pool's sweep (``prune_counts``).
 
+A job is cancelled (``JobQueue.cancel``) through one key of ours,
+``Keys.job_cancel``: a queued job is taken off RQ's queue, and the job
+function (workers/job_function.py), which looks at the key before its call
+and often while it waits, cancels a running call. The cancel and the end of
+the call race to set that key (SET NX, ``settle``), so exactly one of them
+wins: a job cancelled first reads ``canceled`` for good (a result that came
+later is dropped), one that ended first keeps its result or error, and its
+cancel is a conflict.
+
 This module is blocking (RQ is); the asyncio client calls it in a thread.
 """
 
@@ -28,7 +37,7 @@ from typing import Any
 
 import redis
 from rq import Queue
-from rq.exceptions import NoSuchJobError
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.job import JobStatus as RQJobStatus
 from rq.serializers import JSONSerializer
@@ -40,10 +49,17 @@ from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import is_cluster, redacted
 from streamserve.wire import scripts
 from streamserve.wire.config import DeploymentConfig
-from streamserve.wire.errors import ConfigError, NotFoundError, OverloadedError, ProtocolError
+from streamserve.wire.errors import (
+    ConfigError,
+    ConflictError,
+    NotFoundError,
+    OverloadedError,
+    ProtocolError,
+    RequestCancelledError,
+)
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import now_ms, text
-from streamserve.wire.states import JobStatus
+from streamserve.wire.states import ENDED_JOB_STATUSES, JobStatus
 
 # The serializer of every job, on both sides: the queue here and the workers' (``rq worker -S``).
 JOB_SERIALIZER = JSONSerializer
@@ -72,7 +88,7 @@ JOB_WORKER_PREFIX = "streamserve-jobs."
 
 _JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
-# RQ's statuses, folded into the four a caller needs to tell apart.
+# RQ's statuses, folded into the five a caller needs to tell apart.
 _STATUS_OF: dict[str, JobStatus] = {
     RQJobStatus.CREATED: JobStatus.QUEUED,
     RQJobStatus.QUEUED: JobStatus.QUEUED,
@@ -84,7 +100,7 @@ _STATUS_OF: dict[str, JobStatus] = {
     RQJobStatus.FINISHED: JobStatus.FINISHED,
     RQJobStatus.FAILED: JobStatus.FAILED,
     RQJobStatus.STOPPED: JobStatus.FAILED,
-    RQJobStatus.CANCELED: JobStatus.FAILED,
+    RQJobStatus.CANCELED: JobStatus.CANCELED,
 }
 
 
@@ -187,16 +203,9 @@ class JobQueue:
 
     def info(self, job_id: str) -> JobInfo:
         """The job's status, and its result or error once it has one; NotFoundError once it expired (or never was)."""
-        if not _JOB_ID_RE.match(job_id):
-            raise NotFoundError(f"no job {job_id!r}")
-        try:
-            job = GuardedJob.fetch(job_id, connection=self.connection, serializer=JOB_SERIALIZER)
-        except NoSuchJobError:
-            raise NotFoundError(f"no job {job_id!r} (unknown, or its result TTL passed)") from None
-        if job.origin != self.queue.name:
-            raise NotFoundError(f"no job {job_id!r} on queue {self.queue.name}")
+        job = self._fetch(job_id)
         raw = job.get_status(refresh=False)
-        status = _STATUS_OF.get(raw, JobStatus.QUEUED) if raw is not None else JobStatus.QUEUED
+        status = self._status_of(job)
         try:
             if status is JobStatus.FINISHED:
                 return JobInfo(job_id, status, result=job.return_value())
@@ -205,6 +214,52 @@ class JobQueue:
         except ValueError as exc:  # JSON that does not decode: not written by us
             raise ProtocolError(f"job {job_id}: unreadable result: {exc}") from exc
         return JobInfo(job_id, status)
+
+    def cancel(self, job_id: str) -> JobInfo:
+        """Cancel the job: queued, it never runs; running, its job function cancels its call. NotFoundError as for
+        ``info``; ConflictError, naming its status, once it has ended (cancelled already, or its call ended first).
+
+        Afterwards the job reads ``canceled`` (see the module's docstring for the race with the call's end) and no
+        longer counts against its deployment's ``max_queued_jobs``.
+        """
+        job = self._fetch(job_id)
+        status = self._status_of(job)
+        if status in ENDED_JOB_STATUSES:
+            raise ConflictError(f"job {job_id} has ended: it is {status.value}")
+        if not settle(job, self._keys, JobStatus.CANCELED, self._result_ttl_s):
+            raise ConflictError(f"job {job_id} has ended: it is {self._settled_as(job_id)}")
+        if status is JobStatus.QUEUED:
+            # Off the queue. A worker that took it meanwhile finds the key set and fails it without calling. RQ
+            # refuses only a job it has cancelled already (by hand, with RQ itself): then it is off the queue too.
+            with contextlib.suppress(InvalidJobOperation):
+                job.cancel()
+        uncount(job, self._keys)
+        return JobInfo(job_id, JobStatus.CANCELED)
+
+    def _fetch(self, job_id: str) -> Job:
+        """Job ``job_id`` of this queue; NotFoundError for a malformed id, one unknown or past its TTL."""
+        if not _JOB_ID_RE.match(job_id):
+            raise NotFoundError(f"no job {job_id!r}")
+        try:
+            job = GuardedJob.fetch(job_id, connection=self.connection, serializer=JOB_SERIALIZER)
+        except NoSuchJobError:
+            raise NotFoundError(f"no job {job_id!r} (unknown, or its result TTL passed)") from None
+        if job.origin != self.queue.name:
+            raise NotFoundError(f"no job {job_id!r} on queue {self.queue.name}")
+        return job
+
+    def _status_of(self, job: Job) -> JobStatus:
+        """RQ's status of ``job`` as callers see it: ``canceled`` once cancelled, unless RQ has its result."""
+        raw = job.get_status(refresh=False)
+        status = _STATUS_OF.get(raw, JobStatus.QUEUED) if raw is not None else JobStatus.QUEUED
+        if status is not JobStatus.FINISHED and cancel_requested(self.connection, self._keys, job.id):
+            return JobStatus.CANCELED
+        return status
+
+    def _settled_as(self, job_id: str) -> str:
+        """The status that won the race for ``job_id``'s cancel key (for the cancel that lost it)."""
+        raw = self.connection.get(self._keys.job_cancel(job_id))
+        return text(raw) if isinstance(raw, bytes) else "ended"
 
     def fail_abandoned(self, is_gone: Callable[[str], bool]) -> list[str]:
         """Fail, at once, every started job whose worker ``is_gone`` says has stopped; the ids of those jobs.
@@ -271,6 +326,27 @@ class JobQueue:
             return {"error": recorded["error"], "message": str(recorded.get("message", ""))}
         latest = job.latest_result()
         return error_from_traceback(latest.exc_string if latest is not None else None, f"the job ended {raw}")
+
+
+def settle(job: Job, keys: Keys, status: JobStatus, ttl_s: int) -> bool:
+    """Record how ``job`` ended (``status``), unless its cancel or its end was recorded first; whether this won.
+
+    Both sides call it: the cancel with CANCELED, the job function when its call ends. Set once (SET NX), so that
+    the job's status is decided by whichever of the two came first; kept for ``ttl_s`` (the result TTL) plus the
+    job's time limit, so that it outlives RQ's record of the job, which is kept for the TTL once the job has ended.
+    """
+    ttl = ttl_s + int(job.timeout or 0)
+    return bool(job.connection.set(keys.job_cancel(job.id), status.value, nx=True, ex=ttl))
+
+
+def cancel_requested(connection: redis.Redis, keys: Keys, job_id: str) -> bool:
+    """Whether job ``job_id`` was cancelled before it ended (the job function looks while its call runs)."""
+    return connection.get(keys.job_cancel(job_id)) == JobStatus.CANCELED.value.encode()
+
+
+def cancelled_error(job_id: str) -> RequestCancelledError:
+    """The error a cancelled job fails with (the job function's), recorded in its meta."""
+    return RequestCancelledError(f"job {job_id} was cancelled (DELETE /-/jobs/{job_id})")
 
 
 def uncount(job: Job, keys: Keys) -> None:

@@ -8,30 +8,23 @@ then pauses at its window until a later message, or the deadline, comes).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from typing import Any
 
 from streamserve.client.chunk_feed import Report
-from streamserve.transport.pipelining import Command, Pipeliner
-from streamserve.transport.streams import CONTROL_STREAM_MAXLEN
+from streamserve.transport.pipelining import Pipeliner
+from streamserve.transport.streams import control_command
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import ReadProgress
 
 logger = logging.getLogger(__name__)
 
 
-def progress_command(control_stream: str, progress: ReadProgress) -> Command:
-    """The XADD of ``progress``: never makes the stream of a replica that is gone (NOMKSTREAM)."""
-    fields = itertools.chain.from_iterable(progress.encode().items())
-    return ("XADD", control_stream, "NOMKSTREAM", "MAXLEN", "~", CONTROL_STREAM_MAXLEN, "*", *fields)
-
-
 def progress_reporter(pipeliner: Pipeliner, keys: Keys, deployment: str, request_id: str) -> Report:
     """What a stream's feed calls to say how far its consumer has read: fire and forget, on ``pipeliner``."""
 
     def report(replica_id: str, read: int) -> None:
-        command = progress_command(keys.replica_control(deployment, replica_id), ReadProgress(request_id, read))
+        command = control_command(keys.replica_control(deployment, replica_id), ReadProgress(request_id, read))
         pipeliner.execute(command).add_done_callback(_note_failure)
 
     return report

@@ -39,6 +39,7 @@ ASYNC_ONLY = frozenset(
         "generation",  # the gateway's cache check
         "routes_loaded",  # the gateway's readiness check
         "follow",  # the gateway's entry point: a stream's feed after ``request``
+        "caller_left",  # the gateway's: its HTTP caller disconnected
     }
 )
 
@@ -128,6 +129,7 @@ class Client:
 
     submit_job = _blocking(AsyncClient.submit_job)
     job = _blocking(AsyncClient.job)
+    cancel_job = _blocking(AsyncClient.cancel_job)
     deploy = _blocking(AsyncClient.deploy)
     scale = _blocking(AsyncClient.scale)
     delete = _blocking(AsyncClient.delete)
@@ -163,7 +165,7 @@ class ChunkIterator:
     """What ``Client.stream`` returns: AsyncClient's ChunkStream, stepped on the client's loop from any thread.
 
     The request is sent by the first ``next()``; errors are raised as by AsyncClient.stream. ``close()`` (or leaving
-    a with-block, or dropping the iterator) before the end forgets the request."""
+    a with-block, or dropping the iterator) before the end cancels the request."""
 
     def __init__(self, client: Client, chunks: ChunkStream) -> None:
         self._client = client

@@ -99,7 +99,18 @@ TIME_TO_FIRST_CHUNK = Histogram(
     LATENCY_BUCKETS,
 )
 
-COUNTERS = (REQUESTS, HANDLED, STREAM_CHUNKS)
+CANCELLED = Counter(
+    "cancelled_requests_total",
+    "Requests cancelled before they ended (caller gone, job cancelled, deadline passed while running), by stage: "
+    "queued (never started) or running (the handler was stopped or told to stop).",
+    "stage",
+)
+
+# CANCELLED's stages.
+QUEUED_STAGE = "queued"
+RUNNING_STAGE = "running"
+
+COUNTERS = (REQUESTS, HANDLED, STREAM_CHUNKS, CANCELLED)
 HISTOGRAMS = (REQUEST_DURATION, HANDLER_DURATION, BATCH_SIZE, TIME_TO_FIRST_CHUNK)
 
 # -- read from Redis at each scrape --------------------------------------------------

@@ -18,8 +18,8 @@ from redis.typing import EncodableT
 
 from streamserve.transport.pipelining import Command
 from streamserve.wire import scripts
-from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import Reply, text
+from streamserve.wire.keys import CONSUMER_GROUP, Keys
+from streamserve.wire.messages import CancelRequest, ReadProgress, Reply, text
 
 # Approximate cap on a caller's reply stream; its reader drains and trims it continuously.
 REPLY_STREAM_MAXLEN = 100_000
@@ -34,6 +34,12 @@ def reply_command(reply_to: str, reply: Reply) -> Command:
     """The XADD of a reply to its caller's stream: never creates a stream whose reader is gone (NOMKSTREAM)."""
     fields = itertools.chain.from_iterable(reply.encode().items())
     return ("XADD", reply_to, "NOMKSTREAM", "MAXLEN", "~", REPLY_STREAM_MAXLEN, "*", *fields)
+
+
+def control_command(control_stream: str, message: CancelRequest | ReadProgress) -> Command:
+    """The XADD of a message to a replica's control stream: never makes the stream of a replica that is gone."""
+    fields = itertools.chain.from_iterable(message.encode().items())
+    return ("XADD", control_stream, "NOMKSTREAM", "MAXLEN", "~", CONTROL_STREAM_MAXLEN, "*", *fields)
 
 
 async def send_reply(redis: aioredis.Redis, reply_to: str, reply: Reply) -> None:
@@ -62,29 +68,34 @@ class DeadLetter:
 class Requeuer:
     """Gives pending entries of a request stream back to the queue, as new entries at its tail (scripts.REQUEUE)."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self._script = redis.register_script(scripts.REQUEUE)
+        self._keys = keys
 
     async def requeue(
         self,
-        stream: str,
-        dead_letters: str,
+        deployment: str,
         entry_ids: Sequence[EncodableT],
         *,
         charge: bool,
         max_delivery_attempts: int,
         reason: str = "",
     ) -> list[DeadLetter]:
-        """Move ``entry_ids`` (pending in the group) back to the queue, atomically one by one.
+        """Move ``entry_ids`` (pending in ``deployment``'s group) back to its queue, atomically one by one; those
+        cancelled while held are dropped instead (Keys.cancelled).
 
-        ``charge``: the replica died holding them, so each counts one more delivery attempt and goes to
-        ``dead_letters`` (with ``reason``) once it reaches ``max_delivery_attempts``. Without it they
+        ``charge``: the replica died holding them, so each counts one more delivery attempt and goes to the
+        dead-letter stream (with ``reason``) once it reaches ``max_delivery_attempts``. Without it they
         were handed back unrun and nothing is counted. Returns the entries that were dead-lettered.
         """
         if not entry_ids:
             return []
         dead = await self._script(
-            keys=[stream, dead_letters],
+            keys=[
+                self._keys.requests(deployment),
+                self._keys.dead_letters(deployment),
+                self._keys.cancelled(deployment),
+            ],
             args=[CONSUMER_GROUP, max_delivery_attempts, reason, DEAD_LETTER_CAP, int(charge), *entry_ids],
         )
         return [DeadLetter(text(dead[i]), text(dead[i + 1]), int(dead[i + 2])) for i in range(0, len(dead), 3)]

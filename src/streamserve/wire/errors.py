@@ -93,6 +93,11 @@ class RequestTimeoutError(StreamServeError):
     """No reply before the request's deadline (or a goal not reached in time)."""
 
 
+class RequestCancelledError(StreamServeError):
+    """The request was cancelled before it ended: its caller stopped waiting, its job was cancelled, or (for a call
+    made through a handle) the request whose handler made it was cancelled."""
+
+
 class GoalFailedError(StreamServeError):
     """A deploy, scale or delete could not be reached (e.g. the import failed); the message says why."""
 
@@ -153,6 +158,7 @@ __all__ = [
     "ProtocolError",
     "RedisUnavailableError",
     "RemoteError",
+    "RequestCancelledError",
     "RequestTimeoutError",
     "ResponseTooLargeError",
     "StreamServeError",

@@ -106,6 +106,12 @@ class Keys:
         """
         return f"{self.prefix}:jobs"
 
+    def job_cancel(self, job_id: str) -> str:
+        """String with expiry (the job result TTL plus the job's time limit): how a job's cancel and the end of its
+        call were settled, set once (SET NX) by whichever came first: ``canceled`` by ``DELETE /-/jobs/<id>``, else
+        the job function's ``finished`` or ``failed``. Lives with RQ's keys, in the jobs' Redis."""
+        return f"{self.prefix}:jobs:cancel:{job_id}"
+
     # -- per-deployment keys (all share the {name} hash tag) -----------------
 
     def _tagged(self, deployment: str, suffix: str) -> str:
@@ -162,6 +168,11 @@ class Keys:
         callers add with NOMKSTREAM, so a gone replica's stream is never made again."""
         return self._tagged(deployment, f"control:{replica_id}")
 
+    def cancelled(self, deployment: str) -> str:
+        """Sorted set: entry ids of requests cancelled while a replica held them (entry id -> when, epoch ms), so that
+        the reclaimer drops them instead of running them again if that replica dies. Trimmed by age (scripts.CANCEL)."""
+        return self._tagged(deployment, "cancelled")
+
     def logs(self, deployment: str) -> str:
         """Stream, capped: the output of the deployment's replicas, one entry per line (`streamserve logs`)."""
         return self._tagged(deployment, "logs")
@@ -175,6 +186,7 @@ class Keys:
             self.heartbeat_times(deployment),
             self.heartbeat_news(deployment),
             self.dead_letters(deployment),
+            self.cancelled(deployment),
             self.metrics(deployment),
             self.metrics_history(deployment),
             self.autoscale_decisions(deployment),

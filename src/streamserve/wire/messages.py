@@ -72,6 +72,8 @@ class Request:
     # The caller takes a stream of chunks (Client.stream, HTTP): a streaming handler may answer with CHUNK replies.
     # Without it, a streaming handler is not run: the caller gets BAD_REQUEST naming stream().
     stream: bool = False
+    # The request id of the request whose handler sent this one through a handle (streamserve.handle), or "".
+    parent: str = ""
 
     def encode(self) -> WireFields:
         fields: WireFields = {
@@ -86,6 +88,8 @@ class Request:
             fields["attempts"] = self.attempts
         if self.stream:
             fields["stream"] = b"1"
+        if self.parent:
+            fields["parent"] = self.parent
         return fields
 
     @classmethod
@@ -100,6 +104,7 @@ class Request:
                 method=fields.get(b"method", b"").decode(),
                 attempts=int(fields.get(b"attempts", b"0")),
                 stream=fields.get(b"stream") == b"1",
+                parent=fields.get(b"parent", b"").decode(),
             )
         except (UnicodeDecodeError, ValueError) as exc:
             raise ProtocolError(f"malformed request message: {exc}") from exc
@@ -124,6 +129,10 @@ class ReplyStatus(str, Enum):
     # A stream ended well after ``seq`` chunks. A stream that fails ends with USER_ERROR, DEADLINE_EXCEEDED (or
     # BAD_REQUEST) instead, its ``seq`` the number of chunks sent before it.
     END = "end"
+    # The request was cancelled while its handler ran (its caller stopped waiting, its job was cancelled): the handler
+    # was stopped or told to stop (streamserve.cancelled()), or never started. Nobody waits for it: it is counted (its
+    # ``error_message`` is the stage, "queued" or "running"), never sent.
+    CANCELLED = "cancelled"
 
 
 # The statuses that end a request's replies (every one but CHUNK).
@@ -208,6 +217,29 @@ class ReadProgress:
                 request_id=_field(fields, b"id", "control").decode(), read=int(_field(fields, b"read", "control"))
             )
         except (UnicodeDecodeError, ValueError) as exc:
+            raise ProtocolError(f"malformed control message: {exc}") from exc
+
+
+@dataclass(slots=True)
+class CancelRequest:
+    """Stop serving the request of entry ``entry_id`` (request ``request_id``): on the serving replica's control
+    stream, sent by whoever cancelled it (client/cancels.py) once the CANCEL script found the replica holding it."""
+
+    entry_id: str
+    request_id: str
+
+    def encode(self) -> WireFields:
+        return {"v": _V, "kind": "cancel", "entry": self.entry_id, "id": self.request_id}
+
+    @classmethod
+    def decode(cls, fields: Fields) -> CancelRequest:
+        _check_version(fields, "control")
+        try:
+            return cls(
+                entry_id=_field(fields, b"entry", "control").decode(),
+                request_id=_field(fields, b"id", "control").decode(),
+            )
+        except UnicodeDecodeError as exc:
             raise ProtocolError(f"malformed control message: {exc}") from exc
 
 

@@ -148,6 +148,7 @@ REQUEUE = """
 -- One entry is moved atomically.
 -- KEYS[1]  the deployment's request stream
 -- KEYS[2]  the deployment's dead-letter stream (capped at ARGV[4] entries, approximately)
+-- KEYS[3]  the deployment's cancelled-entries sorted set: an entry in it was cancelled, and is dropped, not moved
 -- ARGV[1]  the consumer group name
 -- ARGV[2]  max_delivery_attempts
 -- ARGV[3]  why (stored with a dead-lettered entry)
@@ -161,6 +162,9 @@ local increment = tonumber(ARGV[5])
 for i = 6, #ARGV do
   local id = ARGV[i]
   local entries = redis.call('XRANGE', KEYS[1], id, id)
+  if redis.call('ZREM', KEYS[3], id) == 1 then
+    entries = {}  -- cancelled while it ran: nobody waits for it, it must not run again
+  end
   if #entries > 0 then
     local fields = entries[1][2]
     local kept, attempts, request_id, reply_to = {}, 0, '', ''
@@ -192,4 +196,30 @@ for i = 6, #ARGV do
   redis.call('XDEL', KEYS[1], id)
 end
 return dead
+"""
+
+CANCEL = """
+-- Cancel one request wherever it is now: still queued (no replica has read it), it is deleted and never runs;
+-- held by a replica, it is marked cancelled (so that the reclaimer drops it should that replica die) and the
+-- caller tells that replica on its control stream; finished (acknowledged and deleted), nothing happens.
+-- KEYS[1]  the deployment's request stream
+-- KEYS[2]  the deployment's cancelled-entries sorted set (entry id -> when cancelled, epoch ms)
+-- KEYS[3]  the deployment's metrics hash
+-- ARGV[1]  the consumer group name
+-- ARGV[2]  the request's entry id
+-- ARGV[3]  now, epoch ms
+-- ARGV[4]  how long a mark is kept (ms): marks older than that are trimmed
+-- ARGV[5]  the metrics field that counts requests cancelled while queued
+-- Returns {'queued'}, {'running', replica id} or {'finished'}.
+local held = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if type(held) == 'table' and held[1] then
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (tonumber(ARGV[3]) - tonumber(ARGV[4])))
+  return {'running', held[1][2]}
+end
+if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 then
+  redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
+  return {'queued'}
+end
+return {'finished'}
 """

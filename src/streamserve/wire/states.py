@@ -139,3 +139,10 @@ class JobStatus(str, Enum):
 
     # The call raised (the user's error, a timeout, no replica) or the job was stopped; the job holds the error.
     FAILED = "failed"
+
+    # Cancelled (``DELETE /-/jobs/<id>``) before it ended: it never ran, or its call was cancelled (RQ's spelling).
+    CANCELED = "canceled"
+
+
+# The statuses of a job that has ended: it will not change any more (until its TTL passes and it is gone).
+ENDED_JOB_STATUSES = frozenset({JobStatus.FINISHED, JobStatus.FAILED, JobStatus.CANCELED})

@@ -1,0 +1,76 @@
+"""Cancellation from the caller's side: a request its caller stops waiting for before its end is cancelled.
+
+One CANCEL script (wire/scripts.py) finds where the request is. Still queued, it
+is deleted there and never runs. Held by a replica, it is marked (so that the
+reclaimer drops it should that replica die) and a CancelRequest goes to that
+replica's control stream, which stops its handler. Finished, nothing happens.
+
+A cancellation is sent in the background: whoever stops waiting (a cancelled
+task, a closed stream, an HTTP caller gone) does not wait for it. One that
+fails is logged; the request then runs to its end, unanswered, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from streamserve.metrics.definitions import CANCELLED, QUEUED_STAGE
+from streamserve.transport.pipelining import Pipeliner, Script
+from streamserve.transport.streams import control_command
+from streamserve.wire import scripts
+from streamserve.wire.keys import CONSUMER_GROUP, Keys
+from streamserve.wire.messages import CancelRequest, now_ms, text
+
+logger = logging.getLogger(__name__)
+
+_CANCEL = Script(scripts.CANCEL)
+# How long a request cancelled while a replica held it stays marked (the reclaimer drops marked entries).
+CANCEL_MARK_KEEP_MS = 24 * 3600 * 1000
+
+
+class Canceller:
+    """Cancels requests of one client, each in a task of its own that nobody awaits (``aclose`` waits for them)."""
+
+    def __init__(self, pipeliner: Pipeliner, keys: Keys) -> None:
+        self._pipeliner = pipeliner
+        self._keys = keys
+        self._tasks: set[asyncio.Task[str]] = set()
+        self._closed = False
+
+    def cancel_soon(self, deployment: str, entry_id: str, request_id: str) -> None:
+        """Cancel the request in the background; nothing once the client has closed (a stream left open then, dropped
+        later, may call this outside any event loop)."""
+        if self._closed:
+            return
+        task = asyncio.create_task(self.cancel(deployment, entry_id, request_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._sent)
+
+    async def cancel(self, deployment: str, entry_id: str, request_id: str) -> str:
+        """Cancel request ``request_id`` (entry ``entry_id`` of ``deployment``'s stream); where it was: "queued",
+        "running" or "finished"."""
+        keys = self._keys
+        where = await self._pipeliner.run_script(
+            _CANCEL,
+            [keys.requests(deployment), keys.cancelled(deployment), keys.metrics(deployment)],
+            [CONSUMER_GROUP, entry_id, now_ms(), CANCEL_MARK_KEEP_MS, CANCELLED.field(QUEUED_STAGE)],
+        )
+        stage = text(where[0])
+        if stage == "running":
+            control = keys.replica_control(deployment, text(where[1]))
+            [added] = await self._pipeliner.execute(control_command(control, CancelRequest(entry_id, request_id)))
+            if isinstance(added, Exception):
+                raise added
+        return stage
+
+    def _sent(self, task: asyncio.Task[str]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            logger.warning("could not cancel a request its caller stopped waiting for: %s", error)
+
+    async def aclose(self) -> None:
+        """Wait for the cancellations on their way (before the connections close); start no more."""
+        self._closed = True
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)

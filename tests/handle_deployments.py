@@ -1,0 +1,96 @@
+"""Deployments that call one another through handles, for tests/e2e/test_handles.py.
+
+They run in replica processes: what a test must see of them besides their answer (that a child started, that it was
+cancelled, what the parent's code raised) goes to the Redis list named by ``body["notes"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import redis
+
+import streamserve
+from streamserve.runtime.request_scope import current_scope
+
+
+def _served() -> dict[str, Any]:
+    """The request the calling handler serves, as it sees it."""
+    scope = current_scope()
+    assert scope is not None
+    return {"request_id": scope.request_id, "deadline_ms": scope.deadline_ms}
+
+
+def _note(body: dict[str, Any], text: str) -> None:
+    with redis.Redis.from_url(os.environ["REDIS_URL"]) as notes:
+        notes.rpush(body["notes"], text)
+
+
+async def child(body: dict[str, Any]) -> dict[str, Any]:
+    """Says which request it serves; with ``sleep_s``, sleeps first (noting that it started, and if it is
+    cancelled)."""
+    if "sleep_s" in body:
+        _note(body, f"child started {_served()['request_id']}")
+        try:
+            await asyncio.sleep(body["sleep_s"])
+        except asyncio.CancelledError:
+            _note(body, "child cancelled")
+            raise
+    return {"served": _served(), "echo": body.get("echo")}
+
+
+async def parent_async(body: dict[str, Any]) -> dict[str, Any]:
+    """Calls ``child`` with its own body and returns both what it served and the child's answer."""
+    answer = await streamserve.handle("child").acall(body)
+    return {"served": _served(), "child": answer}
+
+
+def parent_sync(body: dict[str, Any]) -> dict[str, Any]:
+    """``parent_async`` as a sync handler."""
+    try:
+        answer = streamserve.handle("child").call(body)
+    except streamserve.RequestCancelledError:
+        _note(body, "parent saw RequestCancelledError")
+        raise
+    return {"served": _served(), "child": answer}
+
+
+async def blocking_call_in_async(body: dict[str, Any]) -> Any:
+    """Wrong: the sync ``call`` on the replica's event loop."""
+    return streamserve.handle("child").call(body)
+
+
+def tokens(body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """``body["n"]`` chunks, each saying which request made it."""
+    for i in range(int(body["n"])):
+        yield {"i": i, "request_id": _served()["request_id"]}
+
+
+async def slow_tokens(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """One chunk, then nothing for 30 s (noting that it started, and if it is cancelled)."""
+    yield {"i": 0, "request_id": _served()["request_id"]}
+    _note(body, f"child started {_served()['request_id']}")
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        _note(body, "child cancelled")
+        raise
+    yield {"i": 1, "request_id": _served()["request_id"]}
+
+
+def parent_stream_sync(body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Streams what ``body["child"]`` (default ``tokens``) streams."""
+    try:
+        yield from streamserve.handle(body.get("child", "tokens")).stream(body)
+    except streamserve.RequestCancelledError:
+        _note(body, "parent saw RequestCancelledError")
+        raise
+
+
+async def parent_stream_async(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """``parent_stream_sync`` as an async generator."""
+    async for chunk in streamserve.handle(body.get("child", "tokens")).astream(body):
+        yield chunk
