@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 import redis
+
+from bench import stream_chunks
+
+# The stream bench's streaming deployment: the generator the bare FastAPI app and Ray Serve iterate too.
+chunks = stream_chunks.chunks
 
 
 class Reconfigurable:
@@ -29,3 +37,44 @@ class Reconfigurable:
 
     def __call__(self, body: Any) -> Any:
         return body
+
+
+# -- the stream bench's cancellation probes (bench/stream_bench.py) --------------------------------------------
+#
+# Each request's body names two Redis lists of the farm's Redis (the replica's REDIS_URL): ``started``, pushed when
+# the handler runs, and ``cancelled``, pushed the handler's wall clock (time.time()) when asyncio.CancelledError
+# reaches it. The bench closes its connection, noting its own clock, and subtracts.
+
+_report: redis.Redis | None = None
+_report_lock = threading.Lock()
+
+
+def _reports() -> redis.Redis:
+    global _report
+    with _report_lock:
+        if _report is None:
+            _report = redis.Redis.from_url(os.environ["REDIS_URL"])
+        return _report
+
+
+async def _wait_for_cancel(body: dict[str, Any]) -> None:
+    """Wait ``wait_s``; on CancelledError, report when it came, then let it go on."""
+    try:
+        await asyncio.sleep(float(body.get("wait_s", 10)))
+    except asyncio.CancelledError:
+        seen = time.time()
+        _reports().rpush(body["cancelled"], repr(seen))
+        raise
+
+
+async def wait_cancelled(body: dict[str, Any]) -> str:
+    """An async unary handler: says it started, then waits to be cancelled (its caller hangs up)."""
+    _reports().rpush(body["started"], b"1")
+    await _wait_for_cancel(body)
+    return "not cancelled"
+
+
+async def chunk_then_wait_cancelled(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """An async generator: yields one chunk (its caller then knows it runs), then waits to be cancelled."""
+    yield stream_chunks.chunk(0)
+    await _wait_for_cancel(body)

@@ -120,7 +120,7 @@ async def http_phase(
                 conn.close()
                 conns[i] = None
 
-    sample.seconds = await _run_workers([worker(i) for i in range(len(conns))], seconds, sample, lambda: started)
+    sample.seconds = await run_workers([worker(i) for i in range(len(conns))], seconds, sample, lambda: started)
     return sample
 
 
@@ -141,7 +141,7 @@ async def http_measure(
 # -- any coroutine -----------------------------------------------------------------------------------------
 
 
-async def _run_workers(
+async def run_workers(
     coros: list[Awaitable[None]], seconds: float, sample: Sample, started: Callable[[], int]
 ) -> float:
     """Run the workers of one phase to their end (or cancel them after the grace); the elapsed seconds."""
@@ -185,7 +185,7 @@ async def async_phase(
             sample.latencies.append(perf() - t0)
             sample.ok += 1
 
-    sample.seconds = await _run_workers([worker() for _ in range(concurrency)], seconds, sample, lambda: started)
+    sample.seconds = await run_workers([worker() for _ in range(concurrency)], seconds, sample, lambda: started)
     return sample
 
 

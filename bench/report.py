@@ -17,7 +17,7 @@ from bench.options import Options
 from bench.section import Section
 from bench.versions import git_revision, versions
 
-ALL = ("http", "client", "scaling", "control", "memory", "embed")
+ALL = ("http", "client", "scaling", "control", "memory", "embed", "stream")
 
 # Bench -> titles of older sections that its section replaces (the pre-suite `http_bench.py` one).
 SUPERSEDED = {"http": ("HTTP echo: streamserve gateway vs bare FastAPI",)}

@@ -1,9 +1,10 @@
 """`bench/run`: every bench (or a subset) in one run, then RESULTS.md with the run's facts and every table.
 
-bench/run [--quick] [--only http,client] [--skip memory] [--reps 3] [--out bench/RESULTS.md]
+bench/run [--quick] [--only http,client] [--skip memory] [--reps 3] [--ray-python PATH] [--out bench/RESULTS.md]
 
 ``embed`` runs only where the ``embed`` extra (torch) is installed; elsewhere it is skipped and the
-embedding figures already in the file are kept (bench/report.py).
+embedding figures already in the file are kept (bench/report.py). ``stream`` compares with Ray Serve only when given
+Ray's own virtualenv (``--ray-python``); without it, its Ray rows are skipped with a note.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from bench import client_bench, control_bench, embed_bench, http_bench, memory_bench, scaling_bench
+from bench import client_bench, control_bench, embed_bench, http_bench, memory_bench, scaling_bench, stream_bench
 from bench.machine import RunLoad
 from bench.options import Options
 from bench.report import ALL, render
@@ -31,6 +32,7 @@ BENCHES: dict[str, Callable[[Options], Section]] = {
     "control": control_bench.run,
     "memory": memory_bench.run,
     "embed": embed_bench.run,
+    "stream": stream_bench.run,
 }
 assert tuple(BENCHES) == ALL
 

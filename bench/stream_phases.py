@@ -1,0 +1,208 @@
+"""The phases of the stream bench (bench/stream_bench.py) on one target, each target alike: what a stream is, how
+long and how often each phase runs, and what it reduces to over the repetitions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+
+from bench.loadgen import NOOP_BODY, http_measure, post_request
+from bench.options import Options
+from bench.stats import Spread, Summary
+from bench.stream_chunks import CHUNKS_PER_STREAM, chunk
+from bench.stream_client import StreamConnection, ms_percentiles, stream_measure, stream_probe, timed_streams
+
+PATH = "/stream"
+BODY = orjson.dumps({"n": CHUNKS_PER_STREAM})
+CONCURRENCIES = (1, 10, 100)
+# Replicas of the streaming deployment (and of Ray's): see the section's setup for why two.
+REPLICAS = 2
+# The token-rate phase: streams, chunks per second each.
+TICK_STREAMS = 1000
+TICK_PER_S = 50.0
+SETTLE_S = 0.5  # measured from this long after the last stream started
+
+
+@dataclass(frozen=True)
+class StreamRun:
+    """How this bench measures, from the shared options: shorter phases than the request benches (a phase of
+    streams has thousands of samples in a few seconds), so that the full run stays near 4 minutes."""
+
+    reps: int
+    warmup_s: float
+    phase_s: float
+    tick_ramp_s: float
+    tick_hold_s: float
+    disconnects: int
+    ray_python: str
+    replicas: int = REPLICAS
+
+    @classmethod
+    def of(cls, opts: Options) -> StreamRun:
+        return cls(
+            reps=opts.reps,
+            warmup_s=opts.warmup_s / 2,
+            phase_s=opts.duration_s * 0.4,
+            tick_ramp_s=0.5 if opts.quick else 1.0,
+            tick_hold_s=2.5 if opts.quick else 6.0,
+            disconnects=20 if opts.quick else 50,
+            ray_python=opts.ray_python,
+        )
+
+
+# -- what each target measures --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamRow:
+    """One target at one concurrency, over the repetitions."""
+
+    chunks_per_s: Spread
+    ttfc_p50_ms: Spread
+    ttfc_p99_ms: Spread
+    errors: int
+    first_error: str
+
+    @classmethod
+    def of(cls, samples: list[dict[str, Any]]) -> StreamRow:
+        summary = Summary.of(samples)
+        first = next((s["first_error"] for s in samples if s["first_error"]), "")
+        return cls(
+            Spread.of([s["chunks_per_s"] for s in samples]), summary.p50_ms, summary.p99_ms, summary.errors, first
+        )
+
+
+@dataclass(frozen=True)
+class DelayRow:
+    """A distribution of delays in ms over the repetitions (each a median with its range), and what it came from."""
+
+    p50_ms: Spread
+    p99_ms: Spread
+    count: int  # samples (lines, disconnects) over all repetitions
+    errors: int
+    first_error: str = ""
+    rate: Spread | None = None  # timed streams: lines delivered per second in the window
+    client_cores: Spread | None = None  # timed streams: the CPU the client used, in cores
+
+
+async def measure_streams(target: str, port: int, run: StreamRun) -> dict[int, StreamRow]:
+    status, values = await stream_probe(port, PATH, BODY)
+    if status != 200 or values != [chunk(i) for i in range(CHUNKS_PER_STREAM)]:
+        raise RuntimeError(f"{target}: 127.0.0.1:{port}{PATH} answered {status} {str(values)[:300]}")
+    found = {}
+    for concurrency in CONCURRENCIES:
+        samples = []
+        for rep in range(run.reps):
+            sample = await stream_measure(port, PATH, BODY, CHUNKS_PER_STREAM, concurrency, run.warmup_s, run.phase_s)
+            print(
+                f"  stream {target:<11} c={concurrency:<3} rep {rep + 1}: {sample.chunks_per_s:>8.0f} chunks/s "
+                f"first chunk p50 {sample.p(0.5):.2f} ms p99 {sample.p(0.99):.2f} ms "
+                f"errors {sample.errors} {sample.first_error}",
+                flush=True,
+            )
+            samples.append(sample.to_json())
+        found[concurrency] = StreamRow.of(samples)
+    return found
+
+
+async def measure_unary(port: int, run: StreamRun) -> Summary:
+    """A unary call one at a time through the same gateway (examples.functions:noop)."""
+    samples = []
+    for rep in range(run.reps):
+        sample = await http_measure(port, "/noop", orjson.dumps(NOOP_BODY), 1, run.warmup_s, run.phase_s, 1_000_000)
+        print(f"  unary noop  c=1   rep {rep + 1}: p50 {sample.p(0.5):.3f} ms errors {sample.errors}", flush=True)
+        samples.append(sample.to_json())
+    return Summary.of(samples)
+
+
+async def measure_ticks(target: str, port: int, run: StreamRun) -> DelayRow:
+    """TICK_STREAMS streams at TICK_PER_S: each line's delay from its yield to this client, in the window where all
+    of them run."""
+    p50s, p99s, rates, cores = [], [], [], []
+    count = errors = 0
+    first_error = ""
+    for rep in range(run.reps):
+        lines = await timed_streams(port, PATH, TICK_STREAMS, TICK_PER_S, run.tick_ramp_s, run.tick_hold_s)
+        start, end = lines.started + run.tick_ramp_s + SETTLE_S, lines.started + run.tick_hold_s
+        window = lines.window(start, end)
+        p50, p99 = ms_percentiles(window)
+        rate = len(window) / (end - start)
+        print(
+            f"  ticks  {target:<11} {TICK_STREAMS} streams rep {rep + 1}: yield -> client p50 {p50:.2f} ms "
+            f"p99 {p99:.2f} ms, {rate:.0f} chunks/s in the window, client {lines.client_cores:.2f} cores, "
+            f"errors {lines.errors} {lines.first_error}",
+            flush=True,
+        )
+        p50s.append(p50)
+        p99s.append(p99)
+        rates.append(rate)
+        cores.append(lines.client_cores)
+        count += len(window)
+        errors += lines.errors
+        first_error = first_error or lines.first_error
+    return DelayRow(Spread.of(p50s), Spread.of(p99s), count, errors, first_error, Spread.of(rates), Spread.of(cores))
+
+
+async def disconnect_delays(
+    port: int, redis_url: str, path: str, streaming: bool, count: int
+) -> tuple[list[float], int]:
+    """``count`` requests, one at a time, each running its handler, then its connection closed: the seconds from the
+    close (this client's clock) to the handler's CancelledError (its clock), and how many were not cancelled in 5 s.
+    A streaming request is closed after its first line; a unary one once its handler said it started."""
+    redis = Redis.from_url(redis_url)
+    token = uuid.uuid4().hex[:12]
+    delays: list[float] = []
+    missed = 0
+    try:
+        for k in range(count):
+            started, cancelled = f"stream-bench:{token}:{k}:started", f"stream-bench:{token}:{k}:cancelled"
+            request = post_request(port, path, orjson.dumps({"started": started, "cancelled": cancelled}))
+            conn = await StreamConnection.open(port)
+            try:
+                if streaming:
+                    answer = await asyncio.wait_for(conn.stream(request, first_only=True), 10)
+                    running = answer.status == 200 and answer.lines >= 1
+                else:
+                    conn.writer.write(request)
+                    running = await redis.blpop([started], timeout=10) is not None
+            finally:
+                closed_at = time.time()
+                conn.close()
+            seen = await redis.blpop([cancelled], timeout=5) if running else None
+            if seen is None:
+                missed += 1
+            else:
+                delays.append(float(seen[1]) - closed_at)
+            await redis.delete(started, cancelled)
+    finally:
+        await redis.aclose()
+    return delays, missed
+
+
+async def measure_disconnects(port: int, redis_url: str, run: StreamRun) -> dict[str, DelayRow]:
+    found = {}
+    for kind, path in (("unary", "/cancel-unary"), ("generator", "/cancel-stream")):
+        streaming = kind == "generator"
+        await disconnect_delays(port, redis_url, path, streaming, 3)  # warm-up: connections, first calls
+        p50s, p99s = [], []
+        count = missed = 0
+        for rep in range(run.reps):
+            delays, not_cancelled = await disconnect_delays(port, redis_url, path, streaming, run.disconnects)
+            p50, p99 = ms_percentiles(sorted(delays))
+            print(
+                f"  cancel {kind:<9} rep {rep + 1}: {len(delays)} disconnects: p50 {p50:.2f} ms p99 {p99:.2f} ms, "
+                f"not cancelled {not_cancelled}",
+                flush=True,
+            )
+            p50s.append(p50)
+            p99s.append(p99)
+            count += len(delays)
+            missed += not_cancelled
+        found[kind] = DelayRow(Spread.of(p50s), Spread.of(p99s), count, missed)
+    return found
