@@ -9,12 +9,14 @@ from typing import Any, cast
 import httpx
 import orjson
 import pytest
+import redis
 import redis.asyncio as aioredis
 from fastapi.routing import APIRoute
 from pydantic import SecretStr
 
 from streamserve.app.admin import admin_router
 from streamserve.client import AsyncClient
+from streamserve.client.jobs import JOB_FUNCTION, JobQueue
 from streamserve.runtime.settings import Settings
 from tests.integration.conftest import gateway_http
 
@@ -24,6 +26,8 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 # Every key in Redis and its DUMP: two equal snapshots mean nothing was written in between.
 Snapshot = dict[bytes, bytes]
+# The id of the job the routes' fixture queues (DELETE /-/jobs/{job_id} cancels it).
+SEEDED_JOB = "seeded-job"
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,10 @@ async def _traffic_set(settings: Settings, r: aioredis.Redis) -> None:
     assert ep is not None and ep["traffic"] == {"alpha": 1.0, "beta": 1.0}
 
 
+async def _job_cancelled(settings: Settings, r: aioredis.Redis) -> None:
+    assert await r.exists(settings.keys.job_cancel(SEEDED_JOB))
+
+
 async def _endpoint_deleted(settings: Settings, r: aioredis.Redis) -> None:
     assert await _endpoint(settings, r, "ep") is None
 
@@ -92,6 +100,7 @@ WRITE_ROUTES = [
         _traffic_set,
     ),
     WriteRoute("DELETE", "/-/endpoints/{name}", "/-/endpoints/ep", None, _endpoint_deleted),
+    WriteRoute("DELETE", "/-/jobs/{job_id}", f"/-/jobs/{SEEDED_JOB}", None, _job_cancelled),
 ]
 
 BAD_CREDENTIALS = {
@@ -104,7 +113,7 @@ BAD_CREDENTIALS = {
 }
 
 
-# Two deployments (client-only) and an endpoint over the first: something for every write to change.
+# Two deployments (client-only) and an endpoint over the first, and a queued job: something for every write to change.
 SEED = {
     "deployments": [
         {"name": "alpha", "import_path": "examples.functions:noop", "num_replicas": 1, "route_prefix": None},
@@ -115,10 +124,12 @@ SEED = {
 
 
 @pytest.fixture
-async def guarded_http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+async def guarded_http(settings: Settings, connection: redis.Redis) -> AsyncIterator[httpx.AsyncClient]:
     async with gateway_http(settings.model_copy(update=GUARDED)) as client:
         seeded = await client.post("/-/deploy", json=SEED, headers={"X-API-Key": API_KEY})
         assert seeded.status_code == 200, seeded.text
+        queue = JobQueue(connection, settings.keys, settings.job_result_ttl_s).queue
+        queue.enqueue_call(JOB_FUNCTION, args=("alpha", None, "", None), job_id=SEEDED_JOB)  # no job worker: it waits
         yield client
 
 
