@@ -36,7 +36,10 @@ from streamserve.wire.messages import Reply, ReplyStatus
 logger = logging.getLogger(__name__)
 
 REPLY_STREAM_TTL_S = 60  # a caller's reply stream expires this long after its caller stops refreshing it (it died)
-REPLY_READ_COUNT = 1000
+# The most replies one read takes. A reply costs the reader one loop turn's share of its wake-ups, so the reads a
+# second are bounded by how long a turn takes: a gateway relaying 1,000 token streams (50,000 chunks a second) fell
+# ever further behind at 1,000 a read, and keeps up with a 10,000 ceiling (bench/RESULTS.md, stream bench).
+REPLY_READ_COUNT = 10_000
 REPLY_BLOCK_MS = 1000
 # Read replies are trimmed at most this often (one XTRIM per interval, however many replies).
 REPLY_TRIM_INTERVAL_S = 1.0
