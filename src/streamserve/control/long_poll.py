@@ -117,6 +117,10 @@ class LongPollSubscriber:
                     # Jitter keeps many subscribers from resyncing in lockstep.
                     timeout = self._resync_interval_s * random.uniform(0.9, 1.1)
                     message = await pubsub.get_message(timeout=timeout)
+                    if (task := asyncio.current_task()) is not None and task.cancelling():
+                        # redis-py can turn a cancellation that lands in this read into "no message": an AsyncClient
+                        # left open when asyncio.run() ends would keep its loop from ever closing.
+                        raise asyncio.CancelledError
                     if message is None or message["type"] != "message":
                         await self.sync()  # a quiet period or a (re)subscribe confirmation: compare the ids
                     else:
