@@ -166,6 +166,13 @@ def refused_for_memory() -> OverloadedError:
     return error
 
 
+@pytest.fixture(autouse=True)
+def fresh_job_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job function's settings as a fresh job worker has them (read from the environment on first use), not
+    those a test before this one configured (an import allow-list, say)."""
+    monkeypatch.setattr(job_function, "_settings", None)
+
+
 def test_a_jobs_call_refused_for_memory_is_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(job_function.time, "sleep", lambda _s: None)
     client = FakeClient(refused_for_memory(), refused_for_memory(), {"ok": 1})
