@@ -274,7 +274,10 @@ class Stream:
                     return encoded
                 self._produced += 1
                 self._queue.append(encoded)
-                self._send_soon()
+                if self._produced == 1:
+                    self._send()  # the first chunk at once, not at the end of the turn: it is what the caller awaits
+                else:
+                    self._send_soon()
                 if self._produced % STREAM_BATCH_MAX_CHUNKS == 0:
                     await asyncio.sleep(0)  # a generator that never waits: let these chunks go meanwhile
             return _Ending(stopped=True)

@@ -108,12 +108,15 @@ async def test_a_chunk_reply_redis_refused_is_sent_again_with_the_same_seq() -> 
     pipeliner = HeldPipeliner()
     outcome = await start(lambda _body: two(), None, pipeliner)
     await turns()
-    assert pipeliner.chunks() == [(0, 2)]
+    assert pipeliner.chunks() == [(0, 1)]  # the first chunk goes at once, alone
     pipeliner.sent[0][1].set_exception(RedisConnectionError("Redis is away"))
     await wait_for_async(lambda: len(pipeliner.sent) == 2, 5, "the refused reply was never sent again")
-    assert pipeliner.chunks() == [(0, 2), (0, 2)]
+    assert pipeliner.chunks() == [(0, 1), (0, 1)]
     assert not outcome.done()
     pipeliner.answer(1)
+    await turns()
+    assert pipeliner.chunks() == [(0, 1), (0, 1), (1, 1)]  # the next only once the first is in Redis
+    pipeliner.answer(2)
     await turns()
     assert outcome.result().status is ReplyStatus.END and outcome.result().seq == 2
 
