@@ -164,8 +164,11 @@ class Gateway:
             route = await self.client.route(name)
             exchange.reply_headers["X-Deployment"] = exchange.deployment = deployment = route.deployment.name
             timeout = min(route.deployment.request_timeout_s, header_timeout)
-            scope[ON_DISCONNECT] = functools.partial(self.client.caller_left, exchange.request_id)
-            reply = await self.client.request(route, body, timeout=timeout, request_id=exchange.request_id, stream=True)
+            tag = self.client.new_tag()
+            scope[ON_DISCONNECT] = functools.partial(self.client.caller_left, tag, exchange.request_id)
+            reply = await self.client.request(
+                route, body, timeout=timeout, request_id=exchange.request_id, stream=True, tag=tag
+            )
             exchange.replica = reply.replica_id
             if reply.status is not ReplyStatus.OK and reply.status not in STREAM_REPLIES:
                 raise error_of(reply)

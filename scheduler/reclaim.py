@@ -92,6 +92,11 @@ class Reclaimer:
             f"it was moved to {self._keys.dead_letters(cfg.name)}"
         )
         reply = Reply(
-            letter.request_id, ReplyStatus.DEAD_LETTER, "", error_type="DeadLetterError", error_message=message
+            letter.request_id,
+            ReplyStatus.DEAD_LETTER,
+            "",
+            error_type="DeadLetterError",
+            error_message=message,
+            tag=letter.tag,
         )
         await send_reply(self._redis, letter.reply_to, reply)

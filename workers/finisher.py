@@ -182,4 +182,5 @@ def unstorable(reply: Reply, size: int) -> Reply:
             f"the reply is {size} bytes, more than Redis could store: it is out of memory (maxmemory reached); "
             "lower the deployment's max_response_bytes or give Redis more memory"
         ),
+        tag=reply.tag,
     )

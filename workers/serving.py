@@ -297,14 +297,14 @@ class Serving:
         finishes by itself)."""
         rid = self._consumer
         if self._early_cancels and self._early_cancels.pop(entry_id, None) is not None:
-            return Reply(request.request_id, ReplyStatus.CANCELLED, rid, error_message=QUEUED_STAGE)
+            return request.reply(ReplyStatus.CANCELLED, rid, error_message=QUEUED_STAGE)
         if request.deadline_ms and now_ms() > request.deadline_ms:
-            return Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, rid)
+            return request.reply(ReplyStatus.DEADLINE_EXCEEDED, rid)
         try:
             handler = self.deployment.handler(request.method)
             body = orjson.loads(request.body) if request.body else None
         except (BadRequestError, orjson.JSONDecodeError) as exc:
-            return Reply(request.request_id, ReplyStatus.BAD_REQUEST, rid, error_message=str(exc))
+            return request.reply(ReplyStatus.BAD_REQUEST, rid, error_message=str(exc))
         try:
             if handler.is_stream:
                 return self._start_stream(entry_id, request, handler, body, scope, started_at)
@@ -346,8 +346,7 @@ class Serving:
         """Run a streaming handler (workers/streaming.py); a BAD_REQUEST for a caller that takes no stream."""
         if not (request.stream and request.reply_to):
             method = f" (method {request.method!r})" if request.method else ""
-            return Reply(
-                request.request_id,
+            return request.reply(
                 ReplyStatus.BAD_REQUEST,
                 self._consumer,
                 error_message=(
@@ -364,14 +363,14 @@ class Serving:
         if scope is not None and scope.is_cancelled:  # whatever it returned, nobody waits for it
             if not done.cancelled():
                 done.exception()  # what it raised (RequestCancelledError from a handle, say) is nobody's to log
-            reply = Reply(request.request_id, ReplyStatus.CANCELLED, self._consumer, error_message=RUNNING_STAGE)
+            reply = request.reply(ReplyStatus.CANCELLED, self._consumer, error_message=RUNNING_STAGE)
         elif done.cancelled():
             if scope is None or not scope.stopped_overdue:
                 self._leave_pending(entry_id)  # stopping: the entry stays pending, to be claimed again
                 return
             # Its deadline passed while it ran: stopped, and counted as cancelled (the caller has its timeout already).
             self._count_cancelled(RUNNING_STAGE)
-            reply = Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, self._consumer)
+            reply = request.reply(ReplyStatus.DEADLINE_EXCEEDED, self._consumer)
         else:
             reply = self._reply_for(request, done)
         if self._figures is not None:
@@ -419,7 +418,7 @@ class Serving:
     def _reply_for(self, request: Request, done: asyncio.Future[Any]) -> Reply:
         raised = done.exception()
         if isinstance(raised, DeadlinePassed):
-            return Reply(request.request_id, ReplyStatus.DEADLINE_EXCEEDED, self._consumer)
+            return request.reply(ReplyStatus.DEADLINE_EXCEEDED, self._consumer)
         if raised is not None:
             return self._user_error(request, raised)
         try:
@@ -434,7 +433,7 @@ class Serving:
                     f"the handler's result is {len(body)} bytes of JSON, above max_response_bytes ({limit})"
                 ),
             )
-        return Reply(request.request_id, ReplyStatus.OK, self._consumer, body=body)
+        return request.reply(ReplyStatus.OK, self._consumer, body=body)
 
     def _user_error(self, request: Request, exc: BaseException, context: str = "") -> Reply:
         """The reply to a request whose handler raised ``exc``; logged here at ERROR with its traceback (the reply
@@ -457,8 +456,7 @@ class Serving:
         message = context + str(exc)
         if self._settings.debug:
             message += "\n" + "".join(traceback.format_exception(exc))
-        return Reply(
-            request.request_id,
+        return request.reply(
             ReplyStatus.USER_ERROR,
             self._consumer,
             error_type=type(exc).__name__,

@@ -2,14 +2,12 @@
 lags behind.
 
 One streaming request is one Stream. Its chunks go onto the caller's reply
-stream as CHUNK replies (wire/messages.py). The chunks yielded within one
-event-loop turn, or while the stream's previous reply is on its way, go
-together in one XADD (at most STREAM_BATCH_MAX_CHUNKS chunks or
-STREAM_BATCH_MAX_BYTES bytes). One XADD per stream is on its way at a time, so
-its replies reach Redis in order whatever connection each goes on and however
-often one is sent again; the final reply (END, or the error) comes last, handed
-to the replica's Finisher once every chunk is in Redis so that the request's
-XACK and XDEL go with it.
+stream in ChunkBatch entries (wire/messages.py), together with the chunks of
+the replica's other streams for the same caller that are ready at the same
+time: the caller's ChunkBatcher (workers/chunk_batches.py) sends them, one
+batch on its way at a time, so each stream's chunks reach Redis in order. The
+final reply (END, or the error) comes last, handed to the replica's Finisher
+once every chunk is in Redis so that the request's XACK and XDEL go with it.
 
 An async generator is iterated by a task on the loop. A sync one runs, the
 whole of it, on one handler thread, which hands chunks to the loop (one wake-up
@@ -38,24 +36,24 @@ from typing import Any
 from streamserve.metrics.definitions import RUNNING_STAGE, STREAM_CHUNKS, TIME_TO_FIRST_CHUNK
 from streamserve.metrics.figures import Figures
 from streamserve.runtime.request_scope import RequestScope
-from streamserve.transport.backoff import Backoff
 from streamserve.transport.pipelining import Pipeliner
-from streamserve.transport.streams import reply_command
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import ResponseTooLargeError
 from streamserve.wire.json_values import dumps
-from streamserve.wire.messages import Fields, ReadProgress, Reply, ReplyStatus, Request, now_ms
+from streamserve.wire.messages import ChunkPart, Fields, ReadProgress, Reply, ReplyStatus, Request, now_ms
+from streamserve.workers.chunk_batches import (
+    DOES_NOT_FIT,
+    STREAM_BATCH_MAX_BYTES,
+    STREAM_BATCH_MAX_CHUNKS,
+    ChunkBatcher,
+    Taken,
+)
 from streamserve.workers.control_reader import ControlHandler
 from streamserve.workers.loader import Handler
 from streamserve.workers.threads import HandlerThreads
 
 logger = logging.getLogger(__name__)
 
-# The most chunks, and (about) the most bytes of them, one CHUNK reply carries; a larger chunk goes alone.
-STREAM_BATCH_MAX_CHUNKS = 64
-STREAM_BATCH_MAX_BYTES = 256 * 1024
-# A CHUNK reply Redis did not take is sent again at most this far apart, until the request's deadline.
-SEND_RETRY_CAP_S = 1.0
 
 # Serving's reply to a request whose handler raised (logged there): (request, exception, message prefix).
 UserError = Callable[[Request, BaseException, str], Reply]
@@ -77,7 +75,6 @@ class _Ending:
 class _Replica:
     """What every stream of one replica shares."""
 
-    pipeliner: Pipeliner
     threads: HandlerThreads
     replica_id: str
     deployment: str
@@ -89,11 +86,18 @@ class Stream:
     """One streaming request, from its generator's start to its final reply (``outcome``)."""
 
     def __init__(
-        self, request: Request, replica: _Replica, window: int, max_chunk_bytes: int, scope: RequestScope
+        self,
+        request: Request,
+        replica: _Replica,
+        batcher: ChunkBatcher,
+        window: int,
+        max_chunk_bytes: int,
+        scope: RequestScope,
     ) -> None:
         self._request = request
         self._scope = scope
         self._replica = replica
+        self._batcher = batcher
         self.window = window
         self._max_chunk_bytes = max_chunk_bytes
         self._loop = asyncio.get_running_loop()
@@ -115,12 +119,10 @@ class Stream:
         self._deadline_passed = False
         # -- the sending side (the loop only) --
         self._queue: list[bytes] = []
-        self._send_due = False
-        self._in_flight = False  # a CHUNK reply is on its way (or waits to be sent again)
-        self._sent = 0  # chunks in the replies issued so far: the next reply's seq
+        self._in_flight = False  # a part of it is in the batch on its way (or waits to be sent again)
+        self._sent = 0  # chunks in the parts taken so far: the next part's seq
         self._delivered = 0  # chunks Redis has taken
         self._undeliverable = False  # Redis took none of them until the deadline passed: given up
-        self._backoff = Backoff(cap=SEND_RETRY_CAP_S)
         self._ending: _Ending | None = None
 
     # -- starting and stopping ---------------------------------------------------
@@ -149,7 +151,7 @@ class Stream:
         self._queue.clear()
         self._stop_generator()
         if self._ending is not None:
-            self._send()
+            self._progress()
 
     def close(self) -> None:
         """Stop it without a reply (the replica exits past its drain's grace period): its entry stays pending."""
@@ -274,10 +276,7 @@ class Stream:
                     return encoded
                 self._produced += 1
                 self._queue.append(encoded)
-                if self._produced == 1:
-                    self._send()  # the first chunk at once, not at the end of the turn: it is what the caller awaits
-                else:
-                    self._send_soon()
+                self._progress()
                 if self._produced % STREAM_BATCH_MAX_CHUNKS == 0:
                     await asyncio.sleep(0)  # a generator that never waits: let these chunks go meanwhile
             return _Ending(stopped=True)
@@ -308,112 +307,84 @@ class Stream:
         self._ending = _Ending(exc) if exc is not None else done.result()
         self._take_handoff()
 
-    # -- the sending side ---------------------------------------------------------
+    # -- the sending side (the loop only) ---------------------------------------------
 
     def _take_handoff(self) -> None:
         with self._lock:
             chunks, self._handoff = self._handoff, []
             self._handoff_due = False
         self._queue += chunks
-        self._send()
+        self._progress()
 
-    def _send_soon(self) -> None:
-        """Send at the end of this loop turn, with whatever else the generator yields in it."""
-        if not self._send_due:
-            self._send_due = True
-            self._loop.call_soon(self._send_now)
-
-    def _send_now(self) -> None:
-        self._send_due = False
-        self._send()
-
-    def _send(self) -> None:
-        """Send what is queued as one CHUNK reply, unless one is on its way (the rest go when it has arrived); the
-        final reply once all of them have."""
+    def _progress(self, at_once: bool = False) -> None:
+        """Hand what is queued to the batcher (``at_once``: sent now if nothing is on its way), unless part of this
+        stream is on its way already (the rest goes once it has landed); settle the outcome once all of it has."""
         if self._in_flight or self.outcome.done():
             return
         if self._undeliverable or self._cancelled:
             self._queue.clear()
-        if not self._queue:
+        if self._queue:
+            self._batcher.ready(self, at_once or self._sent == 0)  # the first chunk is what the caller waits for
+        else:
             self._finish_if_ended()
-            return
+
+    def take(self, room: int) -> Taken | str | None:
+        """The batcher's: this stream's next part (chunk_batches.ChunkSource)."""
+        if self._in_flight or self.outcome.done() or self._undeliverable or self._cancelled or not self._queue:
+            return None
         size = count = 0
+        limit = STREAM_BATCH_MAX_BYTES if room < 0 else min(room, STREAM_BATCH_MAX_BYTES)
         for chunk in self._queue:
-            if count == STREAM_BATCH_MAX_CHUNKS or (count and size + len(chunk) > STREAM_BATCH_MAX_BYTES):
+            if count == STREAM_BATCH_MAX_CHUNKS or (size + len(chunk) > limit and (count or room >= 0)):
                 break
             size += len(chunk) + 1
             count += 1
-        batch = self._queue[:count]
+        if count == 0:
+            return DOES_NOT_FIT
+        chunks = self._queue[:count]
         del self._queue[:count]
-        reply = Reply(
-            self._rid,
-            ReplyStatus.CHUNK,
-            self._who,
-            body=b"\n".join(batch),
-            seq=self._sent,
-            count=count,
-            window=self.window,
-        )
         if self._sent == 0 and self._replica.figures is not None:
             elapsed = time.perf_counter() - self._started_at
             self._replica.figures.observe(self._replica.deployment, TIME_TO_FIRST_CHUNK, elapsed)
+        part = ChunkPart(self._rid, self._request.tag, self._sent, count, self.window, b"\n".join(chunks))
         self._sent += count
-        self._issue(reply)
-
-    def _issue(self, reply: Reply) -> None:
-        if self.outcome.done():
-            return  # closed meanwhile
         self._in_flight = True
-        sent = self._replica.pipeliner.execute(reply_command(self._request.reply_to, reply))
-        sent.add_done_callback(functools.partial(self._issued, reply))
+        return Taken(part, chunks)
 
-    def _issued(self, reply: Reply, sent: asyncio.Future[list[Any]]) -> None:
+    def delivered(self, part: ChunkPart) -> None:
+        """The batcher's: Redis took ``part``."""
         self._in_flight = False
-        if self.outcome.done():
-            return
-        error: BaseException | None = asyncio.CancelledError() if sent.cancelled() else sent.exception()
-        if error is None and isinstance(result := sent.result()[0], Exception):
-            error = result  # Redis refused it (out of memory, say)
-        if error is not None:
-            self._failed(reply, error)
-            return
-        self._backoff.reset()
-        self._delivered = reply.seq + reply.count
+        self._delivered = part.seq + part.count
         if self._replica.figures is not None:
-            self._replica.figures.count(self._replica.deployment, STREAM_CHUNKS, "", reply.count)
-        self._send()
+            self._replica.figures.count(self._replica.deployment, STREAM_CHUNKS, "", part.count)
+        self._progress()
 
-    def _failed(self, reply: Reply, error: BaseException) -> None:
-        """Send ``reply`` again after a pause, or give up on the stream once its deadline has passed."""
+    def undelivered(self, part: ChunkPart, chunks: list[bytes], error: BaseException) -> bool:
+        """The batcher's: Redis did not take ``part``. Queue its chunks again, or give up once the deadline passed."""
+        self._in_flight = False
+        if self.outcome.done() or self._cancelled:
+            self._progress()
+            return False
         deadline_ms = self._request.deadline_ms
         if deadline_ms and now_ms() >= deadline_ms:
             logger.warning(
                 "replica %s: request %s: Redis took none of chunks %d on before the deadline passed (%s): stream ended",
                 self._who,
                 self._rid,
-                reply.seq,
+                part.seq,
                 error,
             )
             self._undeliverable = True
             self._deadline_passed = True
             self._stop_generator()
-            self._send()
-            return
-        delay = self._backoff.next()
-        logger.warning(
-            "replica %s: request %s: sending chunks %d-%d failed: %s; again in %.1fs",
-            self._who,
-            self._rid,
-            reply.seq,
-            reply.seq + reply.count - 1,
-            error,
-            delay,
-        )
-        self._in_flight = True
-        self._loop.call_later(delay, self._issue, reply)
+            self._progress()
+            return False
+        self._queue[:0] = chunks
+        self._sent = part.seq
+        return True
 
     def _finish_if_ended(self) -> None:
-        """Settle ``outcome`` once the generator has stopped (``_send`` calls it once every chunk is in Redis)."""
+        """Settle ``outcome`` once the generator has stopped (``_progress`` calls it once every chunk is in Redis)."""
         ending = self._ending
         if ending is None:
             return
@@ -431,6 +402,10 @@ class Stream:
     @property
     def request_id(self) -> str:
         return self._request.request_id
+
+    @property
+    def batcher(self) -> ChunkBatcher:
+        return self._batcher
 
     @property
     def _rid(self) -> str:
@@ -454,15 +429,23 @@ class Streams:
         figures: Figures | None,
         user_error: UserError,
     ) -> None:
-        self._replica = _Replica(pipeliner, threads, replica_id, deployment, figures, user_error)
+        self._replica = _Replica(threads, replica_id, deployment, figures, user_error)
+        self._pipeliner = pipeliner
         self._running: dict[str, Stream] = {}
+        self._batchers: dict[str, ChunkBatcher] = {}  # by reply stream: one per caller with streams here
 
     def start(
         self, request: Request, handler: Handler, body: Any, config: DeploymentConfig, scope: RequestScope
     ) -> asyncio.Future[Reply]:
         """Run ``handler`` (a generator function) on ``body``; the future holds its final reply. Cancelling ``scope``
         stops it."""
-        stream = Stream(request, self._replica, config.max_unread_chunks, config.max_response_bytes, scope)
+        batcher = self._batchers.get(request.reply_to)
+        if batcher is None:
+            batcher = self._batchers[request.reply_to] = ChunkBatcher(
+                self._pipeliner, request.reply_to, self._replica.replica_id
+            )
+        batcher.streams += 1
+        stream = Stream(request, self._replica, batcher, config.max_unread_chunks, config.max_response_bytes, scope)
         stream.start(handler, body)
         self._running[request.request_id] = stream
         stream.outcome.add_done_callback(functools.partial(self._ended, stream))
@@ -472,6 +455,10 @@ class Streams:
         stream.forget()
         if self._running.get(stream.request_id) is stream:
             del self._running[stream.request_id]
+        batcher = stream.batcher
+        batcher.streams -= 1
+        if batcher.streams == 0 and self._batchers.get(batcher.reply_to) is batcher:
+            del self._batchers[batcher.reply_to]
 
     @property
     def control_handlers(self) -> dict[bytes, ControlHandler]:

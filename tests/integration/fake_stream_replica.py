@@ -1,7 +1,8 @@
 """A replica of a streaming deployment played by the test, on the wire (issue 28's spec), step by step.
 
-It reads the deployment's request stream as a member of the consumer group, writes CHUNK / END / error replies to
-each request's reply stream when the test says so, and reads the ReadProgress messages callers add to its control
+It reads the deployment's request stream as a member of the consumer group, writes chunks (a ChunkBatch of one
+part) and END / error replies to each request's reply stream when the test says so, each carrying the request's tag
+as a replica echoes it, and reads the ReadProgress messages callers add to its control
 stream (which it makes, as a real replica does). ``run_window`` plays a generator that obeys flow control.
 """
 
@@ -18,7 +19,7 @@ from streamserve.transport.streams import ensure_group, reply_command
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import ReadProgress, Reply, ReplyStatus, Request, text
+from streamserve.wire.messages import ChunkBatch, ChunkPart, ReadProgress, Reply, ReplyStatus, Request, text
 from tests.harness.waiting import wait_for_async
 
 
@@ -77,21 +78,11 @@ class FakeStreamReplica:
         return found[0]
 
     async def chunks(self, request: Request, values: list[Any], seq: int | None = None) -> None:
-        """One CHUNK message of ``values`` (from chunk ``seq``, default: after those sent)."""
+        """One message of ``values`` (from chunk ``seq``, default: after those sent)."""
         first = self.sent.get(request.request_id, 0) if seq is None else seq
         body = b"\n".join(dumps(value) for value in values)
-        await self._reply(
-            request,
-            Reply(
-                request.request_id,
-                ReplyStatus.CHUNK,
-                self.replica_id,
-                body,
-                seq=first,
-                count=len(values),
-                window=self.window,
-            ),
-        )
+        part = ChunkPart(request.request_id, request.tag, first, len(values), self.window, body)
+        await self._reply(request, ChunkBatch(self.replica_id, [part]))
         self.sent[request.request_id] = first + len(values)
 
     async def send_forever(self, request: Request, value: Any, interval_s: float = 0.02) -> None:
@@ -102,7 +93,7 @@ class FakeStreamReplica:
 
     async def end(self, request: Request) -> None:
         seq = self.sent.get(request.request_id, 0)
-        await self._reply(request, Reply(request.request_id, ReplyStatus.END, self.replica_id, seq=seq))
+        await self._reply(request, request.reply(ReplyStatus.END, self.replica_id, seq=seq))
 
     async def fail(
         self,
@@ -114,14 +105,14 @@ class FakeStreamReplica:
         seq = self.sent.get(request.request_id, 0)
         await self._reply(
             request,
-            Reply(request.request_id, status, self.replica_id, error_type=error_type, error_message=message, seq=seq),
+            request.reply(status, self.replica_id, error_type=error_type, error_message=message, seq=seq),
         )
 
     async def answer(self, request: Request, result: Any) -> None:
         """A unary handler's answer."""
-        await self._reply(request, Reply(request.request_id, ReplyStatus.OK, self.replica_id, dumps(result)))
+        await self._reply(request, request.reply(ReplyStatus.OK, self.replica_id, body=dumps(result)))
 
-    async def _reply(self, request: Request, reply: Reply) -> None:
+    async def _reply(self, request: Request, reply: Reply | ChunkBatch) -> None:
         await self.redis.execute_command(*reply_command(request.reply_to, reply))
 
     async def progress(self) -> list[ReadProgress]:

@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from streamserve.client import AsyncClient, Client
+from streamserve.client.chunk_feed import ChunkFeed
 from streamserve.client.chunk_stream import ChunkStream
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import BadRequestError, RemoteError, RequestTimeoutError, StreamServeError
@@ -213,6 +214,70 @@ async def test_a_stream_gets_only_its_own_chunks(client: AsyncClient, fake: Fake
     assert await two == (["2a", "2b"], None)
 
 
+async def feed_values(feed: ChunkFeed) -> list[Any]:
+    """A stream's chunks (decoded) up to its end, then closes it."""
+    got: list[Any] = []
+    try:
+        while (chunk := await feed.next_chunk()) is not None:
+            got.append(orjson.loads(chunk))
+    finally:
+        feed.close()
+    return got
+
+
+async def test_a_call_that_reuses_a_request_id_gets_none_of_an_earlier_calls_chunks(
+    client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    # A caller streams request "again", leaves after the first chunk, and comes back with the same request id (as
+    # an HTTP client that reconnects with its X-Request-ID does); the first run's chunks still come after that.
+    first_call = asyncio.create_task(client.request("tokens", b"1", request_id="again", stream=True))
+    earlier = await fake.next_request()
+    await fake.chunks(earlier, ["earlier 0"])
+    client.follow(await first_call).close()
+    second_call = asyncio.create_task(client.request("tokens", b"2", request_id="again", stream=True))
+    later = await fake.next_request()
+    assert later.request_id == earlier.request_id and later.tag != earlier.tag
+    await fake.chunks(earlier, ["earlier 1", "earlier 2"])  # sent before the cancel reached its replica
+    await fake.end(earlier)
+    await fake.chunks(later, ["later 0"], seq=0)  # (the fake counts what it sent by request id)
+    await fake.chunks(later, ["later 1"], seq=1)
+    await fake.end(later)
+    first = await second_call
+    assert first.request_id == "again"
+    assert await feed_values(client.follow(first)) == ["later 0", "later 1"]
+
+
+async def test_two_calls_with_one_request_id_at_once_each_get_their_own_chunks(
+    client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    calls = [asyncio.create_task(client.request("tokens", b"0", request_id="twin", stream=True)) for _ in range(2)]
+    requests = [await fake.next_request(), await fake.next_request()]
+    for n in range(3):
+        for k, request in enumerate(requests):
+            await fake.chunks(request, [f"{k}:{n}"], seq=n)  # (the fake counts what it sent by request id)
+    for request in requests:
+        await fake.end(request)
+    feeds = {}
+    for call in calls:
+        first = await call
+        feeds[orjson.loads(first.body.split(b"\n")[0])[0]] = client.follow(first)
+    assert {k: await feed_values(feed) for k, feed in feeds.items()} == {
+        "0": ["0:0", "0:1", "0:2"],
+        "1": ["1:0", "1:1", "1:2"],
+    }
+
+
+async def test_a_reply_without_a_tag_from_an_earlier_releases_replica_reaches_its_call(
+    client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    call = asyncio.create_task(client.call("tokens", 1))
+    request = await fake.next_request()
+    assert request.tag  # this release's client tags its calls
+    untagged = Reply(request.request_id, ReplyStatus.OK, fake.replica_id, b'{"sum": 1}')
+    await fake.redis.xadd(request.reply_to, untagged.encode())  # type: ignore[arg-type]
+    assert await call == {"sum": 1}
+
+
 async def test_a_rerun_by_another_replica_continues_without_duplicates_and_progress_follows_it(
     client: AsyncClient, fake: FakeStreamReplica
 ) -> None:
@@ -255,7 +320,7 @@ async def test_progress_is_reported_every_half_window_and_not_after_the_end(
     await fake.chunks(request, [10, 11, 12, 13])
     await fake.end(request)
     assert client._replies is not None
-    feed = client._replies.feed(request.request_id)
+    feed = client._replies.feed(request.tag)
     assert feed is not None
     await wait_for_async(lambda: feed._final is not None, 5, "the end did not reach the client")
     assert (await collect(stream)) == ([10, 11, 12, 13], None)
@@ -273,7 +338,7 @@ async def test_a_slow_consumer_holds_the_generator_within_its_window(
     try:
         assert await step == 0
         assert client._replies is not None
-        feed = client._replies.feed(request.request_id)
+        feed = client._replies.feed(request.tag)
         assert feed is not None
         rid = request.request_id
         await wait_for_async(lambda: fake.paused and fake.sent[rid] == 8, 5, lambda: f"sent {fake.sent}")

@@ -298,7 +298,7 @@ async def test_a_slow_http_reader_holds_the_generator_within_its_window(
         assert (await call.start_message())[0] == 200
         replies = app.gateway.client._replies
         assert replies is not None
-        feed = replies.feed(request.request_id)
+        feed = replies.feed(request.tag)
         assert feed is not None
 
         def paused_at_the_window() -> bool:

@@ -15,9 +15,9 @@ import redis.asyncio as aioredis
 from streamserve.runtime.settings import Settings
 from streamserve.wire.ids import new_caller_id, new_request_id
 from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import Fields, ReadProgress, Reply, ReplyStatus, Request, now_ms
+from streamserve.wire.messages import ChunkBatch, Fields, ReadProgress, Reply, ReplyStatus, Request, now_ms
+from streamserve.workers.chunk_batches import STREAM_BATCH_MAX_CHUNKS
 from streamserve.workers.replica import Replica
-from streamserve.workers.streaming import STREAM_BATCH_MAX_CHUNKS
 from tests import stream_deployments
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica
@@ -52,7 +52,8 @@ class Caller:
         return request_id
 
     async def next_replies(self, timeout_s: float = 10.0) -> list[Reply]:
-        """The replies that arrived since the last read, waiting up to ``timeout_s`` for one."""
+        """The replies that arrived since the last read, waiting up to ``timeout_s`` for one (chunks as CHUNK
+        replies, one per part of each ChunkBatch)."""
         read = await self.redis.xread({self.reply_to: self._last}, block=max(1, int(timeout_s * 1000)))
         if not read:
             raise AssertionError(f"no reply within {timeout_s}s")
@@ -60,7 +61,11 @@ class Caller:
         for _stream, entries in read:
             for entry_id, fields in entries:
                 self._last = entry_id
-                replies.append(Reply.decode(fields))
+                if b"parts" in fields:
+                    batch = ChunkBatch.decode(fields)
+                    replies += [part.reply(batch.replica_id) for part in batch.parts]
+                else:
+                    replies.append(Reply.decode(fields))
         return replies
 
     async def waiting_replies(self) -> list[Fields]:

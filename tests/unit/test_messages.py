@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from streamserve.wire.errors import ProtocolError
-from streamserve.wire.messages import Heartbeat, Reply, ReplyStatus, Request
+from streamserve.wire.messages import ChunkBatch, ChunkPart, Heartbeat, Reply, ReplyStatus, Request
 from streamserve.wire.states import ReplicaHealth
 
 
@@ -13,13 +13,47 @@ def as_redis(fields: dict[str, object]) -> dict[bytes, bytes]:
 
 
 def test_request_round_trip() -> None:
-    req = Request("r1", "streamserve:replies:abc", 1_700_000_000_000, b'{"x":1}', method="predict")
+    req = Request("r1", "streamserve:replies:abc", 1_700_000_000_000, b'{"x":1}', method="predict", tag="1f")
     assert Request.decode(as_redis(req.encode())) == req
 
 
-def test_reply_round_trip() -> None:
+def test_reply_round_trip_and_a_reply_echoes_its_requests_tag() -> None:
     reply = Reply("r1", ReplyStatus.USER_ERROR, "echo#1", error_type="ValueError", error_message="bad \u00e9")
     assert Reply.decode(as_redis(reply.encode())) == reply
+    answer = Request("r1", "to", 1, b"null", tag="2a").reply(ReplyStatus.OK, "echo#1", body=b"1")
+    assert Reply.decode(as_redis(answer.encode())) == Reply("r1", ReplyStatus.OK, "echo#1", b"1", tag="2a")
+
+
+BATCH = ChunkBatch(
+    "tokens#1",
+    [ChunkPart("r1", "a", 0, 2, 64, b'"x"\n{"y":1}'), ChunkPart("r2", "", 7, 1, 8, '["\u00e9"]'.encode())],
+)
+
+
+def test_chunk_batch_round_trip() -> None:
+    assert ChunkBatch.decode(as_redis(BATCH.encode())) == BATCH
+
+
+@pytest.mark.parametrize(
+    ("parts", "body", "message"),
+    [
+        (b"not json", None, "malformed chunk batch"),
+        (b'[["r1", "a", 0, 2, 64]]', None, "malformed chunk batch"),  # a field short
+        (b'[["r1", "a", -1, 2, 64, 11]]', b'"x"\n{"y":1}', "bad part"),
+        (b'[["r1", 3, 0, 2, 64, 11]]', b'"x"\n{"y":1}', "bad part"),
+        (b'[["r1", "a", 0, 2, 64, 99]]', b'"x"\n{"y":1}', "bad part"),  # longer than the body
+        (b'[["r1", "a", 0, 2, 64, 1.5]]', b'"x"\n{"y":1}', "malformed chunk batch"),
+        (b'[["r1", "a", 0, 2, 64, 3]]', b'"x"\n{"y":1}', "hold 3 bytes of its body's 11"),
+        (b'{"r1": 1}', b"", "malformed chunk batch"),
+    ],
+)
+def test_a_malformed_chunk_batch_raises_protocol_error(parts: bytes, body: bytes | None, message: str) -> None:
+    fields = as_redis(BATCH.encode())
+    fields[b"parts"] = parts
+    if body is not None:
+        fields[b"body"] = body
+    with pytest.raises(ProtocolError, match=message):
+        ChunkBatch.decode(fields)
 
 
 @pytest.mark.parametrize(

@@ -110,7 +110,7 @@ class Calls(ClientCore):
         """The rest of a stream whose first reply, from ``request(..., stream=True)``, is ``first`` (CHUNK, or END
         for a stream of no chunk). Its consumer must ``close()`` it once done (it forgets the request, and cancels it
         if it has not ended)."""
-        feed = self._replies.feed(first.request_id) if self._replies is not None else None
+        feed = self._replies.feed(first.tag) if self._replies is not None else None
         if feed is None:  # END: the stream is over already (a closed client: its requests failed)
             return ChunkFeed.ended(first)
         return feed
@@ -142,6 +142,7 @@ class Calls(ClientCore):
         stream: bool = False,
         parent: str = "",
         deadline_ms: int = 0,
+        tag: str = "",
     ) -> Reply:
         """Send already-encoded JSON and return the raw Reply (the gateway's entry point).
 
@@ -155,6 +156,9 @@ class Calls(ClientCore):
 
         ``parent`` and ``deadline_ms`` (handles, client/handles.py): the id of the request whose handler sends this
         one (Request.parent), and the latest deadline it may have (epoch ms; 0: none), its parent's.
+
+        ``tag``: the call's tag (Request.tag) from ``new_tag()``, for a caller that must name the call before it is
+        sent (the gateway: ``caller_left``); a new one by default.
         """
         self._check_size(body)
         route = name if isinstance(name, Route) else await self.route(name)
@@ -163,14 +167,15 @@ class Calls(ClientCore):
         request_id = request_id or new_request_id()
         replies = self._replies
         assert replies is not None
-        fut = replies.expect(request_id)
-        timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, request_id, timeout_s)
+        tag = tag or replies.new_tag()
+        fut = replies.expect(tag, request_id)
+        timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, tag, request_id, timeout_s)
         entry_id = ""
         try:
             deadline = now_ms() + int(timeout_s * 1000)
             if deadline_ms:
                 deadline = min(deadline, deadline_ms)
-            request = Request(request_id, replies.name, deadline, body, method, stream=stream, parent=parent)
+            request = Request(request_id, replies.name, deadline, body, method, stream=stream, parent=parent, tag=tag)
             try:
                 entry_id = await self._add(cfg, request)
             except BaseException:
@@ -180,8 +185,8 @@ class Calls(ClientCore):
             reply = await fut
         except BaseException as exc:
             timer.cancel()
-            replies.forget(request_id)
-            replies.forget_feed(request_id)  # its first chunk may have come as the caller was cancelled
+            replies.forget(tag, request_id)
+            replies.forget_feed(tag, request_id)  # its first chunk may have come as the caller was cancelled
             if entry_id and isinstance(exc, asyncio.CancelledError | RequestCancelledError):
                 self._cancel_soon(cfg.name, entry_id, request_id)  # the caller stopped waiting
             raise
@@ -189,7 +194,7 @@ class Calls(ClientCore):
             self._hand_over(replies, cfg, reply, timer, stream, entry_id)
         else:
             timer.cancel()
-            replies.forget(request_id)
+            replies.forget(tag, request_id)
         return reply
 
     def _hand_over(
@@ -203,13 +208,13 @@ class Calls(ClientCore):
     ) -> None:
         """A request's first reply was a chunk: its feed now holds the deadline (``timer``) and reports how far its
         consumer has read; closing it forgets the request, and cancels it if it has not ended."""
-        request_id = first.request_id
-        feed = replies.feed(request_id)
+        request_id, tag = first.request_id, first.tag
+        feed = replies.feed(tag)
         assert feed is not None  # opened by the reader with the chunk
 
         def close() -> None:
             timer.cancel()
-            replies.forget_feed(request_id)
+            replies.forget_feed(tag, request_id)
             if not feed.finished:
                 self._cancel_soon(cfg.name, entry_id, request_id)
 
@@ -221,11 +226,16 @@ class Calls(ClientCore):
         assert self._pipeliner is not None
         feed.report = progress_reporter(self._pipeliner, self._keys, cfg.name, request_id)
 
-    def caller_left(self, request_id: str) -> None:
-        """The caller of request ``request_id`` is gone (the gateway's HTTP caller disconnected): stop waiting for its
-        reply, and cancel it."""
+    def new_tag(self) -> str:
+        """A tag for a call to be made with ``request(..., tag=)``, to name it before it is sent."""
+        assert self._replies is not None
+        return self._replies.new_tag()
+
+    def caller_left(self, tag: str, request_id: str) -> None:
+        """The caller of call ``tag`` (request ``request_id``) is gone (the gateway's HTTP caller disconnected): stop
+        waiting for its reply, and cancel it."""
         if self._replies is not None:
-            self._replies.fail(request_id, RequestCancelledError(f"request {request_id}: its caller disconnected"))
+            self._replies.fail(tag, RequestCancelledError(f"request {request_id}: its caller disconnected"))
 
     def _cancel_soon(self, deployment: str, entry_id: str, request_id: str) -> None:
         if self._canceller is not None:
@@ -256,7 +266,7 @@ class Calls(ClientCore):
         def again() -> list[Command]:
             """The enqueue may have happened, its answer lost with the connection: it must not add the request
             twice, and need not at all once the caller has its reply (or stopped waiting)."""
-            if request.reply_to and self._replies is not None and not self._replies.waits_for(request.request_id):
+            if request.reply_to and self._replies is not None and not self._replies.waits_for(request.tag):
                 return [("ECHO", b"answered")]
             keys = [stream] if not request.reply_to or is_cluster_client(self.redis) else [stream, request.reply_to]
             return [("EVAL", _ENQUEUE_AGAIN, len(keys), *keys, *args[:2], request.request_id, *args[2:])]
@@ -269,12 +279,12 @@ class Calls(ClientCore):
             )
         return text(entry_id)
 
-    def _expire(self, request_id: str, timeout_s: float) -> None:
+    def _expire(self, tag: str, request_id: str, timeout_s: float) -> None:
         replies = self._replies
         if replies is None:
             return
-        feed = replies.feed(request_id)
+        feed = replies.feed(tag)
         if feed is None:
-            replies.fail(request_id, RequestTimeoutError(f"no reply within {timeout_s:g}s (request {request_id})"))
+            replies.fail(tag, RequestTimeoutError(f"no reply within {timeout_s:g}s (request {request_id})"))
         else:
             feed.fail(RequestTimeoutError(f"the stream did not end within {timeout_s:g}s (request {request_id})"))

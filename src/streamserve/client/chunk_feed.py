@@ -84,30 +84,35 @@ class ChunkFeed:
     # -- the reply reader's side ----------------------------------------------------
 
     def add(self, reply: Reply) -> None:
-        """Take in one reply of this stream: chunks (duplicates dropped) or its end; later replies are ignored."""
+        """Take in one reply of this stream: chunks (a CHUNK, see ``add_chunks``) or its end; later replies are
+        ignored."""
+        if reply.status is ReplyStatus.CHUNK:
+            self.add_chunks(reply.replica_id, reply.window, reply.seq, reply.count, reply.body)
+            return
         if self._final is not None or self._failed is not None:
             return  # a late duplicate (a second replica's end), or nobody reads any more
-        if reply.status is not ReplyStatus.CHUNK:
-            if reply.status is ReplyStatus.END and reply.seq > self.next_index:
-                self.fail(
-                    ProtocolError(f"stream {self.request_id} ended after {reply.seq} chunks, {self.next_index} came")
-                )
-                return
-            self._final = reply
-            self._wake()
+        if reply.status is ReplyStatus.END and reply.seq > self.next_index:
+            self.fail(ProtocolError(f"stream {self.request_id} ended after {reply.seq} chunks, {self.next_index} came"))
             return
-        self._window = reply.window
-        if reply.replica_id != self.replica_id:  # the first chunk, or another replica runs the handler again
-            self.replica_id, self._reported = reply.replica_id, 0
+        self._final = reply
+        self._wake()
+
+    def add_chunks(self, replica_id: str, window: int, seq: int, count: int, body: bytes) -> None:
+        """Take in chunks ``seq`` to ``seq + count - 1`` (``body``: joined by b"\\n") that ``replica_id`` sent, whose
+        ``window`` is its max_unread_chunks; those that came already are dropped."""
+        if self._final is not None or self._failed is not None:
+            return  # a late duplicate, or nobody reads any more
+        self._window = window
+        if replica_id != self.replica_id:  # the first chunk, or another replica runs the handler again
+            self.replica_id, self._reported = replica_id, 0
             self._report_if_due()
-        first, end = reply.seq, reply.seq + reply.count
-        if end <= self.next_index or reply.count <= 0:
+        end = seq + count
+        if end <= self.next_index or count <= 0:
             return  # all of them came already
-        body = reply.body
-        if first < self.next_index:  # a re-run catching up: keep what is new
-            body = _after_lines(body, self.next_index - first)
-        elif first > self.next_index:
-            self.fail(ProtocolError(f"stream {self.request_id} skipped chunks {self.next_index} to {first - 1}"))
+        if seq < self.next_index:  # a re-run catching up: keep what is new
+            body = _after_lines(body, self.next_index - seq)
+        elif seq > self.next_index:
+            self.fail(ProtocolError(f"stream {self.request_id} skipped chunks {self.next_index} to {seq - 1}"))
             return
         self._batches.append((body, end - self.next_index))
         self.next_index = end

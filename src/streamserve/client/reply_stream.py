@@ -11,17 +11,26 @@ would be written to Redis. After ``REPLY_OUTAGE_FAIL_S`` without Redis every
 caller still waiting gets RedisUnavailableError instead of waiting out its
 deadline; if Redis is back sooner, the reader reads on from where it was.
 
+Calls are found by their tag (Request.tag), not their request id: the tag is
+this reader's own count, never used twice, so a reply reaches the call it
+answers even when another call, now or earlier, had the same request id (a
+caller that reconnects with its id, say); a reply for a call that is gone is
+dropped. A reply with no tag (from a replica of an earlier release) is
+matched by its request id.
+
 Streams: a request's first reply resolves its future, as for any request. When
-that reply is a CHUNK, the request becomes a stream: the rest of its replies go
-to its ``ChunkFeed`` (``feed``), opened right then by the reader, so that no
-reply that came in the same read is lost. A unary reply costs one status check
-more than before.
+that reply is chunks (a part of a ChunkBatch entry: one entry holds the chunks
+of every stream a replica had ready for this caller), the request becomes a
+stream: the rest of its replies go to its ``ChunkFeed`` (``feed``), opened
+right then by the reader, so that no reply that came in the same read is
+lost. A unary reply costs one check more than before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 
 import redis.asyncio as aioredis
@@ -31,7 +40,7 @@ from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals
 from streamserve.transport.pipelining import BlockingReader, Command
 from streamserve.wire.errors import ProtocolError, RedisUnavailableError, StreamServeError
-from streamserve.wire.messages import Reply, ReplyStatus
+from streamserve.wire.messages import ChunkBatch, Fields, Reply, ReplyStatus
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +68,13 @@ class ReplyStream:
         self.name = name
         self._caller_id = caller_id
         self._refusals = refusals
+        # Calls waiting for their (first) reply, by tag.
         self._pending: dict[str, asyncio.Future[Reply]] = {}
-        # Streams past their first reply, by request id, until their consumer closes them.
+        # Streams past their first reply, by tag, until their consumer closes them.
         self._feeds: dict[str, ChunkFeed] = {}
+        self._tags = itertools.count(1)
+        # The tag of the latest call of each request id waiting here: for replies that carry no tag.
+        self._tag_of: dict[str, str] = {}
         self._last_id = b"0-0"
         self._trimmed_to = b"0-0"
         self._trim_due = 0.0
@@ -81,31 +94,42 @@ class ReplyStream:
             asyncio.create_task(self._keep(), name="streamserve-reply-keeper"),
         ]
 
-    def expect(self, request_id: str) -> asyncio.Future[Reply]:
-        """A future that the reply to ``request_id`` resolves; ``forget`` it once done with it."""
+    def new_tag(self) -> str:
+        """A tag for a call (Request.tag) that no other call of this reader ever had."""
+        return format(next(self._tags), "x")
+
+    def expect(self, tag: str, request_id: str) -> asyncio.Future[Reply]:
+        """A future that the reply to the call ``tag`` (of request ``request_id``) resolves; ``forget`` it once done
+        with it."""
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = fut
+        self._pending[tag] = fut
+        self._tag_of[request_id] = tag
         return fut
 
-    def waits_for(self, request_id: str) -> bool:
-        """Whether a caller still waits for the reply to ``request_id`` (not answered, failed or forgotten)."""
-        fut = self._pending.get(request_id)
+    def waits_for(self, tag: str) -> bool:
+        """Whether a caller still waits for the reply to call ``tag`` (not answered, failed or forgotten)."""
+        fut = self._pending.get(tag)
         return fut is not None and not fut.done()
 
-    def forget(self, request_id: str) -> None:
-        self._pending.pop(request_id, None)
+    def forget(self, tag: str, request_id: str) -> None:
+        """Its caller is done with the call's future (a stream's feed stays, until ``forget_feed``)."""
+        self._pending.pop(tag, None)
+        if self._tag_of.get(request_id) == tag and tag not in self._feeds:
+            del self._tag_of[request_id]
 
-    def feed(self, request_id: str) -> ChunkFeed | None:
-        """The stream ``request_id`` turned into with its first reply (a CHUNK), until ``forget_feed``."""
-        return self._feeds.get(request_id)
+    def feed(self, tag: str) -> ChunkFeed | None:
+        """The stream call ``tag`` turned into with its first reply (chunks), until ``forget_feed``."""
+        return self._feeds.get(tag)
 
-    def forget_feed(self, request_id: str) -> None:
+    def forget_feed(self, tag: str, request_id: str) -> None:
         """Its consumer is done with the stream: its later replies are dropped."""
-        self._feeds.pop(request_id, None)
+        self._feeds.pop(tag, None)
+        if self._tag_of.get(request_id) == tag and tag not in self._pending:
+            del self._tag_of[request_id]
 
-    def fail(self, request_id: str, exc: StreamServeError) -> None:
-        """Resolve a request that is still waiting with an error (its deadline passed)."""
-        fut = self._pending.get(request_id)
+    def fail(self, tag: str, exc: StreamServeError) -> None:
+        """Resolve a call that is still waiting with an error (its deadline passed, its caller left)."""
+        fut = self._pending.get(tag)
         if fut is not None and not fut.done():
             fut.set_exception(exc)
 
@@ -200,7 +224,10 @@ class ReplyStream:
         count = len(waiting) + len(feeds)
         logger.warning("reply reader: %d caller(s) failed after %.0fs without Redis", count, REPLY_OUTAGE_FAIL_S)
 
-    def _resolve(self, fields: dict[bytes, bytes]) -> None:
+    def _resolve(self, fields: Fields) -> None:
+        if b"parts" in fields:
+            self._chunks(fields)
+            return
         if b"hello" in fields or b"wake" in fields:
             return
         try:
@@ -208,22 +235,42 @@ class ReplyStream:
         except ProtocolError as exc:
             logger.warning("dropping unreadable reply: %s", exc)
             return
-        fut = self._pending.get(reply.request_id)
+        tag = reply.tag or self._tag_of.get(reply.request_id, "")
+        fut = self._pending.get(tag)
         if fut is not None:
             if reply.status is ReplyStatus.CHUNK:
-                self._open_feed(fut, reply)
+                self._open_feed(tag, fut, reply)
             elif not fut.done():
                 fut.set_result(reply)
             return
-        feed = self._feeds.get(reply.request_id)
+        feed = self._feeds.get(tag)
         if feed is not None:
             feed.add(reply)
 
-    def _open_feed(self, fut: asyncio.Future[Reply], first: Reply) -> None:
+    def _chunks(self, fields: Fields) -> None:
+        """A ChunkBatch: each part to its stream's feed, or to its call's future if it is the stream's first."""
+        try:
+            batch = ChunkBatch.decode(fields)
+        except ProtocolError as exc:
+            logger.warning("dropping unreadable chunks: %s", exc)
+            return
+        replica_id = batch.replica_id
+        for part in batch.parts:
+            tag = part.tag or self._tag_of.get(part.request_id, "")
+            feed = self._feeds.get(tag)
+            if feed is not None:
+                feed.add_chunks(replica_id, part.window, part.seq, part.count, part.body)
+                continue
+            fut = self._pending.get(tag)
+            if fut is not None:
+                self._open_feed(tag, fut, part.reply(replica_id))
+
+    def _open_feed(self, tag: str, fut: asyncio.Future[Reply], first: Reply) -> None:
         """A request's first chunk: its later replies go to a feed from now on; its caller gets ``first``."""
         if fut.done():
             return  # it failed (deadline) or was abandoned: nobody would read the stream
-        del self._pending[first.request_id]
-        feed = self._feeds[first.request_id] = ChunkFeed(first.request_id)
+        del self._pending[tag]
+        first.tag = tag  # (a reply with no tag of its own was matched by its request id)
+        feed = self._feeds[tag] = ChunkFeed(first.request_id)
         feed.add(first)
         fut.set_result(first)

@@ -40,6 +40,7 @@ ASYNC_ONLY = frozenset(
         "routes_loaded",  # the gateway's readiness check
         "follow",  # the gateway's entry point: a stream's feed after ``request``
         "caller_left",  # the gateway's: its HTTP caller disconnected
+        "new_tag",  # the gateway's: names a call for ``caller_left`` before ``request`` sends it
     }
 )
 

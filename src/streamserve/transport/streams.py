@@ -19,7 +19,7 @@ from redis.typing import EncodableT
 from streamserve.transport.pipelining import Command
 from streamserve.wire import scripts
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
-from streamserve.wire.messages import CancelRequest, ReadProgress, Reply, text
+from streamserve.wire.messages import CancelRequest, ChunkBatch, ReadProgress, Reply, text
 
 # Approximate cap on a caller's reply stream; its reader drains and trims it continuously.
 REPLY_STREAM_MAXLEN = 100_000
@@ -30,8 +30,9 @@ DEAD_LETTER_CAP = 10_000
 CONTROL_STREAM_MAXLEN = 10_000
 
 
-def reply_command(reply_to: str, reply: Reply) -> Command:
-    """The XADD of a reply to its caller's stream: never creates a stream whose reader is gone (NOMKSTREAM)."""
+def reply_command(reply_to: str, reply: Reply | ChunkBatch) -> Command:
+    """The XADD of a reply (or of chunks) to its caller's stream: never creates a stream whose reader is gone
+    (NOMKSTREAM)."""
     fields = itertools.chain.from_iterable(reply.encode().items())
     return ("XADD", reply_to, "NOMKSTREAM", "MAXLEN", "~", REPLY_STREAM_MAXLEN, "*", *fields)
 
@@ -63,6 +64,7 @@ class DeadLetter:
     request_id: str
     reply_to: str
     deliveries: int
+    tag: str = ""  # the request's (Request.tag)
 
 
 class Requeuer:
@@ -98,4 +100,7 @@ class Requeuer:
             ],
             args=[CONSUMER_GROUP, max_delivery_attempts, reason, DEAD_LETTER_CAP, int(charge), *entry_ids],
         )
-        return [DeadLetter(text(dead[i]), text(dead[i + 1]), int(dead[i + 2])) for i in range(0, len(dead), 3)]
+        return [
+            DeadLetter(text(dead[i]), text(dead[i + 1]), int(dead[i + 2]), text(dead[i + 3]))
+            for i in range(0, len(dead), 4)
+        ]

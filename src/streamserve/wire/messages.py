@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 from redis.typing import EncodableT, FieldT
 
@@ -74,6 +75,9 @@ class Request:
     stream: bool = False
     # The request id of the request whose handler sent this one through a handle (streamserve.handle), or "".
     parent: str = ""
+    # The caller's own key for this call (Reply.tag): unique among the calls its client ever made, so that a reply
+    # finds its call even when another call, now or earlier, has the same request id. "" from older clients.
+    tag: str = ""
 
     def encode(self) -> WireFields:
         fields: WireFields = {
@@ -90,6 +94,8 @@ class Request:
             fields["stream"] = b"1"
         if self.parent:
             fields["parent"] = self.parent
+        if self.tag:
+            fields["tag"] = self.tag
         return fields
 
     @classmethod
@@ -105,9 +111,14 @@ class Request:
                 attempts=int(fields.get(b"attempts", b"0")),
                 stream=fields.get(b"stream") == b"1",
                 parent=fields.get(b"parent", b"").decode(),
+                tag=fields.get(b"tag", b"").decode(),
             )
         except (UnicodeDecodeError, ValueError) as exc:
             raise ProtocolError(f"malformed request message: {exc}") from exc
+
+    def reply(self, status: ReplyStatus, replica_id: str, **more: Any) -> Reply:
+        """A reply to this request (its id and tag), with ``more`` of Reply's fields."""
+        return Reply(self.request_id, status, replica_id, tag=self.tag, **more)
 
 
 class ReplyStatus(str, Enum):
@@ -124,7 +135,8 @@ class ReplyStatus(str, Enum):
     # Delivered too many times; moved to the dead-letter stream.
     DEAD_LETTER = "dead_letter"
     # Chunks of a streaming handler's output: ``body`` holds ``count`` chunks, each one compact JSON value, joined
-    # by b"\n" (compact JSON never holds a raw newline), the first of them chunk number ``seq`` (from 0).
+    # by b"\n" (compact JSON never holds a raw newline), the first of them chunk number ``seq`` (from 0). On the
+    # wire chunks travel in ChunkBatch entries; a caller's client hands a stream's first ones over as this reply.
     CHUNK = "chunk"
     # A stream ended well after ``seq`` chunks. A stream that fails ends with USER_ERROR, DEADLINE_EXCEEDED (or
     # BAD_REQUEST) instead, its ``seq`` the number of chunks sent before it.
@@ -158,6 +170,8 @@ class Reply:
     # Streams only, on CHUNK: the replica's max_unread_chunks, so that the caller knows how often to say how far it
     # has read (control messages on the replica's control stream, Keys.replica_control).
     window: int = 0
+    # The request's tag (Request.tag), "" when it had none.
+    tag: str = ""
 
     def encode(self) -> WireFields:
         fields: WireFields = {
@@ -174,6 +188,8 @@ class Reply:
             fields["seq"] = self.seq
             fields["count"] = self.count
             fields["window"] = self.window
+        if self.tag:
+            fields["tag"] = self.tag
         return fields
 
     @classmethod
@@ -192,9 +208,87 @@ class Reply:
                 error_type=fields.get(b"error_type", b"").decode(),
                 error_message=fields.get(b"error_message", b"").decode(errors="replace"),
                 **(_stream_fields(fields) if b"seq" in fields else {}),  # a unary reply has none: nothing to parse
+                tag=fields.get(b"tag", b"").decode(),
             )
         except (UnicodeDecodeError, ValueError) as exc:
             raise ProtocolError(f"malformed reply message: {exc}") from exc
+
+
+@dataclass(slots=True)
+class ChunkPart:
+    """One stream's chunks in a ChunkBatch: ``body``, ``seq`` and ``count`` as in a CHUNK reply (ReplyStatus)."""
+
+    request_id: str
+    tag: str
+    seq: int
+    count: int
+    # The replica's max_unread_chunks for this stream (Reply.window).
+    window: int
+    body: bytes
+
+    def reply(self, replica_id: str) -> Reply:
+        """These chunks as the CHUNK reply a caller is handed when they are its stream's first."""
+        return Reply(
+            self.request_id,
+            ReplyStatus.CHUNK,
+            replica_id,
+            body=self.body,
+            seq=self.seq,
+            count=self.count,
+            window=self.window,
+            tag=self.tag,
+        )
+
+
+@dataclass(slots=True)
+class ChunkBatch:
+    """The chunks of one or more streams that one replica serves for one caller, as one entry of that caller's
+    reply stream: one XADD, and one entry for the caller to read, for every chunk that was ready together, however
+    many streams they belong to.
+
+    Fields: ``v``; ``replica``; ``parts``, a JSON list of ``[request id, tag, seq, count, window, length]``, one per
+    part, in order; ``body``, the parts' bodies one after another, ``length`` bytes each.
+    """
+
+    replica_id: str
+    parts: list[ChunkPart]
+
+    def encode(self) -> WireFields:
+        header = [[p.request_id, p.tag, p.seq, p.count, p.window, len(p.body)] for p in self.parts]
+        return {
+            "v": _V,
+            "replica": self.replica_id,
+            "parts": orjson.dumps(header),
+            "body": b"".join(p.body for p in self.parts),
+        }
+
+    @classmethod
+    def decode(cls, fields: Fields) -> ChunkBatch:
+        _check_version(fields, "chunk batch")
+        body = _field(fields, b"body", "chunk batch")
+        parts: list[ChunkPart] = []
+        start = 0
+        try:
+            replica_id = fields.get(b"replica", b"").decode()
+            for request_id, tag, seq, count, window, length in orjson.loads(_field(fields, b"parts", "chunk batch")):
+                end = start + length
+                # (cheap checks: this runs for every part of every entry; a float length fails at the slice)
+                if not (
+                    type(request_id) is type(tag) is str
+                    and seq >= 0
+                    and count >= 0
+                    and window >= 0
+                    and start <= end <= len(body)
+                    and type(seq) is type(count) is type(window) is int
+                ):
+                    raise ValueError(f"bad part {[request_id, tag, seq, count, window, length]!r}")
+                parts.append(ChunkPart(request_id, tag, seq, count, window, body[start:end]))
+                start = end
+        except (UnicodeDecodeError, ValueError, TypeError) as exc:  # (orjson's JSONDecodeError is a ValueError)
+            raise ProtocolError(f"malformed chunk batch: {exc}") from exc
+        if start != len(body):
+            raise ProtocolError(f"malformed chunk batch: its parts hold {start} bytes of its body's {len(body)}")
+        return cls(replica_id, parts)
 
 
 @dataclass(slots=True)

@@ -155,7 +155,7 @@ REQUEUE = """
 -- ARGV[4]  dead-letter stream cap
 -- ARGV[5]  attempts to add: 1 when the replica died holding them, 0 when handed back
 -- ARGV[6..] ids of pending entries to move
--- Returns {request_id, reply_to, deliveries, ...} for every entry sent to the dead-letter stream.
+-- Returns {request_id, reply_to, deliveries, tag, ...} for every entry sent to the dead-letter stream.
 local dead = {}
 local max_deliveries = tonumber(ARGV[2])
 local increment = tonumber(ARGV[5])
@@ -167,7 +167,7 @@ for i = 6, #ARGV do
   end
   if #entries > 0 then
     local fields = entries[1][2]
-    local kept, attempts, request_id, reply_to = {}, 0, '', ''
+    local kept, attempts, request_id, reply_to, tag = {}, 0, '', '', ''
     for j = 1, #fields, 2 do
       local name, value = fields[j], fields[j + 1]
       if name == 'attempts' then
@@ -177,6 +177,7 @@ for i = 6, #ARGV do
         kept[#kept + 1] = value
       end
       if name == 'id' then request_id = value elseif name == 'reply_to' then reply_to = value end
+      if name == 'tag' then tag = value end
     end
     local deliveries = attempts + increment
     kept[#kept + 1] = 'attempts'
@@ -188,6 +189,7 @@ for i = 6, #ARGV do
       dead[#dead + 1] = request_id
       dead[#dead + 1] = reply_to
       dead[#dead + 1] = tostring(deliveries)
+      dead[#dead + 1] = tag
     else
       redis.call('XADD', KEYS[1], '*', unpack(kept))
     end
