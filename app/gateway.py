@@ -43,7 +43,7 @@ from streamserve.app.errors import (
     json_response,
     redis_error_handler,
 )
-from streamserve.app.http_protocol import ON_DISCONNECT
+from streamserve.app.http_protocol import ON_DISCONNECT, write_chunk
 from streamserve.app.observe import CLIENT_CLOSED, RequestObserver
 from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
 from streamserve.app.routing import RouteTable
@@ -208,7 +208,13 @@ class Gateway:
         exchange.status = 200
         try:
             exchange.status = await stream_response(
-                exchange.send, exchange.receive, feed, headers, sse, exchange.request_id
+                exchange.send,
+                exchange.receive,
+                feed,
+                headers,
+                sse,
+                exchange.request_id,
+                functools.partial(write_chunk, exchange.scope),
             )
         except StreamCut as cut:
             exchange.status = cut.status

@@ -21,11 +21,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from asyncio import TimerHandle
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from streamserve.app.errors import error_response
 from streamserve.runtime.fd_limit import raise_fd_limit
@@ -49,6 +49,28 @@ CLOSING_MAX = 64
 # app only when it next awaits ``receive()``; one that waits for something else meanwhile (the gateway, for a reply
 # from Redis) sets this, so that the caller's leaving cancels its request at once, with no task of its own.
 ON_DISCONNECT = "streamserve.on_disconnect"
+# The ASGI scope key of the request's uvicorn cycle, for ``write_chunk``.
+CYCLE = "streamserve.cycle"
+
+
+def write_chunk(scope: Mapping[str, object], body: bytes) -> bool:
+    """Write ``body`` as one chunk of the chunked response in progress, on the socket at once, as ASGI's ``send``
+    would but without its message and await; False, writing nothing, where ``send`` must do it instead: the response
+    is not a chunked one under way, its client is gone, or writing is paused (the client reads slowly: ``send`` waits
+    for room). For the gateway's streams, whose chunks come from the reply reader with nobody awaiting anything."""
+    cycle = scope.get(CYCLE)
+    if (
+        not isinstance(cycle, RequestResponseCycle)
+        or cycle.flow.write_paused
+        or cycle.disconnected
+        or not cycle.response_started
+        or cycle.response_complete
+        or not cycle.chunked_encoding
+        or not body
+    ):
+        return False
+    cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+    return True
 
 
 @dataclass(frozen=True)
@@ -178,6 +200,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self.waiting.pop(self, None)
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # (not for an upgrade)
+            self.scope[CYCLE] = cycle  # type: ignore[literal-required]  # (write_chunk)
 
     def on_response_complete(self) -> None:
         idle = not self.pipeline  # else the next request, already read, starts now

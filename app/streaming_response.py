@@ -3,9 +3,11 @@
 NDJSON (``application/x-ndjson``, the default): one JSON value per line. SSE (``text/event-stream``, when the
 request's ``Accept`` names it): each chunk is ``data: <json>`` and a blank line.
 
-Each wake-up writes what came since the last one (one CHUNK message, or all those one read of the reply stream
-brought) with one ASGI send, and takes more from the feed only once that send returned: a slow HTTP reader slows
-the replica, through the feed's progress messages (flow control), and nothing piles up in the gateway.
+What came while the response waits for chunks (all that one read of the reply stream brought) is written on the
+socket at once by the reply reader, in one write (``write``: ChunkFeed.sink), with no wake-up of this task. When the
+socket cannot take it (its client reads slowly), this task is woken and writes with an ASGI send, and takes more
+from the feed only once that send returned: a slow HTTP reader slows the replica, through the feed's progress
+messages (flow control), and nothing piles up in the gateway.
 
 How a stream ends:
 - well: the response ends as any chunked response does;
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Callable
 
 import orjson
 from starlette.types import Receive, Send
@@ -70,16 +73,27 @@ def stream_headers(sse: bool, request_id: str, deployment: str, replica_id: str)
 
 
 async def stream_response(
-    send: Send, receive: Receive, feed: ChunkFeed, headers: list[tuple[bytes, bytes]], sse: bool, request_id: str
+    send: Send,
+    receive: Receive,
+    feed: ChunkFeed,
+    headers: list[tuple[bytes, bytes]],
+    sse: bool,
+    request_id: str,
+    write: Callable[[bytes], bool] | None = None,
 ) -> int:
     """Answer with ``feed``'s chunks until its end, then close it; the status the request is counted as (200, or
-    the error's, or CLIENT_CLOSED). Raises StreamCut where the connection must be cut (see the module)."""
+    the error's, or CLIENT_CLOSED). Raises StreamCut where the connection must be cut (see the module).
+
+    ``write``: writes one body chunk on the socket at once, or says False (http_protocol.write_chunk); given, the
+    chunks that come while this waits for them are written by the reply reader itself (ChunkFeed.sink)."""
     frame = _sse_frame if sse else _ndjson_frame
     watcher = asyncio.create_task(_watch_disconnect(receive, feed))
     stuck_at = None if math.isinf(feed.deadline) else feed.deadline + STUCK_WRITE_GRACE_S
     try:
         async with asyncio.timeout_at(stuck_at):
             await send({"type": "http.response.start", "status": 200, "headers": headers})
+            if write is not None:
+                feed.sink = lambda batch: write(frame(batch))
             while True:
                 try:
                     batch = await feed.next_batch()
@@ -95,6 +109,7 @@ async def stream_response(
         error = RequestTimeoutError(f"the client read too slowly to take the stream before its deadline ({request_id})")
         raise StreamCut(status_for(error), str(error)) from None
     finally:
+        feed.sink = None
         watcher.cancel()
         feed.close()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from streamserve.app.streaming_response import wants_sse
@@ -107,3 +109,39 @@ async def test_a_failure_ends_the_stream_at_once_and_closing_forgets_it() -> Non
 )
 def test_sse_is_chosen_only_when_accept_names_it(accept: list[str], sse: bool) -> None:
     assert wants_sse(accept) is sse
+
+
+async def test_chunks_for_a_waiting_consumer_with_a_sink_go_to_it_in_one_write_per_read_without_waking_it() -> None:
+    feed, reports = reporting_feed()
+    written: list[bytes] = []
+    socket_takes = [True]
+
+    def sink(body: bytes) -> bool:
+        if socket_takes[0]:
+            written.append(body)
+        return socket_takes[0]
+
+    feed.sink = sink
+    consumer = asyncio.create_task(feed.next_batch())
+    await asyncio.sleep(0)  # it waits for chunks
+    assert feed.add_chunks("tokens#a", 4, 0, 1, b"1") is True  # flush this feed once the read is in
+    assert feed.add_chunks("tokens#a", 4, 1, 2, b"2\n3") is False  # (due already)
+    feed.flush()
+    assert written == [b"1\n2\n3"]  # one write for the read
+    assert reports == [("tokens#a", 3)]  # taken: its replica is told as for chunks a consumer took
+    await asyncio.sleep(0)
+    assert not consumer.done()  # never woken
+
+    socket_takes[0] = False  # the client reads slowly: the consumer writes (and waits) itself
+    assert feed.add_chunks("tokens#a", 4, 3, 1, b"4") is True
+    feed.flush()
+    assert await consumer == b"4"
+    assert written == [b"1\n2\n3"]
+
+
+async def test_a_consumer_that_is_busy_takes_what_came_itself() -> None:
+    feed = ChunkFeed("r1")
+    feed.sink = lambda _body: pytest.fail("written while the consumer was busy")  # type: ignore[misc]
+    assert feed.add_chunks("tokens#a", 4, 0, 1, b"1") is False  # nobody waits: held for the consumer
+    feed.flush()
+    assert await feed.next_batch() == b"1"

@@ -6,6 +6,12 @@ Python client). What the feed holds is bounded by flow control, not here: the re
 chunks ahead of what the consumer has taken, and the feed tells it how far that is (``report``) once the consumer
 has taken at least ``max(1, window // 2)`` chunks beyond what it last said.
 
+A consumer that can write chunks where they go without waiting (the gateway: on the HTTP socket) sets ``sink``.
+While it waits for chunks, those that come are not handed to it: the reply reader ``flush``es each feed it added to
+once it has taken in all that one read brought, and the feed gives them to ``sink`` at once, as one write: no
+wake-up, no task switch per chunk. Where ``sink`` cannot take them (the client reads slowly), the consumer is woken
+as usual.
+
 Retries: a replica that dies mid-stream leaves its request to another one, which runs the handler again from chunk
 0 under the same request id. The feed keeps the index of the next chunk it expects and drops every chunk below it,
 so a deterministic handler continues seamlessly; it reports to whichever replica sent the latest chunk.
@@ -14,6 +20,7 @@ so a deterministic handler continues seamlessly; it reports to whichever replica
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import deque
 from collections.abc import Callable
 
@@ -32,6 +39,7 @@ class ChunkFeed:
         "_batches",
         "_failed",
         "_final",
+        "_flush_due",
         "_offset",
         "_reported",
         "_taken",
@@ -43,6 +51,7 @@ class ChunkFeed:
         "replica_id",
         "report",
         "request_id",
+        "sink",
     )
 
     def __init__(self, request_id: str) -> None:
@@ -63,6 +72,9 @@ class ChunkFeed:
         self.report: Report | None = None
         self.on_close: Callable[[], None] | None = None
         self.deadline = float("inf")
+        # Set by a consumer that writes chunks without waiting: takes chunks joined by b"\n", or says False.
+        self.sink: Callable[[bytes], bool] | None = None
+        self._flush_due = False
 
     @classmethod
     def ended(cls, final: Reply) -> ChunkFeed:
@@ -97,26 +109,44 @@ class ChunkFeed:
         self._final = reply
         self._wake()
 
-    def add_chunks(self, replica_id: str, window: int, seq: int, count: int, body: bytes) -> None:
+    def add_chunks(self, replica_id: str, window: int, seq: int, count: int, body: bytes) -> bool:
         """Take in chunks ``seq`` to ``seq + count - 1`` (``body``: joined by b"\\n") that ``replica_id`` sent, whose
-        ``window`` is its max_unread_chunks; those that came already are dropped."""
+        ``window`` is its max_unread_chunks; those that came already are dropped. True when the reader must
+        ``flush`` this feed once it has taken in the rest of its read (see the module)."""
         if self._final is not None or self._failed is not None:
-            return  # a late duplicate, or nobody reads any more
+            return False  # a late duplicate, or nobody reads any more
         self._window = window
         if replica_id != self.replica_id:  # the first chunk, or another replica runs the handler again
             self.replica_id, self._reported = replica_id, 0
             self._report_if_due()
         end = seq + count
         if end <= self.next_index or count <= 0:
-            return  # all of them came already
+            return False  # all of them came already
         if seq < self.next_index:  # a re-run catching up: keep what is new
             body = _after_lines(body, self.next_index - seq)
         elif seq > self.next_index:
             self.fail(ProtocolError(f"stream {self.request_id} skipped chunks {self.next_index} to {seq - 1}"))
-            return
+            return False
         self._batches.append((body, end - self.next_index))
         self.next_index = end
+        if self.sink is not None and self._waiting():  # its consumer waits: the sink takes them at once
+            first, self._flush_due = not self._flush_due, True
+            return first
         self._wake()
+        return False
+
+    def flush(self) -> None:
+        """Give what came to ``sink`` in one piece, or wake the consumer if it cannot take it now."""
+        self._flush_due = False
+        if not self._batches or not self._waiting() or self.sink is None:
+            return  # taken meanwhile, or its consumer is busy (it takes them when it is done)
+        body, count = self._joined()
+        if self.sink(body):
+            self._batches.clear()
+            self._offset = 0
+            self._took(count)
+        else:
+            self._wake()
 
     def fail(self, exc: BaseException) -> None:
         """End the stream at once with ``exc`` (the chunks still held are dropped): its deadline passed, Redis was
@@ -164,19 +194,24 @@ class ChunkFeed:
     # -- inside -------------------------------------------------------------------------
 
     def _take_all(self) -> bytes:
-        body, count = self._batches.popleft()
+        body, count = self._joined()
+        self._batches.clear()
+        self._offset = 0
+        self._took(count)
+        return body
+
+    def _joined(self) -> tuple[bytes, int]:
+        """Every chunk held (not yet taken), joined by b"\\n", and how many; taking nothing."""
+        body, count = self._batches[0]
         if self._offset:
             body, count = body[self._offset :], count - body.count(b"\n", 0, self._offset)
-            self._offset = 0
-        if self._batches:
+        if len(self._batches) > 1:
             parts = [body]
-            while self._batches:
-                more, more_count = self._batches.popleft()
+            for more, more_count in itertools.islice(self._batches, 1, None):
                 parts.append(more)
                 count += more_count
             body = b"\n".join(parts)
-        self._took(count)
-        return body
+        return body, count
 
     def _take_one(self) -> bytes:
         body, _count = self._batches[0]
@@ -217,6 +252,11 @@ class ChunkFeed:
             await self._waiter
         finally:
             self._waiter = None
+
+    def _waiting(self) -> bool:
+        """Whether the consumer waits for chunks (and was not woken yet)."""
+        waiter = self._waiter
+        return waiter is not None and not waiter.done()
 
     def _wake(self) -> None:
         waiter = self._waiter

@@ -75,6 +75,8 @@ class ReplyStream:
         self._tags = itertools.count(1)
         # The tag of the latest call of each request id waiting here: for replies that carry no tag.
         self._tag_of: dict[str, str] = {}
+        # Feeds given chunks in this read whose consumers write them at once (ChunkFeed.flush), once it is all in.
+        self._to_flush: list[ChunkFeed] = []
         self._last_id = b"0-0"
         self._trimmed_to = b"0-0"
         self._trim_due = 0.0
@@ -197,6 +199,8 @@ class ReplyStream:
                     for entry_id, fields in entries:
                         self._last_id = entry_id
                         self._resolve(fields)
+                if self._to_flush:
+                    self._flush()
         finally:
             await reader.aclose()
 
@@ -259,11 +263,17 @@ class ReplyStream:
             tag = part.tag or self._tag_of.get(part.request_id, "")
             feed = self._feeds.get(tag)
             if feed is not None:
-                feed.add_chunks(replica_id, part.window, part.seq, part.count, part.body)
+                if feed.add_chunks(replica_id, part.window, part.seq, part.count, part.body):
+                    self._to_flush.append(feed)
                 continue
             fut = self._pending.get(tag)
             if fut is not None:
                 self._open_feed(tag, fut, part.reply(replica_id))
+
+    def _flush(self) -> None:
+        feeds, self._to_flush = self._to_flush, []
+        for feed in feeds:
+            feed.flush()
 
     def _open_feed(self, tag: str, fut: asyncio.Future[Reply], first: Reply) -> None:
         """A request's first chunk: its later replies go to a feed from now on; its caller gets ``first``."""
