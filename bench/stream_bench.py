@@ -1,5 +1,5 @@
 """Streaming: chunks/s and time to first chunk through one gateway, beside a bare FastAPI app and Ray Serve; chunk
-delay at 1,000 token-rate streams; disconnect to CancelledError.
+delay at 1,000 (and 250) token-rate streams; disconnect to CancelledError.
 
 Each stream is ``POST /stream`` answered by 200 small JSON chunks (bench/stream_chunks.py), yielded as fast as the
 generator can. At 1, 10 and 100 concurrent streams (closed loop, keep-alive connections, a raw-socket HTTP/1.1
@@ -39,6 +39,7 @@ from bench.stream_phases import (
     BODY,
     PATH,
     SETTLE_S,
+    TICK_LEVELS,
     TICK_PER_S,
     TICK_STREAMS,
     DelayRow,
@@ -95,7 +96,7 @@ class Measured:
 
     streams: dict[str, dict[int, StreamRow]]
     unary: Summary | None = None
-    ticks: dict[str, DelayRow] | None = None
+    ticks: dict[str, dict[int, DelayRow]] | None = None  # by target, then number of streams
     disconnects: dict[str, DelayRow] | None = None
     ray_note: str = ""
 
@@ -178,16 +179,17 @@ def section(found: Measured, run: StreamRun) -> Section:
         out.body += ["", f"Unary `POST /noop` through the same gateway, one at a time: p50 {u.p50_ms.fmt(3)} ms, "]
         out.body[-1] += f"p99 {u.p99_ms.fmt(3)} ms, {u.errors} errors."
     if found.ticks:
-        expected = TICK_STREAMS * TICK_PER_S
+        levels = " and ".join(f"{n:,}" for n in TICK_LEVELS)
         out.body += [
             "",
-            f"{TICK_STREAMS:,} concurrent streams of {TICK_PER_S:g} chunks/s each (a language model's token rate): "
-            f"each chunk's delay from the handler's `yield` to the client's read, over the chunks yielded while all "
-            f"streams ran ({expected:,.0f} chunks/s due):",
+            f"{levels} concurrent streams of {TICK_PER_S:g} chunks/s each (a language model's token rate; "
+            f"{TICK_STREAMS * TICK_PER_S:,.0f} chunks/s due at {TICK_STREAMS:,}): each chunk's delay from the "
+            "handler's `yield` to the client's read, over the chunks yielded while all streams ran:",
             "",
             *md_table(
                 [
                     "target",
+                    "streams",
                     "chunks measured",
                     "chunks/s delivered",
                     "delay p50 ms",
@@ -198,6 +200,7 @@ def section(found: Measured, run: StreamRun) -> Section:
                 [
                     [
                         LABELS[t],
+                        f"{n:,}",
                         f"{r.count:,}",
                         r.rate.fmt(0) if r.rate else "n/a",
                         r.p50_ms.fmt(2),
@@ -205,7 +208,8 @@ def section(found: Measured, run: StreamRun) -> Section:
                         r.client_cores.fmt(2) if r.client_cores else "n/a",
                         str(r.errors),
                     ]
-                    for t, r in found.ticks.items()
+                    for t, by_n in found.ticks.items()
+                    for n, r in by_n.items()
                 ],
             ),
         ]
@@ -229,7 +233,10 @@ def section(found: Measured, run: StreamRun) -> Section:
         if r.first_error
     ]
     first_errors += [
-        f"{LABELS[t]}, token-rate streams: `{r.first_error}`" for t, r in (found.ticks or {}).items() if r.first_error
+        f"{LABELS[t]}, {n:,} token-rate streams: `{r.first_error}`"
+        for t, by_n in (found.ticks or {}).items()
+        for n, r in by_n.items()
+        if r.first_error
     ]
     if first_errors:
         out.body += ["", "First error of each row with errors: " + "; ".join(first_errors) + "."]
@@ -296,12 +303,16 @@ def verdicts(found: Measured) -> list[str]:
         out.append(
             f"First chunk p50 at 1 stream, streamserve / Ray Serve: **{r:.3f}** (goal < 0.1: {verdict(r < 0.1)})."
         )
-    if found.ticks and "streamserve" in found.ticks:
-        p99 = found.ticks["streamserve"].p99_ms.median
+    ticks = found.ticks or {}
+    if TICK_STREAMS in ticks.get("streamserve", {}):
+        p99 = ticks["streamserve"][TICK_STREAMS].p99_ms.median
         out.append(
             f"{TICK_STREAMS:,} streams at {TICK_PER_S:g} chunks/s, yield -> client p99: **{p99:.1f} ms** "
             f"(goal < 20 ms: {verdict(p99 < 20 if not math.isnan(p99) else None)})."
         )
+        if TICK_STREAMS in ticks.get("bare", {}):
+            bare_p99 = ticks["bare"][TICK_STREAMS].p99_ms.median
+            out[-1] += f" The bare FastAPI ceiling's p99 there: {bare_p99:.1f} ms."
     for kind, row in (found.disconnects or {}).items():
         p99 = row.p99_ms.median
         missed = f"; {row.errors} not cancelled" if row.errors else ""

@@ -26,6 +26,9 @@ REPLICAS = 2
 # The token-rate phase: streams, chunks per second each.
 TICK_STREAMS = 1000
 TICK_PER_S = 50.0
+# The token-rate loads measured: the goal's, and one a quarter of it (where a machine that the goal's load saturates,
+# the bare ceiling included, still shows each system's own delay).
+TICK_LEVELS = (TICK_STREAMS, TICK_STREAMS // 4)
 SETTLE_S = 0.5  # measured from this long after the last stream started
 
 
@@ -121,20 +124,25 @@ async def measure_unary(port: int, run: StreamRun) -> Summary:
     return Summary.of(samples)
 
 
-async def measure_ticks(target: str, port: int, run: StreamRun) -> DelayRow:
-    """TICK_STREAMS streams at TICK_PER_S: each line's delay from its yield to this client, in the window where all
+async def measure_ticks(target: str, port: int, run: StreamRun) -> dict[int, DelayRow]:
+    """Each of TICK_LEVELS, by its number of streams."""
+    return {streams: await measure_tick_level(target, port, run, streams) for streams in TICK_LEVELS}
+
+
+async def measure_tick_level(target: str, port: int, run: StreamRun, streams: int) -> DelayRow:
+    """``streams`` streams at TICK_PER_S: each line's delay from its yield to this client, in the window where all
     of them run."""
     p50s, p99s, rates, cores = [], [], [], []
     count = errors = 0
     first_error = ""
     for rep in range(run.reps):
-        lines = await timed_streams(port, PATH, TICK_STREAMS, TICK_PER_S, run.tick_ramp_s, run.tick_hold_s)
+        lines = await timed_streams(port, PATH, streams, TICK_PER_S, run.tick_ramp_s, run.tick_hold_s)
         start, end = lines.started + run.tick_ramp_s + SETTLE_S, lines.started + run.tick_hold_s
         window = lines.window(start, end)
         p50, p99 = ms_percentiles(window)
         rate = len(window) / (end - start)
         print(
-            f"  ticks  {target:<11} {TICK_STREAMS} streams rep {rep + 1}: yield -> client p50 {p50:.2f} ms "
+            f"  ticks  {target:<11} {streams} streams rep {rep + 1}: yield -> client p50 {p50:.2f} ms "
             f"p99 {p99:.2f} ms, {rate:.0f} chunks/s in the window, client {lines.client_cores:.2f} cores, "
             f"errors {lines.errors} {lines.first_error}",
             flush=True,

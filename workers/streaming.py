@@ -389,13 +389,13 @@ class Stream:
         if ending is None:
             return
         if self._cancelled:
-            reply = Reply(self._rid, ReplyStatus.CANCELLED, self._who, error_message=RUNNING_STAGE)
+            reply = self._request.reply(ReplyStatus.CANCELLED, self._who, error_message=RUNNING_STAGE)
         elif self._undeliverable or (ending.stopped and self._deadline_passed):
-            reply = Reply(self._rid, ReplyStatus.DEADLINE_EXCEEDED, self._who)
+            reply = self._request.reply(ReplyStatus.DEADLINE_EXCEEDED, self._who)
         elif ending.error is not None:
             reply = self._replica.user_error(self._request, ending.error, ending.context)
         else:
-            reply = Reply(self._rid, ReplyStatus.END, self._who)
+            reply = self._request.reply(ReplyStatus.END, self._who)
         reply.seq = self._delivered
         self.outcome.set_result(reply)
 

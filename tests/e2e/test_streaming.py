@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -36,6 +37,10 @@ deployments:
     graceful_shutdown_timeout_s: 2
   - name: slow
     import_path: tests.stream_deployments:sync_slow
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 2
+  - name: sleepy
+    import_path: examples.sleepy:Sleepy
     num_replicas: 1
     graceful_shutdown_timeout_s: 2
   - name: big
@@ -68,6 +73,43 @@ def test_ndjson_lines_arrive_as_the_handler_yields_them(farm: Farm) -> None:
     ]
     # Each line came when it was made (0.4 s apart), not all at the end.
     assert arrived[1][0] - arrived[0][0] > 0.2 and arrived[2][0] - arrived[1][0] > 0.2
+
+
+def tokens_of(farm: Farm, text: str, request_id: str, lines: int | None = None) -> list[str]:
+    """The tokens of a /tokens stream of ``text`` sent with ``request_id``; ``lines``: leave after that many."""
+    body = {"text": text, "delay_s": 0.05}
+    got: list[str] = []
+    headers = {"X-Request-ID": request_id}
+    with httpx.stream("POST", f"{farm.base_url}/tokens", json=body, headers=headers, timeout=30) as response:
+        assert response.status_code == 200 and response.headers["x-request-id"] == request_id
+        for line in response.iter_lines():
+            chunk = orjson.loads(line)
+            assert "token" in chunk, chunk
+            got.append(chunk["token"])
+            if len(got) == lines:
+                break  # the connection closes with the block
+    return got
+
+
+def test_streams_that_share_a_request_id_each_get_only_their_own_chunks(farm: Farm) -> None:
+    texts = ["a1 a2 a3 a4 a5 a6", "b1 b2 b3 b4 b5 b6"]
+    with ThreadPoolExecutor(2) as pool:  # at once, through one gateway
+        both = list(pool.map(lambda text: tokens_of(farm, text, "same-id"), texts))
+    assert both == [text.split() for text in texts]
+    # A caller that leaves after a chunk and comes back at once with the same id gets the new stream only.
+    assert tokens_of(farm, "c1 c2 c3 c4 c5 c6", "again-id", lines=1) == ["c1"]
+    assert tokens_of(farm, "d1 d2 d3", "again-id") == ["d1", "d2", "d3"]
+
+
+def test_unary_calls_that_share_a_request_id_each_get_their_own_answer(farm: Farm) -> None:
+    def slept(seconds: float) -> object:
+        headers = {"X-Request-ID": "shared-id"}
+        response = httpx.post(f"{farm.base_url}/sleepy", json={"seconds": seconds}, headers=headers, timeout=30)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(slept, [0.4, 0.2])) == [{"slept": 0.4}, {"slept": 0.2}]
 
 
 def test_server_sent_events(farm: Farm) -> None:

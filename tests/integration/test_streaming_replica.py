@@ -36,6 +36,7 @@ class Caller:
         self.keys = settings.keys
         self.reply_to = settings.keys.reply_stream(new_caller_id())
         self._last: bytes | str = "0-0"
+        self.tags: dict[str, str] = {}  # each request's tag, as a client gives one: every reply must echo it
 
     async def open(self) -> None:
         """Make the reply stream (replies are added with NOMKSTREAM, as to a real caller's)."""
@@ -48,6 +49,7 @@ class Caller:
         deadline_ms = now_ms() + int(timeout_s * 1000)
         request = Request(request_id, self.reply_to if reply else "", deadline_ms, orjson.dumps(body), method)
         request.stream = stream
+        request.tag = self.tags[request_id] = f"tag-{request_id[:6]}"
         await self.redis.xadd(self.keys.requests(NAME), dict(request.encode()))
         return request_id
 
@@ -97,7 +99,7 @@ class Caller:
         reported = 0
         while True:
             for reply in await self.next_replies(until - loop.time()):
-                assert reply.request_id == request_id
+                assert reply.request_id == request_id and reply.tag == self.tags[request_id], reply
                 if reply.status is not ReplyStatus.CHUNK:
                     return chunks, reply
                 chunks.append(reply)
@@ -112,6 +114,7 @@ class Caller:
         while sum(c.count for c in chunks) < total:
             for reply in await self.next_replies():
                 assert reply.request_id == request_id and reply.status is ReplyStatus.CHUNK, reply
+                assert reply.tag == self.tags[request_id], reply
                 chunks.append(reply)
         return chunks
 
