@@ -9,7 +9,7 @@ most STREAM_BATCH_MAX_CHUNKS chunks of each.
 One batch per caller is on its way at a time, so every stream's chunks reach Redis in order, whichever batch they
 went in and however often one is sent again. The next batch is built once the last one is in Redis, from all that
 came meanwhile; a stream's first chunk goes at once when nothing is on its way (what the caller waits for), others
-at the end of the loop turn that queued them. A batch Redis did not take is sent again after a pause; a stream whose
+at the end of the loop turn that queued them, or LINGER_S later when many streams share the batcher. A batch Redis did not take is sent again after a pause; a stream whose
 deadline passed meanwhile gives up instead (ChunkSource.undelivered).
 """
 
@@ -34,6 +34,12 @@ STREAM_BATCH_MAX_BYTES = 256 * 1024
 BATCH_MAX_BYTES = 1024 * 1024
 # A batch Redis did not take is sent again at most this far apart.
 SEND_RETRY_CAP_S = 1.0
+# With this many streams or more for one caller, a batch waits this long for company once one is ready (a
+# stream's first chunk never waits). Token streams each have a chunk now and then: sent as soon as it came, most
+# batches held one part, and the round trip per part cost the replica, Redis and the caller's gateway most of what
+# a chunk cost; waiting a little lets one entry take the chunks of many streams (bench/RESULTS.md, stream bench).
+LINGER_MIN_STREAMS = 8
+LINGER_S = 0.002
 
 
 @dataclass(slots=True)
@@ -86,11 +92,20 @@ class ChunkBatcher:
             return  # it goes when that batch has landed
         if at_once:
             self._flush()
-        elif not self._flush_due:
-            self._flush_due = True
-            self._loop.call_soon(self._flush_soon)
+        else:
+            self._flush_soon()
 
     def _flush_soon(self) -> None:
+        """Flush at the end of this loop turn, or after LINGER_S when many streams share this batcher."""
+        if self._flush_due:
+            return
+        self._flush_due = True
+        if self.streams >= LINGER_MIN_STREAMS:
+            self._loop.call_later(LINGER_S, self._flush_when_due)
+        else:
+            self._loop.call_soon(self._flush_when_due)
+
+    def _flush_when_due(self) -> None:
         self._flush_due = False
         self._flush()
 
@@ -125,8 +140,9 @@ class ChunkBatcher:
         if error is None:
             self._backoff.reset()
             for source, t in taken:
-                source.delivered(t.part)
-            self._flush()
+                source.delivered(t.part)  # (those with more queued are ready again)
+            if self._ready:
+                self._flush_soon()
             return
         retried = [source for source, t in taken if source.undelivered(t.part, t.chunks, error)]
         if not retried and not self._ready:
