@@ -9,8 +9,9 @@ most STREAM_BATCH_MAX_CHUNKS chunks of each.
 One batch per caller is on its way at a time, so every stream's chunks reach Redis in order, whichever batch they
 went in and however often one is sent again. The next batch is built once the last one is in Redis, from all that
 came meanwhile; a stream's first chunk goes at once when nothing is on its way (what the caller waits for), others
-at the end of the loop turn that queued them, or LINGER_S later when many streams share the batcher. A batch Redis did not take is sent again after a pause; a stream whose
-deadline passed meanwhile gives up instead (ChunkSource.undelivered).
+at the end of the loop turn that queued them, or LINGER_S later when many streams share the batcher. A batch Redis
+did not take is sent again after a pause; a stream whose deadline passed meanwhile gives up instead
+(ChunkSource.undelivered).
 """
 
 from __future__ import annotations

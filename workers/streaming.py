@@ -400,8 +400,9 @@ class Stream:
         self.outcome.set_result(reply)
 
     @property
-    def request_id(self) -> str:
-        return self._request.request_id
+    def key(self) -> tuple[str, str]:
+        """Its request id and tag: what names it in its caller's ReadProgress messages."""
+        return self._request.request_id, self._request.tag
 
     @property
     def batcher(self) -> ChunkBatcher:
@@ -417,7 +418,7 @@ class Stream:
 
 
 class Streams:
-    """The streaming requests one replica serves, by request id (as its control messages name them)."""
+    """The streaming requests one replica serves, by request id and tag (as its control messages name them)."""
 
     def __init__(
         self,
@@ -431,7 +432,8 @@ class Streams:
     ) -> None:
         self._replica = _Replica(threads, replica_id, deployment, figures, user_error)
         self._pipeliner = pipeliner
-        self._running: dict[str, Stream] = {}
+        # By request id and tag (Request.tag), as ReadProgress names them: streams may share a request id.
+        self._running: dict[tuple[str, str], Stream] = {}
         self._batchers: dict[str, ChunkBatcher] = {}  # by reply stream: one per caller with streams here
 
     def start(
@@ -447,14 +449,14 @@ class Streams:
         batcher.streams += 1
         stream = Stream(request, self._replica, batcher, config.max_unread_chunks, config.max_response_bytes, scope)
         stream.start(handler, body)
-        self._running[request.request_id] = stream
+        self._running[stream.key] = stream
         stream.outcome.add_done_callback(functools.partial(self._ended, stream))
         return stream.outcome
 
     def _ended(self, stream: Stream, _outcome: asyncio.Future[Reply]) -> None:
         stream.forget()
-        if self._running.get(stream.request_id) is stream:
-            del self._running[stream.request_id]
+        if self._running.get(stream.key) is stream:
+            del self._running[stream.key]
         batcher = stream.batcher
         batcher.streams -= 1
         if batcher.streams == 0 and self._batchers.get(batcher.reply_to) is batcher:
@@ -467,7 +469,7 @@ class Streams:
 
     def _caller_read(self, fields: Fields) -> None:
         progress = ReadProgress.decode(fields)
-        stream = self._running.get(progress.request_id)
+        stream = self._running.get((progress.request_id, progress.tag))
         if stream is not None:  # else it has ended (or was never here)
             stream.caller_read(progress.read)
 

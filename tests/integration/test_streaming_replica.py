@@ -81,7 +81,7 @@ class Caller:
 
     async def say_read(self, request_id: str, replica_id: str, read: int) -> None:
         """Tell the serving replica how far it has read, as a caller does."""
-        await self.control(replica_id, dict(ReadProgress(request_id, read).encode()))
+        await self.control(replica_id, dict(ReadProgress(request_id, read, self.tags.get(request_id, "")).encode()))
 
     async def control(self, replica_id: str, fields: dict[Any, Any]) -> None:
         key = self.keys.replica_control(NAME, replica_id)
@@ -284,6 +284,37 @@ async def test_a_stream_pauses_max_unread_chunks_ahead_of_what_its_caller_has_re
     rest, final = await caller.whole(request_id)
     assert values(chunks + rest) == list(range(100))
     assert final.status is ReplyStatus.END and final.seq == 100
+
+
+async def test_streams_that_share_a_request_id_are_told_apart_by_their_tags(
+    start_replica: StartReplica, caller: Caller
+) -> None:
+    """Two callers' streams with one request id on one replica, each paused at its window of 2 until its own caller
+    says how far it read: each gets its own chunks and end, and each caller's progress moves its own stream."""
+    replica = await serve(start_replica, "count_to", max_unread_chunks=2)
+    me = replica.replica_id.to_str()
+    request_id = new_request_id()
+    for tag in ("first", "second"):
+        request = Request(request_id, caller.reply_to, now_ms() + 30_000, b"6", stream=True, tag=tag)
+        await caller.redis.xadd(caller.keys.requests(NAME), dict(request.encode()))
+    got: dict[str, list[Any]] = {"first": [], "second": []}
+    ended: dict[str, Reply] = {}
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 20
+    while len(ended) < 2:
+        for reply in await caller.next_replies(until - loop.time()):
+            assert reply.request_id == request_id and reply.tag in got, reply
+            if reply.status is not ReplyStatus.CHUNK:
+                ended[reply.tag] = reply
+                continue
+            got[reply.tag] += [orjson.loads(line) for line in reply.body.split(b"\n")]
+            progress = ReadProgress(request_id, len(got[reply.tag]), reply.tag)
+            await caller.control(me, dict(progress.encode()))
+    assert got == {"first": [{"i": i} for i in range(6)], "second": [{"i": i} for i in range(6)]}
+    assert {tag: (final.status, final.seq) for tag, final in ended.items()} == {
+        "first": (ReplyStatus.END, 6),
+        "second": (ReplyStatus.END, 6),
+    }
 
 
 async def test_a_streaming_handler_called_without_the_stream_flag_is_refused_naming_stream(

@@ -224,7 +224,7 @@ class Calls(ClientCore):
             feed.close()
             return
         assert self._pipeliner is not None
-        feed.report = progress_reporter(self._pipeliner, self._keys, cfg.name, request_id)
+        feed.report = progress_reporter(self._pipeliner, self._keys, cfg.name, request_id, tag)
 
     def new_tag(self) -> str:
         """A tag for a call to be made with ``request(..., tag=)``, to name it before it is sent."""

@@ -20,11 +20,12 @@ from streamserve.wire.messages import ReadProgress
 logger = logging.getLogger(__name__)
 
 
-def progress_reporter(pipeliner: Pipeliner, keys: Keys, deployment: str, request_id: str) -> Report:
+def progress_reporter(pipeliner: Pipeliner, keys: Keys, deployment: str, request_id: str, tag: str) -> Report:
     """What a stream's feed calls to say how far its consumer has read: fire and forget, on ``pipeliner``."""
 
     def report(replica_id: str, read: int) -> None:
-        command = control_command(keys.replica_control(deployment, replica_id), ReadProgress(request_id, read))
+        progress = ReadProgress(request_id, read, tag)
+        command = control_command(keys.replica_control(deployment, replica_id), progress)
         pipeliner.execute(command).add_done_callback(_note_failure)
 
     return report

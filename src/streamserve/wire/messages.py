@@ -299,16 +299,23 @@ class ReadProgress:
 
     request_id: str
     read: int
+    # The request's tag (Request.tag): with the request id, it names the stream even among streams that share an id.
+    tag: str = ""
 
     def encode(self) -> WireFields:
-        return {"v": _V, "kind": "read", "id": self.request_id, "read": self.read}
+        fields: WireFields = {"v": _V, "kind": "read", "id": self.request_id, "read": self.read}
+        if self.tag:
+            fields["tag"] = self.tag
+        return fields
 
     @classmethod
     def decode(cls, fields: Fields) -> ReadProgress:
         _check_version(fields, "control")
         try:
             return cls(
-                request_id=_field(fields, b"id", "control").decode(), read=int(_field(fields, b"read", "control"))
+                request_id=_field(fields, b"id", "control").decode(),
+                read=int(_field(fields, b"read", "control")),
+                tag=fields.get(b"tag", b"").decode(),
             )
         except (UnicodeDecodeError, ValueError) as exc:
             raise ProtocolError(f"malformed control message: {exc}") from exc
