@@ -59,17 +59,21 @@ def write_chunk(scope: Mapping[str, object], body: bytes) -> bool:
     is not a chunked one under way, its client is gone, or writing is paused (the client reads slowly: ``send`` waits
     for room). For the gateway's streams, whose chunks come from the reply reader with nobody awaiting anything."""
     cycle = scope.get(CYCLE)
-    if (
-        not isinstance(cycle, RequestResponseCycle)
-        or cycle.flow.write_paused
-        or cycle.disconnected
-        or not cycle.response_started
-        or cycle.response_complete
-        or not cycle.chunked_encoding
-        or not body
-    ):
+    if not isinstance(cycle, RequestResponseCycle) or not body:
         return False
-    cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+    try:
+        if (
+            cycle.flow.write_paused
+            or cycle.disconnected
+            or not cycle.response_started
+            or cycle.response_complete
+            or not cycle.chunked_encoding
+        ):
+            return False
+        transport = cycle.transport
+    except AttributeError:  # a uvicorn whose cycle is not the one this knows: its ASGI send does the writing
+        return False
+    transport.write(b"%x\r\n%b\r\n" % (len(body), body))
     return True
 
 

@@ -1,10 +1,10 @@
 """One streamed request's chunks, between the reply reader that brings them and the consumer that takes them.
 
-The reply reader ``add``s each reply of the stream (CHUNK messages, then one final reply); the consumer takes the
-chunks in order, a message's worth at a time (``next_batch``, the gateway) or one by one (``next_chunk``, the
-Python client). What the feed holds is bounded by flow control, not here: the replica runs at most ``window``
-chunks ahead of what the consumer has taken, and the feed tells it how far that is (``report``) once the consumer
-has taken at least ``max(1, window // 2)`` chunks beyond what it last said.
+The reply reader adds each reply of the stream (its chunks, ``add_chunks``, then one final reply, ``add``); the
+consumer takes the chunks in order, a message's worth at a time (``next_batch``, the gateway) or one by one
+(``next_chunk``, the Python client). What the feed holds is bounded by flow control, not here: the replica runs at
+most ``window`` chunks ahead of what the consumer has taken, and the feed tells it how far that is (``report``) once
+the consumer has taken at least ``max(1, window // 2)`` chunks beyond what it last said.
 
 A consumer that can write chunks where they go without waiting (the gateway: on the HTTP socket) sets ``sink``.
 While it waits for chunks, those that come are not handed to it: the reply reader ``flush``es each feed it added to

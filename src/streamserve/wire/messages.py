@@ -70,7 +70,7 @@ class Request:
     method: str = ""
     # Deliveries that ended with the replica dying (set when the scheduler re-queues it).
     attempts: int = 0
-    # The caller takes a stream of chunks (Client.stream, HTTP): a streaming handler may answer with CHUNK replies.
+    # The caller takes a stream of chunks (Client.stream, HTTP): a streaming handler may answer with chunks.
     # Without it, a streaming handler is not run: the caller gets BAD_REQUEST naming stream().
     stream: bool = False
     # The request id of the request whose handler sent this one through a handle (streamserve.handle), or "".
