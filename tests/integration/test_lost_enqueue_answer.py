@@ -168,14 +168,15 @@ async def test_an_enqueue_sent_again_after_the_caller_got_its_reply_adds_nothing
         assert replies is not None
 
         reconnected = proxy.new_connections_wait = asyncio.Event()
+        tag = client.new_tag()
 
         async def answered_meanwhile() -> None:
             await wait_for_async(lambda: deployments.CALLS == [{"n": 3}], 10)
-            await wait_for_async(lambda: not replies.waits_for("lost-3"), 10)
+            await wait_for_async(lambda: not replies.waits_for(tag), 10)
             await aredis.xtrim(replies.name, maxlen=0)  # as its reader trims what it has read
             reconnected.set()
 
-        call = asyncio.ensure_future(client.request("rec", b'{"n": 3}', request_id="lost-3", timeout=10))
+        call = asyncio.ensure_future(client.request("rec", b'{"n": 3}', request_id="lost-3", timeout=10, tag=tag))
         await wait_for_async(lambda: bool(proxy.lost), 10)
         await answered_meanwhile()
         reply = await asyncio.wait_for(call, 20)
