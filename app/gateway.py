@@ -74,6 +74,7 @@ from streamserve.wire.errors import (
     StreamServeError,
     UnavailableError,
 )
+from streamserve.wire.idempotency import check_key
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import check_decoded
 from streamserve.wire.messages import Reply, ReplyStatus
@@ -84,6 +85,7 @@ REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")  # \Z: "$" would take a
 # X-Request-Timeout: plain decimal seconds (float() would also take "1_0", "+2", "1e3" and "inf").
 SECONDS_RE = re.compile(r"^(\d+\.?\d*|\.\d+)$")
 _JSON = (b"content-type", b"application/json")
+_REPLAYED = (b"idempotent-replayed", b"true")
 
 logger = logging.getLogger(__name__)
 
@@ -156,8 +158,11 @@ class Gateway:
             except ValueError as exc:
                 raise BadRequestError(f"request body: {exc}") from None
             header_timeout = _header_timeout(headers.get(b"x-request-timeout"))
+            idempotency_key = headers.get(b"idempotency-key")
+            if idempotency_key is not None:
+                check_key(idempotency_key)
             if _prefers_async(headers.getlist(b"prefer")):
-                response = await self._submit_job(name, value, header_timeout, exchange.reply_headers)
+                response = await self._submit_job(name, value, header_timeout, exchange.reply_headers, idempotency_key)
                 exchange.status = response.status_code
                 await response(scope, receive, send)
                 return
@@ -167,9 +172,17 @@ class Gateway:
             tag = self.client.new_tag()
             scope[ON_DISCONNECT] = functools.partial(self.client.caller_left, tag, exchange.request_id)
             reply = await self.client.request(
-                route, body, timeout=timeout, request_id=exchange.request_id, stream=True, tag=tag
+                route,
+                body,
+                timeout=timeout,
+                request_id=exchange.request_id,
+                stream=True,
+                tag=tag,
+                idempotency_key=idempotency_key or "",
             )
             exchange.replica = reply.replica_id
+            if reply.replayed:
+                exchange.reply_headers["Idempotent-Replayed"] = "true"
             if reply.status is not ReplyStatus.OK and reply.status not in STREAM_REPLIES:
                 raise error_of(reply)
         except RequestCancelledError:  # its caller disconnected (caller_left): nobody to answer; the access log: 499
@@ -185,19 +198,16 @@ class Gateway:
             await self._stream(exchange, reply)
             return
         exchange.status = 200
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    _JSON,
-                    (b"content-length", str(len(reply.body)).encode()),
-                    (b"x-request-id", exchange.request_id.encode()),
-                    (b"x-deployment", deployment.encode()),
-                    (b"x-replica", reply.replica_id.encode()),
-                ],
-            }
-        )
+        response_headers = [
+            _JSON,
+            (b"content-length", str(len(reply.body)).encode()),
+            (b"x-request-id", exchange.request_id.encode()),
+            (b"x-deployment", deployment.encode()),
+            (b"x-replica", reply.replica_id.encode()),
+        ]
+        if reply.replayed:
+            response_headers.append(_REPLAYED)
+        await send({"type": "http.response.start", "status": 200, "headers": response_headers})
         await send({"type": "http.response.body", "body": reply.body})
 
     async def _stream(self, exchange: _Exchange, first: Reply) -> None:
@@ -223,13 +233,13 @@ class Gateway:
             exchange.replica = feed.replica_id or first.replica_id
 
     async def _submit_job(
-        self, name: str, value: object, header_timeout: float, reply_headers: dict[str, str]
+        self, name: str, value: object, header_timeout: float, reply_headers: dict[str, str], key: str | None
     ) -> Response:
         """Queue the call as a job: 202 with the job's URL. The deployment is picked when the job runs."""
         timeout = None
         if header_timeout != float("inf"):  # it can only shorten the deployment's timeout, as for a direct call
             timeout = min((await self.client.route(name)).deployment.request_timeout_s, header_timeout)
-        job_id = await self.client.submit_job(name, value, timeout=timeout)
+        job_id = await self.client.submit_job(name, value, timeout=timeout, idempotency_key=key)
         headers = {**reply_headers, "Location": f"/-/jobs/{job_id}", "Preference-Applied": "respond-async"}
         return json_response({"job_id": job_id, "status": JobStatus.QUEUED.value}, status_code=202, headers=headers)
 

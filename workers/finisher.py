@@ -17,6 +17,12 @@ by itself until Redis takes it or the caller's deadline has passed. A large
 reply is not sent again: each try would fill Redis anew, and while its bytes
 arrive every other write is refused, other replicas' heartbeats and replies
 included. Its caller gets a small error reply instead, saying why.
+
+A request with an idempotency key settles its key's run (transport/keyed_runs.py)
+in the same round trip, ahead of its reply and acknowledgement; the callers
+that joined the run are answered in a round trip of their own once the
+settlement says who they are. Should that one be lost, they find the stored
+reply themselves (client/keyed_calls.py).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import RETRYABLE_ERRORS, is_out_of_memory
+from streamserve.transport.keyed_runs import Settlement
 from streamserve.transport.pipelining import Command, Pipeliner
 from streamserve.transport.streams import reply_command
 from streamserve.wire.errors import ResponseTooLargeError
@@ -59,13 +66,24 @@ class Finisher:
         self._who = who
         self._outgoing: list[Outgoing] = []
         self._entry_ids: list[bytes] = []
+        self._settlements: list[Settlement] = []
         self._backoff = Backoff(cap=RETRY_CAP_S)  # Redis away
         self._refusals = Backoff(cap=RETRY_CAP_S)  # replies refused for lack of memory
 
-    def finish(self, entry_id: bytes, reply: Reply | None = None, reply_to: str = "", deadline_ms: int = 0) -> None:
+    def finish(
+        self,
+        entry_id: bytes,
+        reply: Reply | None = None,
+        reply_to: str = "",
+        deadline_ms: int = 0,
+        settlement: Settlement | None = None,
+    ) -> None:
         """Reply (unless ``reply`` is None: nobody waits for it) and acknowledge ``entry_id`` this turn.
 
-        ``deadline_ms``: the request's; a reply Redis refuses for lack of memory is not sent again past it."""
+        ``deadline_ms``: the request's; a reply Redis refuses for lack of memory is not sent again past it.
+        ``settlement``: how the run of the request's idempotency key ends, if it has one."""
+        if settlement is not None:
+            self._settlements.append(settlement)
         if reply is not None:
             self._outgoing.append((entry_id, reply_to, reply, deadline_ms))
         if not self._entry_ids:
@@ -73,20 +91,29 @@ class Finisher:
         self._entry_ids.append(entry_id)
 
     def _flush(self) -> None:
-        outgoing, entry_ids = self._outgoing, self._entry_ids
-        self._outgoing, self._entry_ids = [], []
-        self._send(outgoing, entry_ids, True)
+        outgoing, entry_ids, settlements = self._outgoing, self._entry_ids, self._settlements
+        self._outgoing, self._entry_ids, self._settlements = [], [], []
+        self._send(outgoing, entry_ids, True, settlements)
 
-    def _send(self, outgoing: list[Outgoing], entry_ids: list[bytes], acknowledge: bool) -> None:
-        """Send the replies, and (``acknowledge``) the XACK and XDEL of ``entry_ids``, in one round trip."""
-        commands: list[Command] = [reply_command(reply_to, reply) for _, reply_to, reply, _ in outgoing]
+    def _send(
+        self, outgoing: list[Outgoing], entry_ids: list[bytes], acknowledge: bool, settlements: list[Settlement]
+    ) -> None:
+        """Send the settlements, the replies, and (``acknowledge``) the XACK and XDEL of ``entry_ids``, in one round
+        trip."""
+        commands: list[Command] = [settlement.command for settlement in settlements]
+        commands += [reply_command(reply_to, reply) for _, reply_to, reply, _ in outgoing]
         if acknowledge:
             commands += [("XACK", self._stream, CONSUMER_GROUP, *entry_ids), ("XDEL", self._stream, *entry_ids)]
         sent = self._pipeliner.execute(*commands)
-        sent.add_done_callback(functools.partial(self._sent, outgoing, entry_ids, acknowledge))
+        sent.add_done_callback(functools.partial(self._sent, outgoing, entry_ids, acknowledge, settlements))
 
     def _sent(
-        self, outgoing: list[Outgoing], entry_ids: list[bytes], acknowledge: bool, sent: asyncio.Future[list[Any]]
+        self,
+        outgoing: list[Outgoing],
+        entry_ids: list[bytes],
+        acknowledge: bool,
+        settlements: list[Settlement],
+        sent: asyncio.Future[list[Any]],
     ) -> None:
         settled = entry_ids
         try:
@@ -102,13 +129,18 @@ class Finisher:
                         exc,
                         delay,
                     )
-                    asyncio.get_running_loop().call_later(delay, self._send, outgoing, entry_ids, acknowledge)
+                    loop = asyncio.get_running_loop()
+                    loop.call_later(delay, self._send, outgoing, entry_ids, acknowledge, settlements)
                     settled = []
                     return
                 logger.error("replica %s: could not finish %d request(s): %s", self._who, len(entry_ids), exc)
                 return
             self._backoff.reset()
-            refused = self._refused(outgoing, sent.result())
+            results = sent.result()
+            if settlements:
+                self._answer_waiters(settlements, results[: len(settlements)])
+                results = results[len(settlements) :]
+            refused = self._refused(outgoing, results)
             if refused:
                 unsettled = {entry_id for entry_id, *_ in refused}
                 settled = [entry_id for entry_id in entry_ids if entry_id not in unsettled]
@@ -118,6 +150,25 @@ class Finisher:
         finally:
             if settled:
                 self._on_finished(settled)
+
+    def _answer_waiters(self, settlements: list[Settlement], results: list[Any]) -> None:
+        """Send the callers that joined the settled runs their copies of the replies."""
+        commands = []
+        for settlement, result in zip(settlements, results, strict=True):
+            if isinstance(result, Exception):
+                logger.warning("replica %s: could not settle an idempotency key: %s", self._who, result)
+            commands += settlement.answers(result)
+        if commands:
+            self._pipeliner.execute(*commands).add_done_callback(self._answered)
+
+    def _answered(self, sent: asyncio.Future[list[Any]]) -> None:
+        if sent.cancelled():
+            return
+        error = sent.exception()
+        if error is None:
+            error = next((result for result in sent.result() if isinstance(result, Exception)), None)
+        if error is not None:  # they find the stored reply by themselves (client/keyed_calls.py)
+            logger.warning("replica %s: could not answer callers waiting for a run: %s", self._who, error)
 
     def _refused(self, outgoing: list[Outgoing], results: list[Any]) -> list[Outgoing]:
         """The replies Redis refused for lack of memory (the other failures are logged: nothing would mend them)."""
@@ -154,7 +205,8 @@ class Finisher:
             len(again),
             delay,
         )
-        asyncio.get_running_loop().call_later(delay, self._send, again, [entry_id for entry_id, *_ in again], False)
+        entry_ids = [entry_id for entry_id, *_ in again]
+        asyncio.get_running_loop().call_later(delay, self._send, again, entry_ids, False, [])
 
     def _smaller(self, out: Outgoing) -> Outgoing:
         """``out`` itself, or an error reply in its place when its reply is too large to try again."""

@@ -38,6 +38,7 @@ from streamserve.metrics.definitions import (
 from streamserve.metrics.figures import Figures
 from streamserve.runtime.request_scope import RequestScope, run_in
 from streamserve.runtime.settings import Settings
+from streamserve.transport import keyed_runs
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import RETRYABLE_ERRORS
 from streamserve.transport.pipelining import BlockingReader, Pipeliner
@@ -409,7 +410,11 @@ class Serving:
                 self.failed += 1
         if self._figures is not None:
             self._figures.count(self._name, HANDLED, outcome.value)
-        self._finisher.finish(entry_id, reply if answered else None, request.reply_to, request.deadline_ms)
+        settlement = None
+        if request.idem:  # its key's run ends: its reply is kept for the retries, or the key freed for them
+            ttl_s = self.config.idempotency_ttl_s
+            settlement = keyed_runs.settle(self._keys, self._name, request.idem, request.run, reply, ttl_s)
+        self._finisher.finish(entry_id, reply if answered else None, request.reply_to, request.deadline_ms, settlement)
 
     def _count_cancelled(self, stage: str) -> None:
         if self._figures is not None:

@@ -373,7 +373,8 @@ async def test_a_cancel_for_a_finished_request_does_nothing(farm: Farm, store: r
         connection = async_redis(farm.effective_redis_url)
         pipeliner = Pipeliner(connection)
         try:
-            assert await Canceller(pipeliner, KEYS).cancel("await", entry_id, request.request_id) == "finished"
+            canceller = Canceller(connection, pipeliner, KEYS)
+            assert await canceller.cancel("await", entry_id, request.request_id) == "finished"
         finally:
             await pipeliner.aclose()
             await connection.aclose()

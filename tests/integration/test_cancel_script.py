@@ -77,7 +77,7 @@ class Queue:
 @pytest.fixture
 async def queue(aredis: aioredis.Redis, settings: Settings) -> AsyncIterator[Queue]:
     pipeliner = Pipeliner(aredis)
-    q = Queue(aredis, settings, Canceller(pipeliner, settings.keys))
+    q = Queue(aredis, settings, Canceller(aredis, pipeliner, settings.keys))
     await ensure_group(aredis, q.stream)
     # The replica's control stream exists while it runs (a cancel is added with NOMKSTREAM).
     await aredis.xgroup_create(q.control, "readers", id="$", mkstream=True)

@@ -21,6 +21,7 @@ from typing import Any
 from streamserve.client.chunk_feed import ChunkFeed
 from streamserve.client.chunk_stream import ChunkStream
 from streamserve.client.core import ClientCore
+from streamserve.client.keyed_calls import enqueue_keyed, wait_joined
 from streamserve.client.outcomes import STREAM_REPLIES, result_of
 from streamserve.client.read_progress import progress_reporter
 from streamserve.client.reply_stream import ReplyStream
@@ -30,6 +31,7 @@ from streamserve.transport.pipelining import Command, Script
 from streamserve.wire import scripts
 from streamserve.wire.config import MAX_TIMEOUT_S, DeploymentConfig
 from streamserve.wire.errors import BadRequestError, OverloadedError, RequestCancelledError, RequestTimeoutError
+from streamserve.wire.idempotency import check_key, new_run_token
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
@@ -74,16 +76,37 @@ def _abandon(fut: asyncio.Future[Reply]) -> None:
 class Calls(ClientCore):
     """Run a deployment (or an endpoint's pick) on a body: wait for the result, or only enqueue."""
 
-    async def call(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> Any:
-        """Run deployment (or endpoint) ``name`` on ``body`` and return its result, or raise a StreamServeError."""
-        reply = await self.request(name, encode_body(body), timeout=timeout, method=method)
+    async def call(
+        self,
+        name: str,
+        body: Any = None,
+        *,
+        timeout: float | None = None,
+        method: str = "",
+        idempotency_key: str | None = None,
+    ) -> Any:
+        """Run deployment (or endpoint) ``name`` on ``body`` and return its result, or raise a StreamServeError.
+
+        ``idempotency_key``: calls with one key (and the same method and body) run the handler once, and share its
+        result or error; see docs/idempotency.md."""
+        reply = await self.request(
+            name, encode_body(body), timeout=timeout, method=method, idempotency_key=idempotency_key or ""
+        )
         return result_of(reply)
 
     def submit(
-        self, name: str, body: Any = None, *, timeout: float | None = None, method: str = ""
+        self,
+        name: str,
+        body: Any = None,
+        *,
+        timeout: float | None = None,
+        method: str = "",
+        idempotency_key: str | None = None,
     ) -> asyncio.Task[Any]:
         """Start a call and return a task that resolves to its result."""
-        return asyncio.ensure_future(self.call(name, body, timeout=timeout, method=method))
+        return asyncio.ensure_future(
+            self.call(name, body, timeout=timeout, method=method, idempotency_key=idempotency_key)
+        )
 
     def stream(
         self, name: str, body: Any = None, *, method: str | None = None, timeout: float | None = None
@@ -115,8 +138,19 @@ class Calls(ClientCore):
             return ChunkFeed.ended(first)
         return feed
 
-    async def send(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
-        """Enqueue without waiting for (or receiving) the result; return the request id."""
+    async def send(
+        self,
+        name: str,
+        body: Any = None,
+        *,
+        timeout: float | None = None,
+        method: str = "",
+        idempotency_key: str | None = None,
+    ) -> str:
+        """Enqueue without waiting for (or receiving) the result; return the request id.
+
+        ``idempotency_key``: nothing is queued when a call with this key has run or is on its way; a later ``call``
+        with the key gets its stored result."""
         encoded = encode_body(body)
         self._check_size(encoded)
         route = await self.route(name)
@@ -127,7 +161,15 @@ class Calls(ClientCore):
             encoded,
             method,
         )
-        await self._add(route.deployment, request)
+        if idempotency_key is None:
+            await self._add(route.deployment, request)
+        else:
+            request.idem, request.run = check_key(idempotency_key), new_run_token()
+            assert self._pipeliner is not None
+            with self._refusals:
+                admission = await enqueue_keyed(self._pipeliner, self._keys, route.deployment, request)
+            if not admission.entry_id:
+                return request.request_id  # the key has run, or its run is on its way
         self._mirror(route, request)
         return request.request_id
 
@@ -143,6 +185,7 @@ class Calls(ClientCore):
         parent: str = "",
         deadline_ms: int = 0,
         tag: str = "",
+        idempotency_key: str = "",
     ) -> Reply:
         """Send already-encoded JSON and return the raw Reply (the gateway's entry point).
 
@@ -159,6 +202,9 @@ class Calls(ClientCore):
 
         ``tag``: the call's tag (Request.tag) from ``new_tag()``, for a caller that must name the call before it is
         sent (the gateway: ``caller_left``); a new one by default.
+
+        ``idempotency_key``: the handler runs once for all calls with this key (per deployment), while the key's
+        reply is kept (wire/idempotency.py); a call that finds it stored gets it with ``replayed`` set.
         """
         self._check_size(body)
         route = name if isinstance(name, Route) else await self.route(name)
@@ -170,28 +216,31 @@ class Calls(ClientCore):
         tag = tag or replies.new_tag()
         fut = replies.expect(tag, request_id)
         timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, tag, request_id, timeout_s)
+        request = Request(request_id, replies.name, 0, body, method, stream=stream, parent=parent, tag=tag)
         entry_id = ""
         try:
             deadline = now_ms() + int(timeout_s * 1000)
-            if deadline_ms:
-                deadline = min(deadline, deadline_ms)
-            request = Request(request_id, replies.name, deadline, body, method, stream=stream, parent=parent, tag=tag)
-            try:
-                entry_id = await self._add(cfg, request)
-            except BaseException:
-                _abandon(fut)
-                raise
-            self._mirror(route, request)
-            reply = await fut
+            request.deadline_ms = min(deadline, deadline_ms) if deadline_ms else deadline
+            if idempotency_key:
+                request.idem = check_key(idempotency_key)
+                reply, entry_id = await self._run_keyed(route, request, fut)
+            else:
+                try:
+                    entry_id = await self._add(cfg, request)
+                except BaseException:
+                    _abandon(fut)
+                    raise
+                self._mirror(route, request)
+                reply = await fut
         except BaseException as exc:
             timer.cancel()
             replies.forget(tag, request_id)
             replies.forget_feed(tag, request_id)  # its first chunk may have come as the caller was cancelled
             if entry_id and isinstance(exc, asyncio.CancelledError | RequestCancelledError):
-                self._cancel_soon(cfg.name, entry_id, request_id)  # the caller stopped waiting
+                self._cancel_soon(cfg.name, entry_id, request)  # the caller stopped waiting
             raise
         if reply.status is ReplyStatus.CHUNK:
-            self._hand_over(replies, cfg, reply, timer, stream, entry_id)
+            self._hand_over(replies, cfg, reply, timer, request, entry_id)
         else:
             timer.cancel()
             replies.forget(tag, request_id)
@@ -203,7 +252,7 @@ class Calls(ClientCore):
         cfg: DeploymentConfig,
         first: Reply,
         timer: asyncio.TimerHandle,
-        stream: bool,
+        request: Request,
         entry_id: str,
     ) -> None:
         """A request's first reply was a chunk: its feed now holds the deadline (``timer``) and reports how far its
@@ -216,11 +265,11 @@ class Calls(ClientCore):
             timer.cancel()
             replies.forget_feed(tag, request_id)
             if not feed.finished:
-                self._cancel_soon(cfg.name, entry_id, request_id)
+                self._cancel_soon(cfg.name, entry_id, request)
 
         feed.on_close = close
         feed.deadline = timer.when()
-        if not stream:  # a replica streamed to call(): result_of() raises ProtocolError for the chunk
+        if not request.stream:  # a replica streamed to call(): result_of() raises ProtocolError for the chunk
             feed.close()
             return
         assert self._pipeliner is not None
@@ -237,9 +286,40 @@ class Calls(ClientCore):
         if self._replies is not None:
             self._replies.fail(tag, RequestCancelledError(f"request {request_id}: its caller disconnected"))
 
-    def _cancel_soon(self, deployment: str, entry_id: str, request_id: str) -> None:
+    def _cancel_soon(self, deployment: str, entry_id: str, request: Request) -> None:
+        """Cancel ``request``, queued as ``entry_id``, in the background (freeing its idempotency key, if it has one
+        and never ran)."""
         if self._canceller is not None:
-            self._canceller.cancel_soon(deployment, entry_id, request_id)
+            self._canceller.cancel_soon(deployment, entry_id, request.request_id, request.idem, request.run)
+
+    async def _run_keyed(self, route: Route, request: Request, fut: asyncio.Future[Reply]) -> tuple[Reply, str]:
+        """The reply to ``request``, which has an idempotency key, and the entry id it was queued as ("" when it
+        joined another call's run of the key, or took its stored reply): see client/keyed_calls.py."""
+        assert self._pipeliner is not None and self._replies is not None
+        cfg = route.deployment
+        while True:
+            request.run = new_run_token()
+            try:
+                with self._refusals:
+                    admission = await enqueue_keyed(self._pipeliner, self._keys, cfg, request)
+            except BaseException:
+                _abandon(fut)
+                raise
+            if admission.stored is not None:
+                return admission.stored, ""
+            try:
+                if admission.joined:
+                    reply = await wait_joined(self.redis, self._keys, cfg.name, request, fut)
+                else:
+                    self._mirror(route, request)
+                    reply = await fut
+            except BaseException as exc:
+                if admission.entry_id and isinstance(exc, asyncio.CancelledError | RequestCancelledError):
+                    self._cancel_soon(cfg.name, admission.entry_id, request)
+                raise
+            if reply.status is not ReplyStatus.RETRY:
+                return reply, admission.entry_id
+            fut = self._replies.expect(request.tag, request.request_id)  # the run it joined never ran: run anew
 
     def _mirror(self, route: Route, request: Request) -> None:
         """Send a copy of an admitted request to each shadow, without a reply stream (no one waits for it)."""

@@ -15,7 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import redis.asyncio as aioredis
+
 from streamserve.metrics.definitions import CANCELLED, QUEUED_STAGE
+from streamserve.transport import keyed_runs
 from streamserve.transport.pipelining import Pipeliner, Script
 from streamserve.transport.streams import control_command
 from streamserve.wire import scripts
@@ -32,24 +35,26 @@ CANCEL_MARK_KEEP_MS = 24 * 3600 * 1000
 class Canceller:
     """Cancels requests of one client, each in a task of its own that nobody awaits (``aclose`` waits for them)."""
 
-    def __init__(self, pipeliner: Pipeliner, keys: Keys) -> None:
+    def __init__(self, redis: aioredis.Redis, pipeliner: Pipeliner, keys: Keys) -> None:
+        self._redis = redis
         self._pipeliner = pipeliner
         self._keys = keys
         self._tasks: set[asyncio.Task[str]] = set()
         self._closed = False
 
-    def cancel_soon(self, deployment: str, entry_id: str, request_id: str) -> None:
+    def cancel_soon(self, deployment: str, entry_id: str, request_id: str, idem: str = "", run: str = "") -> None:
         """Cancel the request in the background; nothing once the client has closed (a stream left open then, dropped
-        later, may call this outside any event loop)."""
+        later, may call this outside any event loop). ``idem`` and ``run``: its idempotency key and run token."""
         if self._closed:
             return
-        task = asyncio.create_task(self.cancel(deployment, entry_id, request_id))
+        task = asyncio.create_task(self.cancel(deployment, entry_id, request_id, idem, run))
         self._tasks.add(task)
         task.add_done_callback(self._sent)
 
-    async def cancel(self, deployment: str, entry_id: str, request_id: str) -> str:
+    async def cancel(self, deployment: str, entry_id: str, request_id: str, idem: str = "", run: str = "") -> str:
         """Cancel request ``request_id`` (entry ``entry_id`` of ``deployment``'s stream); where it was: "queued",
-        "running" or "finished"."""
+        "running" or "finished". A queued request's idempotency key ``idem`` is freed (its replica frees it when it
+        was running)."""
         keys = self._keys
         where = await self._pipeliner.run_script(
             _CANCEL,
@@ -57,6 +62,8 @@ class Canceller:
             [CONSUMER_GROUP, entry_id, now_ms(), CANCEL_MARK_KEEP_MS, CANCELLED.field(QUEUED_STAGE)],
         )
         stage = text(where[0])
+        if stage == "queued" and idem:
+            await keyed_runs.release(self._redis, keys, deployment, idem, run)
         if stage == "running":
             control = keys.replica_control(deployment, text(where[1]))
             [added] = await self._pipeliner.execute(control_command(control, CancelRequest(entry_id, request_id)))

@@ -84,7 +84,7 @@ class ClientCore:
                 await redis.aclose()
                 raise
             self._pipeliner = Pipeliner(redis)
-            self._canceller = Canceller(self._pipeliner, self._keys)
+            self._canceller = Canceller(redis, self._pipeliner, self._keys)
             self._redis, self._routes = redis, routes
 
     def _start_guard(self) -> asyncio.Lock:

@@ -15,6 +15,7 @@ import orjson
 from streamserve.client.calls import call_timeout_s, encode_body
 from streamserve.client.core import ClientCore
 from streamserve.client.jobs import JobInfo
+from streamserve.wire.idempotency import check_key
 
 T = TypeVar("T")
 
@@ -22,7 +23,15 @@ T = TypeVar("T")
 class JobCalls(ClientCore):
     """Calls queued as RQ jobs: checked now like ``call``, run later by a job worker."""
 
-    async def submit_job(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
+    async def submit_job(
+        self,
+        name: str,
+        body: Any = None,
+        *,
+        timeout: float | None = None,
+        method: str = "",
+        idempotency_key: str | None = None,
+    ) -> str:
         """Queue a call of ``name`` as an asynchronous job; return the job id (see ``job``).
 
         The body is checked now (JSON, size, the name exists and can be
@@ -31,7 +40,12 @@ class JobCalls(ClientCore):
         starts (default: the deployment's ``request_timeout_s``).
         OverloadedError when the deployment has ``max_queued_jobs`` jobs that
         have not ended (for an endpoint: the deployment it picks now).
+        ``idempotency_key``: a call with a key that queued a job already (for
+        ``name``, the same method and body) gets that job's id, and queues
+        nothing (for the deployment's ``idempotency_ttl_s``).
         """
+        if idempotency_key is not None:
+            check_key(idempotency_key)
         encoded = encode_body(body)
         self._check_size(encoded)
         route = await self.route(name)
@@ -41,7 +55,13 @@ class JobCalls(ClientCore):
         jobs = self._job_queue()
         return await self._in_thread(
             lambda: jobs.enqueue(
-                name, plain, counted_in=route.deployment, method=method, timeout=timeout, call_timeout_s=timeout_s
+                name,
+                plain,
+                counted_in=route.deployment,
+                method=method,
+                timeout=timeout,
+                call_timeout_s=timeout_s,
+                idempotency_key=idempotency_key,
             )
         )
 

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import redis
 from rq import Queue
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
@@ -52,11 +53,13 @@ from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import (
     ConfigError,
     ConflictError,
+    IdempotencyKeyMismatchError,
     NotFoundError,
     OverloadedError,
     ProtocolError,
     RequestCancelledError,
 )
+from streamserve.wire.idempotency import request_digest
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import now_ms, text
 from streamserve.wire.states import ENDED_JOB_STATUSES, JobStatus
@@ -165,8 +168,12 @@ class JobQueue:
         method: str = "",
         timeout: float | None,
         call_timeout_s: float,
+        idempotency_key: str | None = None,
     ) -> str:
         """Queue a call of deployment or endpoint ``name``; return the job id.
+
+        ``idempotency_key``: the job that an earlier call with this key queued (for ``name``, the same method and
+        body), if any, instead of a new one; IdempotencyKeyMismatchError for the key with another method or body.
 
         The job counts against ``counted_in``'s ``max_queued_jobs`` (the
         deployment that ``name`` routes to now): OverloadedError, with nothing
@@ -176,6 +183,53 @@ class JobQueue:
         take at most, which bounds the job's run time.
         """
         job_id = str(uuid.uuid4())
+        claim = ""
+        if idempotency_key is not None:
+            claim = self._keys.job_idempotency(name, idempotency_key)
+            digest = request_digest(method, orjson.dumps(body))
+            earlier = self._claim(claim, idempotency_key, job_id, digest, counted_in.idempotency_ttl_s)
+            if earlier is not None:
+                return earlier
+        try:
+            self._enqueue(name, body, counted_in, method, timeout, call_timeout_s, job_id)
+        except BaseException:
+            if claim:
+                with contextlib.suppress(redis.RedisError):
+                    self.connection.delete(claim)  # nothing was queued: a retry with the key queues the job
+            raise
+        return job_id
+
+    def _claim(self, claim: str, key: str, job_id: str, digest: str, ttl_s: float) -> str | None:
+        """Take idempotency key ``key`` (its record ``claim``) for job ``job_id``: None when it is ours now, else the
+        job id it named already."""
+        mine = orjson.dumps([job_id, digest])
+        while True:
+            if self.connection.set(claim, mine, nx=True, px=int(ttl_s * 1000)):
+                return None
+            raw = self.connection.get(claim)
+            if raw is None:  # it expired (or its job could not be queued) just now
+                continue
+            try:
+                earlier_id, earlier_digest = orjson.loads(raw)
+            except (ValueError, TypeError) as exc:
+                raise ProtocolError(f"malformed job idempotency record {claim}: {exc}") from exc
+            if earlier_digest != digest:
+                raise IdempotencyKeyMismatchError(
+                    f"idempotency key {key!r} queued a job before with another method or body: "
+                    "a retry must repeat its request exactly, and a new request needs a new key"
+                )
+            return str(earlier_id)
+
+    def _enqueue(
+        self,
+        name: str,
+        body: Any,
+        counted_in: DeploymentConfig,
+        method: str,
+        timeout: float | None,
+        call_timeout_s: float,
+        job_id: str,
+    ) -> None:
         if not self._admit(
             keys=[self._keys.accepted_jobs(counted_in.name)], args=[counted_in.max_queued_jobs, job_id, now_ms()]
         ):
@@ -199,7 +253,6 @@ class JobQueue:
             with contextlib.suppress(redis.RedisError):
                 self.connection.zrem(self._keys.accepted_jobs(counted_in.name), job_id)
             raise
-        return job_id
 
     def info(self, job_id: str) -> JobInfo:
         """The job's status, and its result or error once it has one; NotFoundError once it expired (or never was)."""

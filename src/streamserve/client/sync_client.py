@@ -101,19 +101,44 @@ class Client:
 
     # -- the hot path, written out --------------------------------------------------
 
-    def call(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> Any:
-        """Run deployment ``name`` on ``body`` and return its result, or raise a StreamServeError."""
-        return self.submit(name, body, timeout=timeout, method=method).result()
+    def call(
+        self,
+        name: str,
+        body: Any = None,
+        *,
+        timeout: float | None = None,
+        method: str = "",
+        idempotency_key: str | None = None,
+    ) -> Any:
+        """Run deployment ``name`` on ``body`` and return its result, or raise a StreamServeError.
+
+        ``idempotency_key``: calls with one key run the handler once (see AsyncClient.call)."""
+        return self.submit(name, body, timeout=timeout, method=method, idempotency_key=idempotency_key).result()
 
     def submit(
-        self, name: str, body: Any = None, *, timeout: float | None = None, method: str = ""
+        self,
+        name: str,
+        body: Any = None,
+        *,
+        timeout: float | None = None,
+        method: str = "",
+        idempotency_key: str | None = None,
     ) -> concurrent.futures.Future[Any]:
         """Start a call; the Future resolves to its result or raises its error."""
-        return self._run(self._async.call(name, body, timeout=timeout, method=method))
+        return self._run(self._async.call(name, body, timeout=timeout, method=method, idempotency_key=idempotency_key))
 
-    def send(self, name: str, body: Any = None, *, timeout: float | None = None, method: str = "") -> str:
+    def send(
+        self,
+        name: str,
+        body: Any = None,
+        *,
+        timeout: float | None = None,
+        method: str = "",
+        idempotency_key: str | None = None,
+    ) -> str:
         """Enqueue without waiting for the result; return the request id."""
-        return self._run(self._async.send(name, body, timeout=timeout, method=method)).result()
+        sending = self._async.send(name, body, timeout=timeout, method=method, idempotency_key=idempotency_key)
+        return self._run(sending).result()
 
     def stream(
         self, name: str, body: Any = None, *, method: str | None = None, timeout: float | None = None

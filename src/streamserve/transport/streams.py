@@ -65,6 +65,8 @@ class DeadLetter:
     reply_to: str
     deliveries: int
     tag: str = ""  # the request's (Request.tag)
+    idem: str = ""  # its idempotency key (Request.idem), and its run token (Request.run)
+    run: str = ""
 
 
 class Requeuer:
@@ -100,7 +102,8 @@ class Requeuer:
             ],
             args=[CONSUMER_GROUP, max_delivery_attempts, reason, DEAD_LETTER_CAP, int(charge), *entry_ids],
         )
+        fields = [text(value) for value in dead]
         return [
-            DeadLetter(text(dead[i]), text(dead[i + 1]), int(dead[i + 2]), text(dead[i + 3]))
-            for i in range(0, len(dead), 4)
+            DeadLetter(fields[i], fields[i + 1], int(fields[i + 2]), fields[i + 3], fields[i + 4], fields[i + 5])
+            for i in range(0, len(fields), 6)
         ]

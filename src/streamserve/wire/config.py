@@ -202,6 +202,8 @@ class DeploymentConfig(_Strict):
     max_response_bytes: int = Field(16 * 1024 * 1024, ge=1)
     # A streaming handler is paused once this many of its chunks are ahead of what its caller has taken.
     max_unread_chunks: int = Field(64, ge=1)
+    # How long the reply to a request with an idempotency key is kept for the retries that send the key again.
+    idempotency_ttl_s: float = Field(86_400.0, gt=0)
     # Replicas are started by someone else (Kubernetes, KEDA, systemd, a person): every worker that heartbeats counts.
     external_scaler_enabled: bool = False
     resources: Resources = Field(default_factory=Resources)
@@ -216,9 +218,9 @@ class DeploymentConfig(_Strict):
     _attempts = field_validator("max_delivery_attempts")(at_most("max_delivery_attempts"))
     _response = field_validator("max_response_bytes")(at_most("max_response_bytes"))
     _unread = field_validator("max_unread_chunks")(at_most("max_unread_chunks"))
-    _durations = field_validator("graceful_shutdown_timeout_s", "health_check_period_s", "health_check_timeout_s")(
-        _at_most_a_week
-    )
+    _durations = field_validator(
+        "graceful_shutdown_timeout_s", "health_check_period_s", "health_check_timeout_s", "idempotency_ttl_s"
+    )(_at_most_a_week)
 
     @field_validator("import_path")
     @classmethod

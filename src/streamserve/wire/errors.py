@@ -63,6 +63,14 @@ class ConflictError(BadRequestError):
     """The write would break something that depends on the current state (e.g. an endpoint's traffic)."""
 
 
+class IdempotencyKeyMismatchError(BadRequestError):
+    """A request reused an idempotency key with another method or body than the request that first sent it."""
+
+
+class ReplyNotStoredError(ConflictError):
+    """The request that first sent an idempotency key ran, but its reply was too large to keep for the retries."""
+
+
 # -- the wire or Redis is broken ----------------------------------------------
 
 
@@ -151,6 +159,7 @@ __all__ = [
     "GoalFailedError",
     "HeaderTimeoutError",
     "HeadersTooLargeError",
+    "IdempotencyKeyMismatchError",
     "MethodNotAllowedError",
     "NotFoundError",
     "OverloadedError",
@@ -158,6 +167,7 @@ __all__ = [
     "ProtocolError",
     "RedisUnavailableError",
     "RemoteError",
+    "ReplyNotStoredError",
     "RequestCancelledError",
     "RequestTimeoutError",
     "ResponseTooLargeError",

@@ -112,6 +112,12 @@ class Keys:
         the job function's ``finished`` or ``failed``. Lives with RQ's keys, in the jobs' Redis."""
         return f"{self.prefix}:jobs:cancel:{job_id}"
 
+    def job_idempotency(self, name: str, key: str) -> str:
+        """String with expiry (idempotency_ttl_s): the job that idempotency key ``key`` of deployment or endpoint
+        ``name`` queued, as JSON ``[job id, digest of method and body]``, set once (SET NX). Lives with RQ's keys, in
+        the jobs' Redis."""
+        return f"{self.prefix}:jobs:idem:{name}:{key}"
+
     # -- per-deployment keys (all share the {name} hash tag) -----------------
 
     def _tagged(self, deployment: str, suffix: str) -> str:
@@ -172,6 +178,20 @@ class Keys:
         """Sorted set: entry ids of requests cancelled while a replica held them (entry id -> when, epoch ms), so that
         the reclaimer drops them instead of running them again if that replica dies. Trimmed by age (scripts.CANCEL)."""
         return self._tagged(deployment, "cancelled")
+
+    def idempotency(self, deployment: str, key: str) -> str:
+        """Hash, with expiry: the run of one idempotency key of the deployment (wire/idempotency.py says its
+        fields): which request runs for it, and once it has run, its stored reply. Kept idempotency_ttl_s."""
+        return self._tagged(deployment, f"idem:{key}")
+
+    def idempotency_waiters(self, deployment: str, key: str) -> str:
+        """List, with the record's expiry: the callers waiting for the running request of one idempotency key, each
+        a JSON ``[reply_to, tag, request id]``; whoever settles the run answers them."""
+        return self._tagged(deployment, f"idem_waiters:{key}")
+
+    def idempotency_pattern(self, deployment: str) -> str:
+        """SCAN pattern matching every idempotency record and waiters list of one deployment (for deletion)."""
+        return self._tagged(deployment, "idem*")
 
     def logs(self, deployment: str) -> str:
         """Stream, capped: the output of the deployment's replicas, one entry per line (`streamserve logs`)."""

@@ -78,6 +78,10 @@ class Request:
     # The caller's own key for this call (Reply.tag): unique among the calls its client ever made, so that a reply
     # finds its call even when another call, now or earlier, has the same request id. "" from older clients.
     tag: str = ""
+    # The caller's idempotency key (wire/idempotency.py), "" for none: the replica stores the reply under it.
+    idem: str = ""
+    # With ``idem``: the token of this run of the key, which its record names as the run it waits for.
+    run: str = ""
 
     def encode(self) -> WireFields:
         fields: WireFields = {
@@ -96,6 +100,9 @@ class Request:
             fields["parent"] = self.parent
         if self.tag:
             fields["tag"] = self.tag
+        if self.idem:
+            fields["idem"] = self.idem
+            fields["run"] = self.run
         return fields
 
     @classmethod
@@ -112,6 +119,8 @@ class Request:
                 stream=fields.get(b"stream") == b"1",
                 parent=fields.get(b"parent", b"").decode(),
                 tag=fields.get(b"tag", b"").decode(),
+                idem=fields.get(b"idem", b"").decode(),
+                run=fields.get(b"run", b"").decode(),
             )
         except (UnicodeDecodeError, ValueError) as exc:
             raise ProtocolError(f"malformed request message: {exc}") from exc
@@ -145,6 +154,10 @@ class ReplyStatus(str, Enum):
     # was stopped or told to stop (streamserve.cancelled()), or never started. Nobody waits for it: it is counted (its
     # ``error_message`` is the stage, "queued" or "running"), never sent.
     CANCELLED = "cancelled"
+    # To a call that waited for another's run of its idempotency key: that run ended without its handler running to
+    # its end (it was cancelled, its deadline passed first, it was dead-lettered), so the key is free again and the
+    # caller sends its call anew. Never seen by users.
+    RETRY = "retry"
 
 
 # The statuses that end a request's replies (every one but CHUNK).
@@ -172,6 +185,8 @@ class Reply:
     window: int = 0
     # The request's tag (Request.tag), "" when it had none.
     tag: str = ""
+    # Not on the wire: True when this is the stored reply of an earlier request with the same idempotency key.
+    replayed: bool = False
 
     def encode(self) -> WireFields:
         fields: WireFields = {
@@ -344,7 +359,7 @@ class CancelRequest:
             raise ProtocolError(f"malformed control message: {exc}") from exc
 
 
-def _stream_fields(fields: Fields) -> dict[str, int]:
+def _stream_fields(fields: Fields) -> dict[str, Any]:
     return {
         "seq": int(fields[b"seq"]),
         "count": int(fields.get(b"count", b"0")),

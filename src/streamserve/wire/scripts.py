@@ -83,6 +83,74 @@ return admit(tonumber(ARGV[1]), ARGV[2], 4)
 """
 )
 
+ENQUEUE_KEYED = (
+    """
+-- Admit a request that carries an idempotency key, or join or replay the run of that key (wire/idempotency.py).
+-- Looking and adding are one step, so callers racing with one key (through two gateways, say) run it once.
+-- KEYS[1]  the deployment's request stream
+-- KEYS[2]  the key's record (hash)
+-- KEYS[3]  the key's waiters (list)
+-- ARGV[1]  max_queued_requests
+-- ARGV[2]  the consumer group name
+-- ARGV[3]  the digest of the request's method and body
+-- ARGV[4]  this call's run token
+-- ARGV[5]  how long a new record is kept while its request waits or runs (ms)
+-- ARGV[6]  this caller as a waiter (JSON [reply_to, tag, request id]), or '' when it waits for no reply
+-- ARGV[7]  the request id
+-- ARGV[8..] the request's field/value pairs
+-- Returns {'queued', entry id}, {'full'}, {'mismatch'}, {'waiting'}, or
+-- {'stored', status, body, error_type, error_message, replica, too_large}.
+"""
+    + _PENDING_COUNT
+    + _ADMIT
+    + """
+local state, digest, run, entry = unpack(redis.call('HMGET', KEYS[2], 'state', 'digest', 'run', 'entry'))
+if state then
+  if digest ~= ARGV[3] then return {'mismatch'} end
+  if run == ARGV[4] then return {'queued', entry} end  -- this call's own enqueue, sent again after a lost answer
+  if state == 'done' then
+    local stored = redis.call('HMGET', KEYS[2], 'status', 'body', 'error_type', 'error_message', 'replica', 'too_large')
+    local found = {'stored'}
+    for i = 1, 6 do found[i + 1] = stored[i] or '' end
+    return found
+  end
+  if ARGV[6] ~= '' then
+    redis.call('RPUSH', KEYS[3], ARGV[6])
+    redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[2]), 1000))
+  end
+  return {'waiting'}
+end
+local id = admit(tonumber(ARGV[1]), ARGV[2], 8)
+if id == 0 then return {'full'} end
+redis.call('HSET', KEYS[2], 'state', 'running', 'digest', ARGV[3], 'run', ARGV[4], 'request_id', ARGV[7], 'entry', id)
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+return {'queued', id}
+"""
+)
+
+SETTLE_RUN = """
+-- End the run of an idempotency key (wire/idempotency.py): store its reply for later requests with the key, or
+-- release the key (delete the record) so that a retry runs. Only the run the record names is settled: a record
+-- that lapsed and was made again by another run is that run's.
+-- KEYS[1]  the key's record (hash)
+-- KEYS[2]  the key's waiters (list)
+-- ARGV[1]  the run token
+-- ARGV[2]  'store' or 'release'
+-- ARGV[3]  how long a stored reply is kept (ms)
+-- ARGV[4..] the reply's field/value pairs to store
+-- Returns the waiters that joined the run, for the caller of this script to answer.
+if redis.call('HGET', KEYS[1], 'run') ~= ARGV[1] then return {} end
+local waiting = redis.call('LRANGE', KEYS[2], 0, -1)
+redis.call('DEL', KEYS[2])
+if ARGV[2] == 'release' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('HSET', KEYS[1], 'state', 'done', unpack(ARGV, 4))
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+return waiting
+"""
+
 QUEUE_DEPTH = (
     """
 -- One consistent reading of a request stream's figures (status shows queued = length - pending).
@@ -155,7 +223,7 @@ REQUEUE = """
 -- ARGV[4]  dead-letter stream cap
 -- ARGV[5]  attempts to add: 1 when the replica died holding them, 0 when handed back
 -- ARGV[6..] ids of pending entries to move
--- Returns {request_id, reply_to, deliveries, tag, ...} for every entry sent to the dead-letter stream.
+-- Returns {request_id, reply_to, deliveries, tag, idem, run, ...} for every entry sent to the dead-letter stream.
 local dead = {}
 local max_deliveries = tonumber(ARGV[2])
 local increment = tonumber(ARGV[5])
@@ -167,7 +235,7 @@ for i = 6, #ARGV do
   end
   if #entries > 0 then
     local fields = entries[1][2]
-    local kept, attempts, request_id, reply_to, tag = {}, 0, '', '', ''
+    local kept, attempts, request_id, reply_to, tag, idem, run = {}, 0, '', '', '', '', ''
     for j = 1, #fields, 2 do
       local name, value = fields[j], fields[j + 1]
       if name == 'attempts' then
@@ -177,7 +245,8 @@ for i = 6, #ARGV do
         kept[#kept + 1] = value
       end
       if name == 'id' then request_id = value elseif name == 'reply_to' then reply_to = value end
-      if name == 'tag' then tag = value end
+      if name == 'tag' then tag = value elseif name == 'idem' then idem = value end
+      if name == 'run' then run = value end
     end
     local deliveries = attempts + increment
     kept[#kept + 1] = 'attempts'
@@ -190,6 +259,8 @@ for i = 6, #ARGV do
       dead[#dead + 1] = reply_to
       dead[#dead + 1] = tostring(deliveries)
       dead[#dead + 1] = tag
+      dead[#dead + 1] = idem
+      dead[#dead + 1] = run
     else
       redis.call('XADD', KEYS[1], '*', unpack(kept))
     end

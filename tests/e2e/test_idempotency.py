@@ -1,0 +1,325 @@
+"""Idempotency keys end to end (issue 29, item 1), through real processes: `streamserve up`, its gateway, scheduler
+and replica processes, a second gateway, HTTP callers (some on raw sockets that hang up) and the Python client.
+
+How often a handler really ran is what it recorded on a Redis list (tests/idempotency_deployments.py)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import redis
+
+from streamserve import Client
+from streamserve.wire.errors import IdempotencyKeyMismatchError
+from streamserve.wire.keys import Keys
+from tests.harness.farm import Farm, Processes, running_farm_of
+from tests.harness.waiting import wait_for
+from tests.idempotency_deployments import runs_key
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = """\
+deployments:
+  - name: counted
+    import_path: tests.idempotency_deployments:counted
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 2
+  - name: narrow
+    import_path: tests.idempotency_deployments:counted
+    num_replicas: 1
+    max_ongoing_requests: 1
+    max_queued_requests: 1
+    graceful_shutdown_timeout_s: 2
+  - name: small
+    import_path: tests.idempotency_deployments:counted
+    num_replicas: 1
+    max_response_bytes: 100
+    graceful_shutdown_timeout_s: 2
+  - name: fragile
+    import_path: tests.idempotency_deployments:counted
+    num_replicas: 1
+    max_delivery_attempts: 1
+    graceful_shutdown_timeout_s: 2
+  - name: brief
+    import_path: tests.idempotency_deployments:counted
+    num_replicas: 1
+    idempotency_ttl_s: 1
+    graceful_shutdown_timeout_s: 2
+"""
+KEYS = Keys()
+WAIT_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
+    with running_farm_of(CONFIG, tmp_path_factory.mktemp("idempotency")) as farm:
+        yield farm
+
+
+@pytest.fixture
+def store(farm: Farm) -> Iterator[redis.Redis]:
+    connection = redis.Redis.from_url(farm.effective_redis_url)
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def tag() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def runs(store: redis.Redis, tag: str) -> int:
+    """How often the handler ran on bodies tagged ``tag``."""
+    return int(store.llen(runs_key(tag)))
+
+
+def post(url: str, path: str, body: Any, key: str | None, **headers: str) -> httpx.Response:
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    return httpx.post(url + path, json=body, headers=headers, timeout=60)
+
+
+@pytest.fixture
+def pool() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
+    with concurrent.futures.ThreadPoolExecutor(16) as executor:
+        yield executor
+
+
+def record_exists(store: redis.Redis, deployment: str, key: str) -> bool:
+    return bool(store.exists(KEYS.idempotency(deployment, key)))
+
+
+def test_a_retry_while_the_first_runs_waits_for_it_and_one_after_gets_the_stored_reply(
+    farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    hold = f"hold:{tag}"
+    store.set(hold, 1)
+    body = {"tag": tag, "hold": hold}
+    first = pool.submit(post, farm.base_url, "/counted", body, tag)
+    wait_for(lambda: runs(store, tag) == 1, WAIT_S, "the first request did not start")
+    retry = pool.submit(post, farm.base_url, "/counted", body, tag)
+    waiters = KEYS.idempotency_waiters("counted", tag)
+    wait_for(lambda: store.llen(waiters) == 1, WAIT_S, "the retry did not join the run")
+    store.delete(hold)
+    answers = [first.result(timeout=WAIT_S), retry.result(timeout=WAIT_S)]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[0].json() == answers[1].json() == {"tag": tag, "run": 1}
+    later = post(farm.base_url, "/counted", body, tag)
+    assert later.status_code == 200
+    assert later.json() == {"tag": tag, "run": 1}
+    assert later.headers["idempotent-replayed"] == "true"
+    assert "idempotent-replayed" not in answers[0].headers
+    assert runs(store, tag) == 1
+
+
+def test_the_same_key_with_another_body_is_422(farm: Farm, store: redis.Redis, tag: str) -> None:
+    assert post(farm.base_url, "/counted", {"tag": tag}, tag).status_code == 200
+    other = post(farm.base_url, "/counted", {"tag": tag, "more": 1}, tag)
+    assert other.status_code == 422
+    assert other.json()["error"] == "IdempotencyKeyMismatchError"
+    assert "another method or body" in other.json()["message"]
+    # The same JSON value written otherwise (spaces, key order) is the same body.
+    same = httpx.post(
+        farm.base_url + "/counted",
+        content=b'{ "tag" : "' + tag.encode() + b'" }',
+        headers={"Idempotency-Key": tag, "Content-Type": "application/json"},
+    )
+    assert same.status_code == 200
+    assert same.headers["idempotent-replayed"] == "true"
+    assert runs(store, tag) == 1
+
+
+@pytest.mark.parametrize("key", ["", "k" * 256, "caf\u00e9"])
+def test_a_malformed_key_is_400_and_runs_nothing(farm: Farm, store: redis.Redis, tag: str, key: str) -> None:
+    answer = httpx.post(
+        farm.base_url + "/counted",
+        json={"tag": tag},
+        headers=[("Idempotency-Key", key.encode("utf-8"))],
+    )
+    assert answer.status_code == 400
+    assert "idempotency key must be 1-255 printable ASCII characters" in answer.json()["message"]
+    assert runs(store, tag) == 0
+
+
+def test_a_handler_error_is_kept_for_the_retries(farm: Farm, store: redis.Redis, tag: str) -> None:
+    body = {"tag": tag, "fail": True}
+    first = post(farm.base_url, "/counted", body, tag)
+    assert first.status_code == 500
+    retry = post(farm.base_url, "/counted", body, tag)
+    assert retry.status_code == 500
+    assert retry.json()["message"] == first.json()["message"] == "failed on purpose (run 1)"
+    assert retry.headers["idempotent-replayed"] == "true"
+    assert runs(store, tag) == 1
+
+
+def test_a_reply_too_large_to_keep_is_409_for_the_retries(farm: Farm, store: redis.Redis, tag: str) -> None:
+    body = {"tag": tag, "size": 1000}
+    first = post(farm.base_url, "/small", body, tag)
+    assert first.status_code == 500
+    assert first.json()["error"] == "ResponseTooLargeError"
+    retry = post(farm.base_url, "/small", body, tag)
+    assert retry.status_code == 409
+    assert "reply was not stored" in retry.json()["message"]
+    assert "max_response_bytes" in retry.json()["message"]
+    assert runs(store, tag) == 1
+
+
+# -- a request that never started frees its key ------------------------------------------------------------------
+
+
+class Busy:
+    """The one slot (and the one queue place) of ``narrow`` taken by held requests."""
+
+    def __init__(self, farm: Farm, store: redis.Redis, pool: concurrent.futures.ThreadPoolExecutor, tag: str) -> None:
+        self.store = store
+        self.hold = f"hold:{tag}:busy"
+        store.set(self.hold, 1)
+        body = {"tag": f"{tag}-busy", "hold": self.hold}
+        self.running = pool.submit(post, farm.base_url, "/narrow", body, None)
+        wait_for(lambda: runs(store, f"{tag}-busy") == 1, WAIT_S, "the busy request did not start")
+
+    def release(self) -> None:
+        self.store.delete(self.hold)
+        assert self.running.result(timeout=WAIT_S).status_code == 200
+
+
+def test_a_request_refused_for_a_full_queue_frees_its_key(
+    farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    busy = Busy(farm, store, pool, tag)
+    queued = pool.submit(post, farm.base_url, "/narrow", {"tag": f"{tag}-queued"}, None)
+    wait_for(lambda: store.xlen(KEYS.requests("narrow")) == 2, WAIT_S, "the second request was not queued")
+    refused = post(farm.base_url, "/narrow", {"tag": tag}, tag)
+    assert refused.status_code == 503
+    assert not record_exists(store, "narrow", tag)
+    busy.release()
+    assert queued.result(timeout=WAIT_S).status_code == 200
+    retry = post(farm.base_url, "/narrow", {"tag": tag}, tag)
+    assert retry.status_code == 200
+    assert "idempotent-replayed" not in retry.headers
+    assert runs(store, tag) == 1
+
+
+def test_a_queued_request_whose_caller_hangs_up_frees_its_key(
+    farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    busy = Busy(farm, store, pool, tag)
+    payload = orjson.dumps({"tag": tag})
+    request = (
+        f"POST /narrow HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nIdempotency-Key: {tag}\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", farm.port), timeout=30) as sock:
+        sock.sendall(request + payload)
+        wait_for(lambda: record_exists(store, "narrow", tag), WAIT_S, "the request was not queued")
+    wait_for(lambda: not record_exists(store, "narrow", tag), WAIT_S, "the cancelled request kept its key")
+    busy.release()
+    retry = post(farm.base_url, "/narrow", {"tag": tag}, tag)
+    assert retry.status_code == 200
+    assert runs(store, tag) == 1
+
+
+def test_a_request_whose_deadline_passed_before_it_started_frees_its_key(
+    farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    busy = Busy(farm, store, pool, tag)
+    late = post(farm.base_url, "/narrow", {"tag": tag}, tag, **{"X-Request-Timeout": "0.5"})
+    assert late.status_code == 504
+    busy.release()  # the replica reads it now, past its deadline: it never runs, and frees the key
+    wait_for(lambda: not record_exists(store, "narrow", tag), WAIT_S, "the late request kept its key")
+    retry = post(farm.base_url, "/narrow", {"tag": tag}, tag)
+    assert retry.status_code == 200
+    assert runs(store, tag) == 1
+
+
+def test_a_request_dead_lettered_when_its_replica_died_frees_its_key(
+    farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    hold = f"hold:{tag}"
+    store.set(hold, 1)
+    body = {"tag": tag, "hold": hold}
+    first = pool.submit(post, farm.base_url, "/fragile", body, tag)
+    wait_for(lambda: runs(store, tag) == 1, WAIT_S, "the first request did not start")
+    os.kill(int(store.lindex(runs_key(tag), 0)), signal.SIGKILL)  # the replica running it
+    answer = first.result(timeout=WAIT_S)
+    assert answer.status_code == 500
+    assert answer.json()["error"] == "DeadLetterError"
+    wait_for(lambda: not record_exists(store, "fragile", tag), WAIT_S, "the dead-lettered request kept its key")
+    store.delete(hold)
+    retry = post(farm.base_url, "/fragile", body, tag)
+    assert retry.status_code == 200
+    assert retry.json() == {"tag": tag, "run": 2}
+
+
+def test_a_stored_reply_expires_after_idempotency_ttl_s(farm: Farm, store: redis.Redis, tag: str) -> None:
+    assert post(farm.base_url, "/brief", {"tag": tag}, tag).json() == {"tag": tag, "run": 1}
+    wait_for(lambda: not record_exists(store, "brief", tag), WAIT_S, "the stored reply did not expire")
+    assert post(farm.base_url, "/brief", {"tag": tag}, tag).json() == {"tag": tag, "run": 2}
+
+
+# -- many callers, one run -------------------------------------------------------------------------------------------
+
+
+def test_callers_racing_with_one_key_through_two_gateways_run_the_handler_once(
+    farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor, tmp_path: Path
+) -> None:
+    processes = Processes(farm.effective_redis_url, tmp_path)
+    try:
+        urls = [farm.base_url, processes.start_gateway().url]
+        hold = f"hold:{tag}"
+        store.set(hold, 1)
+        body = {"tag": tag, "hold": hold}
+        calls = [pool.submit(post, urls[i % 2], "/counted", body, tag) for i in range(10)]
+        waiters = KEYS.idempotency_waiters("counted", tag)
+        wait_for(lambda: store.llen(waiters) == 9, WAIT_S, lambda: f"{store.llen(waiters)} callers joined, not 9")
+        store.delete(hold)
+        answers = [call.result(timeout=WAIT_S) for call in calls]
+    finally:
+        processes.stop_all()
+    assert [a.status_code for a in answers] == [200] * 10
+    assert {orjson.dumps(a.json()) for a in answers} == {orjson.dumps({"tag": tag, "run": 1})}
+    assert runs(store, tag) == 1
+
+
+def test_the_python_client_takes_idempotency_keys(farm: Farm, store: redis.Redis, tag: str) -> None:
+    with Client(farm.effective_redis_url) as client:
+        assert client.call("counted", {"tag": tag}, idempotency_key=tag) == {"tag": tag, "run": 1}
+        assert client.call("counted", {"tag": tag}, idempotency_key=tag) == {"tag": tag, "run": 1}
+        with pytest.raises(IdempotencyKeyMismatchError):
+            client.call("counted", {"tag": tag, "other": True}, idempotency_key=tag)
+        sent = f"{tag}-sent"
+        client.send("counted", {"tag": sent}, idempotency_key=sent)
+        client.send("counted", {"tag": sent}, idempotency_key=sent)
+        assert client.submit("counted", {"tag": sent}, idempotency_key=sent).result() == {"tag": sent, "run": 1}
+    assert runs(store, tag) == 1
+    assert runs(store, sent) == 1
+
+
+def test_a_job_submitted_again_with_its_key_is_the_same_job(farm: Farm, store: redis.Redis, tag: str) -> None:
+    prefer = {"Prefer": "respond-async"}
+    first = post(farm.base_url, "/counted", {"tag": tag}, tag, **prefer)
+    assert first.status_code == 202
+    job_id = first.json()["job_id"]
+    again = post(farm.base_url, "/counted", {"tag": tag}, tag, **prefer)
+    assert again.status_code == 202
+    assert again.json()["job_id"] == job_id
+    assert again.headers["location"] == f"/-/jobs/{job_id}"
+    assert post(farm.base_url, "/counted", {"tag": tag, "other": 1}, tag, **prefer).status_code == 422
+
+    def finished() -> bool:
+        return httpx.get(f"{farm.base_url}/-/jobs/{job_id}").json()["status"] == "finished"
+
+    wait_for(finished, WAIT_S, "the job did not finish")
+    with Client(farm.effective_redis_url) as client:
+        assert client.submit_job("counted", {"tag": tag}, idempotency_key=tag) == job_id
+    assert runs(store, tag) == 1

@@ -1,0 +1,47 @@
+"""Deployments for the idempotency tests (tests/e2e/test_idempotency.py), which run in replica processes.
+
+``counted`` records each run on a Redis list of the farm's Redis named by the ``tag`` in its body (``runs_key``),
+so that a test sees how often the handler really ran. It waits while the body's ``hold`` key exists (a test deletes
+it to let the run end), raises when the body says ``fail``, and returns ``size`` bytes of text when it says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+
+# How often a held run looks at its hold key again.
+POLL_S = 0.02
+# The longest a run is held.
+HOLD_MAX_S = 60.0
+
+_connection: aioredis.Redis | None = None
+
+
+def runs_key(tag: str) -> str:
+    """The list a request tagged ``tag`` records its runs on."""
+    return f"idempotency-test:runs:{tag}"
+
+
+def _redis() -> aioredis.Redis:
+    global _connection
+    if _connection is None:
+        _connection = aioredis.Redis.from_url(os.environ["REDIS_URL"])
+    return _connection
+
+
+async def counted(body: dict[str, Any]) -> dict[str, Any]:
+    runs = await _redis().rpush(runs_key(body["tag"]), os.getpid())
+    hold = body.get("hold")
+    until = time.monotonic() + HOLD_MAX_S
+    while hold and await _redis().exists(hold) and time.monotonic() < until:
+        await asyncio.sleep(POLL_S)
+    if body.get("fail"):
+        raise ValueError(f"failed on purpose (run {runs})")
+    if body.get("size"):
+        return {"text": "x" * int(body["size"])}
+    return {"tag": body["tag"], "run": runs}
