@@ -77,15 +77,16 @@ from streamserve.wire.errors import (
 from streamserve.wire.idempotency import check_key
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import check_decoded
-from streamserve.wire.messages import Reply, ReplyStatus
+from streamserve.wire.messages import SHARED_JOINED, SHARED_STORED, Reply, ReplyStatus
 from streamserve.wire.states import JobStatus
 
+# X-Cache by Reply.shared, for a deployment with a response cache.
+_X_CACHE = {SHARED_STORED: "hit", SHARED_JOINED: "coalesced", "": "miss"}
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")  # \Z: "$" would take a trailing newline
 # X-Request-Timeout: plain decimal seconds (float() would also take "1_0", "+2", "1e3" and "inf").
 SECONDS_RE = re.compile(r"^(\d+\.?\d*|\.\d+)$")
 _JSON = (b"content-type", b"application/json")
-_REPLAYED = (b"idempotent-replayed", b"true")
 
 logger = logging.getLogger(__name__)
 
@@ -179,10 +180,13 @@ class Gateway:
                 stream=True,
                 tag=tag,
                 idempotency_key=idempotency_key or "",
+                refresh=route.deployment.response_cache is not None and _no_cache(headers.getlist(b"cache-control")),
             )
             exchange.replica = reply.replica_id
-            if reply.replayed:
-                exchange.reply_headers["Idempotent-Replayed"] = "true"
+            shared: tuple[tuple[str, str], ...] = ()
+            if reply.shared or route.deployment.response_cache is not None:
+                shared = _shared_headers(reply, idempotency_key is not None)
+                exchange.reply_headers.update(shared)
             if reply.status is not ReplyStatus.OK and reply.status not in STREAM_REPLIES:
                 raise error_of(reply)
         except RequestCancelledError:  # its caller disconnected (caller_left): nobody to answer; the access log: 499
@@ -205,8 +209,7 @@ class Gateway:
             (b"x-deployment", deployment.encode()),
             (b"x-replica", reply.replica_id.encode()),
         ]
-        if reply.replayed:
-            response_headers.append(_REPLAYED)
+        response_headers += [(name.lower().encode(), value.encode()) for name, value in shared]
         await send({"type": "http.response.start", "status": 200, "headers": response_headers})
         await send({"type": "http.response.body", "body": reply.body})
 
@@ -302,6 +305,19 @@ def _request_id(given: str | None) -> tuple[str | None, str]:
 def _check_request_id(given: str | None, request_id: str) -> None:
     if given is not None and given != request_id:
         raise BadRequestError("X-Request-ID must be 1-128 of A-Z a-z 0-9 . _ : -")
+
+
+def _no_cache(cache_control: list[str]) -> bool:
+    """Whether ``Cache-Control`` headers (several, comma-separated) say ``no-cache``: skip the response cache."""
+    return any(d.split("=", 1)[0].strip().lower() == "no-cache" for header in cache_control for d in header.split(","))
+
+
+def _shared_headers(reply: Reply, keyed: bool) -> tuple[tuple[str, str], ...]:
+    """What a reply from a shared run says of it: ``Idempotent-Replayed: true`` for a reply kept for an idempotency
+    key, ``X-Cache: hit``, ``coalesced`` or ``miss`` for a deployment with a response cache."""
+    if keyed:
+        return (("Idempotent-Replayed", "true"),) if reply.shared == SHARED_STORED else ()
+    return (("X-Cache", _X_CACHE[reply.shared]),)
 
 
 def _prefers_async(prefer_headers: list[str]) -> bool:

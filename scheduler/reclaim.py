@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from streamserve.transport import keyed_runs
+from streamserve.transport import settling
 from streamserve.transport.streams import DeadLetter, Requeuer, send_reply
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
@@ -77,8 +77,8 @@ class Reclaimer:
             result.requeued += len(ids) - len(dead)
             for letter in dead:
                 await self._tell_caller(cfg, letter, reason)
-                if letter.idem:  # it never ran to its end: a retry with its key runs
-                    await keyed_runs.release(self._redis, self._keys, cfg.name, letter.idem, letter.run)
+                if letter.run:  # it never ran to its end: a retry with its key (or an identical request) runs
+                    await settling.release(self._redis, self._keys, cfg.name, letter.idem, letter.cache, letter.run)
             logger.warning(
                 "deployment %s: freed %d request(s) of dead replica %s (%d to the dead-letter stream)",
                 cfg.name,

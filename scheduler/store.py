@@ -97,8 +97,9 @@ class RedisReplicaStore:
         a scheduler that dies in between finds the deployment still listed and forgets it again.
         """
         await self._redis.delete(*self._keys.deployment_keys(deployment))
-        async for key in self._redis.scan_iter(match=self._keys.idempotency_pattern(deployment), count=500):
-            await self._redis.delete(key)
+        for pattern in (self._keys.idempotency_pattern(deployment), self._keys.cache_pattern(deployment)):
+            async for key in self._redis.scan_iter(match=pattern, count=500):
+                await self._redis.delete(key)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hdel(self._keys.deployment_status(), deployment)
             pipe.hdel(self._keys.autoscaling(), deployment)

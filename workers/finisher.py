@@ -18,11 +18,11 @@ reply is not sent again: each try would fill Redis anew, and while its bytes
 arrive every other write is refused, other replicas' heartbeats and replies
 included. Its caller gets a small error reply instead, saying why.
 
-A request with an idempotency key settles its key's run (transport/keyed_runs.py)
+A request with an idempotency key settles its key's run (transport/settling.py)
 in the same round trip, ahead of its reply and acknowledgement; the callers
 that joined the run are answered in a round trip of their own once the
 settlement says who they are. Should that one be lost, they find the stored
-reply themselves (client/keyed_calls.py).
+reply themselves (client/shared_calls.py).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from typing import Any
 
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import RETRYABLE_ERRORS, is_out_of_memory
-from streamserve.transport.keyed_runs import Settlement
 from streamserve.transport.pipelining import Command, Pipeliner
+from streamserve.transport.settling import Settlement
 from streamserve.transport.streams import reply_command
 from streamserve.wire.errors import ResponseTooLargeError
 from streamserve.wire.keys import CONSUMER_GROUP
@@ -167,7 +167,7 @@ class Finisher:
         error = sent.exception()
         if error is None:
             error = next((result for result in sent.result() if isinstance(result, Exception)), None)
-        if error is not None:  # they find the stored reply by themselves (client/keyed_calls.py)
+        if error is not None:  # they find the stored reply by themselves (client/shared_calls.py)
             logger.warning("replica %s: could not answer callers waiting for a run: %s", self._who, error)
 
     def _refused(self, outgoing: list[Outgoing], results: list[Any]) -> list[Outgoing]:

@@ -118,6 +118,25 @@ def _refuse_batched_generators(obj: Any, import_path: str) -> None:
             )
 
 
+def _refuse_cached_streams(obj: Any, cfg: DeploymentConfig) -> None:
+    """ConfigError for a deployment with ``response_cache`` whose handler (or a public method) streams: a stream's
+    chunks are not kept, and identical streams cannot share one run."""
+    if cfg.response_cache is None:
+        return
+    if inspect.isclass(obj):
+        names = [name for name in dir(obj) if name == "__call__" or not name.startswith("_")]
+        candidates = [(f"{obj.__name__}.{name}", inspect.getattr_static(obj, name, None)) for name in names]
+    else:
+        candidates = [(cfg.import_path, obj)]
+    for name, found in candidates:
+        call = _called(getattr(found, "__func__", found))
+        if callable(call) and _is_generator_function(inspect.unwrap(call)):
+            raise ConfigError(
+                f"response_cache: {name} is a generator, and streaming deployments are not cached; drop "
+                "response_cache from the deployment"
+            )
+
+
 def import_attr(import_path: str, allow: ImportAllowList, deployment: str) -> Any:
     """``package.module:attr.sub`` -> the object; ConfigError says what failed.
 
@@ -147,6 +166,7 @@ def load(cfg: DeploymentConfig, allow: ImportAllowList) -> LoadedDeployment:
     obj = import_attr(cfg.import_path, allow, cfg.name)
     if callable(obj):
         _refuse_batched_generators(obj, cfg.import_path)  # before a constructor that may take minutes
+        _refuse_cached_streams(obj, cfg)
     if inspect.isclass(obj):
         return LoadedDeployment(obj(*cfg.init_args, **cfg.init_kwargs), is_class=True)
     if not callable(obj):

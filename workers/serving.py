@@ -38,7 +38,7 @@ from streamserve.metrics.definitions import (
 from streamserve.metrics.figures import Figures
 from streamserve.runtime.request_scope import RequestScope, run_in
 from streamserve.runtime.settings import Settings
-from streamserve.transport import keyed_runs
+from streamserve.transport import settling
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import RETRYABLE_ERRORS
 from streamserve.transport.pipelining import BlockingReader, Pipeliner
@@ -411,9 +411,8 @@ class Serving:
         if self._figures is not None:
             self._figures.count(self._name, HANDLED, outcome.value)
         settlement = None
-        if request.idem:  # its key's run ends: its reply is kept for the retries, or the key freed for them
-            ttl_s = self.config.idempotency_ttl_s
-            settlement = keyed_runs.settle(self._keys, self._name, request.idem, request.run, reply, ttl_s)
+        if request.run:  # a shared run ends (an idempotency key's, identical requests'): kept, or freed
+            settlement = settling.settle(self._keys, self.config, request, reply)
         self._finisher.finish(entry_id, reply if answered else None, request.reply_to, request.deadline_ms, settlement)
 
     def _count_cancelled(self, stage: str) -> None:

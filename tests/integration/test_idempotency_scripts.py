@@ -1,6 +1,6 @@
-"""The idempotency scripts on a real redis-server: ENQUEUE_KEYED through the client's ``enqueue_keyed`` (queue, join,
-replay, refuse) and SETTLE_RUN through ``keyed_runs`` (store, release, answer the callers that joined), and the
-reclaimer's REQUEUE naming a dead-lettered request's key."""
+"""The shared-run scripts for idempotency keys on a real redis-server: ENQUEUE_SHARED through the client's
+``enqueue_shared`` (queue, join, replay, refuse) and SETTLE_RUN through ``settling`` (store, release, answer the
+callers that joined), and the reclaimer's REQUEUE naming a dead-lettered request's key."""
 
 from __future__ import annotations
 
@@ -10,18 +10,18 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from streamserve.client.keyed_calls import enqueue_keyed
+from streamserve.client.shared_calls import Admission, by_key, enqueue_shared
 from streamserve.runtime.settings import Settings
-from streamserve.transport import keyed_runs
+from streamserve.transport import settling
 from streamserve.transport.pipelining import Pipeliner
 from streamserve.transport.streams import Requeuer, ensure_group
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import IdempotencyKeyMismatchError, OverloadedError, ReplyNotStoredError
-from streamserve.wire.idempotency import new_run_token
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
-from streamserve.wire.messages import Reply, ReplyStatus, Request, now_ms
+from streamserve.wire.messages import SHARED_STORED, Reply, ReplyStatus, Request, now_ms
+from streamserve.wire.shared_runs import new_run_token
 
-CFG = DeploymentConfig(name="keyed", import_path="m:f", max_queued_requests=2)
+CFG = DeploymentConfig(name="keyed", import_path="m:f", max_queued_requests=2, idempotency_ttl_s=60)
 KEYS = Keys()
 KEY = "order-17"
 CALLER = "streamserve:replies:caller1"
@@ -39,10 +39,14 @@ def keyed(request_id: str, body: bytes = b'{"x":1}', reply_to: str = CALLER) -> 
     return Request(request_id, reply_to, now_ms() + 60_000, body, tag=f"t-{request_id}", idem=KEY, run=new_run_token())
 
 
-async def settle(redis: aioredis.Redis, request: Request, reply: Reply, ttl_s: float = 60) -> list[Any]:
+async def settle(redis: aioredis.Redis, request: Request, reply: Reply) -> list[Any]:
     """What a replica's Finisher does for a keyed request: SETTLE_RUN; the answers to the callers that joined."""
-    settlement = keyed_runs.settle(KEYS, CFG.name, request.idem, request.run, reply, ttl_s)
+    settlement = settling.settle(KEYS, CFG, request, reply)
     return settlement.answers(await redis.execute_command(*settlement.command))
+
+
+async def enqueue_keyed(pipeliner: Pipeliner, keys: Keys, cfg: DeploymentConfig, request: Request) -> Admission:
+    return await enqueue_shared(pipeliner, keys, cfg, request, by_key(keys, cfg, request))
 
 
 async def test_the_first_call_queues_a_run_the_next_join_it_and_later_ones_get_its_reply(
@@ -77,7 +81,7 @@ async def test_the_first_call_queues_a_run_the_next_join_it_and_later_ones_get_i
 
     later = await enqueue_keyed(pipeliner, KEYS, CFG, keyed("r3"))
     assert later.stored is not None
-    assert later.stored.replayed
+    assert later.stored.shared == SHARED_STORED
     assert (later.stored.request_id, later.stored.tag) == ("r3", "t-r3")
     assert (later.stored.status, later.stored.body, later.stored.replica_id) == (
         ReplyStatus.OK,
@@ -119,7 +123,7 @@ async def test_a_run_that_never_ran_frees_the_key_and_tells_its_waiters_to_retry
     # A cancelled run too, released by whoever cancelled it.
     again = keyed("r3")
     assert (await enqueue_keyed(pipeliner, KEYS, CFG, again)).entry_id
-    await keyed_runs.release(aredis, KEYS, CFG.name, again.idem, again.run)
+    await settling.release(aredis, KEYS, CFG.name, again.idem, "", again.run)
     assert not await aredis.exists(KEYS.idempotency(CFG.name, KEY))
 
 

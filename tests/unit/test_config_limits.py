@@ -175,7 +175,7 @@ def test_the_setting_is_read_from_the_environment_and_handed_to_children(monkeyp
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("replicas=5", "'replicas=5' is not NAME=N with NAME one of the limits: config_bytes, cpus"),
+        ("replicas=5", "'replicas=5' is not NAME=N with NAME one of the limits: cache_entries, config_bytes"),
         ("num_replicas=lots", "num_replicas='lots': the limit must be a whole number"),
         ("num_replicas=0", "num_replicas=0: the limit must be at least 1"),
         ("gpus=1,gpus=2", "gpus is given twice"),

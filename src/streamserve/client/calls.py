@@ -15,27 +15,30 @@ gateway's HTTP caller disconnected), or a stream's feed closed before its end.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
 from typing import Any
 
 from streamserve.client.chunk_feed import ChunkFeed
 from streamserve.client.chunk_stream import ChunkStream
 from streamserve.client.core import ClientCore
-from streamserve.client.keyed_calls import enqueue_keyed, wait_joined
 from streamserve.client.outcomes import STREAM_REPLIES, result_of
 from streamserve.client.read_progress import progress_reporter
 from streamserve.client.reply_stream import ReplyStream
 from streamserve.client.route_table import Route
+from streamserve.client.shared_calls import Sharing, by_cache, by_key, enqueue_shared, wait_joined
 from streamserve.transport.connections import is_cluster_client
 from streamserve.transport.pipelining import Command, Script
 from streamserve.wire import scripts
 from streamserve.wire.config import MAX_TIMEOUT_S, DeploymentConfig
 from streamserve.wire.errors import BadRequestError, OverloadedError, RequestCancelledError, RequestTimeoutError
-from streamserve.wire.idempotency import check_key, new_run_token
+from streamserve.wire.idempotency import check_key
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import Reply, ReplyStatus, Request, now_ms, text
+from streamserve.wire.messages import SHARED_JOINED, Reply, ReplyStatus, Request, now_ms, text
+from streamserve.wire.shared_runs import new_run_token
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +91,7 @@ class Calls(ClientCore):
         """Run deployment (or endpoint) ``name`` on ``body`` and return its result, or raise a StreamServeError.
 
         ``idempotency_key``: calls with one key (and the same method and body) run the handler once, and share its
-        result or error; see docs/idempotency.md."""
+        result or error; see docs/retries-and-caching.md."""
         reply = await self.request(
             name, encode_body(body), timeout=timeout, method=method, idempotency_key=idempotency_key or ""
         )
@@ -161,15 +164,21 @@ class Calls(ClientCore):
             encoded,
             method,
         )
-        if idempotency_key is None:
-            await self._add(route.deployment, request)
+        cfg = route.deployment
+        if idempotency_key is None and cfg.response_cache is None:
+            await self._add(cfg, request)
         else:
-            request.idem, request.run = check_key(idempotency_key), new_run_token()
+            request.run = new_run_token()
+            if idempotency_key is not None:
+                request.idem = check_key(idempotency_key)
+                sharing = by_key(self._keys, cfg, request)
+            else:
+                sharing = by_cache(self._keys, cfg, request, refresh=False)
             assert self._pipeliner is not None
             with self._refusals:
-                admission = await enqueue_keyed(self._pipeliner, self._keys, route.deployment, request)
+                admission = await enqueue_shared(self._pipeliner, self._keys, cfg, request, sharing)
             if not admission.entry_id:
-                return request.request_id  # the key has run, or its run is on its way
+                return request.request_id  # it has run (its reply is kept), or its run is on its way
         self._mirror(route, request)
         return request.request_id
 
@@ -186,6 +195,7 @@ class Calls(ClientCore):
         deadline_ms: int = 0,
         tag: str = "",
         idempotency_key: str = "",
+        refresh: bool = False,
     ) -> Reply:
         """Send already-encoded JSON and return the raw Reply (the gateway's entry point).
 
@@ -204,7 +214,9 @@ class Calls(ClientCore):
         sent (the gateway: ``caller_left``); a new one by default.
 
         ``idempotency_key``: the handler runs once for all calls with this key (per deployment), while the key's
-        reply is kept (wire/idempotency.py); a call that finds it stored gets it with ``replayed`` set.
+        reply is kept (wire/idempotency.py). Without one, a deployment with a response cache answers identical
+        requests from a kept reply, or from one run (wire/response_cache.py); ``refresh`` runs anew and keeps the
+        new reply. Reply.shared says how a shared run answered.
         """
         self._check_size(body)
         route = name if isinstance(name, Route) else await self.route(name)
@@ -223,7 +235,10 @@ class Calls(ClientCore):
             request.deadline_ms = min(deadline, deadline_ms) if deadline_ms else deadline
             if idempotency_key:
                 request.idem = check_key(idempotency_key)
-                reply, entry_id = await self._run_keyed(route, request, fut)
+                reply, entry_id = await self._run_shared(route, request, fut, by_key(self._keys, cfg, request))
+            elif cfg.response_cache is not None:
+                sharing = by_cache(self._keys, cfg, request, refresh)
+                reply, entry_id = await self._run_shared(route, request, fut, sharing)
             else:
                 try:
                     entry_id = await self._add(cfg, request)
@@ -290,18 +305,24 @@ class Calls(ClientCore):
         """Cancel ``request``, queued as ``entry_id``, in the background (freeing its idempotency key, if it has one
         and never ran)."""
         if self._canceller is not None:
-            self._canceller.cancel_soon(deployment, entry_id, request.request_id, request.idem, request.run)
+            self._canceller.cancel_soon(deployment, entry_id, request)
 
-    async def _run_keyed(self, route: Route, request: Request, fut: asyncio.Future[Reply]) -> tuple[Reply, str]:
-        """The reply to ``request``, which has an idempotency key, and the entry id it was queued as ("" when it
-        joined another call's run of the key, or took its stored reply): see client/keyed_calls.py."""
+    def _gone(self, deployment: str) -> bool:
+        """Whether ``deployment`` was deleted (as far as this client's routes know)."""
+        return self._routes is not None and deployment not in self._routes.deployments()
+
+    async def _run_shared(
+        self, route: Route, request: Request, fut: asyncio.Future[Reply], sharing: Sharing
+    ) -> tuple[Reply, str]:
+        """The reply to ``request``, whose run may be shared, and the entry id it was queued as ("" when it joined
+        another call's run, or took its stored reply): see client/shared_calls.py."""
         assert self._pipeliner is not None and self._replies is not None
         cfg = route.deployment
         while True:
             request.run = new_run_token()
             try:
                 with self._refusals:
-                    admission = await enqueue_keyed(self._pipeliner, self._keys, cfg, request)
+                    admission = await enqueue_shared(self._pipeliner, self._keys, cfg, request, sharing)
             except BaseException:
                 _abandon(fut)
                 raise
@@ -309,7 +330,9 @@ class Calls(ClientCore):
                 return admission.stored, ""
             try:
                 if admission.joined:
-                    reply = await wait_joined(self.redis, self._keys, cfg.name, request, fut)
+                    gone = functools.partial(self._gone, cfg.name)
+                    reply = await wait_joined(self.redis, sharing, request, fut, cfg.name, gone)
+                    reply.shared = SHARED_JOINED
                 else:
                     self._mirror(route, request)
                     reply = await fut
@@ -320,6 +343,7 @@ class Calls(ClientCore):
             if reply.status is not ReplyStatus.RETRY:
                 return reply, admission.entry_id
             fut = self._replies.expect(request.tag, request.request_id)  # the run it joined never ran: run anew
+            sharing = dataclasses.replace(sharing, refresh=False)
 
     def _mirror(self, route: Route, request: Request) -> None:
         """Send a copy of an admitted request to each shadow, without a reply stream (no one waits for it)."""

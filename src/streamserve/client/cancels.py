@@ -18,12 +18,12 @@ import logging
 import redis.asyncio as aioredis
 
 from streamserve.metrics.definitions import CANCELLED, QUEUED_STAGE
-from streamserve.transport import keyed_runs
+from streamserve.transport import settling
 from streamserve.transport.pipelining import Pipeliner, Script
 from streamserve.transport.streams import control_command
 from streamserve.wire import scripts
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
-from streamserve.wire.messages import CancelRequest, now_ms, text
+from streamserve.wire.messages import CancelRequest, Request, now_ms, text
 
 logger = logging.getLogger(__name__)
 
@@ -42,19 +42,19 @@ class Canceller:
         self._tasks: set[asyncio.Task[str]] = set()
         self._closed = False
 
-    def cancel_soon(self, deployment: str, entry_id: str, request_id: str, idem: str = "", run: str = "") -> None:
-        """Cancel the request in the background; nothing once the client has closed (a stream left open then, dropped
-        later, may call this outside any event loop). ``idem`` and ``run``: its idempotency key and run token."""
+    def cancel_soon(self, deployment: str, entry_id: str, request: Request) -> None:
+        """Cancel ``request`` in the background; nothing once the client has closed (a stream left open then, dropped
+        later, may call this outside any event loop)."""
         if self._closed:
             return
-        task = asyncio.create_task(self.cancel(deployment, entry_id, request_id, idem, run))
+        task = asyncio.create_task(self.cancel(deployment, entry_id, request.request_id, request))
         self._tasks.add(task)
         task.add_done_callback(self._sent)
 
-    async def cancel(self, deployment: str, entry_id: str, request_id: str, idem: str = "", run: str = "") -> str:
+    async def cancel(self, deployment: str, entry_id: str, request_id: str, request: Request | None = None) -> str:
         """Cancel request ``request_id`` (entry ``entry_id`` of ``deployment``'s stream); where it was: "queued",
-        "running" or "finished". A queued request's idempotency key ``idem`` is freed (its replica frees it when it
-        was running)."""
+        "running" or "finished". A queued ``request``'s shared run is freed (its replica frees it when it was
+        running)."""
         keys = self._keys
         where = await self._pipeliner.run_script(
             _CANCEL,
@@ -62,8 +62,8 @@ class Canceller:
             [CONSUMER_GROUP, entry_id, now_ms(), CANCEL_MARK_KEEP_MS, CANCELLED.field(QUEUED_STAGE)],
         )
         stage = text(where[0])
-        if stage == "queued" and idem:
-            await keyed_runs.release(self._redis, keys, deployment, idem, run)
+        if stage == "queued" and request is not None and request.run:
+            await settling.release(self._redis, keys, deployment, request.idem, request.cache, request.run)
         if stage == "running":
             control = keys.replica_control(deployment, text(where[1]))
             [added] = await self._pipeliner.execute(control_command(control, CancelRequest(entry_id, request_id)))

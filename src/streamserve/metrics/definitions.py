@@ -110,7 +110,14 @@ CANCELLED = Counter(
 QUEUED_STAGE = "queued"
 RUNNING_STAGE = "running"
 
-COUNTERS = (REQUESTS, HANDLED, STREAM_CHUNKS, CANCELLED)
+CACHE_REQUESTS = Counter(
+    "cache_requests_total",
+    "Requests to deployments with a response cache, by result: hit (answered from a kept reply), miss (run), "
+    "coalesced (waited for an identical request's run).",
+    "result",
+)
+
+COUNTERS = (REQUESTS, HANDLED, STREAM_CHUNKS, CANCELLED, CACHE_REQUESTS)
 HISTOGRAMS = (REQUEST_DURATION, HANDLER_DURATION, BATCH_SIZE, TIME_TO_FIRST_CHUNK)
 
 # -- read from Redis at each scrape --------------------------------------------------

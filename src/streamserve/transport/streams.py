@@ -65,7 +65,8 @@ class DeadLetter:
     reply_to: str
     deliveries: int
     tag: str = ""  # the request's (Request.tag)
-    idem: str = ""  # its idempotency key (Request.idem), and its run token (Request.run)
+    idem: str = ""  # its idempotency key (Request.idem), its cache digest (Request.cache), its run (Request.run)
+    cache: str = ""
     run: str = ""
 
 
@@ -104,6 +105,6 @@ class Requeuer:
         )
         fields = [text(value) for value in dead]
         return [
-            DeadLetter(fields[i], fields[i + 1], int(fields[i + 2]), fields[i + 3], fields[i + 4], fields[i + 5])
-            for i in range(0, len(fields), 6)
+            DeadLetter(fields[i], fields[i + 1], int(fields[i + 2]), *fields[i + 3 : i + 7])
+            for i in range(0, len(fields), 7)
         ]

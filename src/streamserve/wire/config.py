@@ -176,6 +176,18 @@ def memory_bytes(value: str | int) -> int:
     return int(Decimal(match["number"]) * MEMORY_UNITS[match["unit"]])
 
 
+class ResponseCacheConfig(_Strict):
+    """Keep successful replies for identical requests (docs/retries-and-caching.md)."""
+
+    # How long a reply is kept.
+    ttl_s: float = Field(300.0, gt=0)
+    # The most replies kept at once; past it, the oldest go first.
+    max_entries: int = Field(10_000, ge=1)
+
+    _ttl = field_validator("ttl_s")(_at_most_a_week)
+    _entries = field_validator("max_entries")(at_most("cache_entries"))
+
+
 class DeploymentConfig(_Strict):
     """One deployment: a function or class served by N replica processes."""
 
@@ -204,6 +216,8 @@ class DeploymentConfig(_Strict):
     max_unread_chunks: int = Field(64, ge=1)
     # How long the reply to a request with an idempotency key is kept for the retries that send the key again.
     idempotency_ttl_s: float = Field(86_400.0, gt=0)
+    # Answer identical requests from a kept reply, and run identical requests in flight at once only once.
+    response_cache: ResponseCacheConfig | None = None
     # Replicas are started by someone else (Kubernetes, KEDA, systemd, a person): every worker that heartbeats counts.
     external_scaler_enabled: bool = False
     resources: Resources = Field(default_factory=Resources)
@@ -271,10 +285,12 @@ class DeploymentConfig(_Strict):
         return 1 if self.num_replicas is None else self.num_replicas
 
     def code_version(self) -> str:
-        """A digest of what needs a restart to change: import path, init args, version, resources."""
+        """A digest of what needs a restart to change: import path, init args, version, resources, response cache."""
         parts: list[Any] = [self.import_path, self.init_args, self.init_kwargs, self.version]
         if not self.resources.is_empty:  # left out when unset, so older deployments keep their digest
             parts.append(self.resources.model_dump(mode="json"))
+        if self.response_cache is not None:  # a replica checks at load that its handlers do not stream
+            parts.append({"response_cache": self.response_cache.model_dump(mode="json")})
         code = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
         return hashlib.sha256(code).hexdigest()[:12]
 

@@ -193,6 +193,23 @@ class Keys:
         """SCAN pattern matching every idempotency record and waiters list of one deployment (for deletion)."""
         return self._tagged(deployment, "idem*")
 
+    def cache_entry(self, deployment: str, digest: str) -> str:
+        """Hash, with expiry: the run of identical requests of a deployment with a response cache, by their digest
+        (wire/response_cache.py), and once it went well its reply (fields as an idempotency record's)."""
+        return self._tagged(deployment, f"cache:{digest}")
+
+    def cache_waiters(self, deployment: str, digest: str) -> str:
+        """List: the callers waiting for the run of identical requests (as Keys.idempotency_waiters)."""
+        return self._tagged(deployment, f"cache_waiters:{digest}")
+
+    def cache_index(self, deployment: str) -> str:
+        """Sorted set: digest -> when its reply was kept (epoch ms), to evict the oldest past ``max_entries``."""
+        return self._tagged(deployment, "cache_index")
+
+    def cache_pattern(self, deployment: str) -> str:
+        """SCAN pattern matching every cache entry and waiters list of one deployment (for deletion)."""
+        return self._tagged(deployment, "cache*")
+
     def logs(self, deployment: str) -> str:
         """Stream, capped: the output of the deployment's replicas, one entry per line (`streamserve logs`)."""
         return self._tagged(deployment, "logs")
@@ -207,6 +224,7 @@ class Keys:
             self.heartbeat_news(deployment),
             self.dead_letters(deployment),
             self.cancelled(deployment),
+            self.cache_index(deployment),
             self.metrics(deployment),
             self.metrics_history(deployment),
             self.autoscale_decisions(deployment),

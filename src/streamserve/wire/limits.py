@@ -54,6 +54,9 @@ class ConfigLimits:
     """The largest ``max_unread_chunks``: how many chunks a streaming handler may get ahead of its caller (each
     stream may hold that many chunks in Redis and in its caller's memory)."""
 
+    cache_entries: int = 10_000_000
+    """The largest ``response_cache.max_entries``: replies one deployment keeps in Redis for identical requests."""
+
     cpus: int = 1024
     """The most CPU cores one replica may ask for (``resources.cpus``)."""
 

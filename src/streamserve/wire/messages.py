@@ -80,7 +80,9 @@ class Request:
     tag: str = ""
     # The caller's idempotency key (wire/idempotency.py), "" for none: the replica stores the reply under it.
     idem: str = ""
-    # With ``idem``: the token of this run of the key, which its record names as the run it waits for.
+    # The digest of identical requests (wire/response_cache.py), "" for none: the replica keeps a good reply under it.
+    cache: str = ""
+    # With ``idem`` or ``cache``: the token of this run, which the run's record names (wire/shared_runs.py).
     run: str = ""
 
     def encode(self) -> WireFields:
@@ -100,8 +102,11 @@ class Request:
             fields["parent"] = self.parent
         if self.tag:
             fields["tag"] = self.tag
-        if self.idem:
-            fields["idem"] = self.idem
+        if self.run:
+            if self.idem:
+                fields["idem"] = self.idem
+            if self.cache:
+                fields["cache"] = self.cache
             fields["run"] = self.run
         return fields
 
@@ -120,6 +125,7 @@ class Request:
                 parent=fields.get(b"parent", b"").decode(),
                 tag=fields.get(b"tag", b"").decode(),
                 idem=fields.get(b"idem", b"").decode(),
+                cache=fields.get(b"cache", b"").decode(),
                 run=fields.get(b"run", b"").decode(),
             )
         except (UnicodeDecodeError, ValueError) as exc:
@@ -128,6 +134,11 @@ class Request:
     def reply(self, status: ReplyStatus, replica_id: str, **more: Any) -> Reply:
         """A reply to this request (its id and tag), with ``more`` of Reply's fields."""
         return Reply(self.request_id, status, replica_id, tag=self.tag, **more)
+
+
+# Reply.shared's values.
+SHARED_STORED = "stored"
+SHARED_JOINED = "joined"
 
 
 class ReplyStatus(str, Enum):
@@ -185,8 +196,9 @@ class Reply:
     window: int = 0
     # The request's tag (Request.tag), "" when it had none.
     tag: str = ""
-    # Not on the wire: True when this is the stored reply of an earlier request with the same idempotency key.
-    replayed: bool = False
+    # Not on the wire: how a caller got this reply from a shared run (wire/shared_runs.py): SHARED_STORED, the
+    # reply kept for an earlier request; SHARED_JOINED, a copy of the reply to a request it waited for; "" its own.
+    shared: str = ""
 
     def encode(self) -> WireFields:
         fields: WireFields = {

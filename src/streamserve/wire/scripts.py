@@ -1,7 +1,9 @@
 """Lua scripts: every multi-step Redis write that must be atomic.
 
 Each script names every key it touches in KEYS, so it runs on Redis Cluster
-when those keys share a hash tag.
+when those keys share a hash tag. One exception: SETTLE_RUN deletes the cache
+entries it evicts, which no caller could know beforehand; they are keys of the
+deployment's own hash slot, which a cluster lets a script reach.
 """
 
 from __future__ import annotations
@@ -83,32 +85,40 @@ return admit(tonumber(ARGV[1]), ARGV[2], 4)
 """
 )
 
-ENQUEUE_KEYED = (
+ENQUEUE_SHARED = (
     """
--- Admit a request that carries an idempotency key, or join or replay the run of that key (wire/idempotency.py).
--- Looking and adding are one step, so callers racing with one key (through two gateways, say) run it once.
+-- Admit a request whose run may be shared (wire/shared_runs.py: an idempotency key, or a response cache), or have it
+-- join that run or take its stored reply. Looking and adding are one step, so callers racing with one key or one
+-- cached request (through two gateways, say) run it once.
 -- KEYS[1]  the deployment's request stream
--- KEYS[2]  the key's record (hash)
--- KEYS[3]  the key's waiters (list)
+-- KEYS[2]  the run's record (hash)
+-- KEYS[3]  the run's waiters (list)
+-- KEYS[4]  the deployment's metrics hash
 -- ARGV[1]  max_queued_requests
 -- ARGV[2]  the consumer group name
--- ARGV[3]  the digest of the request's method and body
+-- ARGV[3]  the digest a record found must have (an idempotency key's), or '' (a cache entry is named by its digest)
 -- ARGV[4]  this call's run token
 -- ARGV[5]  how long a new record is kept while its request waits or runs (ms)
 -- ARGV[6]  this caller as a waiter (JSON [reply_to, tag, request id]), or '' when it waits for no reply
 -- ARGV[7]  the request id
--- ARGV[8..] the request's field/value pairs
+-- ARGV[8]  '1' to run anew whatever the record holds (a cache refresh: the new reply replaces the kept one)
+-- ARGV[9]  the metrics field that results are counted under, less the result ('' to count nothing)
+-- ARGV[10..] the request's field/value pairs
 -- Returns {'queued', entry id}, {'full'}, {'mismatch'}, {'waiting'}, or
 -- {'stored', status, body, error_type, error_message, replica, too_large}.
 """
     + _PENDING_COUNT
     + _ADMIT
     + """
+local function count(result)
+  if ARGV[9] ~= '' then redis.call('HINCRBY', KEYS[4], ARGV[9] .. result, 1) end
+end
 local state, digest, run, entry = unpack(redis.call('HMGET', KEYS[2], 'state', 'digest', 'run', 'entry'))
-if state then
-  if digest ~= ARGV[3] then return {'mismatch'} end
-  if run == ARGV[4] then return {'queued', entry} end  -- this call's own enqueue, sent again after a lost answer
+if state and run == ARGV[4] then return {'queued', entry} end  -- this call's own enqueue, sent again
+if state and ARGV[8] ~= '1' then
+  if ARGV[3] ~= '' and digest ~= ARGV[3] then return {'mismatch'} end
   if state == 'done' then
+    count('hit')
     local stored = redis.call('HMGET', KEYS[2], 'status', 'body', 'error_type', 'error_message', 'replica', 'too_large')
     local found = {'stored'}
     for i = 1, 6 do found[i + 1] = stored[i] or '' end
@@ -118,10 +128,13 @@ if state then
     redis.call('RPUSH', KEYS[3], ARGV[6])
     redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[2]), 1000))
   end
+  count('coalesced')
   return {'waiting'}
 end
-local id = admit(tonumber(ARGV[1]), ARGV[2], 8)
+local id = admit(tonumber(ARGV[1]), ARGV[2], 10)
 if id == 0 then return {'full'} end
+count('miss')
+redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[2], 'state', 'running', 'digest', ARGV[3], 'run', ARGV[4], 'request_id', ARGV[7], 'entry', id)
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return {'queued', id}
@@ -129,24 +142,41 @@ return {'queued', id}
 )
 
 SETTLE_RUN = """
--- End the run of an idempotency key (wire/idempotency.py): store its reply for later requests with the key, or
--- release the key (delete the record) so that a retry runs. Only the run the record names is settled: a record
--- that lapsed and was made again by another run is that run's.
--- KEYS[1]  the key's record (hash)
--- KEYS[2]  the key's waiters (list)
+-- End a shared run (wire/shared_runs.py): store its reply for later requests, or delete its record so that the next
+-- request runs. Only the run the record names is settled: a record that lapsed, or that a cache refresh took over,
+-- is another run's.
+-- KEYS[1]  the run's record (hash)
+-- KEYS[2]  the run's waiters (list)
+-- KEYS[3]  a response cache's index (sorted set: digest -> when kept), absent for an idempotency key
 -- ARGV[1]  the run token
 -- ARGV[2]  'store' or 'release'
 -- ARGV[3]  how long a stored reply is kept (ms)
--- ARGV[4..] the reply's field/value pairs to store
+-- ARGV[4]  a cache's max_entries (0: no index)
+-- ARGV[5]  a cache entry's digest (its index member)
+-- ARGV[6]  a cache entry's key less its digest (Keys.cache_entry): evicted entries are deleted by it, keys of this
+--          deployment's hash slot that no caller could name in KEYS beforehand
+-- ARGV[7]  now, epoch ms
+-- ARGV[8..] the reply's field/value pairs to store
 -- Returns the waiters that joined the run, for the caller of this script to answer.
 if redis.call('HGET', KEYS[1], 'run') ~= ARGV[1] then return {} end
 local waiting = redis.call('LRANGE', KEYS[2], 0, -1)
 redis.call('DEL', KEYS[2])
 if ARGV[2] == 'release' then
   redis.call('DEL', KEYS[1])
-else
-  redis.call('HSET', KEYS[1], 'state', 'done', unpack(ARGV, 4))
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return waiting
+end
+redis.call('HSET', KEYS[1], 'state', 'done', unpack(ARGV, 8))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local most = tonumber(ARGV[4])
+if KEYS[3] and most > 0 then
+  local now = tonumber(ARGV[7])
+  redis.call('ZADD', KEYS[3], now, ARGV[5])
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - tonumber(ARGV[3])))  -- lapsed by themselves
+  local excess = redis.call('ZCARD', KEYS[3]) - most
+  if excess > 0 then
+    local oldest = redis.call('ZPOPMIN', KEYS[3], excess)
+    for i = 1, #oldest, 2 do redis.call('DEL', ARGV[6] .. oldest[i]) end
+  end
 end
 return waiting
 """
@@ -223,7 +253,8 @@ REQUEUE = """
 -- ARGV[4]  dead-letter stream cap
 -- ARGV[5]  attempts to add: 1 when the replica died holding them, 0 when handed back
 -- ARGV[6..] ids of pending entries to move
--- Returns {request_id, reply_to, deliveries, tag, idem, run, ...} for every entry sent to the dead-letter stream.
+-- Returns {request_id, reply_to, deliveries, tag, idem, cache, run, ...} for every entry sent to the dead-letter
+-- stream.
 local dead = {}
 local max_deliveries = tonumber(ARGV[2])
 local increment = tonumber(ARGV[5])
@@ -235,7 +266,7 @@ for i = 6, #ARGV do
   end
   if #entries > 0 then
     local fields = entries[1][2]
-    local kept, attempts, request_id, reply_to, tag, idem, run = {}, 0, '', '', '', '', ''
+    local kept, attempts, request_id, reply_to, tag, idem, cache, run = {}, 0, '', '', '', '', '', ''
     for j = 1, #fields, 2 do
       local name, value = fields[j], fields[j + 1]
       if name == 'attempts' then
@@ -246,7 +277,7 @@ for i = 6, #ARGV do
       end
       if name == 'id' then request_id = value elseif name == 'reply_to' then reply_to = value end
       if name == 'tag' then tag = value elseif name == 'idem' then idem = value end
-      if name == 'run' then run = value end
+      if name == 'cache' then cache = value elseif name == 'run' then run = value end
     end
     local deliveries = attempts + increment
     kept[#kept + 1] = 'attempts'
@@ -260,6 +291,7 @@ for i = 6, #ARGV do
       dead[#dead + 1] = tostring(deliveries)
       dead[#dead + 1] = tag
       dead[#dead + 1] = idem
+      dead[#dead + 1] = cache
       dead[#dead + 1] = run
     else
       redis.call('XADD', KEYS[1], '*', unpack(kept))

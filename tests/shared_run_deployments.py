@@ -1,4 +1,5 @@
-"""Deployments for the idempotency tests (tests/e2e/test_idempotency.py), which run in replica processes.
+"""Deployments for the shared-run tests (tests/e2e/test_shared_runs.py: idempotency keys, the response cache), which
+run in replica processes.
 
 ``counted`` records each run on a Redis list of the farm's Redis named by the ``tag`` in its body (``runs_key``),
 so that a test sees how often the handler really ran. It waits while the body's ``hold`` key exists (a test deletes
@@ -24,7 +25,7 @@ _connection: aioredis.Redis | None = None
 
 def runs_key(tag: str) -> str:
     """The list a request tagged ``tag`` records its runs on."""
-    return f"idempotency-test:runs:{tag}"
+    return f"shared-runs-test:runs:{tag}"
 
 
 def _redis() -> aioredis.Redis:

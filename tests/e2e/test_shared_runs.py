@@ -1,7 +1,8 @@
-"""Idempotency keys end to end (issue 29, item 1), through real processes: `streamserve up`, its gateway, scheduler
-and replica processes, a second gateway, HTTP callers (some on raw sockets that hang up) and the Python client.
+"""Shared runs end to end (issue 29): idempotency keys and the response cache, through real processes: `streamserve
+up`, its gateway, scheduler and replica processes, a second gateway, HTTP callers (some on raw sockets that hang up)
+and the Python client.
 
-How often a handler really ran is what it recorded on a Redis list (tests/idempotency_deployments.py)."""
+How often a handler really ran is what it recorded on a Redis list (tests/shared_run_deployments.py)."""
 
 from __future__ import annotations
 
@@ -19,42 +20,64 @@ import orjson
 import pytest
 import redis
 
-from streamserve import Client
+from streamserve import Client, GoalFailedError
+from streamserve.wire.config import AppConfig, DeploymentConfig, ResponseCacheConfig
 from streamserve.wire.errors import IdempotencyKeyMismatchError
 from streamserve.wire.keys import Keys
 from tests.harness.farm import Farm, Processes, running_farm_of
 from tests.harness.waiting import wait_for
-from tests.idempotency_deployments import runs_key
+from tests.shared_run_deployments import runs_key
 
 pytestmark = pytest.mark.e2e
 
 CONFIG = """\
 deployments:
   - name: counted
-    import_path: tests.idempotency_deployments:counted
+    import_path: tests.shared_run_deployments:counted
     num_replicas: 1
     graceful_shutdown_timeout_s: 2
   - name: narrow
-    import_path: tests.idempotency_deployments:counted
+    import_path: tests.shared_run_deployments:counted
     num_replicas: 1
     max_ongoing_requests: 1
     max_queued_requests: 1
     graceful_shutdown_timeout_s: 2
   - name: small
-    import_path: tests.idempotency_deployments:counted
+    import_path: tests.shared_run_deployments:counted
     num_replicas: 1
     max_response_bytes: 100
     graceful_shutdown_timeout_s: 2
   - name: fragile
-    import_path: tests.idempotency_deployments:counted
+    import_path: tests.shared_run_deployments:counted
     num_replicas: 1
     max_delivery_attempts: 1
     graceful_shutdown_timeout_s: 2
   - name: brief
-    import_path: tests.idempotency_deployments:counted
+    import_path: tests.shared_run_deployments:counted
     num_replicas: 1
     idempotency_ttl_s: 1
     graceful_shutdown_timeout_s: 2
+  - name: cached
+    import_path: tests.shared_run_deployments:counted
+    num_replicas: 1
+    max_ongoing_requests: 64
+    response_cache: {ttl_s: 300, max_entries: 10000}
+    graceful_shutdown_timeout_s: 2
+  - name: tiny-cache
+    import_path: tests.shared_run_deployments:counted
+    num_replicas: 1
+    response_cache: {max_entries: 3}
+    graceful_shutdown_timeout_s: 2
+  - name: reconfigured
+    import_path: tests.shared_run_deployments:counted
+    num_replicas: 1
+    user_config: {v: 1}
+    response_cache: {}
+    graceful_shutdown_timeout_s: 2
+  - name: doomed
+    import_path: tests.shared_run_deployments:counted
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 1
 """
 KEYS = Keys()
 WAIT_S = 20.0
@@ -62,7 +85,7 @@ WAIT_S = 20.0
 
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
-    with running_farm_of(CONFIG, tmp_path_factory.mktemp("idempotency")) as farm:
+    with running_farm_of(CONFIG, tmp_path_factory.mktemp("shared-runs")) as farm:
         yield farm
 
 
@@ -323,3 +346,160 @@ def test_a_job_submitted_again_with_its_key_is_the_same_job(farm: Farm, store: r
     with Client(farm.effective_redis_url) as client:
         assert client.submit_job("counted", {"tag": tag}, idempotency_key=tag) == job_id
     assert runs(store, tag) == 1
+
+
+# -- the response cache ----------------------------------------------------------------------------------------------
+
+
+def cache_counts(farm: Farm, deployment: str) -> dict[str, float]:
+    """streamserve_cache_requests_total by result, as GET /metrics shows it."""
+    found = {}
+    for line in httpx.get(farm.base_url + "/metrics").text.splitlines():
+        head = f'streamserve_cache_requests_total{{deployment="{deployment}",result="'
+        if line.startswith(head):
+            result, value = line[len(head) :].split('"} ')
+            found[result] = float(value)
+    return found
+
+
+def test_an_identical_request_is_answered_from_the_cache(farm: Farm, store: redis.Redis, tag: str) -> None:
+    before = cache_counts(farm, "cached")
+    first = post(farm.base_url, "/cached", {"tag": tag}, None)
+    assert (first.status_code, first.headers["x-cache"]) == (200, "miss")
+    again = post(farm.base_url, "/cached", {"tag": tag}, None)
+    assert (again.status_code, again.headers["x-cache"], again.json()) == (200, "hit", {"tag": tag, "run": 1})
+    with Client(farm.effective_redis_url) as client:
+        assert client.call("cached", {"tag": tag}) == {"tag": tag, "run": 1}
+    assert runs(store, tag) == 1
+    after = cache_counts(farm, "cached")
+    assert after["hit"] - before.get("hit", 0) == 2
+    assert after["miss"] - before.get("miss", 0) == 1
+    # Another body is another request.
+    assert post(farm.base_url, "/cached", {"tag": tag, "n": 2}, None).headers["x-cache"] == "miss"
+
+
+def test_cache_control_no_cache_runs_anew_and_refreshes_the_entry(farm: Farm, store: redis.Redis, tag: str) -> None:
+    assert post(farm.base_url, "/cached", {"tag": tag}, None).json() == {"tag": tag, "run": 1}
+    fresh = post(farm.base_url, "/cached", {"tag": tag}, None, **{"Cache-Control": "no-cache"})
+    assert (fresh.headers["x-cache"], fresh.json()) == ("miss", {"tag": tag, "run": 2})
+    hit = post(farm.base_url, "/cached", {"tag": tag}, None)
+    assert (hit.headers["x-cache"], hit.json()) == ("hit", {"tag": tag, "run": 2})
+    assert runs(store, tag) == 2
+
+
+def test_fifty_identical_requests_in_flight_through_two_gateways_run_once(
+    farm: Farm, store: redis.Redis, tag: str, tmp_path: Path
+) -> None:
+    processes = Processes(farm.effective_redis_url, tmp_path)
+    hold = f"hold:{tag}"
+    store.set(hold, 1)
+    body = {"tag": tag, "hold": hold}
+    try:
+        urls = [farm.base_url, processes.start_gateway().url]
+        with concurrent.futures.ThreadPoolExecutor(50) as pool:
+            calls = [pool.submit(post, urls[i % 2], "/cached", body, None) for i in range(50)]
+
+            def waiting() -> int:
+                return sum(
+                    int(store.llen(key)) for key in store.scan_iter(match="streamserve:{cached}:cache_waiters:*")
+                )
+
+            wait_for(lambda: waiting() == 49, WAIT_S, lambda: f"{waiting()} requests joined the run, not 49")
+            store.delete(hold)
+            answers = [call.result(timeout=WAIT_S) for call in calls]
+    finally:
+        store.delete(hold)
+        processes.stop_all()
+    assert [a.status_code for a in answers] == [200] * 50
+    assert {orjson.dumps(a.json()) for a in answers} == {orjson.dumps({"tag": tag, "run": 1})}
+    assert sorted(a.headers["x-cache"] for a in answers) == ["coalesced"] * 49 + ["miss"]
+    assert runs(store, tag) == 1
+
+
+def test_the_cache_keeps_at_most_max_entries(farm: Farm, store: redis.Redis, tag: str) -> None:
+    for n in range(20):
+        assert post(farm.base_url, "/tiny-cache", {"tag": tag, "n": n}, None).headers["x-cache"] == "miss"
+    assert len(list(store.scan_iter(match="streamserve:{tiny-cache}:cache:*"))) == 3
+    assert store.zcard(KEYS.cache_index("tiny-cache")) == 3
+    # The newest are the ones kept.
+    assert post(farm.base_url, "/tiny-cache", {"tag": tag, "n": 19}, None).headers["x-cache"] == "hit"
+    assert post(farm.base_url, "/tiny-cache", {"tag": tag, "n": 0}, None).headers["x-cache"] == "miss"
+
+
+def test_a_deploy_that_changes_user_config_never_serves_an_old_entry(farm: Farm, store: redis.Redis, tag: str) -> None:
+    assert post(farm.base_url, "/reconfigured", {"tag": tag}, None).headers["x-cache"] == "miss"
+    assert post(farm.base_url, "/reconfigured", {"tag": tag}, None).headers["x-cache"] == "hit"
+    changed = DeploymentConfig(
+        name="reconfigured",
+        import_path="tests.shared_run_deployments:counted",
+        num_replicas=1,
+        user_config={"v": 2},
+        response_cache=ResponseCacheConfig(),
+        graceful_shutdown_timeout_s=2,
+    )
+    with Client(farm.effective_redis_url) as client:
+        for goal in client.deploy(AppConfig(deployments=[changed])).values():
+            client.wait_for_goal(goal, timeout=WAIT_S)
+
+    def missed() -> bool:  # hits until the gateway has the new config (long-polled), then one miss
+        return bool(post(farm.base_url, "/reconfigured", {"tag": tag}, None).headers["x-cache"] == "miss")
+
+    wait_for(missed, WAIT_S, "the new user_config was never a miss")
+    assert runs(store, tag) == 2
+
+
+def test_a_streaming_deployment_with_response_cache_is_a_config_error(farm: Farm) -> None:
+    streaming = DeploymentConfig(
+        name="cached-stream", import_path="examples.tokens:generate", num_replicas=1, response_cache={}
+    )
+    with Client(farm.effective_redis_url) as client:
+        [goal] = client.deploy(AppConfig(deployments=[streaming])).values()
+        try:
+            with pytest.raises(GoalFailedError, match=r"response_cache: examples\.tokens:generate is a generator"):
+                client.wait_for_goal(goal, timeout=WAIT_S)
+        finally:
+            client.wait_for_goal(client.delete("cached-stream"), timeout=WAIT_S)
+
+
+def test_a_caller_waiting_on_a_deleted_deployment_gets_an_error_not_a_hang(
+    farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    hold = f"hold:{tag}"
+    store.set(hold, 1)
+    body = {"tag": tag, "hold": hold}
+    try:
+        first = pool.submit(post, farm.base_url, "/doomed", body, tag, **{"X-Request-Timeout": "15"})
+        wait_for(lambda: runs(store, tag) == 1, WAIT_S, "the first request did not start")
+        waiter = pool.submit(post, farm.base_url, "/doomed", body, tag)
+        waiters = KEYS.idempotency_waiters("doomed", tag)
+        wait_for(lambda: store.llen(waiters) == 1, WAIT_S, "the second request did not join the run")
+        with Client(farm.effective_redis_url) as client:
+            client.wait_for_goal(client.delete("doomed"), timeout=60)
+        answer = waiter.result(timeout=WAIT_S)
+        assert answer.status_code == 404
+        assert "doomed" in answer.json()["message"]
+        assert first.result(timeout=WAIT_S).status_code in (500, 503, 504)
+    finally:
+        store.delete(hold)
+
+
+def test_a_full_redis_refuses_new_runs_and_loses_nothing_kept(farm: Farm, store: redis.Redis, tag: str) -> None:
+    assert post(farm.base_url, "/counted", {"tag": tag}, tag).status_code == 200
+    assert post(farm.base_url, "/cached", {"tag": tag}, None).headers["x-cache"] == "miss"
+    limit = store.config_get("maxmemory")["maxmemory"]
+    store.config_set("maxmemory", 1)  # full (noeviction): every write is refused
+    try:
+        refused = [
+            post(farm.base_url, "/counted", {"tag": f"{tag}-new"}, f"{tag}-new"),
+            post(farm.base_url, "/cached", {"tag": f"{tag}-new"}, None),
+        ]
+        replayed = post(farm.base_url, "/counted", {"tag": tag}, tag)  # a read: Redis answers it
+    finally:
+        store.config_set("maxmemory", limit)
+    assert [answer.status_code for answer in refused] == [503, 503]
+    assert all("out of memory" in answer.json()["message"] for answer in refused)
+    assert (replayed.status_code, replayed.headers["idempotent-replayed"]) == (200, "true")
+    assert post(farm.base_url, "/cached", {"tag": tag}, None).headers["x-cache"] == "hit"
+    assert post(farm.base_url, "/counted", {"tag": f"{tag}-new"}, f"{tag}-new").status_code == 200
+    assert runs(store, tag) == 2  # once for the key, once for the cache
+    assert runs(store, f"{tag}-new") == 1

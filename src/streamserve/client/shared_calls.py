@@ -1,0 +1,155 @@
+"""A call whose run may be shared (wire/shared_runs.py), from the caller's side: queue it, join the run on its way,
+or take its stored reply; by an idempotency key, or as identical requests of a deployment with a response cache.
+
+ENQUEUE_SHARED chooses, in one step, between those three. A call that joined
+a run waits for the copy of its reply that whoever settles the run sends;
+should that copy be lost (the replica died between settling and answering),
+it looks at the record itself now and then: done, it takes the stored reply;
+gone, it sends the call again. A RETRY reply (the run ended without running)
+sends it again too, as a new run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+
+from streamserve.metrics.definitions import CACHE_REQUESTS
+from streamserve.transport.pipelining import Pipeliner, Script
+from streamserve.wire import idempotency, response_cache, scripts, shared_runs
+from streamserve.wire.config import DeploymentConfig
+from streamserve.wire.errors import IdempotencyKeyMismatchError, NotFoundError, OverloadedError, ProtocolError
+from streamserve.wire.keys import CONSUMER_GROUP, Keys
+from streamserve.wire.messages import Reply, ReplyStatus, Request, now_ms, text
+
+_ENQUEUE_SHARED = Script(scripts.ENQUEUE_SHARED)
+# A call that joined a run looks at the run's record after this long without its copy of the reply, then ever less
+# often, up to every JOINED_CHECK_MAX_S.
+JOINED_CHECK_FIRST_S = 1.0
+JOINED_CHECK_MAX_S = 5.0
+_RECORD_FIELDS = ("state", "digest", "status", "body", "error_type", "error_message", "replica", "too_large")
+# The metrics field a cache's results are counted under, less the result (hit, miss, coalesced).
+_CACHE_RESULTS = CACHE_REQUESTS.field("")
+
+
+@dataclass(frozen=True, slots=True)
+class Sharing:
+    """Where a call's shared run is kept, and how to treat what is found there."""
+
+    record: str
+    waiters: str
+    # The digest a record found must have: an idempotency key's request digest; "" for a cache entry (its key is
+    # its digest).
+    digest: str = ""
+    # Count hit, miss and coalesced in the deployment's metrics (a cache).
+    counted: bool = False
+    # Run anew whatever the record holds, and keep the new reply (Cache-Control: no-cache).
+    refresh: bool = False
+
+
+def by_key(keys: Keys, cfg: DeploymentConfig, request: Request) -> Sharing:
+    """The sharing of ``request``, which has an idempotency key (``idem``)."""
+    return Sharing(
+        keys.idempotency(cfg.name, request.idem),
+        keys.idempotency_waiters(cfg.name, request.idem),
+        digest=idempotency.request_digest(request.method, request.body),
+    )
+
+
+def by_cache(keys: Keys, cfg: DeploymentConfig, request: Request, refresh: bool) -> Sharing:
+    """The sharing of ``request`` to a deployment with a response cache; sets its ``cache`` digest."""
+    request.cache = response_cache.cache_digest(cfg, request.method, request.body)
+    return Sharing(
+        keys.cache_entry(cfg.name, request.cache),
+        keys.cache_waiters(cfg.name, request.cache),
+        counted=True,
+        refresh=refresh,
+    )
+
+
+@dataclass(slots=True)
+class Admission:
+    """What ENQUEUE_SHARED did with a call: queued it as the run (``entry_id``), had it join the run on its way
+    (``joined``), or found the run's reply stored (``stored``)."""
+
+    entry_id: str = ""
+    joined: bool = False
+    stored: Reply | None = None
+
+
+async def enqueue_shared(
+    pipeliner: Pipeliner, keys: Keys, cfg: DeploymentConfig, request: Request, sharing: Sharing
+) -> Admission:
+    """Queue ``request`` (with a fresh ``run``) as its shared run, or join that run or take its stored reply.
+
+    OverloadedError when the queue is full, IdempotencyKeyMismatchError when an idempotency key ran for another
+    method or body, ReplyNotStoredError when its reply was too large to keep."""
+    hold_ms = max(request.deadline_ms - now_ms(), 0) + shared_runs.RUNNING_RECORD_GRACE_MS
+    joiner = shared_runs.waiter(request.reply_to, request.tag, request.request_id) if request.reply_to else b""
+    counter = _CACHE_RESULTS if sharing.counted else ""
+    args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP, sharing.digest, request.run, hold_ms, joiner]
+    args += [request.request_id, "1" if sharing.refresh else "", counter]
+    for field, value in request.encode().items():
+        args += [field, value]
+    run_keys = [keys.requests(cfg.name), sharing.record, sharing.waiters, keys.metrics(cfg.name)]
+    # Sent again after a lost answer, the same script is safe: the record names this call's run, or holds its reply.
+    found = await pipeliner.run_script(_ENQUEUE_SHARED, run_keys, args)
+    outcome = text(found[0])
+    if outcome == "queued":
+        return Admission(entry_id=text(found[1]))
+    if outcome == "waiting":
+        return Admission(joined=True)
+    if outcome == "stored":
+        return Admission(stored=shared_runs.stored_reply(found[1:], request.request_id, request.tag))
+    if outcome == "full":
+        raise OverloadedError(
+            f"deployment {cfg.name!r} has {cfg.max_queued_requests} requests queued (max_queued_requests)"
+        )
+    if outcome == "mismatch":
+        raise IdempotencyKeyMismatchError(
+            f"idempotency key {request.idem!r} was sent before with another method or body on deployment "
+            f"{cfg.name!r}: a retry must repeat its request exactly, and a new request needs a new key"
+        )
+    raise ProtocolError(f"unexpected answer from the shared enqueue: {outcome!r}")
+
+
+async def look_at_record(redis: aioredis.Redis, sharing: Sharing, request: Request) -> Reply | None:
+    """For a call that joined a run and has waited long: the run's stored reply once it is done, RETRY when the
+    record is gone (or names another request: the call sent again says so), None while it still runs."""
+    raw = await redis.hmget(sharing.record, _RECORD_FIELDS)
+    state, digest, *stored = cast(list[bytes | None], raw)
+    if state is not None and (digest or b"") == sharing.digest.encode():
+        if state.decode() != shared_runs.DONE:
+            return None
+        return shared_runs.stored_reply([value or b"" for value in stored], request.request_id, request.tag)
+    return Reply(request.request_id, ReplyStatus.RETRY, "", tag=request.tag)
+
+
+async def wait_joined(
+    redis: aioredis.Redis,
+    sharing: Sharing,
+    request: Request,
+    fut: asyncio.Future[Reply],
+    deployment: str,
+    deleted: Callable[[], bool],
+) -> Reply:
+    """The reply of the run ``request`` joined: its copy (``fut``), or what the record says once that is slow.
+    NotFoundError once ``deleted()`` says ``deployment`` is gone (its run will never end)."""
+    delay = JOINED_CHECK_FIRST_S
+    while True:
+        done, _ = await asyncio.wait([fut], timeout=delay)
+        if done:
+            return fut.result()
+        if deleted():
+            raise NotFoundError(
+                f"deployment {deployment!r} was deleted while request {request.request_id} waited for an identical "
+                "request (or one with its idempotency key)"
+            )
+        found = await look_at_record(redis, sharing, request)
+        if found is not None:
+            return found
+        delay = min(delay * 2, JOINED_CHECK_MAX_S)

@@ -1,0 +1,93 @@
+"""Ending a shared run (wire/shared_runs.py): the SETTLE_RUN command, and the answers to the callers that joined it.
+
+A replica settles a run in the same round trip as its reply and acknowledgement
+(workers/finisher.py); a caller that cancels a queued run, and the reclaimer
+that dead-letters one, release it here. Either way the callers that joined
+the run get a copy of its reply, or RETRY when its handler never ran to its end
+(they send their calls again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.typing import EncodableT
+
+from streamserve.transport.pipelining import Command
+from streamserve.transport.streams import reply_command
+from streamserve.wire import idempotency, response_cache, scripts, shared_runs
+from streamserve.wire.config import DeploymentConfig
+from streamserve.wire.keys import Keys
+from streamserve.wire.messages import Reply, ReplyStatus, Request, now_ms
+
+# Sent as EVAL with its source: rare next to plain replies, and a NOSCRIPT (Redis restarted) cannot fail it.
+_SETTLE_RUN = scripts.SETTLE_RUN
+# The ends of a run whose handler never ran to its end: its waiters run their calls anew instead of sharing it.
+_NEVER_RAN = frozenset({ReplyStatus.CANCELLED, ReplyStatus.DEADLINE_EXCEEDED, ReplyStatus.DEAD_LETTER})
+
+
+@dataclasses.dataclass(slots=True)
+class Settlement:
+    """How one run ends: its SETTLE_RUN command, and what the callers waiting for it get."""
+
+    command: Command
+    # What the run's waiters get (each with its own request id and tag): the run's reply, or RETRY.
+    reply: Reply
+
+    def answers(self, result: Any) -> list[Command]:
+        """The replies to the waiters that SETTLE_RUN returned (``result``)."""
+        if not isinstance(result, list):
+            return []
+        return [
+            reply_command(reply_to, dataclasses.replace(self.reply, request_id=request_id, tag=tag))
+            for reply_to, tag, request_id in shared_runs.waiters(result)
+        ]
+
+
+def settle(keys: Keys, cfg: DeploymentConfig, request: Request, reply: Reply) -> Settlement:
+    """The settlement of ``request``'s shared run (it has ``idem`` or ``cache``), which ended with ``reply``."""
+    name = cfg.name
+    cache_args: list[EncodableT]
+    if request.idem:
+        outcome, fields = idempotency.settlement(reply)
+        run_keys = [keys.idempotency(name, request.idem), keys.idempotency_waiters(name, request.idem)]
+        ttl_s, cache_args = cfg.idempotency_ttl_s, [0, "", ""]
+        shared = outcome == shared_runs.STORE
+    else:
+        cache = cfg.response_cache
+        kept = cache is not None and response_cache.cache_digest(cfg, request.method, request.body) == request.cache
+        outcome, fields = response_cache.settlement(reply, kept)
+        run_keys = [keys.cache_entry(name, request.cache), keys.cache_waiters(name, request.cache)]
+        run_keys.append(keys.cache_index(name))
+        ttl_s = cache.ttl_s if cache is not None else 0
+        cache_args = [cache.max_entries if cache is not None else 0, request.cache, keys.cache_entry(name, "")]
+        shared = reply.status not in _NEVER_RAN  # a run that failed failed for all of them
+    command: Command = (
+        "EVAL",
+        _SETTLE_RUN,
+        len(run_keys),
+        *run_keys,
+        request.run,
+        outcome,
+        int(ttl_s * 1000),
+        *cache_args,
+        now_ms(),
+        *fields,
+    )
+    return Settlement(command, reply if shared else Reply(reply.request_id, ReplyStatus.RETRY, reply.replica_id))
+
+
+async def release(redis: aioredis.Redis, keys: Keys, deployment: str, idem: str, cache: str, run: str) -> None:
+    """Free the shared run ``run`` (of idempotency key ``idem``, or of cache digest ``cache``) that never ran
+    (cancelled while queued, dead-lettered), and tell its waiters to send their calls again."""
+    if idem:
+        run_keys = [keys.idempotency(deployment, idem), keys.idempotency_waiters(deployment, idem)]
+    else:
+        run_keys = [keys.cache_entry(deployment, cache), keys.cache_waiters(deployment, cache)]
+    command: Command = ("EVAL", _SETTLE_RUN, len(run_keys), *run_keys, run, shared_runs.RELEASE, 0, 0, "", "", now_ms())
+    settlement = Settlement(command, Reply("", ReplyStatus.RETRY, ""))
+    result = await redis.execute_command(*settlement.command)  # type: ignore[no-untyped-call]
+    for answer in settlement.answers(result):
+        await redis.execute_command(*answer)  # type: ignore[no-untyped-call]
