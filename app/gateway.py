@@ -55,7 +55,7 @@ from streamserve.app.streaming_response import (
     wants_sse,
 )
 from streamserve.client import AsyncClient
-from streamserve.client.outcomes import STREAM_REPLIES, error_of
+from streamserve.client.outcomes import STREAM_REPLIES, error_of, kept_stream
 from streamserve.control.status import StatusReader
 from streamserve.metrics.exposition import CONTENT_TYPE, farm_metrics
 from streamserve.metrics.figures import Figures
@@ -187,7 +187,7 @@ class Gateway:
             if reply.shared or route.deployment.response_cache is not None:
                 shared = _shared_headers(reply, idempotency_key is not None)
                 exchange.reply_headers.update(shared)
-            if reply.status is not ReplyStatus.OK and reply.status not in STREAM_REPLIES:
+            if reply.status is not ReplyStatus.OK and reply.status not in STREAM_REPLIES and not kept_stream(reply):
                 raise error_of(reply)
         except RequestCancelledError:  # its caller disconnected (caller_left): nobody to answer; the access log: 499
             return
@@ -199,7 +199,7 @@ class Gateway:
         except ClientDisconnected:
             return
         if reply.status is not ReplyStatus.OK:
-            await self._stream(exchange, reply)
+            await self._stream(exchange, reply, shared)
             return
         exchange.status = 200
         response_headers = [
@@ -213,11 +213,13 @@ class Gateway:
         await send({"type": "http.response.start", "status": 200, "headers": response_headers})
         await send({"type": "http.response.body", "body": reply.body})
 
-    async def _stream(self, exchange: _Exchange, first: Reply) -> None:
-        """A streaming handler's answer (``first`` its first reply): 200, then its chunks as they come."""
+    async def _stream(self, exchange: _Exchange, first: Reply, shared: tuple[tuple[str, str], ...]) -> None:
+        """A streaming handler's answer (``first`` its first reply): 200, then its chunks as they come.
+        ``shared``: the headers that say how a shared run answered."""
         feed = self.client.follow(first)
         sse = wants_sse(exchange.headers.getlist(b"accept"))
         headers = stream_headers(sse, exchange.request_id, exchange.deployment, first.replica_id)
+        headers += [(name.lower().encode(), value.encode()) for name, value in shared]
         exchange.status = 200
         try:
             exchange.status = await stream_response(

@@ -54,6 +54,22 @@ async def open_streamserve(args: argparse.Namespace) -> AsyncTarget:
     return AsyncTarget(lambda: client.call(name, body, timeout=30), client.aclose)
 
 
+async def open_streamserve_keyed(args: argparse.Namespace) -> AsyncTarget:
+    """``open_streamserve`` with a fresh idempotency key on every call (each runs: what a key costs)."""
+    import itertools
+    import secrets
+
+    from streamserve import AsyncClient
+
+    client = AsyncClient(args.redis_url)
+    await client.start()
+    body, name = args.body, args.deployment
+    prefix, numbers = secrets.token_hex(4), itertools.count()
+    return AsyncTarget(
+        lambda: client.call(name, body, timeout=30, idempotency_key=f"{prefix}-{next(numbers)}"), client.aclose
+    )
+
+
 async def _open_raw(args: argparse.Namespace, pipelined: bool) -> AsyncTarget:
     from bench.compare.raw_streams import RawClient
 
@@ -123,6 +139,7 @@ async def open_rq(args: argparse.Namespace) -> ThreadTarget:
 
 TARGETS: dict[str, Opener] = {
     "streamserve": open_streamserve,
+    "streamserve-keyed": open_streamserve_keyed,
     "raw": open_raw,
     "raw-pipelined": open_raw_pipelined,
     "celery": open_celery,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -46,3 +47,17 @@ async def counted(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("size"):
         return {"text": "x" * int(body["size"])}
     return {"tag": body["tag"], "run": runs}
+
+
+async def counted_stream(body: dict[str, Any]) -> AsyncIterator[dict[str, int]]:
+    """``counted`` as a stream: records its run, yields ``n`` chunks (after each, waits while the ``hold`` key
+    exists), and raises after ``fail_after`` chunks when the body says so."""
+    await _redis().rpush(runs_key(body["tag"]), os.getpid())
+    hold = body.get("hold")
+    until = time.monotonic() + HOLD_MAX_S
+    for i in range(int(body.get("n", 3))):
+        if i == body.get("fail_after"):
+            raise ValueError(f"failed on purpose after {i} chunks")
+        yield {"i": i}
+        while hold and await _redis().exists(hold) and time.monotonic() < until:
+            await asyncio.sleep(POLL_S)

@@ -54,7 +54,7 @@ from streamserve.workers.control_reader import ControlHandler
 from streamserve.workers.finisher import Finisher
 from streamserve.workers.loader import Handler, LoadedDeployment
 from streamserve.workers.slots import Slots
-from streamserve.workers.streaming import Streams
+from streamserve.workers.streaming import Stream, Streams
 from streamserve.workers.threads import HandlerThreads
 
 logger = logging.getLogger(__name__)
@@ -355,8 +355,8 @@ class Serving:
                     "AsyncClient.stream(), or over HTTP"
                 ),
             )
-        outcome = self.streams.start(request, handler, body, self.config, scope)
-        outcome.add_done_callback(functools.partial(self._on_stream_done, entry_id, request, started_at))
+        stream = self.streams.start(request, handler, body, self.config, scope)
+        stream.outcome.add_done_callback(functools.partial(self._on_stream_done, entry_id, request, started_at, stream))
         return None
 
     def _on_handler_done(self, entry_id: bytes, request: Request, started_at: float, done: asyncio.Future[Any]) -> None:
@@ -379,7 +379,7 @@ class Serving:
         self._finish(entry_id, request, reply)
 
     def _on_stream_done(
-        self, entry_id: bytes, request: Request, started_at: float, done: asyncio.Future[Reply]
+        self, entry_id: bytes, request: Request, started_at: float, stream: Stream, done: asyncio.Future[Reply]
     ) -> None:
         self._running.pop(entry_id, None)
         if done.cancelled():  # stopping: the entry stays pending, to be claimed again
@@ -387,15 +387,18 @@ class Serving:
             return
         if self._figures is not None:
             self._figures.observe(self._name, HANDLER_DURATION, time.perf_counter() - started_at)
-        self._finish(entry_id, request, done.result())
+        reply = done.result()
+        self._finish(entry_id, request, reply, stream.kept_reply(reply))
 
     def _leave_pending(self, entry_id: bytes) -> None:
         """Give up a request unanswered (the replica stops): its entry stays pending, to be claimed again."""
         self._slots.handler_returned()
         self._slots.finished([entry_id])
 
-    def _finish(self, entry_id: bytes, request: Request, reply: Reply) -> None:
-        """Free the request's slot and hand its reply to the Finisher (no reply when nobody waits for one)."""
+    def _finish(self, entry_id: bytes, request: Request, reply: Reply, kept: Reply | None = None) -> None:
+        """Free the request's slot and hand its reply to the Finisher (no reply when nobody waits for one).
+
+        ``kept``: what a shared run keeps instead of ``reply`` (a stream's chunks with its end)."""
         self._slots.handler_returned()
         self.served += 1
         outcome = reply.status
@@ -412,7 +415,7 @@ class Serving:
             self._figures.count(self._name, HANDLED, outcome.value)
         settlement = None
         if request.run:  # a shared run ends (an idempotency key's, identical requests'): kept, or freed
-            settlement = settling.settle(self._keys, self.config, request, reply)
+            settlement = settling.settle(self._keys, self.config, request, kept or reply)
         self._finisher.finish(entry_id, reply if answered else None, request.reply_to, request.deadline_ms, settlement)
 
     def _count_cancelled(self, stage: str) -> None:

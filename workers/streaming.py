@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from streamserve.metrics.definitions import RUNNING_STAGE, STREAM_CHUNKS, TIME_TO_FIRST_CHUNK
@@ -124,6 +124,10 @@ class Stream:
         self._delivered = 0  # chunks Redis has taken
         self._undeliverable = False  # Redis took none of them until the deadline passed: given up
         self._ending: _Ending | None = None
+        # A stream with an idempotency key keeps what Redis took, for the retries (``kept_reply``); None once more
+        # than max_response_bytes (then its size is in _kept_bytes).
+        self._kept: list[bytes] | None = [] if request.idem else None
+        self._kept_bytes = 0
 
     # -- starting and stopping ---------------------------------------------------
 
@@ -355,9 +359,35 @@ class Stream:
         """The batcher's: Redis took ``part``."""
         self._in_flight = False
         self._delivered = part.seq + part.count
+        if self._request.idem:
+            self._keep(part.body)
         if self._replica.figures is not None:
             self._replica.figures.count(self._replica.deployment, STREAM_CHUNKS, "", part.count)
         self._progress()
+
+    def _keep(self, body: bytes) -> None:
+        self._kept_bytes += len(body) + 1
+        if self._kept is not None:
+            if self._kept_bytes > self._max_chunk_bytes:
+                self._kept = None  # too large to keep: its retries are told so
+            else:
+                self._kept.append(body)
+
+    def kept_reply(self, final: Reply) -> Reply | None:
+        """What a stream with an idempotency key keeps for its retries, once it ended with ``final``: ``final`` with
+        the chunks Redis took as its body (joined by b"\n"), or a ResponseTooLargeError when they are above
+        max_response_bytes. None for a stream without a key."""
+        if not self._request.idem:
+            return None
+        if self._kept is None:
+            size, limit = self._kept_bytes, self._max_chunk_bytes
+            return self._request.reply(
+                ReplyStatus.USER_ERROR,
+                self._who,
+                error_type=ResponseTooLargeError.__name__,
+                error_message=f"the stream's chunks are {size} bytes of JSON, above max_response_bytes ({limit})",
+            )
+        return replace(final, body=b"\n".join(self._kept))
 
     def undelivered(self, part: ChunkPart, chunks: list[bytes], error: BaseException) -> bool:
         """The batcher's: Redis did not take ``part``. Queue its chunks again, or give up once the deadline passed."""
@@ -438,9 +468,9 @@ class Streams:
 
     def start(
         self, request: Request, handler: Handler, body: Any, config: DeploymentConfig, scope: RequestScope
-    ) -> asyncio.Future[Reply]:
-        """Run ``handler`` (a generator function) on ``body``; the future holds its final reply. Cancelling ``scope``
-        stops it."""
+    ) -> Stream:
+        """Run ``handler`` (a generator function) on ``body``; the stream's ``outcome`` holds its final reply.
+        Cancelling ``scope`` stops it."""
         batcher = self._batchers.get(request.reply_to)
         if batcher is None:
             batcher = self._batchers[request.reply_to] = ChunkBatcher(
@@ -451,7 +481,7 @@ class Streams:
         stream.start(handler, body)
         self._running[stream.key] = stream
         stream.outcome.add_done_callback(functools.partial(self._ended, stream))
-        return stream.outcome
+        return stream
 
     def _ended(self, stream: Stream, _outcome: asyncio.Future[Reply]) -> None:
         stream.forget()

@@ -20,7 +20,7 @@ import orjson
 import pytest
 import redis
 
-from streamserve import Client, GoalFailedError
+from streamserve import Client, GoalFailedError, RemoteError
 from streamserve.wire.config import AppConfig, DeploymentConfig, ResponseCacheConfig
 from streamserve.wire.errors import IdempotencyKeyMismatchError
 from streamserve.wire.keys import Keys
@@ -73,6 +73,10 @@ deployments:
     num_replicas: 1
     user_config: {v: 1}
     response_cache: {}
+    graceful_shutdown_timeout_s: 2
+  - name: streamed
+    import_path: tests.shared_run_deployments:counted_stream
+    num_replicas: 1
     graceful_shutdown_timeout_s: 2
   - name: doomed
     import_path: tests.shared_run_deployments:counted
@@ -194,6 +198,65 @@ def test_a_reply_too_large_to_keep_is_409_for_the_retries(farm: Farm, store: red
     assert retry.status_code == 409
     assert "reply was not stored" in retry.json()["message"]
     assert "max_response_bytes" in retry.json()["message"]
+    assert runs(store, tag) == 1
+
+
+# -- streams with a key --------------------------------------------------------------------------------------------
+
+
+def lines(answer: httpx.Response) -> list[Any]:
+    return [orjson.loads(line) for line in answer.content.splitlines()]
+
+
+def test_a_stream_sent_again_with_its_key_gets_the_same_chunks(farm: Farm, store: redis.Redis, tag: str) -> None:
+    body = {"tag": tag, "n": 3}
+    first = post(farm.base_url, "/streamed", body, tag)
+    assert (first.status_code, lines(first)) == (200, [{"i": 0}, {"i": 1}, {"i": 2}])
+    again = post(farm.base_url, "/streamed", body, tag)
+    assert (again.status_code, lines(again)) == (200, [{"i": 0}, {"i": 1}, {"i": 2}])
+    assert again.headers["content-type"] == "application/x-ndjson"
+    assert again.headers["idempotent-replayed"] == "true"
+    with Client(farm.effective_redis_url) as client:
+        assert list(client.stream("streamed", body, idempotency_key=tag)) == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert runs(store, tag) == 1
+
+
+def test_a_stream_that_failed_keeps_its_chunks_and_its_error(farm: Farm, store: redis.Redis, tag: str) -> None:
+    body = {"tag": tag, "n": 3, "fail_after": 2}
+    sse = {"Accept": "text/event-stream"}
+    first = post(farm.base_url, "/streamed", body, tag, **sse)
+    again = post(farm.base_url, "/streamed", body, tag, **sse)
+    assert again.headers["idempotent-replayed"] == "true"
+    for answer in (first, again):
+        *chunks, error, _end = answer.text.split("\n\n")
+        assert chunks == ['data: {"i":0}', 'data: {"i":1}']
+        assert error.startswith("event: error\ndata: ")
+        assert orjson.loads(error.partition("data: ")[2])["message"] == "failed on purpose after 2 chunks"
+    with Client(farm.effective_redis_url) as client:
+        taken = []
+        with pytest.raises(RemoteError, match="failed on purpose after 2 chunks"):
+            for chunk in client.stream("streamed", body, idempotency_key=tag):
+                taken.append(chunk)
+        assert taken == [{"i": 0}, {"i": 1}]
+    assert runs(store, tag) == 1
+
+
+def test_a_stream_sent_again_while_the_first_runs_gets_its_chunks_once_it_ends(
+    farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    hold = f"hold:{tag}"
+    store.set(hold, 1)
+    body = {"tag": tag, "n": 3, "hold": hold}
+    try:
+        first = pool.submit(post, farm.base_url, "/streamed", body, tag)
+        wait_for(lambda: runs(store, tag) == 1, WAIT_S, "the first stream did not start")
+        retry = pool.submit(post, farm.base_url, "/streamed", body, tag)
+        waiters = KEYS.idempotency_waiters("streamed", tag)
+        wait_for(lambda: store.llen(waiters) == 1, WAIT_S, "the retry did not join the run")
+    finally:
+        store.delete(hold)
+    for answer in (first.result(timeout=WAIT_S), retry.result(timeout=WAIT_S)):
+        assert (answer.status_code, lines(answer)) == (200, [{"i": 0}, {"i": 1}, {"i": 2}])
     assert runs(store, tag) == 1
 
 

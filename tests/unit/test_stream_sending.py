@@ -91,7 +91,7 @@ async def start(
     streams = streams or streams_on(pipeliner)
     request = Request(request_id, reply_to, deadline_ms, b"null", stream=True, tag=f"tag-{request_id}")
     scope = RequestScope(request.request_id, deadline_ms)
-    return streams.start(request, Handler(fn, is_async=True, is_stream=True), body, CONFIG, scope)
+    return streams.start(request, Handler(fn, is_async=True, is_stream=True), body, CONFIG, scope).outcome
 
 
 async def turns(count: int = 5) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from streamserve.client.chunk_feed import ChunkFeed
 from streamserve.client.chunk_stream import ChunkStream
 from streamserve.client.core import ClientCore
-from streamserve.client.outcomes import STREAM_REPLIES, result_of
+from streamserve.client.outcomes import STREAM_REPLIES, kept_stream, result_of
 from streamserve.client.read_progress import progress_reporter
 from streamserve.client.reply_stream import ReplyStream
 from streamserve.client.route_table import Route
@@ -112,7 +112,13 @@ class Calls(ClientCore):
         )
 
     def stream(
-        self, name: str, body: Any = None, *, method: str | None = None, timeout: float | None = None
+        self,
+        name: str,
+        body: Any = None,
+        *,
+        method: str | None = None,
+        timeout: float | None = None,
+        idempotency_key: str | None = None,
     ) -> ChunkStream:
         """Run streaming deployment (or endpoint) ``name`` on ``body``: an async iterator of its chunks.
 
@@ -121,14 +127,17 @@ class Calls(ClientCore):
         that ``call`` would raise for it, after the chunks that came before it. A deployment that does not stream
         gives its one result as the only chunk. Leaving the iteration early (``break``, ``close()``) cancels the
         request (its generator is closed). A body JSON cannot hold raises BadRequestError here, before anything is
-        sent.
+        sent. ``idempotency_key``: the handler runs once for all streams with the key; a stream that joined one on
+        its way, or came after it, gets its chunks all at once when it has ended.
         """
         encoded = encode_body(body)
         self._check_size(encoded)
 
         async def start() -> Reply | ChunkFeed:
-            reply = await self.request(name, encoded, timeout=timeout, method=method or "", stream=True)
-            return self.follow(reply) if reply.status in STREAM_REPLIES else reply
+            reply = await self.request(
+                name, encoded, timeout=timeout, method=method or "", stream=True, idempotency_key=idempotency_key or ""
+            )
+            return self.follow(reply) if reply.status in STREAM_REPLIES or kept_stream(reply) else reply
 
         return ChunkStream(start)
 
@@ -136,6 +145,8 @@ class Calls(ClientCore):
         """The rest of a stream whose first reply, from ``request(..., stream=True)``, is ``first`` (CHUNK, or END
         for a stream of no chunk). Its consumer must ``close()`` it once done (it forgets the request, and cancels it
         if it has not ended)."""
+        if first.shared:  # a stream kept for a shared run, or a copy of its end: its chunks come with it
+            return ChunkFeed.ended(first, first.body)
         feed = self._replies.feed(first.tag) if self._replies is not None else None
         if feed is None:  # END: the stream is over already (a closed client: its requests failed)
             return ChunkFeed.ended(first)

@@ -77,9 +77,13 @@ class ChunkFeed:
         self._flush_due = False
 
     @classmethod
-    def ended(cls, final: Reply) -> ChunkFeed:
-        """The feed of a stream whose first reply already ended it (END after no chunk)."""
+    def ended(cls, final: Reply, chunks: bytes = b"") -> ChunkFeed:
+        """The feed of a stream that is over already: its first reply ended it (END after no chunk), or it was kept
+        for a shared run, its ``chunks`` (joined by b"\n") then ``final``."""
         feed = cls(final.request_id)
+        if chunks:
+            feed.next_index = chunks.count(b"\n") + 1
+            feed._batches.append((chunks, feed.next_index))
         feed.add(final)
         return feed
 

@@ -19,6 +19,12 @@ from streamserve.wire.messages import Reply, ReplyStatus
 STREAM_REPLIES = frozenset({ReplyStatus.CHUNK, ReplyStatus.END})
 
 
+def kept_stream(reply: Reply) -> bool:
+    """Whether ``reply`` is a stream kept for a shared run (an idempotency key's): its chunks are its body, and its
+    status how it ended (END, or the error after them)."""
+    return bool(reply.shared and reply.body and reply.status is not ReplyStatus.OK)
+
+
 def result_of(reply: Reply) -> Any:
     """The handler's return value, or the error the reply stands for."""
     if reply.status is ReplyStatus.OK:

@@ -141,7 +141,13 @@ class Client:
         return self._run(sending).result()
 
     def stream(
-        self, name: str, body: Any = None, *, method: str | None = None, timeout: float | None = None
+        self,
+        name: str,
+        body: Any = None,
+        *,
+        method: str | None = None,
+        timeout: float | None = None,
+        idempotency_key: str | None = None,
     ) -> ChunkIterator:
         """Run streaming deployment ``name`` on ``body``: an iterator of its chunks (see AsyncClient.stream).
 
@@ -149,7 +155,8 @@ class Client:
         ...     print(token)
 
         Blocking: each step waits on the client's event loop for the next chunk."""
-        return ChunkIterator(self, self._async.stream(name, body, method=method, timeout=timeout))
+        chunks = self._async.stream(name, body, method=method, timeout=timeout, idempotency_key=idempotency_key)
+        return ChunkIterator(self, chunks)
 
     # -- AsyncClient's other methods, made blocking ---------------------------------
 

@@ -21,8 +21,9 @@ from streamserve.wire.shared_runs import RELEASE, STORE, canonical_body, stored_
 # An idempotency key: 1-255 printable ASCII characters (spaces too).
 KEY_RE = re.compile(r"[\x20-\x7e]{1,255}\Z")
 
-# The replies whose handler ran to its end: kept for the retries. Every other end frees the key.
-_STORED_STATUSES = frozenset({ReplyStatus.OK, ReplyStatus.USER_ERROR})
+# The replies whose handler ran to its end: kept for the retries (a stream's with its chunks as the body). Every other
+# end frees the key.
+_STORED_STATUSES = frozenset({ReplyStatus.OK, ReplyStatus.USER_ERROR, ReplyStatus.END})
 
 
 def check_key(key: str) -> str:
