@@ -167,7 +167,7 @@ class Gateway:
                 exchange.status = response.status_code
                 await response(scope, receive, send)
                 return
-            route = await self.client.route(name)
+            route = await self.client.route(name, idempotency_key or "")
             exchange.reply_headers["X-Deployment"] = exchange.deployment = deployment = route.deployment.name
             timeout = min(route.deployment.request_timeout_s, header_timeout)
             tag = self.client.new_tag()

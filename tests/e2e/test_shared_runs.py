@@ -82,6 +82,9 @@ deployments:
     import_path: tests.shared_run_deployments:counted
     num_replicas: 1
     graceful_shutdown_timeout_s: 1
+endpoints:
+  - name: split
+    traffic: {counted: 1, fragile: 1}
 """
 KEYS = Keys()
 WAIT_S = 20.0
@@ -374,6 +377,15 @@ def test_callers_racing_with_one_key_through_two_gateways_run_the_handler_once(
         processes.stop_all()
     assert [a.status_code for a in answers] == [200] * 10
     assert {orjson.dumps(a.json()) for a in answers} == {orjson.dumps({"tag": tag, "run": 1})}
+    assert runs(store, tag) == 1
+
+
+def test_retries_through_an_endpoint_go_to_the_deployment_of_their_key(
+    farm: Farm, store: redis.Redis, tag: str
+) -> None:
+    answers = [post(farm.base_url, "/split", {"tag": tag}, tag) for _ in range(8)]
+    assert [a.status_code for a in answers] == [200] * 8
+    assert len({a.headers["x-deployment"] for a in answers}) == 1
     assert runs(store, tag) == 1
 
 

@@ -28,6 +28,15 @@ def test_picks_follow_the_weights() -> None:
     assert 0.88 < picks["v1"] / 20_000 < 0.92
 
 
+def test_an_idempotency_key_picks_the_same_deployment_every_time_and_keys_follow_the_weights() -> None:
+    policy = TrafficPolicy(endpoint(traffic={"v1": 9, "v2": 1}), random.Random(7))
+    other_process = TrafficPolicy(endpoint(traffic={"v1": 9, "v2": 1}), random.Random(8))
+    for key in ("order-1", "order-2", "order-3"):
+        assert len({policy.pick(key) for _ in range(50)} | {other_process.pick(key)}) == 1
+    picks = Counter(policy.pick(f"key-{n}") for n in range(20_000))
+    assert 0.88 < picks["v1"] / 20_000 < 0.92
+
+
 def test_shadows_are_drawn_per_request_with_their_fraction() -> None:
     policy = TrafficPolicy(endpoint(shadow={"v3": 0.25, "never": 0.0, "always": 1.0}), random.Random(3))
     draws = [policy.shadows() for _ in range(10_000)]

@@ -167,7 +167,7 @@ class Calls(ClientCore):
         with the key gets its stored result."""
         encoded = encode_body(body)
         self._check_size(encoded)
-        route = await self.route(name)
+        route = await self.route(name, idempotency_key or "")
         request = Request(
             new_request_id(),
             "",
@@ -230,7 +230,7 @@ class Calls(ClientCore):
         new reply. Reply.shared says how a shared run answered.
         """
         self._check_size(body)
-        route = name if isinstance(name, Route) else await self.route(name)
+        route = name if isinstance(name, Route) else await self.route(name, idempotency_key)
         cfg = route.deployment
         timeout_s = call_timeout_s(timeout, cfg)
         request_id = request_id or new_request_id()

@@ -126,11 +126,11 @@ class ClientCore:
             raise UnavailableError("client not started")
         return self._redis
 
-    async def route(self, name: str) -> Route:
+    async def route(self, name: str, sticky: str = "") -> Route:
         """Where a request to ``name`` goes now (see RouteCache.route)."""
         await self.start()
         assert self._routes is not None
-        return await self._routes.route(name)
+        return await self._routes.route(name, sticky)
 
     def _check_size(self, body: bytes) -> None:
         if len(body) > self._settings.max_request_bytes:

@@ -61,8 +61,9 @@ class RouteCache:
     def endpoints(self) -> dict[str, EndpointConfig]:
         return {name: policy.endpoint for name, policy in self._endpoints.items()}
 
-    async def route(self, name: str) -> Route:
-        """Where a request to ``name`` goes now: the deployment itself, or an endpoint's pick by weight.
+    async def route(self, name: str, sticky: str = "") -> Route:
+        """Where a request to ``name`` goes now: the deployment itself, or an endpoint's pick by weight (the same
+        for the same ``sticky`` key: TrafficPolicy.pick).
 
         Raises NotFoundError for an unknown name and UnavailableError when the
         deployment has no replica and cannot get one.
@@ -73,7 +74,7 @@ class RouteCache:
         if policy is None:
             return Route(self._serviceable(name))
         shadows = tuple(self._deployments[s] for s in policy.shadows() if s in self._deployments)
-        return Route(self._serviceable(policy.pick()), shadows)
+        return Route(self._serviceable(policy.pick(sticky)), shadows)
 
     def _serviceable(self, name: str) -> DeploymentConfig:
         cfg = self.deployment(name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import hashlib
 import itertools
 import random
 
@@ -24,12 +25,20 @@ class TrafficPolicy:
         self._cumulative = list(itertools.accumulate(weight for _, weight in live))
         self._shadow = sorted((name, fraction) for name, fraction in endpoint.shadow.items() if fraction > 0)
 
-    def pick(self) -> str:
-        """One deployment, with probability proportional to its weight (weight 0: never)."""
-        point = self._rng.random() * self._cumulative[-1]
+    def pick(self, sticky: str = "") -> str:
+        """One deployment, with probability proportional to its weight (weight 0: never). ``sticky`` (an
+        idempotency key): the same deployment for the same key, as long as the weights stay, so that a retry goes
+        where its key's run is."""
+        share = _share_of(sticky) if sticky else self._rng.random()
+        point = share * self._cumulative[-1]
         index = bisect.bisect_right(self._cumulative, point)
         return self._names[min(index, len(self._names) - 1)]
 
     def shadows(self) -> list[str]:
         """The shadow deployments this request is mirrored to (each drawn with its own fraction)."""
         return [name for name, fraction in self._shadow if self._rng.random() < fraction]
+
+
+def _share_of(key: str) -> float:
+    """Where ``key`` falls in [0, 1), the same in every process."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2**64
