@@ -20,7 +20,7 @@ import orjson
 import pytest
 import redis
 
-from streamserve import Client, GoalFailedError, RemoteError
+from streamserve import BadRequestError, Client, GoalFailedError, RemoteError
 from streamserve.wire.config import AppConfig, DeploymentConfig, ResponseCacheConfig
 from streamserve.wire.errors import IdempotencyKeyMismatchError
 from streamserve.wire.keys import Keys
@@ -395,6 +395,11 @@ def test_the_python_client_takes_idempotency_keys(farm: Farm, store: redis.Redis
         assert client.call("counted", {"tag": tag}, idempotency_key=tag) == {"tag": tag, "run": 1}
         with pytest.raises(IdempotencyKeyMismatchError):
             client.call("counted", {"tag": tag, "other": True}, idempotency_key=tag)
+        for bad in ("", "k" * 256, "caf\u00e9", 17):
+            with pytest.raises(BadRequestError, match="1-255 printable ASCII characters"):
+                client.call("counted", {"tag": tag}, idempotency_key=bad)  # type: ignore[arg-type]
+            with pytest.raises(BadRequestError, match="1-255 printable ASCII characters"):
+                client.stream("counted", {"tag": tag}, idempotency_key=bad)  # type: ignore[arg-type]
         sent = f"{tag}-sent"
         client.send("counted", {"tag": sent}, idempotency_key=sent)
         client.send("counted", {"tag": sent}, idempotency_key=sent)

@@ -92,9 +92,8 @@ class Calls(ClientCore):
 
         ``idempotency_key``: calls with one key (and the same method and body) run the handler once, and share its
         result or error; see docs/retries-and-caching.md."""
-        reply = await self.request(
-            name, encode_body(body), timeout=timeout, method=method, idempotency_key=idempotency_key or ""
-        )
+        key = "" if idempotency_key is None else check_key(idempotency_key)
+        reply = await self.request(name, encode_body(body), timeout=timeout, method=method, idempotency_key=key)
         return result_of(reply)
 
     def submit(
@@ -132,10 +131,11 @@ class Calls(ClientCore):
         """
         encoded = encode_body(body)
         self._check_size(encoded)
+        key = "" if idempotency_key is None else check_key(idempotency_key)
 
         async def start() -> Reply | ChunkFeed:
             reply = await self.request(
-                name, encoded, timeout=timeout, method=method or "", stream=True, idempotency_key=idempotency_key or ""
+                name, encoded, timeout=timeout, method=method or "", stream=True, idempotency_key=key
             )
             return self.follow(reply) if reply.status in STREAM_REPLIES or kept_stream(reply) else reply
 
