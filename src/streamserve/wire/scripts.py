@@ -134,7 +134,7 @@ end
 local id = admit(tonumber(ARGV[1]), ARGV[2], 10)
 if id == 0 then return {'full'} end
 count('miss')
-redis.call('DEL', KEYS[2])
+if state then redis.call('DEL', KEYS[2]) end  -- a refresh: the new run replaces the kept reply
 redis.call('HSET', KEYS[2], 'state', 'running', 'digest', ARGV[3], 'run', ARGV[4], 'request_id', ARGV[7], 'entry', id)
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return {'queued', id}
