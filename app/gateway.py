@@ -78,6 +78,7 @@ from streamserve.wire.idempotency import check_key
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import check_decoded
 from streamserve.wire.messages import SHARED_JOINED, SHARED_STORED, Reply, ReplyStatus
+from streamserve.wire.priorities import Priority, parse_priority
 from streamserve.wire.states import JobStatus
 
 # X-Cache by Reply.shared, for a deployment with a response cache.
@@ -162,8 +163,11 @@ class Gateway:
             idempotency_key = headers.get(b"idempotency-key")
             if idempotency_key is not None:
                 check_key(idempotency_key)
+            priority = _priority(headers.get(b"x-priority"))
             if _prefers_async(headers.getlist(b"prefer")):
-                response = await self._submit_job(name, value, header_timeout, exchange.reply_headers, idempotency_key)
+                response = await self._submit_job(
+                    name, value, header_timeout, exchange.reply_headers, idempotency_key, priority
+                )
                 exchange.status = response.status_code
                 await response(scope, receive, send)
                 return
@@ -180,6 +184,7 @@ class Gateway:
                 stream=True,
                 tag=tag,
                 idempotency_key=idempotency_key or "",
+                priority=priority,
                 refresh=route.deployment.response_cache is not None and _no_cache(headers.getlist(b"cache-control")),
             )
             exchange.replica = reply.replica_id
@@ -238,13 +243,19 @@ class Gateway:
             exchange.replica = feed.replica_id or first.replica_id
 
     async def _submit_job(
-        self, name: str, value: object, header_timeout: float, reply_headers: dict[str, str], key: str | None
+        self,
+        name: str,
+        value: object,
+        header_timeout: float,
+        reply_headers: dict[str, str],
+        key: str | None,
+        priority: Priority,
     ) -> Response:
         """Queue the call as a job: 202 with the job's URL. The deployment is picked when the job runs."""
         timeout = None
         if header_timeout != float("inf"):  # it can only shorten the deployment's timeout, as for a direct call
             timeout = min((await self.client.route(name)).deployment.request_timeout_s, header_timeout)
-        job_id = await self.client.submit_job(name, value, timeout=timeout, idempotency_key=key)
+        job_id = await self.client.submit_job(name, value, timeout=timeout, idempotency_key=key, priority=priority)
         headers = {**reply_headers, "Location": f"/-/jobs/{job_id}", "Preference-Applied": "respond-async"}
         return json_response({"job_id": job_id, "status": JobStatus.QUEUED.value}, status_code=202, headers=headers)
 
@@ -307,6 +318,18 @@ def _request_id(given: str | None) -> tuple[str | None, str]:
 def _check_request_id(given: str | None, request_id: str) -> None:
     if given is not None and given != request_id:
         raise BadRequestError("X-Request-ID must be 1-128 of A-Z a-z 0-9 . _ : -")
+
+
+def _priority(header: str | None) -> Priority:
+    """X-Priority as a Priority (none: ``normal``); BadRequestError, a 400, for anything but high, normal or low."""
+    if header is None:
+        return Priority.NORMAL
+    try:
+        if not header.strip():
+            raise BadRequestError("unknown priority '': use one of high, normal, low")
+        return parse_priority(header)
+    except BadRequestError as exc:
+        raise BadRequestError(f"X-Priority: {exc}") from None
 
 
 def _no_cache(cache_control: list[str]) -> bool:

@@ -14,6 +14,7 @@ from streamserve.transport.streams import DeadLetter, Requeuer, send_reply
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from streamserve.wire.messages import Reply, ReplyStatus, text
+from streamserve.wire.priorities import Priority
 
 logger = logging.getLogger(__name__)
 
@@ -42,25 +43,27 @@ class Reclaimer:
         self._requeuer = Requeuer(redis, keys)
 
     async def reclaim(self, cfg: DeploymentConfig, live: Set[str]) -> ReclaimResult:
-        """Free everything held by consumers not in ``live`` (replica ids still running or draining)."""
-        stream = self._keys.requests(cfg.name)
+        """Free everything held by consumers not in ``live`` (replica ids still running or draining), in each of the
+        deployment's request streams (one per priority level)."""
         result = ReclaimResult()
-        try:
-            consumers = await self._redis.xinfo_consumers(stream, CONSUMER_GROUP)
-        except ResponseError:  # no stream or no group yet
-            return result
-        for consumer in consumers:
-            name = text(consumer["name"])
-            if name in live:
+        for priority, stream in self._keys.request_streams(cfg.name).items():
+            try:
+                consumers = await self._redis.xinfo_consumers(stream, CONSUMER_GROUP)
+            except ResponseError:  # no stream or no group yet
                 continue
-            if int(consumer["pending"]) > 0:
-                await self._free(cfg, stream, name, result)
-            await self._redis.xgroup_delconsumer(stream, CONSUMER_GROUP, name)
-            result.consumers_removed += 1
+            for consumer in consumers:
+                name = text(consumer["name"])
+                if name in live:
+                    continue
+                if int(consumer["pending"]) > 0:
+                    await self._free(cfg, priority, name, result)
+                await self._redis.xgroup_delconsumer(stream, CONSUMER_GROUP, name)
+                result.consumers_removed += 1
         return result
 
-    async def _free(self, cfg: DeploymentConfig, stream: str, consumer: str, result: ReclaimResult) -> None:
+    async def _free(self, cfg: DeploymentConfig, priority: Priority, consumer: str, result: ReclaimResult) -> None:
         reason = f"its replica died while running it (the last one: {consumer})"
+        stream = self._keys.requests(cfg.name, priority)
         while True:
             pending = await self._redis.xpending_range(stream, CONSUMER_GROUP, "-", "+", MOVE_BATCH, consumer)
             if not pending:
@@ -72,6 +75,7 @@ class Reclaimer:
                 charge=True,
                 max_delivery_attempts=cfg.max_delivery_attempts,
                 reason=reason,
+                priority=priority,
             )
             result.dead_lettered += len(dead)
             result.requeued += len(ids) - len(dead)

@@ -33,7 +33,7 @@ from streamserve.scheduler.reclaim import Reclaimer
 from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.scheduler.types import Clock, Launcher, Timeouts
 from streamserve.transport.connections import RETRYABLE_ERRORS, MemoryRefusals
-from streamserve.transport.streams import ensure_group
+from streamserve.transport.streams import ensure_groups
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.messages import now_ms
 
@@ -247,10 +247,10 @@ class Scheduler:
         self._reclaimed[cfg.name] = (live, now + int(FULL_RECLAIM_EVERY_MS * random.uniform(0.5, 1.0)))
 
     async def _ensure_group_once(self, cfg: DeploymentConfig) -> None:
-        """Create the consumer group at id 0 so requests queued before any replica are still served."""
+        """Create the consumer groups at id 0 so requests queued before any replica are still served."""
         if cfg.name in self._known_groups:
             return
-        await ensure_group(self._redis, self._keys.requests(cfg.name))
+        await ensure_groups(self._redis, self._keys, cfg.name)
         self._known_groups.add(cfg.name)
 
     async def _shutdown(self) -> None:

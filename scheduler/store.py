@@ -11,6 +11,7 @@ from streamserve.control.long_poll import announce, bump_snapshot_id
 from streamserve.wire.errors import ProtocolError
 from streamserve.wire.keys import ConfigKey, Keys
 from streamserve.wire.messages import AutoscaleRecord, DeploymentHealthRecord, ReplicaRecord, text
+from streamserve.wire.priorities import PRIORITIES
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +74,15 @@ class RedisReplicaStore:
 
         That is the request stream's length: an entry stays in the stream
         while a replica works on it (pending in the group) and is deleted when
-        the replica acknowledges it, so XLEN counts both without XPENDING.
+        the replica acknowledges it, so XLEN counts both without XPENDING (summed over the priority levels).
         """
+        levels = len(PRIORITIES)
         async with self._redis.pipeline(transaction=False) as pipe:
             for name in names:
-                pipe.xlen(self._keys.requests(name))
+                for stream in self._keys.request_streams(name).values():
+                    pipe.xlen(stream)
             results = await pipe.execute()
-        return {name: int(length) for name, length in zip(names, results, strict=True)}
+        return {name: sum(int(n) for n in results[i * levels : (i + 1) * levels]) for i, name in enumerate(names)}
 
     async def load_all(self) -> dict[str, list[ReplicaRecord]]:
         """Every recorded replica of every deployment (found by SCAN, so deleted deployments too)."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from streamserve.transport.backoff import Backoff
@@ -41,6 +41,7 @@ from streamserve.transport.streams import reply_command
 from streamserve.wire.errors import ResponseTooLargeError
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import Reply, ReplyStatus, now_ms
+from streamserve.wire.priorities import Priority, group_refs
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +59,17 @@ Outgoing = tuple[bytes, str, Reply, int]
 class Finisher:
     """Collects the requests finished during one loop turn and finishes them in one round trip."""
 
-    def __init__(self, pipeliner: Pipeliner, stream: str, on_finished: Callable[[list[bytes]], None], who: str) -> None:
+    def __init__(
+        self,
+        pipeliner: Pipeliner,
+        streams: Mapping[Priority, str],
+        on_finished: Callable[[list[bytes]], None],
+        who: str,
+    ) -> None:
+        """``streams``: the deployment's request streams by priority; entries are named by their ref
+        (wire/priorities.py)."""
         self._pipeliner = pipeliner
-        self._stream = stream
+        self._streams = streams
         # Called with the entries that are settled: replied to (or given up on) and acknowledged, or left pending.
         self._on_finished = on_finished
         self._who = who
@@ -103,7 +112,9 @@ class Finisher:
         commands: list[Command] = [settlement.command for settlement in settlements]
         commands += [reply_command(reply_to, reply) for _, reply_to, reply, _ in outgoing]
         if acknowledge:
-            commands += [("XACK", self._stream, CONSUMER_GROUP, *entry_ids), ("XDEL", self._stream, *entry_ids)]
+            for priority, ids in group_refs(entry_ids).items():
+                stream = self._streams[priority]
+                commands += [("XACK", stream, CONSUMER_GROUP, *ids), ("XDEL", stream, *ids)]
         sent = self._pipeliner.execute(*commands)
         sent.add_done_callback(functools.partial(self._sent, outgoing, entry_ids, acknowledge, settlements))
 

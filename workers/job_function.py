@@ -104,8 +104,9 @@ def _shared_client() -> Client:
         return _client
 
 
-def run(name: str, body: Any, method: str = "", timeout: float | None = None) -> Any:
-    """Call deployment or endpoint ``name`` with ``body``; the result, or the job fails with the call's error.
+def run(name: str, body: Any, method: str = "", timeout: float | None = None, priority: str = "normal") -> Any:
+    """Call deployment or endpoint ``name`` with ``body`` (at ``priority``); the result, or the job fails with the
+    call's error.
 
     Once the call has ended, however it ended, the job no longer counts against its deployment's
     ``max_queued_jobs``. A job cancelled before its call ended fails with RequestCancelledError.
@@ -116,7 +117,7 @@ def run(name: str, body: Any, method: str = "", timeout: float | None = None) ->
             _check_allowed(name)
             if job is not None and _cancel_requested(job):
                 raise cancelled_error(job.id)  # cancelled as this worker took it: the call is never made
-            result = _call_when_redis_has_room(name, body, method, timeout, job)
+            result = _call_when_redis_has_room(name, body, method, timeout, priority, job)
         except StreamServeError as exc:
             if not isinstance(exc, RequestCancelledError):
                 _settle(job, JobStatus.FAILED)  # its error, unless it came after its cancel
@@ -151,13 +152,15 @@ def _check_allowed(name: str) -> None:
             allow.check(cfg.import_path, cfg.name)
 
 
-def _call_when_redis_has_room(name: str, body: Any, method: str, timeout: float | None, job: Job | None) -> Any:
+def _call_when_redis_has_room(
+    name: str, body: Any, method: str, timeout: float | None, priority: str, job: Job | None
+) -> Any:
     client = _shared_client()
     give_up_at = time.monotonic() + FULL_REDIS_WAIT_S
     backoff = Backoff(0.1, 2.0)
     while True:
         try:
-            return _wait(client.submit(name, body, timeout=timeout, method=method), job)
+            return _wait(client.submit(name, body, timeout=timeout, method=method, priority=priority), job)
         except OverloadedError as exc:
             refused_for_memory = exc.__cause__ is not None and is_out_of_memory(exc.__cause__)
             if not refused_for_memory or time.monotonic() >= give_up_at:

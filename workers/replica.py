@@ -29,7 +29,7 @@ from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RETRYABLE_ERRORS, redacted
 from streamserve.transport.pipelining import BlockingReader, Pipeliner
-from streamserve.transport.streams import ensure_group
+from streamserve.transport.streams import ensure_groups
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import NotFoundError
 from streamserve.wire.ids import ReplicaID
@@ -79,7 +79,6 @@ class Replica:
         self.replica_id = replica_id
         self._consumer = replica_id.to_str()
         self._name = replica_id.deployment
-        self._stream = self._keys.requests(self._name)
         self._rules = DepartureRules(self._name, pinned_version)
         self._slots = Slots()
         self._stopping = asyncio.Event()
@@ -147,7 +146,7 @@ class Replica:
             serving = await self._load()
             if serving is None:
                 return 1  # the FAILED heartbeat stays: it tells the scheduler why
-            await ensure_group(self._redis, self._stream)
+            await ensure_groups(self._redis, self._keys, self._name)
             # What callers say about the requests it serves (how far they have read a stream, that they cancel one);
             # read until it exits.
             control_key = self._keys.replica_control(self._name, self._consumer)
@@ -332,6 +331,7 @@ class Replica:
                 async with self._redis.pipeline(transaction=True) as pipe:
                     queue_removal(pipe, self._keys, self._name, [self._consumer])
                     await pipe.execute()
-            pending = await self._redis.xpending_range(self._stream, CONSUMER_GROUP, "-", "+", 1, self._consumer)
-            if not pending:
-                await self._redis.xgroup_delconsumer(self._stream, CONSUMER_GROUP, self._consumer)
+            for stream in self._keys.request_streams(self._name).values():
+                pending = await self._redis.xpending_range(stream, CONSUMER_GROUP, "-", "+", 1, self._consumer)
+                if not pending:
+                    await self._redis.xgroup_delconsumer(stream, CONSUMER_GROUP, self._consumer)

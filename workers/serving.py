@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from streamserve.metrics.definitions import (
     BATCH_SIZE,
@@ -41,14 +41,16 @@ from streamserve.runtime.settings import Settings
 from streamserve.transport import settling
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import RETRYABLE_ERRORS
-from streamserve.transport.pipelining import BlockingReader, Pipeliner
-from streamserve.transport.streams import Requeuer, ensure_group
+from streamserve.transport.pipelining import BlockingReader, Command, Pipeliner
+from streamserve.transport.streams import Requeuer, ensure_groups
+from streamserve.wire import scripts
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import BadRequestError, ProtocolError, ResponseTooLargeError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import CancelRequest, Fields, Reply, ReplyStatus, Request, StreamBatches, now_ms
+from streamserve.wire.priorities import FAIR_TURNS, READ_ORDERS, Priority, entry_ref, group_refs
 from streamserve.workers.batcher import Batchers, DeadlinePassed
 from streamserve.workers.control_reader import ControlHandler
 from streamserve.workers.finisher import Finisher
@@ -61,6 +63,8 @@ logger = logging.getLogger(__name__)
 
 # How long one XREADGROUP waits; also the longest a stop request waits for the read to return.
 READ_BLOCK_MS = 500
+# After reading a request that is not ``normal``, a replica reads by priority (scripts.TAKE) this long.
+MIXED_PRIORITIES_S = 10.0
 # At most this many requests delivered by a lost read are recovered at once (a read asks for max_ongoing at most).
 UNDELIVERED_MAX = 1000
 # How often running async handlers are checked for a passed deadline (their task is then cancelled).
@@ -99,7 +103,20 @@ class Serving:
         self._keys = settings.keys
         self._consumer = replica_id.to_str()
         self._name = replica_id.deployment
-        self._stream = self._keys.requests(self._name)
+        # The request streams by priority, highest first, and the priority of each (as a read names it).
+        self._streams = self._keys.request_streams(self._name)
+        self._priority_of = {stream.encode(): priority for priority, stream in self._streams.items()}
+        # A blocking read's tail: new entries of every level.
+        self._read_new = ("STREAMS", *self._streams.values(), *(">" for _ in self._streams))
+        self._take_script = redis.register_script(scripts.TAKE)
+        # Reads so far that took priorities into account (READ_ORDERS' turn), and until when (monotonic) reads do:
+        # from the last time this replica read a request that is not ``normal``, for MIXED_PRIORITIES_S.
+        self._turn = 0
+        self._mixed_until = 0.0
+        # The order the last read took the levels in (TAKE's), None for a blocking read.
+        self._order: tuple[Priority, ...] | None = None
+        # Whether the last read took as many requests as there was room for: more may be waiting.
+        self._filled = False
         # The deployment's config as of now: the replica replaces it when it changes (its limits apply at once).
         self.config = config
         self.deployment = deployment
@@ -107,7 +124,7 @@ class Serving:
         self._slots = slots
         self._stopping = stopping
         self._figures = figures
-        self._finisher = Finisher(pipeliner, self._stream, slots.finished, self._consumer)
+        self._finisher = Finisher(pipeliner, self._streams, slots.finished, self._consumer)
         self._batchers = Batchers(self._invoke_batch, lambda: self.config.max_ongoing_requests, self._consumer)
         self.streams = Streams(
             pipeliner=pipeliner,
@@ -179,13 +196,12 @@ class Serving:
                 if lost_a_read:
                     await self._take(await self._undelivered())
                     lost_a_read = False
-                read = ("XREADGROUP", "GROUP", CONSUMER_GROUP, self._consumer, "COUNT", free, "BLOCK", READ_BLOCK_MS)
-                batches = await self._reader.read((*read, "STREAMS", self._stream, ">"), READ_BLOCK_MS)
+                batches = await self._read(free)
                 backoff.reset()
             except ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
-                await ensure_group(self._redis, self._stream)  # the stream was deleted and made again
+                await ensure_groups(self._redis, self._keys, self._name)  # a stream was deleted and made again
                 continue
             except RETRYABLE_ERRORS as exc:
                 lost_a_read = True
@@ -193,7 +209,42 @@ class Serving:
                 logger.warning("replica %s: read failed (%s); retrying in %.1fs", self._consumer, exc, delay)
                 await asyncio.sleep(delay)
                 continue
-            await self._take(batches)
+            await self._take(batches, free)
+
+    async def _read(self, free: int) -> StreamBatches:
+        """Up to ``free`` requests, highest priority first (wire/priorities.py).
+
+        A blocking XREADGROUP on every level's stream when the queues may be
+        empty, as every deployment that gets only ``normal`` requests always
+        reads: one round trip, and no script. While requests of other levels
+        come, and the last read filled the room (more may be queued), the TAKE
+        script reads the levels in this turn's order instead, since one
+        XREADGROUP takes from each stream alike.
+        """
+        if self._filled and time.monotonic() < self._mixed_until:
+            order = READ_ORDERS[self._turn % FAIR_TURNS]
+            self._turn += 1
+            streams = [self._streams[priority] for priority in order]
+            take: Command = (
+                "EVALSHA",
+                self._take_script.sha,
+                len(streams),
+                *streams,
+                CONSUMER_GROUP,
+                self._consumer,
+                free,
+            )
+            try:
+                batches = await self._reader.read(take, READ_BLOCK_MS)
+            except NoScriptError:  # a restarted or flushed Redis
+                await self._redis.script_load(scripts.TAKE)
+                batches = await self._reader.read(take, READ_BLOCK_MS)
+            if batches:
+                self._order = order
+                return batches
+        self._order = None  # ordered by the next turn, should it find several levels
+        read = ("XREADGROUP", "GROUP", CONSUMER_GROUP, self._consumer, "COUNT", free, "BLOCK", READ_BLOCK_MS)
+        return await self._reader.read((*read, *self._read_new), READ_BLOCK_MS)
 
     async def _stop_overdue(self) -> None:
         """Cancel the task of every async handler still running past its request's deadline."""
@@ -226,25 +277,54 @@ class Serving:
         """What Redis delivered to this replica but it does not hold: the reply to a read that was lost with its
         connection. Those entries are pending under this live replica's name, so nobody else would ever run them."""
         history = ("XREADGROUP", "GROUP", CONSUMER_GROUP, self._consumer, "COUNT", UNDELIVERED_MAX, "STREAMS")
-        batches = await self._reader.read((*history, self._stream, "0"), READ_BLOCK_MS)  # (no BLOCK: at once)
-        lost = [(s, [(i, f) for i, f in entries if not self._slots.holds(i)]) for s, entries in batches]
+        streams = list(self._streams.values())
+        batches = await self._reader.read((*history, *streams, *("0" for _ in streams)), READ_BLOCK_MS)  # at once
+        holds = self._slots.holds
+        lost = [
+            (s, [(i, f) for i, f in entries if not holds(entry_ref(self._priority_of[s], i))]) for s, entries in batches
+        ]
         if any(entries for _s, entries in lost):
             count = sum(len(entries) for _s, entries in lost)
             logger.warning("replica %s: %d request(s) delivered by a lost read: running them", self._consumer, count)
         return lost
 
-    async def _take(self, batches: StreamBatches) -> None:
+    async def _take(self, batches: StreamBatches, room: int | None = None) -> None:
+        """Run what a read delivered, highest priority first; past ``room`` (None: no bound), hand the rest back."""
+        entries = self._in_order(batches)
+        self._filled = room is not None and len(entries) >= room
+        if room is not None and len(entries) > room:  # one XREADGROUP read several levels: rare
+            await self._hand_back([ref for ref, _ in entries[room:]])
+            entries = entries[:room]
         suspects = []
-        for _stream, entries in batches or ():
-            for entry_id, fields in entries:
-                if b"attempts" in fields:
-                    suspects.append((entry_id, fields))
-                else:
-                    self._accept(entry_id, fields)
+        for ref, fields in entries:
+            if b"attempts" in fields:
+                suspects.append((ref, fields))
+            else:
+                self._accept(ref, fields)
         if suspects:
             # Hand the others back first: had this replica still held them, a death would charge them too.
-            await self._hand_back([entry_id for entry_id, _ in suspects[1:]])
+            await self._hand_back([ref for ref, _ in suspects[1:]])
             await self._run_alone(*suspects[0])
+
+    def _in_order(self, batches: StreamBatches) -> list[tuple[bytes, Fields]]:
+        """A read's entries, named by their refs, in this turn's priority order."""
+        if not batches:
+            return []
+        if len(batches) == 1 and self._priority_of[batches[0][0]] is Priority.NORMAL:
+            return batches[0][1]  # normal entries are named by their ids
+        self._mixed_until = time.monotonic() + MIXED_PRIORITIES_S
+        order = self._order
+        if order is None:
+            order = READ_ORDERS[self._turn % FAIR_TURNS]
+            self._turn += 1
+        rank = {priority: i for i, priority in enumerate(order)}
+        ordered = sorted(batches, key=lambda batch: rank[self._priority_of[batch[0]]])
+        return [
+            (entry_ref(priority, entry_id), fields)
+            for stream, entries in ordered
+            for priority in (self._priority_of[stream],)
+            for entry_id, fields in entries
+        ]
 
     async def _run_alone(self, entry_id: bytes, fields: Fields) -> None:
         """Run an entry that a dead replica held with nothing else in flight, and read nothing meanwhile.
@@ -260,14 +340,15 @@ class Serving:
 
     async def _hand_back(self, entry_ids: list[bytes]) -> None:
         """Return suspects read beside the one being run alone to the queue, unrun and uncharged."""
-        if not entry_ids:
-            return
-        await self._requeuer.requeue(
-            self._name,
-            entry_ids,
-            charge=False,
-            max_delivery_attempts=self.config.max_delivery_attempts,
-        )
+        for priority, ids in group_refs(entry_ids).items():
+            if ids:
+                await self._requeuer.requeue(
+                    self._name,
+                    ids,
+                    charge=False,
+                    max_delivery_attempts=self.config.max_delivery_attempts,
+                    priority=priority,
+                )
 
     # -- one request -----------------------------------------------------------
 
@@ -282,7 +363,7 @@ class Serving:
             self._finisher.finish(entry_id)
             return
         started_at = time.perf_counter()
-        scope = RequestScope(request.request_id, request.deadline_ms)
+        scope = RequestScope(request.request_id, request.deadline_ms, request.priority)
         started = self._start_handler(entry_id, request, scope, started_at)
         if isinstance(started, Reply):
             self._finish(entry_id, request, started)

@@ -119,7 +119,7 @@ async def test_the_script_names_the_replica_holding_the_request(queue: Queue) ->
     await queue.read()
 
     where = await queue.redis.eval(  # type: ignore[misc]
-        scripts.CANCEL, 3, queue.stream, queue.marks, queue.metrics, CONSUMER_GROUP, held, now_ms(), 60_000, "f"
+        scripts.CANCEL, 3, queue.stream, queue.marks, queue.metrics, CONSUMER_GROUP, held, now_ms(), 60_000, "f", held
     )
     assert where == [b"running", REPLICA.encode()]
 

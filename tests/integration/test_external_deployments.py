@@ -9,6 +9,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from streamserve.runtime.settings import Settings
+from streamserve.wire.priorities import Priority
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_gateway_app import wait_for_routes
@@ -42,6 +43,34 @@ async def test_requests_queue_at_zero_replicas_until_the_queue_is_full(
     served = await asyncio.gather(*queued)
     assert [r.status_code for r in served] == [200, 200]
     assert sorted(r.json()["body"] for r in served) == [0, 1]
+
+
+async def test_every_priority_level_queues_at_zero_replicas_each_within_its_own_bound(
+    http: httpx.AsyncClient, settings: Settings, start_replica: StartReplica, aredis: aioredis.Redis
+) -> None:
+    await deploy(settings, external_scaler_enabled=True, max_queued_requests=1, route_prefix="/ext")
+    await wait_for_routes(http)
+    levels = ("high", "normal", "low")
+
+    def post(level: str, body: object) -> asyncio.Task[httpx.Response]:
+        return asyncio.create_task(http.post("/ext", json=body, headers={"X-Priority": level}, timeout=30))
+
+    queued = [post(level, level) for level in levels]
+
+    async def all_queued() -> bool:
+        lengths = [await aredis.xlen(settings.keys.requests("rec", Priority(level))) for level in levels]
+        return lengths == [1, 1, 1]
+
+    await wait_for_async(all_queued, 4, "a request per level was not queued")
+    # Each level's queue holds max_queued_requests: a full low queue refuses more low, never another level.
+    full = await http.post("/ext", json="one too many", headers={"X-Priority": "low"})
+    assert full.status_code == 503 and full.json()["error"] == "OverloadedError", full.text
+    assert "1 low-priority requests queued (max_queued_requests)" in full.json()["message"]
+
+    await start_replica(external_scaler_enabled=True, max_queued_requests=1, route_prefix="/ext")
+    served = await asyncio.gather(*queued)
+    assert [r.status_code for r in served] == [200, 200, 200]
+    assert [r.json()["body"] for r in served] == list(levels)
 
 
 async def test_scaling_it_is_refused_with_the_reason(http: httpx.AsyncClient, settings: Settings) -> None:

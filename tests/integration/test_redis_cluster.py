@@ -79,6 +79,25 @@ async def test_deployments_on_every_master_are_served(
             node.close()
 
 
+async def test_every_priority_level_is_served_from_the_deployments_own_slot(
+    start_replica: StartReplica, client: AsyncClient, redis_cluster: LocalRedisCluster
+) -> None:
+    names = one_name_per_master(redis_cluster)
+    for name in names:
+        await start_replica(name=name, init_kwargs={"tag": name})
+    calls = [client.call(name, level, timeout=10, priority=level) for name in names for level in ("high", "low")]
+    answers = await asyncio.gather(*calls)
+    assert [(a["tag"], a["body"]) for a in answers] == [(name, level) for name in names for level in ("high", "low")]
+    for name in names:  # one slot per deployment: every level's stream beside the others (one script names them all)
+        node = redis_cluster.node(redis_cluster.master_port_of(KEYS.requests(name)))
+        try:
+            slots = {int(node.cluster("keyslot", key)) for key in KEYS.deployment_keys(name)}
+            assert len(slots) == 1
+            assert all(node.exists(stream) for stream in KEYS.request_streams(name).values())
+        finally:
+            node.close()
+
+
 async def test_a_deployment_moved_to_another_master_mid_traffic_loses_no_request(
     start_replica: StartReplica, http: httpx.AsyncClient, client: AsyncClient, redis_cluster: LocalRedisCluster
 ) -> None:

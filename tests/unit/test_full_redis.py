@@ -148,7 +148,9 @@ class FakeClient:
         self.answers = list(answers)
         self.calls = 0
 
-    def submit(self, name: str, body: Any, *, timeout: float | None, method: str) -> concurrent.futures.Future[Any]:
+    def submit(
+        self, name: str, body: Any, *, timeout: float | None, method: str, priority: str = "normal"
+    ) -> concurrent.futures.Future[Any]:
         self.calls += 1
         answer = self.answers.pop(0)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()

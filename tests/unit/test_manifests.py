@@ -24,6 +24,7 @@ from streamserve.control.desired_state import DesiredState
 from streamserve.control.status import DeploymentStatus, StatusReader
 from streamserve.wire.config import load_config
 from streamserve.wire.keys import Keys
+from streamserve.wire.priorities import Priority
 from tests.unit.keda_schema import keda_validator
 
 K8S_VERSION = "1.33"
@@ -252,13 +253,25 @@ def test_an_autoscaled_deployment_gets_a_scaled_object_on_its_stream_length(run:
     assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 3
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 120
 
-    (trigger,) = scaled["triggers"]
+    # One trigger per stream the replicas read (a priority level each), summed into the one metric the HPA scales
+    # on: the whole backlog against target_ongoing_requests.
+    triggers = scaled["triggers"]
+    assert {t["name"]: t["metadata"]["stream"] for t in triggers} == {
+        "high": Keys().requests("lazy", Priority.HIGH),
+        "normal": Keys().requests("lazy"),
+        "low": Keys().requests("lazy", Priority.LOW),
+    }
+    assert scaled["advanced"]["scalingModifiers"] == {
+        "formula": "high + normal + low",
+        "target": "2",
+        "activationTarget": "0",
+    }
+    trigger = triggers[1]
     assert trigger["type"] == "redis-streams"
     meta = trigger["metadata"]
-    assert meta["stream"] == Keys().requests("lazy")
     assert meta["streamLength"] == "2"
     assert meta["address"] == f"streamserve-redis.{NS}.svc:6379"
-    assert set(meta) <= STREAM_LENGTH_FIELDS  # no consumerGroup: stream-length mode
+    assert all(set(t["metadata"]) <= STREAM_LENGTH_FIELDS for t in triggers)  # no consumerGroup: stream-length mode
     auth = one(docs, "TriggerAuthentication", trigger["authenticationRef"]["name"])
     assert auth["spec"]["secretTargetRef"] == [
         {"parameter": "password", "name": "streamserve", "key": "redis-password"}

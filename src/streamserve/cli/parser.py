@@ -157,6 +157,9 @@ def _add_call(sub: Subcommands) -> None:
     p.add_argument("body", nargs="?", default="null", help="JSON (default null)")
     p.add_argument("--timeout", type=float, help="seconds (default: the deployment's request_timeout_s)")
     p.add_argument("--method", default="", help="a method of the deployment's class")
+    p.add_argument(
+        "--priority", choices=("high", "normal", "low"), default="normal", help="its priority level (default normal)"
+    )
 
 
 def _add_manifests(sub: Subcommands) -> None:

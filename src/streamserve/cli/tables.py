@@ -27,6 +27,12 @@ def format_endpoints(endpoints: list[EndpointConfig]) -> str:
     return "\n".join(_table(rows))
 
 
+def _queued_cell(s: DeploymentStatus) -> str:
+    """The queued count, and how it splits by priority when any is not ``normal``: ``12 (high 2, low 10)``."""
+    others = [f"{level} {n}" for level, n in s.queued_by_priority.items() if n and level != "normal"]
+    return f"{s.queued} ({', '.join(others)})" if others else str(s.queued)
+
+
 def format_status(statuses: list[DeploymentStatus]) -> str:
     if not statuses:
         return "no deployments"
@@ -39,7 +45,7 @@ def format_status(statuses: list[DeploymentStatus]) -> str:
             str(s.running),
             str(s.starting),
             str(s.stopping),
-            str(s.queued),
+            _queued_cell(s),
             str(s.in_flight),
             s.route_prefix or "-",
         ]

@@ -38,6 +38,7 @@ from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import SHARED_JOINED, Reply, ReplyStatus, Request, now_ms, text
+from streamserve.wire.priorities import Priority, parse_priority, queue_full
 from streamserve.wire.shared_runs import new_run_token
 
 logger = logging.getLogger(__name__)
@@ -87,13 +88,18 @@ class Calls(ClientCore):
         timeout: float | None = None,
         method: str = "",
         idempotency_key: str | None = None,
+        priority: str | None = None,
     ) -> Any:
         """Run deployment (or endpoint) ``name`` on ``body`` and return its result, or raise a StreamServeError.
 
         ``idempotency_key``: calls with one key (and the same method and body) run the handler once, and share its
-        result or error; see docs/retries-and-caching.md."""
+        result or error; see docs/retries-and-caching.md. ``priority``: ``high``, ``normal`` (the default) or
+        ``low``: which queued requests replicas take first (docs/priorities.md)."""
         key = "" if idempotency_key is None else check_key(idempotency_key)
-        reply = await self.request(name, encode_body(body), timeout=timeout, method=method, idempotency_key=key)
+        level = parse_priority(priority)
+        reply = await self.request(
+            name, encode_body(body), timeout=timeout, method=method, idempotency_key=key, priority=level
+        )
         return result_of(reply)
 
     def submit(
@@ -104,10 +110,12 @@ class Calls(ClientCore):
         timeout: float | None = None,
         method: str = "",
         idempotency_key: str | None = None,
+        priority: str | None = None,
     ) -> asyncio.Task[Any]:
         """Start a call and return a task that resolves to its result."""
+        parse_priority(priority)  # a bad one raises here, not in the task
         return asyncio.ensure_future(
-            self.call(name, body, timeout=timeout, method=method, idempotency_key=idempotency_key)
+            self.call(name, body, timeout=timeout, method=method, idempotency_key=idempotency_key, priority=priority)
         )
 
     def stream(
@@ -118,6 +126,7 @@ class Calls(ClientCore):
         method: str | None = None,
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        priority: str | None = None,
     ) -> ChunkStream:
         """Run streaming deployment (or endpoint) ``name`` on ``body``: an async iterator of its chunks.
 
@@ -132,10 +141,11 @@ class Calls(ClientCore):
         encoded = encode_body(body)
         self._check_size(encoded)
         key = "" if idempotency_key is None else check_key(idempotency_key)
+        level = parse_priority(priority)
 
         async def start() -> Reply | ChunkFeed:
             reply = await self.request(
-                name, encoded, timeout=timeout, method=method or "", stream=True, idempotency_key=key
+                name, encoded, timeout=timeout, method=method or "", stream=True, idempotency_key=key, priority=level
             )
             return self.follow(reply) if reply.status in STREAM_REPLIES or kept_stream(reply) else reply
 
@@ -160,6 +170,7 @@ class Calls(ClientCore):
         timeout: float | None = None,
         method: str = "",
         idempotency_key: str | None = None,
+        priority: str | None = None,
     ) -> str:
         """Enqueue without waiting for (or receiving) the result; return the request id.
 
@@ -167,6 +178,7 @@ class Calls(ClientCore):
         with the key gets its stored result."""
         encoded = encode_body(body)
         self._check_size(encoded)
+        level = parse_priority(priority)
         route = await self.route(name, idempotency_key or "")
         request = Request(
             new_request_id(),
@@ -174,6 +186,7 @@ class Calls(ClientCore):
             now_ms() + int(1000 * call_timeout_s(timeout, route.deployment)),
             encoded,
             method,
+            priority=level,
         )
         cfg = route.deployment
         if idempotency_key is None and cfg.response_cache is None:
@@ -207,6 +220,7 @@ class Calls(ClientCore):
         tag: str = "",
         idempotency_key: str = "",
         refresh: bool = False,
+        priority: Priority = Priority.NORMAL,
     ) -> Reply:
         """Send already-encoded JSON and return the raw Reply (the gateway's entry point).
 
@@ -227,7 +241,7 @@ class Calls(ClientCore):
         ``idempotency_key``: the handler runs once for all calls with this key (per deployment), while the key's
         reply is kept (wire/idempotency.py). Without one, a deployment with a response cache answers identical
         requests from a kept reply, or from one run (wire/response_cache.py); ``refresh`` runs anew and keeps the
-        new reply. Reply.shared says how a shared run answered.
+        new reply. Reply.shared says how a shared run answered. ``priority``: the request's level (Request.priority).
         """
         self._check_size(body)
         route = name if isinstance(name, Route) else await self.route(name, idempotency_key)
@@ -239,7 +253,9 @@ class Calls(ClientCore):
         tag = tag or replies.new_tag()
         fut = replies.expect(tag, request_id)
         timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, tag, request_id, timeout_s)
-        request = Request(request_id, replies.name, 0, body, method, stream=stream, parent=parent, tag=tag)
+        request = Request(
+            request_id, replies.name, 0, body, method, stream=stream, parent=parent, tag=tag, priority=priority
+        )
         entry_id = ""
         try:
             deadline = now_ms() + int(timeout_s * 1000)
@@ -359,7 +375,9 @@ class Calls(ClientCore):
     def _mirror(self, route: Route, request: Request) -> None:
         """Send a copy of an admitted request to each shadow, without a reply stream (no one waits for it)."""
         for shadow in route.shadows:
-            copy = Request(new_request_id(), "", request.deadline_ms, request.body, request.method)
+            copy = Request(
+                new_request_id(), "", request.deadline_ms, request.body, request.method, priority=request.priority
+            )
             task = asyncio.create_task(self._add(shadow, copy))
             self._shadow_tasks.add(task)
             task.add_done_callback(self._shadow_sent)
@@ -373,7 +391,7 @@ class Calls(ClientCore):
     async def _add(self, cfg: DeploymentConfig, request: Request) -> str:
         """Queue ``request`` on ``cfg``'s stream (if it has room); its entry id."""
         assert self._pipeliner is not None
-        stream = self._keys.requests(cfg.name)
+        stream = self._keys.requests(cfg.name, request.priority)
         args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP]
         for key, value in request.encode().items():
             args += [key, value]
@@ -389,9 +407,7 @@ class Calls(ClientCore):
         with self._refusals:
             entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream], args, again)
         if entry_id == 0:
-            raise OverloadedError(
-                f"deployment {cfg.name!r} has {cfg.max_queued_requests} requests queued (max_queued_requests)"
-            )
+            raise OverloadedError(queue_full(cfg.name, cfg.max_queued_requests, request.priority))
         return text(entry_id)
 
     def _expire(self, tag: str, request_id: str, timeout_s: float) -> None:

@@ -24,6 +24,7 @@ from streamserve.transport.streams import control_command
 from streamserve.wire import scripts
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from streamserve.wire.messages import CancelRequest, Request, now_ms, text
+from streamserve.wire.priorities import Priority, entry_ref
 
 logger = logging.getLogger(__name__)
 
@@ -56,17 +57,19 @@ class Canceller:
         "running" or "finished". A queued ``request``'s shared run is freed (its replica frees it when it was
         running)."""
         keys = self._keys
+        priority = Priority.NORMAL if request is None else request.priority
+        ref = entry_ref(priority, entry_id.encode()).decode()
         where = await self._pipeliner.run_script(
             _CANCEL,
-            [keys.requests(deployment), keys.cancelled(deployment), keys.metrics(deployment)],
-            [CONSUMER_GROUP, entry_id, now_ms(), CANCEL_MARK_KEEP_MS, CANCELLED.field(QUEUED_STAGE)],
+            [keys.requests(deployment, priority), keys.cancelled(deployment), keys.metrics(deployment)],
+            [CONSUMER_GROUP, entry_id, now_ms(), CANCEL_MARK_KEEP_MS, CANCELLED.field(QUEUED_STAGE), ref],
         )
         stage = text(where[0])
         if stage == "queued" and request is not None and request.run:
             await settling.release(self._redis, keys, deployment, request.idem, request.cache, request.run)
         if stage == "running":
             control = keys.replica_control(deployment, text(where[1]))
-            [added] = await self._pipeliner.execute(control_command(control, CancelRequest(entry_id, request_id)))
+            [added] = await self._pipeliner.execute(control_command(control, CancelRequest(ref, request_id)))
             if isinstance(added, Exception):
                 raise added
         return stage

@@ -12,7 +12,8 @@ handle's calls are the children of the request being served:
   ``scope.on_cancel`` for the time a call runs, which cancels it (and raises
   RequestCancelledError in the handler);
 - their request id is ``<parent id>.<n>`` and Request.parent the parent's id,
-  so that logs tie them together.
+  so that logs tie them together;
+- they go at the parent's priority level (wire/priorities.py).
 
 Every call runs on one event loop of the process, its "home", with one
 AsyncClient made there on first use. In a replica that is the replica's own
@@ -222,6 +223,7 @@ async def _send(home: _Home, name: str, body: bytes, method: str, scope: Request
         request_id=child_request_id(scope.request_id, next(_call_numbers)),
         parent=scope.request_id,
         deadline_ms=scope.deadline_ms,
+        priority=scope.priority,
     )
 
 

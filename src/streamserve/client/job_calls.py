@@ -16,6 +16,7 @@ from streamserve.client.calls import call_timeout_s, encode_body
 from streamserve.client.core import ClientCore
 from streamserve.client.jobs import JobInfo
 from streamserve.wire.idempotency import check_key
+from streamserve.wire.priorities import parse_priority
 
 T = TypeVar("T")
 
@@ -31,6 +32,7 @@ class JobCalls(ClientCore):
         timeout: float | None = None,
         method: str = "",
         idempotency_key: str | None = None,
+        priority: str | None = None,
     ) -> str:
         """Queue a call of ``name`` as an asynchronous job; return the job id (see ``job``).
 
@@ -42,10 +44,11 @@ class JobCalls(ClientCore):
         have not ended (for an endpoint: the deployment it picks now).
         ``idempotency_key``: a call with a key that queued a job already (for
         ``name``, the same method and body) gets that job's id, and queues
-        nothing (for the deployment's ``idempotency_ttl_s``).
+        nothing (for the deployment's ``idempotency_ttl_s``). ``priority``: the level its call is queued at.
         """
         if idempotency_key is not None:
             check_key(idempotency_key)
+        level = parse_priority(priority)
         encoded = encode_body(body)
         self._check_size(encoded)
         route = await self.route(name)
@@ -62,6 +65,7 @@ class JobCalls(ClientCore):
                 timeout=timeout,
                 call_timeout_s=timeout_s,
                 idempotency_key=idempotency_key,
+                priority=level,
             )
         )
 

@@ -18,6 +18,8 @@ from typing import Any
 from rq.exceptions import DeserializationError
 from rq.job import Job, JobStatus
 
+from streamserve.wire.priorities import Priority
+
 logger = logging.getLogger(__name__)
 
 # The one function a job may name (a string, so that enqueueing imports no worker code).
@@ -44,7 +46,7 @@ class GuardedJob(Job):
             on = f" on an instance of {type(instance).__name__}" if instance is not None else ""
             return f"it names {_shown(func_name)}{on}, not {JOB_FUNCTION!r}"
         if not _are_run_arguments(args, kwargs):
-            return "its arguments are not (name, body, method, timeout) as streamserve queues them"
+            return "its arguments are not (name, body, method, timeout, priority) as streamserve queues them"
         callbacks = [
             n for n in (self._success_callback_name, self._failure_callback_name, self._stopped_callback_name) if n
         ]
@@ -93,10 +95,13 @@ def _shown(value: object) -> str:
 
 
 def _are_run_arguments(args: Any, kwargs: Any) -> bool:
-    """Whether ``run(*args, **kwargs)`` is ``run(name, body, method, timeout)`` with the types JobQueue gives them."""
-    if kwargs != {} or not isinstance(args, list | tuple) or not 2 <= len(args) <= 4:
+    """Whether ``run(*args, **kwargs)`` is ``run(name, body, method, timeout, priority)`` with the types JobQueue gives
+    them (jobs queued before priorities have no ``priority``)."""
+    if kwargs != {} or not isinstance(args, list | tuple) or not 2 <= len(args) <= 5:
         return False
     given: list[Any] = list(args)
-    name, _body, method, timeout = given + ["", None][len(given) - 2 :]  # run's defaults for what is left out
+    # run's defaults for what is left out
+    name, _body, method, timeout, priority = given + ["", None, Priority.NORMAL.value][len(given) - 2 :]
     is_number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
-    return isinstance(name, str) and isinstance(method, str) and (timeout is None or is_number)
+    is_priority = priority in {p.value for p in Priority}
+    return isinstance(name, str) and isinstance(method, str) and (timeout is None or is_number) and is_priority

@@ -62,6 +62,7 @@ from streamserve.wire.errors import (
 from streamserve.wire.idempotency import request_digest
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import now_ms, text
+from streamserve.wire.priorities import Priority
 from streamserve.wire.states import ENDED_JOB_STATUSES, JobStatus
 
 # The serializer of every job, on both sides: the queue here and the workers' (``rq worker -S``).
@@ -169,8 +170,9 @@ class JobQueue:
         timeout: float | None,
         call_timeout_s: float,
         idempotency_key: str | None = None,
+        priority: Priority = Priority.NORMAL,
     ) -> str:
-        """Queue a call of deployment or endpoint ``name``; return the job id.
+        """Queue a call of deployment or endpoint ``name`` (at ``priority``); return the job id.
 
         ``idempotency_key``: the job that an earlier call with this key queued (for ``name``, the same method and
         body), if any, instead of a new one; IdempotencyKeyMismatchError for the key with another method or body.
@@ -191,7 +193,7 @@ class JobQueue:
             if earlier is not None:
                 return earlier
         try:
-            self._enqueue(name, body, counted_in, method, timeout, call_timeout_s, job_id)
+            self._enqueue(name, body, counted_in, method, timeout, call_timeout_s, job_id, priority)
         except BaseException:
             if claim:
                 with contextlib.suppress(redis.RedisError):
@@ -229,6 +231,7 @@ class JobQueue:
         timeout: float | None,
         call_timeout_s: float,
         job_id: str,
+        priority: Priority,
     ) -> None:
         if not self._admit(
             keys=[self._keys.accepted_jobs(counted_in.name)], args=[counted_in.max_queued_jobs, job_id, now_ms()]
@@ -240,7 +243,7 @@ class JobQueue:
         try:
             self.queue.enqueue_call(
                 JOB_FUNCTION,
-                args=(name, body, method, timeout),
+                args=(name, body, method, timeout, priority.value),
                 timeout=int(call_timeout_s) + JOB_TIMEOUT_MARGIN_S,
                 result_ttl=self._result_ttl_s,
                 failure_ttl=self._result_ttl_s,

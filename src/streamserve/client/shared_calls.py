@@ -25,6 +25,7 @@ from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import IdempotencyKeyMismatchError, NotFoundError, OverloadedError, ProtocolError
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from streamserve.wire.messages import Reply, ReplyStatus, Request, now_ms, text
+from streamserve.wire.priorities import queue_full
 
 _ENQUEUE_SHARED = Script(scripts.ENQUEUE_SHARED)
 # A call that joined a run looks at the run's record after this long without its copy of the reply, then ever less
@@ -95,7 +96,7 @@ async def enqueue_shared(
     args += [request.request_id, "1" if sharing.refresh else "", counter]
     for field, value in request.encode().items():
         args += [field, value]
-    run_keys = [keys.requests(cfg.name), sharing.record, sharing.waiters, keys.metrics(cfg.name)]
+    run_keys = [keys.requests(cfg.name, request.priority), sharing.record, sharing.waiters, keys.metrics(cfg.name)]
     # Sent again after a lost answer, the same script is safe: the record names this call's run, or holds its reply.
     found = await pipeliner.run_script(_ENQUEUE_SHARED, run_keys, args)
     outcome = text(found[0])
@@ -106,9 +107,7 @@ async def enqueue_shared(
     if outcome == "stored":
         return Admission(stored=shared_runs.stored_reply(found[1:], request.request_id, request.tag))
     if outcome == "full":
-        raise OverloadedError(
-            f"deployment {cfg.name!r} has {cfg.max_queued_requests} requests queued (max_queued_requests)"
-        )
+        raise OverloadedError(queue_full(cfg.name, cfg.max_queued_requests, request.priority))
     if outcome == "mismatch":
         raise IdempotencyKeyMismatchError(
             f"idempotency key {request.idem!r} was sent before with another method or body on deployment "

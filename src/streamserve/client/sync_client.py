@@ -24,6 +24,7 @@ from streamserve.client.async_client import AsyncClient
 from streamserve.client.chunk_stream import ChunkStream
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import UnavailableError
+from streamserve.wire.priorities import parse_priority
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -109,11 +110,16 @@ class Client:
         timeout: float | None = None,
         method: str = "",
         idempotency_key: str | None = None,
+        priority: str | None = None,
     ) -> Any:
         """Run deployment ``name`` on ``body`` and return its result, or raise a StreamServeError.
 
-        ``idempotency_key``: calls with one key run the handler once (see AsyncClient.call)."""
-        return self.submit(name, body, timeout=timeout, method=method, idempotency_key=idempotency_key).result()
+        ``idempotency_key``: calls with one key run the handler once; ``priority``: high, normal or low (see
+        AsyncClient.call)."""
+        future = self.submit(
+            name, body, timeout=timeout, method=method, idempotency_key=idempotency_key, priority=priority
+        )
+        return future.result()
 
     def submit(
         self,
@@ -123,9 +129,14 @@ class Client:
         timeout: float | None = None,
         method: str = "",
         idempotency_key: str | None = None,
+        priority: str | None = None,
     ) -> concurrent.futures.Future[Any]:
         """Start a call; the Future resolves to its result or raises its error."""
-        return self._run(self._async.call(name, body, timeout=timeout, method=method, idempotency_key=idempotency_key))
+        parse_priority(priority)  # a bad one raises here, not from the Future
+        calling = self._async.call(
+            name, body, timeout=timeout, method=method, idempotency_key=idempotency_key, priority=priority
+        )
+        return self._run(calling)
 
     def send(
         self,
@@ -135,9 +146,12 @@ class Client:
         timeout: float | None = None,
         method: str = "",
         idempotency_key: str | None = None,
+        priority: str | None = None,
     ) -> str:
         """Enqueue without waiting for the result; return the request id."""
-        sending = self._async.send(name, body, timeout=timeout, method=method, idempotency_key=idempotency_key)
+        sending = self._async.send(
+            name, body, timeout=timeout, method=method, idempotency_key=idempotency_key, priority=priority
+        )
         return self._run(sending).result()
 
     def stream(
@@ -148,6 +162,7 @@ class Client:
         method: str | None = None,
         timeout: float | None = None,
         idempotency_key: str | None = None,
+        priority: str | None = None,
     ) -> ChunkIterator:
         """Run streaming deployment ``name`` on ``body``: an iterator of its chunks (see AsyncClient.stream).
 
@@ -155,7 +170,9 @@ class Client:
         ...     print(token)
 
         Blocking: each step waits on the client's event loop for the next chunk."""
-        chunks = self._async.stream(name, body, method=method, timeout=timeout, idempotency_key=idempotency_key)
+        chunks = self._async.stream(
+            name, body, method=method, timeout=timeout, idempotency_key=idempotency_key, priority=priority
+        )
         return ChunkIterator(self, chunks)
 
     # -- AsyncClient's other methods, made blocking ---------------------------------

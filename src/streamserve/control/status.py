@@ -72,6 +72,8 @@ class DeploymentStatus:
     queued: int
     in_flight: int
     dead_letters: int
+    # ``queued`` by priority level (wire/priorities.py): high, normal, low.
+    queued_by_priority: dict[str, int] = field(default_factory=dict)
     replicas: list[ReplicaStatus] = field(default_factory=list)
     autoscaling: AutoscalingStatus | None = None
     # Its replicas are workers started elsewhere; ``target`` is then how many are live.
@@ -148,7 +150,12 @@ class StatusReader:
             pipe.hget(k.autoscaling(), name)
             records_raw, beats_raw, dead, health_raw, autoscaled_raw = await pipe.execute()
         # Length and pending read in one step, as the admission check reads them (scripts.ENQUEUE).
-        length, in_flight = await self._queue_depth(keys=[k.requests(name)], args=[CONSUMER_GROUP])
+        streams = k.request_streams(name)
+        figures = [int(n) for n in await self._queue_depth(keys=list(streams.values()), args=[CONSUMER_GROUP])]
+        queued_by_priority = {
+            priority.value: max(0, figures[2 * i] - figures[2 * i + 1]) for i, priority in enumerate(streams)
+        }
+        in_flight = sum(figures[1::2])
         now = now_ms()
         beats = {text(rid): Heartbeat.decode(raw) for rid, raw in beats_raw.items()}
         replicas = []
@@ -185,9 +192,10 @@ class StatusReader:
             running=count(ReplicaState.RUNNING),
             starting=count(ReplicaState.SHOULD_START, ReplicaState.STARTING),
             stopping=count(ReplicaState.SHOULD_STOP, ReplicaState.STOPPING),
-            queued=max(0, int(length) - int(in_flight)),
-            in_flight=int(in_flight),
+            queued=sum(queued_by_priority.values()),
+            in_flight=in_flight,
             dead_letters=int(dead),
+            queued_by_priority=queued_by_priority,
             replicas=replicas,
             autoscaling=_autoscaling_status(cfg, autoscaled_raw),
             external_scaler_enabled=cfg.external_scaler_enabled,

@@ -11,6 +11,7 @@ from typing import Any
 from streamserve.manifests.farm_spec import REDIS_PASSWORD_KEY, SECRET_NAME, TRIGGER_AUTH_NAME, FarmSpec, Manifest
 from streamserve.manifests.kubernetes_objects import metadata, worker_name
 from streamserve.wire.config import AutoscalingConfig, DeploymentConfig
+from streamserve.wire.priorities import PRIORITIES
 
 # KEDA's own polls (the 0 <-> 1 decision and the metric's cache); the HPA polls on its own period (15 s default).
 POLLING_INTERVAL_S = 5
@@ -33,8 +34,23 @@ def stream_length_target(auto: AutoscalingConfig) -> int:
     return max(1, math.ceil(auto.target_ongoing_requests))
 
 
-def redis_streams_trigger(spec: FarmSpec, d: DeploymentConfig, auto: AutoscalingConfig) -> dict[str, Any]:
-    """KEDA's ``redis-streams`` scaler in stream-length mode (XLEN of the request stream).
+def redis_streams_triggers(spec: FarmSpec, d: DeploymentConfig, auto: AutoscalingConfig) -> list[dict[str, Any]]:
+    """One redis_streams_trigger per request stream (priority level), named by its level for scaling_modifiers."""
+    return [
+        {"name": priority.value, **redis_streams_trigger(spec, stream, auto)}
+        for priority, stream in spec.keys.request_streams(d.name).items()
+    ]
+
+
+def scaling_modifiers(auto: AutoscalingConfig) -> dict[str, str]:
+    """KEDA's composite metric: the sum of every level's stream length against the one target, so that KEDA (and
+    the HPA it feeds one metric) scales on the whole backlog, as our own autoscaler does; active above 0."""
+    formula = " + ".join(priority.value for priority in PRIORITIES)
+    return {"formula": formula, "target": str(stream_length_target(auto)), "activationTarget": "0"}
+
+
+def redis_streams_trigger(spec: FarmSpec, stream: str, auto: AutoscalingConfig) -> dict[str, Any]:
+    """KEDA's ``redis-streams`` scaler in stream-length mode (XLEN of a request stream).
 
     No ``consumerGroup``: that alone selects stream-length mode (with one, it
     counts pending entries or, with ``lagCount``, lag). Replicas delete each
@@ -47,7 +63,7 @@ def redis_streams_trigger(spec: FarmSpec, d: DeploymentConfig, auto: Autoscaling
     """
     meta = {
         "address": spec.redis.address,
-        "stream": spec.keys.requests(d.name),
+        "stream": stream,
         "streamLength": str(stream_length_target(auto)),
         "databaseIndex": str(spec.redis.db),
     }
@@ -83,9 +99,10 @@ def scaled_object(spec: FarmSpec, d: DeploymentConfig, auto: AutoscalingConfig) 
             "advanced": {
                 "horizontalPodAutoscalerConfig": {
                     "behavior": {"scaleUp": window(auto.upscale_delay_s), "scaleDown": window(auto.downscale_delay_s)}
-                }
+                },
+                "scalingModifiers": scaling_modifiers(auto),
             },
-            "triggers": [redis_streams_trigger(spec, d, auto)],
+            "triggers": redis_streams_triggers(spec, d, auto),
         },
     }
 

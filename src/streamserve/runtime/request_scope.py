@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from streamserve.wire.messages import now_ms
+from streamserve.wire.priorities import Priority
 
 T = TypeVar("T")
 
@@ -28,11 +29,21 @@ class RequestScope:
     ``cancel`` runs on the replica's event loop; ``cancelled`` and ``on_cancel`` may be called from any thread.
     """
 
-    __slots__ = ("_children", "deadline_ms", "deadline_stop", "is_cancelled", "request_id", "stop", "stopped_overdue")
+    __slots__ = (
+        "_children",
+        "deadline_ms",
+        "deadline_stop",
+        "is_cancelled",
+        "priority",
+        "request_id",
+        "stop",
+        "stopped_overdue",
+    )
 
-    def __init__(self, request_id: str, deadline_ms: int) -> None:
+    def __init__(self, request_id: str, deadline_ms: int, priority: Priority = Priority.NORMAL) -> None:
         self.request_id = request_id
         self.deadline_ms = deadline_ms  # epoch ms; 0: none
+        self.priority = priority  # its calls through handles go at the same level
         self.is_cancelled = False
         # Stops the handler when the request is cancelled (cancels its task, closes its generator); None for a sync
         # handler, which cannot be interrupted and is told by ``cancelled()`` instead.

@@ -20,6 +20,7 @@ from streamserve.transport.pipelining import Command
 from streamserve.wire import scripts
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from streamserve.wire.messages import CancelRequest, ChunkBatch, ReadProgress, Reply, text
+from streamserve.wire.priorities import Priority, entry_ref
 
 # Approximate cap on a caller's reply stream; its reader drains and trims it continuously.
 REPLY_STREAM_MAXLEN = 100_000
@@ -57,6 +58,12 @@ async def ensure_group(redis: aioredis.Redis, stream: str) -> None:
             raise
 
 
+async def ensure_groups(redis: aioredis.Redis, keys: Keys, deployment: str) -> None:
+    """ensure_group on each of ``deployment``'s request streams (one per priority level)."""
+    for stream in keys.request_streams(deployment).values():
+        await ensure_group(redis, stream)
+
+
 @dataclass(frozen=True)
 class DeadLetter:
     """A request that went to the dead-letter stream, and whom to tell."""
@@ -85,9 +92,10 @@ class Requeuer:
         charge: bool,
         max_delivery_attempts: int,
         reason: str = "",
+        priority: Priority = Priority.NORMAL,
     ) -> list[DeadLetter]:
-        """Move ``entry_ids`` (pending in ``deployment``'s group) back to its queue, atomically one by one; those
-        cancelled while held are dropped instead (Keys.cancelled).
+        """Move ``entry_ids`` (pending in the group of ``deployment``'s stream of ``priority``) back to that queue,
+        atomically one by one; those cancelled while held are dropped instead (Keys.cancelled).
 
         ``charge``: the replica died holding them, so each counts one more delivery attempt and goes to the
         dead-letter stream (with ``reason``) once it reaches ``max_delivery_attempts``. Without it they
@@ -97,11 +105,19 @@ class Requeuer:
             return []
         dead = await self._script(
             keys=[
-                self._keys.requests(deployment),
+                self._keys.requests(deployment, priority),
                 self._keys.dead_letters(deployment),
                 self._keys.cancelled(deployment),
             ],
-            args=[CONSUMER_GROUP, max_delivery_attempts, reason, DEAD_LETTER_CAP, int(charge), *entry_ids],
+            args=[
+                CONSUMER_GROUP,
+                max_delivery_attempts,
+                reason,
+                DEAD_LETTER_CAP,
+                int(charge),
+                entry_ref(priority, b""),
+                *entry_ids,
+            ],
         )
         fields = [text(value) for value in dead]
         return [

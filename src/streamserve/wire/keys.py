@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from streamserve.wire.priorities import PRIORITIES, Priority
+
 DEFAULT_PREFIX = "streamserve"
 
 # The one consumer group on every request stream; its consumers are replica ids.
@@ -123,9 +125,16 @@ class Keys:
     def _tagged(self, deployment: str, suffix: str) -> str:
         return f"{self.prefix}:{{{deployment}}}:{suffix}"
 
-    def requests(self, deployment: str) -> str:
-        """Stream: the deployment's request queue, read by the CONSUMER_GROUP."""
-        return self._tagged(deployment, "requests")
+    def requests(self, deployment: str, priority: Priority = Priority.NORMAL) -> str:
+        """Stream: the deployment's request queue of one priority level, read by the CONSUMER_GROUP
+        (``...:requests`` for ``normal``, ``...:requests:high`` and ``...:requests:low``; wire/priorities.py)."""
+        if priority is Priority.NORMAL:
+            return self._tagged(deployment, "requests")
+        return self._tagged(deployment, f"requests:{priority.value}")
+
+    def request_streams(self, deployment: str) -> dict[Priority, str]:
+        """The deployment's request streams by priority, highest first."""
+        return {priority: self.requests(deployment, priority) for priority in PRIORITIES}
 
     def replicas(self, deployment: str) -> str:
         """Hash: replica id -> ReplicaRecord JSON, written only by the scheduler."""
@@ -217,7 +226,7 @@ class Keys:
     def deployment_keys(self, deployment: str) -> list[str]:
         """Every key that belongs to one deployment (for deletion)."""
         return [
-            self.requests(deployment),
+            *self.request_streams(deployment).values(),
             self.replicas(deployment),
             self.heartbeats(deployment),
             self.heartbeat_times(deployment),

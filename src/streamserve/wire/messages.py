@@ -17,7 +17,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 from redis.typing import EncodableT, FieldT
 
-from streamserve.wire.errors import ProtocolError
+from streamserve.wire.errors import BadRequestError, ProtocolError
+from streamserve.wire.priorities import Priority, parse_priority
 from streamserve.wire.states import DeploymentHealth, GoalStatus, ReplicaHealth, ReplicaState
 
 SCHEMA_VERSION = 1
@@ -84,6 +85,9 @@ class Request:
     cache: str = ""
     # With ``idem`` or ``cache``: the token of this run, which the run's record names (wire/shared_runs.py).
     run: str = ""
+    # Its priority level, which picks its stream (Keys.requests; on the wire only when not ``normal``, so that a
+    # dead letter keeps it).
+    priority: Priority = Priority.NORMAL
 
     def encode(self) -> WireFields:
         fields: WireFields = {
@@ -108,6 +112,8 @@ class Request:
             if self.cache:
                 fields["cache"] = self.cache
             fields["run"] = self.run
+        if self.priority is not Priority.NORMAL:
+            fields["priority"] = self.priority.value
         return fields
 
     @classmethod
@@ -127,8 +133,9 @@ class Request:
                 idem=fields.get(b"idem", b"").decode(),
                 cache=fields.get(b"cache", b"").decode(),
                 run=fields.get(b"run", b"").decode(),
+                priority=parse_priority(fields[b"priority"].decode()) if b"priority" in fields else Priority.NORMAL,
             )
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, BadRequestError) as exc:
             raise ProtocolError(f"malformed request message: {exc}") from exc
 
     def reply(self, status: ReplyStatus, replica_id: str, **more: Any) -> Reply:

@@ -183,14 +183,19 @@ return waiting
 
 QUEUE_DEPTH = (
     """
--- One consistent reading of a request stream's figures (status shows queued = length - pending).
--- KEYS[1]  the deployment's request stream
+-- One consistent reading of request streams' figures (status shows queued = length - pending).
+-- KEYS     the deployment's request streams (one per priority level)
 -- ARGV[1]  the consumer group name
--- Returns {length, pending}.
+-- Returns {length, pending} for each stream in turn, flat.
 """
     + _PENDING_COUNT
     + """
-return {redis.call('XLEN', KEYS[1]), pending_count(KEYS[1], ARGV[1])}
+local figures = {}
+for _, stream in ipairs(KEYS) do
+  figures[#figures + 1] = redis.call('XLEN', stream)
+  figures[#figures + 1] = pending_count(stream, ARGV[1])
+end
+return figures
 """
 )
 
@@ -252,16 +257,17 @@ REQUEUE = """
 -- ARGV[3]  why (stored with a dead-lettered entry)
 -- ARGV[4]  dead-letter stream cap
 -- ARGV[5]  attempts to add: 1 when the replica died holding them, 0 when handed back
--- ARGV[6..] ids of pending entries to move
+-- ARGV[6]  how KEYS[3] names this stream's entries: the prefix of an entry id (wire/priorities.py, entry_ref)
+-- ARGV[7..] ids of pending entries to move
 -- Returns {request_id, reply_to, deliveries, tag, idem, cache, run, ...} for every entry sent to the dead-letter
 -- stream.
 local dead = {}
 local max_deliveries = tonumber(ARGV[2])
 local increment = tonumber(ARGV[5])
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   local id = ARGV[i]
   local entries = redis.call('XRANGE', KEYS[1], id, id)
-  if redis.call('ZREM', KEYS[3], id) == 1 then
+  if redis.call('ZREM', KEYS[3], ARGV[6] .. id) == 1 then
     entries = {}  -- cancelled while it ran: nobody waits for it, it must not run again
   end
   if #entries > 0 then
@@ -307,18 +313,19 @@ CANCEL = """
 -- Cancel one request wherever it is now: still queued (no replica has read it), it is deleted and never runs;
 -- held by a replica, it is marked cancelled (so that the reclaimer drops it should that replica die) and the
 -- caller tells that replica on its control stream; finished (acknowledged and deleted), nothing happens.
--- KEYS[1]  the deployment's request stream
--- KEYS[2]  the deployment's cancelled-entries sorted set (entry id -> when cancelled, epoch ms)
+-- KEYS[1]  the request stream of the request's priority
+-- KEYS[2]  the deployment's cancelled-entries sorted set (entry ref -> when cancelled, epoch ms)
 -- KEYS[3]  the deployment's metrics hash
 -- ARGV[1]  the consumer group name
 -- ARGV[2]  the request's entry id
 -- ARGV[3]  now, epoch ms
 -- ARGV[4]  how long a mark is kept (ms): marks older than that are trimmed
 -- ARGV[5]  the metrics field that counts requests cancelled while queued
+-- ARGV[6]  the entry's ref (wire/priorities.py: its id, prefixed by its level unless normal)
 -- Returns {'queued'}, {'running', replica id} or {'finished'}.
 local held = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if type(held) == 'table' and held[1] then
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[6])
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (tonumber(ARGV[3]) - tonumber(ARGV[4])))
   return {'running', held[1][2]}
 end
@@ -327,4 +334,28 @@ if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 then
   return {'queued'}
 end
 return {'finished'}
+"""
+
+TAKE = """
+-- A replica's read when requests may be queued at several priority levels (wire/priorities.py): up to ARGV[3]
+-- entries, from the streams in the order given, each read to its end before the next. Never blocks (a script
+-- cannot): the replica blocks in a plain XREADGROUP when this finds nothing.
+-- KEYS     the deployment's request streams, in this turn's order
+-- ARGV[1]  the consumer group name
+-- ARGV[2]  the consumer (replica id)
+-- ARGV[3]  how many entries at most
+-- Returns what XREADGROUP would: {{stream, {{id, fields}, ...}}, ...}, streams with nothing left out.
+local taken = {}
+local left = tonumber(ARGV[3])
+for _, stream in ipairs(KEYS) do
+  if left <= 0 then break end
+  local read = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', left, 'STREAMS', stream, '>')
+  if type(read) == 'table' and read[1] then
+    taken[#taken + 1] = read[1]
+    left = left - #read[1][2]
+  elseif type(read) == 'table' and read.err then
+    return redis.error_reply(read.err)  -- NOGROUP: the replica makes the group again
+  end
+end
+return taken
 """
