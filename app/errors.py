@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from streamserve.wire.errors import (
     OverloadedError,
     PayloadTooLargeError,
     ProtocolError,
+    RateLimitedError,
     RedisUnavailableError,
     RemoteError,
     RequestTimeoutError,
@@ -46,6 +48,7 @@ STATUS_BY_ERROR: list[tuple[type[StreamServeError], int]] = [
     (UnsupportedMediaTypeError, 415),
     (BadRequestError, 400),
     (RequestTimeoutError, 504),
+    (RateLimitedError, 429),
     (OverloadedError, 503),
     (UnavailableError, 503),
     (RedisUnavailableError, 503),
@@ -101,7 +104,7 @@ def error_response(exc: StreamServeError, headers: dict[str, str]) -> Response:
     if isinstance(exc, RemoteError) and exc.replica_id:
         headers["X-Replica"] = exc.replica_id
     if isinstance(exc, OverloadedError):
-        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))  # whole seconds, never too early
     if isinstance(exc, UnauthorizedError):
         headers["WWW-Authenticate"] = "Bearer"
     if isinstance(exc, BodyTimeoutError | HeadersTooLargeError):

@@ -72,6 +72,7 @@ from streamserve.wire.errors import (
     RedisUnavailableError,
     RequestCancelledError,
     StreamServeError,
+    UnauthorizedError,
     UnavailableError,
 )
 from streamserve.wire.idempotency import check_key
@@ -80,6 +81,7 @@ from streamserve.wire.json_values import check_decoded
 from streamserve.wire.messages import SHARED_JOINED, SHARED_STORED, Reply, ReplyStatus
 from streamserve.wire.priorities import Priority, parse_priority
 from streamserve.wire.states import JobStatus
+from streamserve.wire.tenants import DEFAULT_TENANT, check_tenant
 
 # X-Cache by Reply.shared, for a deployment with a response cache.
 _X_CACHE = {SHARED_STORED: "hit", SHARED_JOINED: "coalesced", "": "miss"}
@@ -97,6 +99,8 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # API key -> tenant when STREAMSERVE_TENANT_KEYS is set (ConfigError now for a file that cannot be read).
+        self.tenant_keys = settings.tenant_key_map()
         self.client = AsyncClient(settings=settings)
         figures = Figures() if settings.metrics else None
         self.observer = RequestObserver(figures, settings.access_log, settings.log_format)
@@ -132,6 +136,27 @@ class Gateway:
         except StreamServeError as exc:
             return error_response(exc, {"X-Request-ID": request_id})
 
+    def tenant_of(self, headers: _Headers) -> str:
+        """The request's tenant: with tenant keys, the one its ``Authorization: Bearer KEY`` names (401 without a
+        known key; ``X-Tenant`` is not looked at); else ``X-Tenant``, trusted as sent (400 for one that is not a
+        tenant name), or DEFAULT_TENANT."""
+        if self.tenant_keys is not None:
+            scheme, _, key = (headers.get(b"authorization") or "").partition(" ")
+            tenant = self.tenant_keys.tenant_of(key.strip()) if scheme.lower() == "bearer" else None
+            if tenant is None:
+                raise UnauthorizedError(
+                    "this gateway serves deployments to known API keys only (STREAMSERVE_TENANT_KEYS): send "
+                    "'Authorization: Bearer <key>'"
+                )
+            return tenant
+        named = headers.get(b"x-tenant")
+        if named is None:
+            return DEFAULT_TENANT
+        try:
+            return check_tenant(named)
+        except BadRequestError as exc:
+            raise BadRequestError(f"X-Tenant: {exc}") from None
+
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI: answer one ``POST <route_prefix>``, every error in the gateway's JSON shape; count and log it."""
         started = time.perf_counter()
@@ -141,7 +166,9 @@ class Gateway:
         finally:
             path = scope["path"]
             status, request_id = exchange.status, exchange.request_id
-            self.observer.done("POST", path, status, started, request_id, exchange.deployment, exchange.replica)
+            self.observer.done(
+                "POST", path, status, started, request_id, exchange.deployment, exchange.replica, exchange.tenant
+            )
 
     async def _answer(self, exchange: _Exchange) -> None:
         """Answer the request; ``exchange`` learns what was answered, by whom."""
@@ -164,9 +191,10 @@ class Gateway:
             if idempotency_key is not None:
                 check_key(idempotency_key)
             priority = _priority(headers.get(b"x-priority"))
+            exchange.tenant = tenant = self.tenant_of(headers)
             if _prefers_async(headers.getlist(b"prefer")):
                 response = await self._submit_job(
-                    name, value, header_timeout, exchange.reply_headers, idempotency_key, priority
+                    name, value, header_timeout, exchange.reply_headers, idempotency_key, priority, tenant
                 )
                 exchange.status = response.status_code
                 await response(scope, receive, send)
@@ -185,6 +213,7 @@ class Gateway:
                 tag=tag,
                 idempotency_key=idempotency_key or "",
                 priority=priority,
+                tenant=tenant,
                 refresh=route.deployment.response_cache is not None and _no_cache(headers.getlist(b"cache-control")),
             )
             exchange.replica = reply.replica_id
@@ -250,12 +279,15 @@ class Gateway:
         reply_headers: dict[str, str],
         key: str | None,
         priority: Priority,
+        tenant: str,
     ) -> Response:
         """Queue the call as a job: 202 with the job's URL. The deployment is picked when the job runs."""
         timeout = None
         if header_timeout != float("inf"):  # it can only shorten the deployment's timeout, as for a direct call
             timeout = min((await self.client.route(name)).deployment.request_timeout_s, header_timeout)
-        job_id = await self.client.submit_job(name, value, timeout=timeout, idempotency_key=key, priority=priority)
+        job_id = await self.client.submit_job(
+            name, value, timeout=timeout, idempotency_key=key, priority=priority, tenant=tenant
+        )
         headers = {**reply_headers, "Location": f"/-/jobs/{job_id}", "Preference-Applied": "respond-async"}
         return json_response({"job_id": job_id, "status": JobStatus.QUEUED.value}, status_code=202, headers=headers)
 
@@ -280,6 +312,7 @@ class _Exchange:
         "scope",
         "send",
         "status",
+        "tenant",
     )
 
     def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -292,6 +325,7 @@ class _Exchange:
         self.status = CLIENT_CLOSED
         self.deployment = ""
         self.replica = ""
+        self.tenant = ""
 
 
 class _Headers:

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import TextIO
 
-from streamserve.metrics.definitions import REQUEST_DURATION, REQUESTS
+from streamserve.metrics.definitions import REQUEST_DURATION, REQUESTS, TENANT_REQUESTS
 from streamserve.metrics.figures import Figures
 from streamserve.wire.printable import printable
 
@@ -36,13 +36,24 @@ class RequestObserver:
         self._lines = _AccessLines(sys.stderr) if access_log and log_format == "text" else None
 
     def done(
-        self, method: str, path: str, status: int, started: float, request_id: str, deployment: str, replica: str
+        self,
+        method: str,
+        path: str,
+        status: int,
+        started: float,
+        request_id: str,
+        deployment: str,
+        replica: str,
+        tenant: str = "",
     ) -> None:
-        """``started``: time.perf_counter() when the request arrived; ``deployment`` "" when none was matched."""
+        """``started``: time.perf_counter() when the request arrived; ``deployment`` "" when none was matched;
+        ``tenant`` "" when none was known (the request was refused before its tenant was)."""
         seconds = time.perf_counter() - started
         if self.figures is not None and deployment:
             self.figures.count(deployment, REQUESTS, str(status))
             self.figures.observe(deployment, REQUEST_DURATION, seconds)
+            if tenant:
+                self.figures.count_field(deployment, TENANT_REQUESTS.field(tenant, status))
         if not self.access_log:
             return
         duration_ms = round(seconds * 1000, 2)

@@ -99,8 +99,13 @@ class RedisReplicaStore:
         Its own keys go first (one slot), then its entries in the farm-wide hashes (another slot on a cluster):
         a scheduler that dies in between finds the deployment still listed and forgets it again.
         """
-        await self._redis.delete(*self._keys.deployment_keys(deployment))
-        for pattern in (self._keys.idempotency_pattern(deployment), self._keys.cache_pattern(deployment)):
+        keys = self._keys
+        await self._redis.delete(*keys.deployment_keys(deployment))
+        for pattern in (
+            keys.idempotency_pattern(deployment),
+            keys.cache_pattern(deployment),
+            keys.tenant_pattern(deployment),
+        ):
             async for key in self._redis.scan_iter(match=pattern, count=500):
                 await self._redis.delete(key)
         async with self._redis.pipeline(transaction=True) as pipe:

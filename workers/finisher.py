@@ -76,6 +76,8 @@ class Finisher:
         self._outgoing: list[Outgoing] = []
         self._entry_ids: list[bytes] = []
         self._settlements: list[Settlement] = []
+        # Commands the finished requests' ends release besides their entries (a tenant's held tokens: ZREM).
+        self._releases: list[Command] = []
         self._backoff = Backoff(cap=RETRY_CAP_S)  # Redis away
         self._refusals = Backoff(cap=RETRY_CAP_S)  # replies refused for lack of memory
 
@@ -86,13 +88,17 @@ class Finisher:
         reply_to: str = "",
         deadline_ms: int = 0,
         settlement: Settlement | None = None,
+        release: Command | None = None,
     ) -> None:
         """Reply (unless ``reply`` is None: nobody waits for it) and acknowledge ``entry_id`` this turn.
 
         ``deadline_ms``: the request's; a reply Redis refuses for lack of memory is not sent again past it.
-        ``settlement``: how the run of the request's idempotency key ends, if it has one."""
+        ``settlement``: how the run of the request's idempotency key ends, if it has one. ``release``: a command
+        sent with the acknowledgement (the ZREM of its tenant's held token)."""
         if settlement is not None:
             self._settlements.append(settlement)
+        if release is not None:
+            self._releases.append(release)
         if reply is not None:
             self._outgoing.append((entry_id, reply_to, reply, deadline_ms))
         if not self._entry_ids:
@@ -101,22 +107,29 @@ class Finisher:
 
     def _flush(self) -> None:
         outgoing, entry_ids, settlements = self._outgoing, self._entry_ids, self._settlements
-        self._outgoing, self._entry_ids, self._settlements = [], [], []
-        self._send(outgoing, entry_ids, True, settlements)
+        releases = self._releases
+        self._outgoing, self._entry_ids, self._settlements, self._releases = [], [], [], []
+        self._send(outgoing, entry_ids, True, settlements, releases)
 
     def _send(
-        self, outgoing: list[Outgoing], entry_ids: list[bytes], acknowledge: bool, settlements: list[Settlement]
+        self,
+        outgoing: list[Outgoing],
+        entry_ids: list[bytes],
+        acknowledge: bool,
+        settlements: list[Settlement],
+        releases: list[Command],
     ) -> None:
-        """Send the settlements, the replies, and (``acknowledge``) the XACK and XDEL of ``entry_ids``, in one round
-        trip."""
+        """Send the settlements, the replies, and (``acknowledge``) the XACK and XDEL of ``entry_ids`` with the
+        ``releases``, in one round trip."""
         commands: list[Command] = [settlement.command for settlement in settlements]
         commands += [reply_command(reply_to, reply) for _, reply_to, reply, _ in outgoing]
         if acknowledge:
             for priority, ids in group_refs(entry_ids).items():
                 stream = self._streams[priority]
                 commands += [("XACK", stream, CONSUMER_GROUP, *ids), ("XDEL", stream, *ids)]
+            commands += releases
         sent = self._pipeliner.execute(*commands)
-        sent.add_done_callback(functools.partial(self._sent, outgoing, entry_ids, acknowledge, settlements))
+        sent.add_done_callback(functools.partial(self._sent, outgoing, entry_ids, acknowledge, settlements, releases))
 
     def _sent(
         self,
@@ -124,6 +137,7 @@ class Finisher:
         entry_ids: list[bytes],
         acknowledge: bool,
         settlements: list[Settlement],
+        releases: list[Command],
         sent: asyncio.Future[list[Any]],
     ) -> None:
         settled = entry_ids
@@ -141,7 +155,7 @@ class Finisher:
                         delay,
                     )
                     loop = asyncio.get_running_loop()
-                    loop.call_later(delay, self._send, outgoing, entry_ids, acknowledge, settlements)
+                    loop.call_later(delay, self._send, outgoing, entry_ids, acknowledge, settlements, releases)
                     settled = []
                     return
                 logger.error("replica %s: could not finish %d request(s): %s", self._who, len(entry_ids), exc)
@@ -217,7 +231,7 @@ class Finisher:
             delay,
         )
         entry_ids = [entry_id for entry_id, *_ in again]
-        asyncio.get_running_loop().call_later(delay, self._send, again, entry_ids, False, [])
+        asyncio.get_running_loop().call_later(delay, self._send, again, entry_ids, False, [], [])
 
     def _smaller(self, out: Outgoing) -> Outgoing:
         """``out`` itself, or an error reply in its place when its reply is too large to try again."""

@@ -6,7 +6,8 @@ before re-raising, the function records the error's type and message in the
 job's meta (``streamserve.client.jobs.ERROR_META``), which ``GET /-/jobs/<id>``
 shows, instead of making readers parse a traceback. A call that Redis refused
 for lack of memory did not run (nothing was written): it is sent again for up
-to FULL_REDIS_WAIT_S before the job fails with that refusal.
+to FULL_REDIS_WAIT_S before the job fails with that refusal; so is a call its
+tenant's limits refused (RateLimitedError), after the wait the refusal names.
 
 A cancelled job (``DELETE /-/jobs/<id>``, which sets ``Keys.job_cancel``):
 the function looks at that key before it calls, and every JOB_CANCEL_POLL_S
@@ -53,8 +54,15 @@ from streamserve.client.jobs import (
 from streamserve.runtime.settings import Settings
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import is_out_of_memory
-from streamserve.wire.errors import OverloadedError, RequestCancelledError, StreamServeError, error_fields
+from streamserve.wire.errors import (
+    OverloadedError,
+    RateLimitedError,
+    RequestCancelledError,
+    StreamServeError,
+    error_fields,
+)
 from streamserve.wire.states import JobStatus
+from streamserve.wire.tenants import DEFAULT_TENANT
 
 logger = logging.getLogger(__name__)
 
@@ -104,9 +112,16 @@ def _shared_client() -> Client:
         return _client
 
 
-def run(name: str, body: Any, method: str = "", timeout: float | None = None, priority: str = "normal") -> Any:
-    """Call deployment or endpoint ``name`` with ``body`` (at ``priority``); the result, or the job fails with the
-    call's error.
+def run(
+    name: str,
+    body: Any,
+    method: str = "",
+    timeout: float | None = None,
+    priority: str = "normal",
+    tenant: str = DEFAULT_TENANT,
+) -> Any:
+    """Call deployment or endpoint ``name`` with ``body`` (at ``priority``, for ``tenant``); the result, or the job
+    fails with the call's error.
 
     Once the call has ended, however it ended, the job no longer counts against its deployment's
     ``max_queued_jobs``. A job cancelled before its call ended fails with RequestCancelledError.
@@ -117,7 +132,7 @@ def run(name: str, body: Any, method: str = "", timeout: float | None = None, pr
             _check_allowed(name)
             if job is not None and _cancel_requested(job):
                 raise cancelled_error(job.id)  # cancelled as this worker took it: the call is never made
-            result = _call_when_redis_has_room(name, body, method, timeout, priority, job)
+            result = _call_when_redis_has_room(name, body, method, timeout, priority, tenant, job)
         except StreamServeError as exc:
             if not isinstance(exc, RequestCancelledError):
                 _settle(job, JobStatus.FAILED)  # its error, unless it came after its cancel
@@ -153,14 +168,20 @@ def _check_allowed(name: str) -> None:
 
 
 def _call_when_redis_has_room(
-    name: str, body: Any, method: str, timeout: float | None, priority: str, job: Job | None
+    name: str, body: Any, method: str, timeout: float | None, priority: str, tenant: str, job: Job | None
 ) -> Any:
     client = _shared_client()
     give_up_at = time.monotonic() + FULL_REDIS_WAIT_S
     backoff = Backoff(0.1, 2.0)
     while True:
         try:
-            return _wait(client.submit(name, body, timeout=timeout, method=method, priority=priority), job)
+            calling = client.submit(name, body, timeout=timeout, method=method, priority=priority, tenant=tenant)
+            return _wait(calling, job)
+        except RateLimitedError as exc:  # its tenant is over its limits: wait for its turn (a job is not in a hurry)
+            left_s = give_up_at - time.monotonic()
+            if left_s <= 0:
+                raise
+            time.sleep(min(exc.retry_after_s, left_s))
         except OverloadedError as exc:
             refused_for_memory = exc.__cause__ is not None and is_out_of_memory(exc.__cause__)
             if not refused_for_memory or time.monotonic() >= give_up_at:

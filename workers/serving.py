@@ -363,7 +363,7 @@ class Serving:
             self._finisher.finish(entry_id)
             return
         started_at = time.perf_counter()
-        scope = RequestScope(request.request_id, request.deadline_ms, request.priority)
+        scope = RequestScope(request.request_id, request.deadline_ms, request.priority, request.tenant)
         started = self._start_handler(entry_id, request, scope, started_at)
         if isinstance(started, Reply):
             self._finish(entry_id, request, started)
@@ -497,7 +497,12 @@ class Serving:
         settlement = None
         if request.run:  # a shared run ends (an idempotency key's, identical requests'): kept, or freed
             settlement = settling.settle(self._keys, self.config, request, kept or reply)
-        self._finisher.finish(entry_id, reply if answered else None, request.reply_to, request.deadline_ms, settlement)
+        release: Command | None = None
+        if request.held:  # its tenant's count of held requests is bounded: it no longer counts
+            release = ("ZREM", self._keys.tenant_held(self._name, request.tenant), request.held)
+        self._finisher.finish(
+            entry_id, reply if answered else None, request.reply_to, request.deadline_ms, settlement, release
+        )
 
     def _count_cancelled(self, stage: str) -> None:
         if self._figures is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from streamserve import Client, RateLimitedError
 from tests.e2e.browser import CHROMIUM, Browser
 from tests.harness.farm import Farm, running_farm
 
@@ -35,6 +36,14 @@ deployments:
     route_prefix: /sleepy
     autoscaling_config: {min_replicas: 1, max_replicas: 3, target_ongoing_requests: 2, upscale_delay_s: 0}
     graceful_shutdown_timeout_s: 2
+  - name: held
+    import_path: examples.sleepy:Sleepy
+    init_kwargs: {seconds: 0.01}
+    num_replicas: 1
+    max_ongoing_requests: 1
+    graceful_shutdown_timeout_s: 1
+    tenant_limits:
+      default: {max_queued: 3}
 endpoints:
   - name: greet
     traffic: {echo: 1.0}
@@ -115,3 +124,17 @@ def test_the_dashboard_says_when_the_gateway_cannot_be_reached(farm: Farm) -> No
         browser.wait_for("document.getElementById('banner').classList.contains('shown')", 20)
         assert "Cannot read the farm" in browser.evaluate("document.getElementById('banner').textContent")
         assert browser.evaluate(cell("echo", "running")) == "1"  # what was last read stays on the page
+
+
+def test_the_dashboard_shows_queued_requests_by_priority_and_the_tenants_over_their_limits(farm: Farm) -> None:
+    with Client(farm.effective_redis_url) as client, Browser() as browser:
+        client.send("held", {"seconds": 20}, tenant="acme", timeout=25)  # holds the one slot
+        for _ in range(2):
+            client.send("held", {}, priority="low", tenant="acme")
+        with pytest.raises(RateLimitedError):
+            client.send("held", {}, tenant="acme")  # a fourth of acme's: over its max_queued
+        assert browser.open(f"{farm.base_url}/-/dashboard") == 200
+        browser.wait_for(f"{cell('held', 'queued_by_priority')}.includes('low 2')", 20)
+        assert browser.evaluate(cell("held", "queued_by_priority")) == "high 0 · normal 0 · low 2"
+        browser.wait_for(f"{cell('held', 'limited_tenants')}.includes('acme')", 20)
+        assert browser.evaluate(cell("echo", "queued_by_priority")) == ""  # only where a request waits at high or low

@@ -105,7 +105,12 @@ async def test_job_calls_the_replica_and_keeps_its_result_for_the_ttl(
         # Nothing RQ stored for the job is pickled: its payload (which RQ compresses) is JSON.
         data = connection.hget(job.key, "data")
         assert isinstance(data, bytes)
-        assert json.loads(zlib.decompress(data)) == [JOB_FUNCTION, None, ["rec", {"x": [1, 2]}, "", None, "normal"], {}]
+        assert json.loads(zlib.decompress(data)) == [
+            JOB_FUNCTION,
+            None,
+            ["rec", {"x": [1, 2]}, "", None, "normal", "default"],
+            {},
+        ]
     finally:
         connection.close()
 

@@ -80,7 +80,7 @@ async def test_a_job_asked_for_with_a_longer_header_keeps_the_deployments_timeou
     connection = redis.Redis.from_url(settings.effective_redis_url)
     try:
         job = Job.fetch(accepted.json()["job_id"], connection=connection, serializer=JOB_SERIALIZER)
-        # (name, body, method, timeout, priority)
-        assert job.args == ["sleepy", {"seconds": 1}, "", DEPLOYMENT_TIMEOUT_S, "normal"]
+        # (name, body, method, timeout, priority, tenant)
+        assert job.args == ["sleepy", {"seconds": 1}, "", DEPLOYMENT_TIMEOUT_S, "normal", "default"]
     finally:
         connection.close()

@@ -119,10 +119,17 @@ def observed(app: GatewayApp, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int
     done = app.gateway.observer.done
 
     def note(
-        method: str, path: str, status: int, started: float, request_id: str, deployment: str, replica: str
+        method: str,
+        path: str,
+        status: int,
+        started: float,
+        request_id: str,
+        deployment: str,
+        replica: str,
+        tenant: str = "",
     ) -> None:
         seen.append((status, replica))
-        done(method, path, status, started, request_id, deployment, replica)
+        done(method, path, status, started, request_id, deployment, replica, tenant)
 
     monkeypatch.setattr(app.gateway.observer, "done", note)
     return seen

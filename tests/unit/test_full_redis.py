@@ -149,7 +149,14 @@ class FakeClient:
         self.calls = 0
 
     def submit(
-        self, name: str, body: Any, *, timeout: float | None, method: str, priority: str = "normal"
+        self,
+        name: str,
+        body: Any,
+        *,
+        timeout: float | None,
+        method: str,
+        priority: str = "normal",
+        tenant: str = "default",
     ) -> concurrent.futures.Future[Any]:
         self.calls += 1
         answer = self.answers.pop(0)

@@ -38,7 +38,7 @@ def stored(queue: Queue, func: str, args: Any = ("rec", {"x": 1}, "", None), **o
 
 def test_a_job_as_streamserve_queues_it_runs_our_function(queue: Queue) -> None:
     ok = (("rec", {"x": 1}, "", None), ("rec", [1], "predict", 2.5), ("rec", None), ("rec", 1, "m"))
-    for args in (*ok, ("rec", 1, "", None, "low"), ("rec", 1, "", 2.5, "high")):
+    for args in (*ok, ("rec", 1, "", None, "low"), ("rec", 1, "", 2.5, "high"), ("rec", 1, "", None, "low", "gold")):
         job = stored(queue, JOB_FUNCTION, args)
         assert job.refusal() is None
         assert job.func is job_function.run
@@ -49,10 +49,12 @@ def test_a_job_as_streamserve_queues_it_runs_our_function(queue: Queue) -> None:
     [
         ("os.system", ("touch x",), {}, "it names 'os.system', not 'streamserve.workers.job_function.run'"),
         ("builtins.eval", ("1",), {}, "it names 'builtins.eval'"),
-        (JOB_FUNCTION, ("rec",), {}, "its arguments are not (name, body, method, timeout, priority)"),
+        (JOB_FUNCTION, ("rec",), {}, "its arguments are not (name, body, method, timeout, priority, tenant)"),
         (JOB_FUNCTION, ("rec", 1, "", None, 5), {}, "its arguments are not"),
         (JOB_FUNCTION, ("rec", 1, "", None, "urgent"), {}, "its arguments are not"),
         (JOB_FUNCTION, ("rec", 1, "", None, "low", 1), {}, "its arguments are not"),
+        (JOB_FUNCTION, ("rec", 1, "", None, "low", "no spaces"), {}, "its arguments are not"),
+        (JOB_FUNCTION, ("rec", 1, "", None, "low", "gold", 1), {}, "its arguments are not"),
         (JOB_FUNCTION, (["rec"], 1), {}, "its arguments are not"),
         (JOB_FUNCTION, ("rec", 1, 7), {}, "its arguments are not"),
         (JOB_FUNCTION, ("rec", 1, "", "10"), {}, "its arguments are not"),

@@ -90,6 +90,14 @@ def test_replicas_are_started_without_the_api_key() -> None:
     assert settings.to_env()["STREAMSERVE_API_KEY"] == "gateway-only"  # the gateway's children get it
 
 
+def test_replicas_are_started_without_the_tenant_keys_file() -> None:
+    """User code must not learn where the API keys of the tenants are; the gateways started by `up` do."""
+    settings = Settings(redis_url="redis://127.0.0.1:6379/0", tenant_keys="/etc/streamserve/tenant-keys")
+    assert settings.to_env()["STREAMSERVE_TENANT_KEYS"] == "/etc/streamserve/tenant-keys"
+    assert "STREAMSERVE_TENANT_KEYS" not in ProcessLauncher(settings)._env
+    assert "STREAMSERVE_TENANT_KEYS" not in settings.user_code_env({"STREAMSERVE_TENANT_KEYS": "/from/the/shell"})
+
+
 @pytest.mark.parametrize(
     ("argv", "kept", "moved"),
     [

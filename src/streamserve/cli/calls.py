@@ -26,7 +26,12 @@ def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
     async def call() -> None:
         async with AsyncClient(settings=settings) as client:
             chunks = client.stream(
-                args.name, body, timeout=args.timeout, method=args.method or None, priority=args.priority
+                args.name,
+                body,
+                timeout=args.timeout,
+                method=args.method or None,
+                priority=args.priority,
+                tenant=args.tenant,
             )
             async with chunks:  # leaving it early (Ctrl-C) cancels the request
                 async for chunk in chunks:

@@ -160,6 +160,7 @@ def _add_call(sub: Subcommands) -> None:
     p.add_argument(
         "--priority", choices=("high", "normal", "low"), default="normal", help="its priority level (default normal)"
     )
+    p.add_argument("--tenant", help="whom it is for (default: the tenant 'default')")
 
 
 def _add_manifests(sub: Subcommands) -> None:

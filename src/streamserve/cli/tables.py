@@ -61,6 +61,11 @@ def format_status(statuses: list[DeploymentStatus]) -> str:
         lines += ["", *_table([replica_header, *replicas]), ""]
     lines += [printable(f"{s.name}: {s.message}") for s in statuses if s.message]
     lines += [
+        f"{s.name}: tenants over their limits in the last minute: {', '.join(s.limited_tenants)}"
+        for s in statuses
+        if s.limited_tenants
+    ]
+    lines += [
         printable(f"{s.name}: autoscaled to {s.target} ({s.autoscaling.reason})")
         for s in statuses
         if s.autoscaling and s.autoscaling.reason

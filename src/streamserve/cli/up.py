@@ -84,6 +84,7 @@ class UpOptions:
 def run_up(args: argparse.Namespace, settings: Settings) -> int:
     """`streamserve up`: the options checked, the config loaded, then the farm runs until Ctrl-C."""
     check_exposure(args.host, api_key_set=settings.api_key is not None, admin=settings.admin)
+    settings.tenant_key_map()  # an unreadable keys file stops `up` before it starts anything (its gateways check too)
     config = load_config(args.config, settings.config_limit_values)
     options = UpOptions(
         config,

@@ -28,6 +28,7 @@ from streamserve.client.read_progress import progress_reporter
 from streamserve.client.reply_stream import ReplyStream
 from streamserve.client.route_table import Route
 from streamserve.client.shared_calls import Sharing, by_cache, by_key, enqueue_shared, wait_joined
+from streamserve.client.tenant_limits import refusal, tenant_terms
 from streamserve.transport.connections import is_cluster_client
 from streamserve.transport.pipelining import Command, Script
 from streamserve.wire import scripts
@@ -40,6 +41,7 @@ from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import SHARED_JOINED, Reply, ReplyStatus, Request, now_ms, text
 from streamserve.wire.priorities import Priority, parse_priority, queue_full
 from streamserve.wire.shared_runs import new_run_token
+from streamserve.wire.tenants import DEFAULT_TENANT, tenant_of
 
 logger = logging.getLogger(__name__)
 
@@ -89,16 +91,24 @@ class Calls(ClientCore):
         method: str = "",
         idempotency_key: str | None = None,
         priority: str | None = None,
+        tenant: str | None = None,
     ) -> Any:
         """Run deployment (or endpoint) ``name`` on ``body`` and return its result, or raise a StreamServeError.
 
         ``idempotency_key``: calls with one key (and the same method and body) run the handler once, and share its
         result or error; see docs/retries-and-caching.md. ``priority``: ``high``, ``normal`` (the default) or
-        ``low``: which queued requests replicas take first (docs/priorities.md)."""
+        ``low``: which queued requests replicas take first (docs/priorities.md). ``tenant``: whom the call is for
+        (its limits: docs/tenants.md); None is ``default``."""
         key = "" if idempotency_key is None else check_key(idempotency_key)
         level = parse_priority(priority)
         reply = await self.request(
-            name, encode_body(body), timeout=timeout, method=method, idempotency_key=key, priority=level
+            name,
+            encode_body(body),
+            timeout=timeout,
+            method=method,
+            idempotency_key=key,
+            priority=level,
+            tenant=tenant_of(tenant),
         )
         return result_of(reply)
 
@@ -111,12 +121,21 @@ class Calls(ClientCore):
         method: str = "",
         idempotency_key: str | None = None,
         priority: str | None = None,
+        tenant: str | None = None,
     ) -> asyncio.Task[Any]:
         """Start a call and return a task that resolves to its result."""
         parse_priority(priority)  # a bad one raises here, not in the task
-        return asyncio.ensure_future(
-            self.call(name, body, timeout=timeout, method=method, idempotency_key=idempotency_key, priority=priority)
+        tenant_of(tenant)
+        calling = self.call(
+            name,
+            body,
+            timeout=timeout,
+            method=method,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            tenant=tenant,
         )
+        return asyncio.ensure_future(calling)
 
     def stream(
         self,
@@ -127,6 +146,7 @@ class Calls(ClientCore):
         timeout: float | None = None,
         idempotency_key: str | None = None,
         priority: str | None = None,
+        tenant: str | None = None,
     ) -> ChunkStream:
         """Run streaming deployment (or endpoint) ``name`` on ``body``: an async iterator of its chunks.
 
@@ -142,10 +162,18 @@ class Calls(ClientCore):
         self._check_size(encoded)
         key = "" if idempotency_key is None else check_key(idempotency_key)
         level = parse_priority(priority)
+        whom = tenant_of(tenant)
 
         async def start() -> Reply | ChunkFeed:
             reply = await self.request(
-                name, encoded, timeout=timeout, method=method or "", stream=True, idempotency_key=key, priority=level
+                name,
+                encoded,
+                timeout=timeout,
+                method=method or "",
+                stream=True,
+                idempotency_key=key,
+                priority=level,
+                tenant=whom,
             )
             return self.follow(reply) if reply.status in STREAM_REPLIES or kept_stream(reply) else reply
 
@@ -171,6 +199,7 @@ class Calls(ClientCore):
         method: str = "",
         idempotency_key: str | None = None,
         priority: str | None = None,
+        tenant: str | None = None,
     ) -> str:
         """Enqueue without waiting for (or receiving) the result; return the request id.
 
@@ -187,6 +216,7 @@ class Calls(ClientCore):
             encoded,
             method,
             priority=level,
+            tenant=tenant_of(tenant),
         )
         cfg = route.deployment
         if idempotency_key is None and cfg.response_cache is None:
@@ -221,6 +251,7 @@ class Calls(ClientCore):
         idempotency_key: str = "",
         refresh: bool = False,
         priority: Priority = Priority.NORMAL,
+        tenant: str = DEFAULT_TENANT,
     ) -> Reply:
         """Send already-encoded JSON and return the raw Reply (the gateway's entry point).
 
@@ -241,7 +272,8 @@ class Calls(ClientCore):
         ``idempotency_key``: the handler runs once for all calls with this key (per deployment), while the key's
         reply is kept (wire/idempotency.py). Without one, a deployment with a response cache answers identical
         requests from a kept reply, or from one run (wire/response_cache.py); ``refresh`` runs anew and keeps the
-        new reply. Reply.shared says how a shared run answered. ``priority``: the request's level (Request.priority).
+        new reply. Reply.shared says how a shared run answered. ``priority``: the request's level (Request.priority);
+        ``tenant``: whom it is for (Request.tenant: a tenant name, as check_tenant says).
         """
         self._check_size(body)
         route = name if isinstance(name, Route) else await self.route(name, idempotency_key)
@@ -254,7 +286,16 @@ class Calls(ClientCore):
         fut = replies.expect(tag, request_id)
         timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, tag, request_id, timeout_s)
         request = Request(
-            request_id, replies.name, 0, body, method, stream=stream, parent=parent, tag=tag, priority=priority
+            request_id,
+            replies.name,
+            0,
+            body,
+            method,
+            stream=stream,
+            parent=parent,
+            tag=tag,
+            priority=priority,
+            tenant=tenant,
         )
         entry_id = ""
         try:
@@ -376,7 +417,13 @@ class Calls(ClientCore):
         """Send a copy of an admitted request to each shadow, without a reply stream (no one waits for it)."""
         for shadow in route.shadows:
             copy = Request(
-                new_request_id(), "", request.deadline_ms, request.body, request.method, priority=request.priority
+                new_request_id(),
+                "",
+                request.deadline_ms,
+                request.body,
+                request.method,
+                priority=request.priority,
+                tenant=request.tenant,
             )
             task = asyncio.create_task(self._add(shadow, copy))
             self._shadow_tasks.add(task)
@@ -392,7 +439,8 @@ class Calls(ClientCore):
         """Queue ``request`` on ``cfg``'s stream (if it has room); its entry id."""
         assert self._pipeliner is not None
         stream = self._keys.requests(cfg.name, request.priority)
-        args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP]
+        spec, tenant_keys = tenant_terms(self._keys, cfg, request) if cfg.tenant_limits else ("", [])
+        args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP, spec]
         for key, value in request.encode().items():
             args += [key, value]
 
@@ -401,13 +449,17 @@ class Calls(ClientCore):
             twice, and need not at all once the caller has its reply (or stopped waiting)."""
             if request.reply_to and self._replies is not None and not self._replies.waits_for(request.tag):
                 return [("ECHO", b"answered")]
-            keys = [stream] if not request.reply_to or is_cluster_client(self.redis) else [stream, request.reply_to]
+            keys = [stream, *tenant_keys]
+            if request.reply_to and not is_cluster_client(self.redis):
+                keys.append(request.reply_to)
             return [("EVAL", _ENQUEUE_AGAIN, len(keys), *keys, *args[:2], request.request_id, *args[2:])]
 
         with self._refusals:
-            entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream], args, again)
+            entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream, *tenant_keys], args, again)
         if entry_id == 0:
             raise OverloadedError(queue_full(cfg.name, cfg.max_queued_requests, request.priority))
+        if isinstance(entry_id, list):
+            raise refusal(entry_id, cfg, request)
         return text(entry_id)
 
     def _expire(self, tag: str, request_id: str, timeout_s: float) -> None:

@@ -67,6 +67,8 @@ class Canceller:
         stage = text(where[0])
         if stage == "queued" and request is not None and request.run:
             await settling.release(self._redis, keys, deployment, request.idem, request.cache, request.run)
+        if stage == "queued" and request is not None and request.held:  # it no longer counts for its tenant
+            await self._redis.zrem(keys.tenant_held(deployment, request.tenant), request.held)
         if stage == "running":
             control = keys.replica_control(deployment, text(where[1]))
             [added] = await self._pipeliner.execute(control_command(control, CancelRequest(ref, request_id)))

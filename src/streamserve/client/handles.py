@@ -13,7 +13,7 @@ handle's calls are the children of the request being served:
   RequestCancelledError in the handler);
 - their request id is ``<parent id>.<n>`` and Request.parent the parent's id,
   so that logs tie them together;
-- they go at the parent's priority level (wire/priorities.py).
+- they go at the parent's priority level (wire/priorities.py), for its tenant (wire/tenants.py).
 
 Every call runs on one event loop of the process, its "home", with one
 AsyncClient made there on first use. In a replica that is the replica's own
@@ -224,6 +224,7 @@ async def _send(home: _Home, name: str, body: bytes, method: str, scope: Request
         parent=scope.request_id,
         deadline_ms=scope.deadline_ms,
         priority=scope.priority,
+        tenant=scope.tenant,
     )
 
 

@@ -17,6 +17,7 @@ from streamserve.client.core import ClientCore
 from streamserve.client.jobs import JobInfo
 from streamserve.wire.idempotency import check_key
 from streamserve.wire.priorities import parse_priority
+from streamserve.wire.tenants import tenant_of
 
 T = TypeVar("T")
 
@@ -33,6 +34,7 @@ class JobCalls(ClientCore):
         method: str = "",
         idempotency_key: str | None = None,
         priority: str | None = None,
+        tenant: str | None = None,
     ) -> str:
         """Queue a call of ``name`` as an asynchronous job; return the job id (see ``job``).
 
@@ -44,11 +46,13 @@ class JobCalls(ClientCore):
         have not ended (for an endpoint: the deployment it picks now).
         ``idempotency_key``: a call with a key that queued a job already (for
         ``name``, the same method and body) gets that job's id, and queues
-        nothing (for the deployment's ``idempotency_ttl_s``). ``priority``: the level its call is queued at.
+        nothing (for the deployment's ``idempotency_ttl_s``). ``priority``: the level its call is queued at;
+        ``tenant``: whom it is for (its call counts against that tenant's limits when it runs).
         """
         if idempotency_key is not None:
             check_key(idempotency_key)
         level = parse_priority(priority)
+        whom = tenant_of(tenant)
         encoded = encode_body(body)
         self._check_size(encoded)
         route = await self.route(name)
@@ -66,6 +70,7 @@ class JobCalls(ClientCore):
                 call_timeout_s=timeout_s,
                 idempotency_key=idempotency_key,
                 priority=level,
+                tenant=whom,
             )
         )
 

@@ -64,6 +64,7 @@ from streamserve.wire.keys import Keys
 from streamserve.wire.messages import now_ms, text
 from streamserve.wire.priorities import Priority
 from streamserve.wire.states import ENDED_JOB_STATUSES, JobStatus
+from streamserve.wire.tenants import DEFAULT_TENANT
 
 # The serializer of every job, on both sides: the queue here and the workers' (``rq worker -S``).
 JOB_SERIALIZER = JSONSerializer
@@ -171,8 +172,9 @@ class JobQueue:
         call_timeout_s: float,
         idempotency_key: str | None = None,
         priority: Priority = Priority.NORMAL,
+        tenant: str = DEFAULT_TENANT,
     ) -> str:
-        """Queue a call of deployment or endpoint ``name`` (at ``priority``); return the job id.
+        """Queue a call of deployment or endpoint ``name`` (at ``priority``, for ``tenant``); return the job id.
 
         ``idempotency_key``: the job that an earlier call with this key queued (for ``name``, the same method and
         body), if any, instead of a new one; IdempotencyKeyMismatchError for the key with another method or body.
@@ -193,7 +195,7 @@ class JobQueue:
             if earlier is not None:
                 return earlier
         try:
-            self._enqueue(name, body, counted_in, method, timeout, call_timeout_s, job_id, priority)
+            self._enqueue(name, body, counted_in, method, timeout, call_timeout_s, job_id, priority, tenant)
         except BaseException:
             if claim:
                 with contextlib.suppress(redis.RedisError):
@@ -232,6 +234,7 @@ class JobQueue:
         call_timeout_s: float,
         job_id: str,
         priority: Priority,
+        tenant: str,
     ) -> None:
         if not self._admit(
             keys=[self._keys.accepted_jobs(counted_in.name)], args=[counted_in.max_queued_jobs, job_id, now_ms()]
@@ -243,7 +246,7 @@ class JobQueue:
         try:
             self.queue.enqueue_call(
                 JOB_FUNCTION,
-                args=(name, body, method, timeout, priority.value),
+                args=(name, body, method, timeout, priority.value, tenant),
                 timeout=int(call_timeout_s) + JOB_TIMEOUT_MARGIN_S,
                 result_ttl=self._result_ttl_s,
                 failure_ttl=self._result_ttl_s,

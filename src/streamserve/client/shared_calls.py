@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
+from streamserve.client.tenant_limits import refusal, tenant_terms
 from streamserve.metrics.definitions import CACHE_REQUESTS
 from streamserve.transport.pipelining import Pipeliner, Script
 from streamserve.wire import idempotency, response_cache, scripts, shared_runs
@@ -93,10 +94,12 @@ async def enqueue_shared(
     joiner = shared_runs.waiter(request.reply_to, request.tag, request.request_id) if request.reply_to else b""
     counter = _CACHE_RESULTS if sharing.counted else ""
     args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP, sharing.digest, request.run, hold_ms, joiner]
-    args += [request.request_id, "1" if sharing.refresh else "", counter]
+    spec, tenant_keys = tenant_terms(keys, cfg, request) if cfg.tenant_limits else ("", [])
+    args += [request.request_id, "1" if sharing.refresh else "", counter, spec]
     for field, value in request.encode().items():
         args += [field, value]
     run_keys = [keys.requests(cfg.name, request.priority), sharing.record, sharing.waiters, keys.metrics(cfg.name)]
+    run_keys += tenant_keys
     # Sent again after a lost answer, the same script is safe: the record names this call's run, or holds its reply.
     found = await pipeliner.run_script(_ENQUEUE_SHARED, run_keys, args)
     outcome = text(found[0])
@@ -108,6 +111,8 @@ async def enqueue_shared(
         return Admission(stored=shared_runs.stored_reply(found[1:], request.request_id, request.tag))
     if outcome == "full":
         raise OverloadedError(queue_full(cfg.name, cfg.max_queued_requests, request.priority))
+    if outcome in ("rate", "tenant_full"):
+        raise refusal(found, cfg, request)
     if outcome == "mismatch":
         raise IdempotencyKeyMismatchError(
             f"idempotency key {request.idem!r} was sent before with another method or body on deployment "

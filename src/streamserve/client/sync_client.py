@@ -25,6 +25,7 @@ from streamserve.client.chunk_stream import ChunkStream
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import UnavailableError
 from streamserve.wire.priorities import parse_priority
+from streamserve.wire.tenants import tenant_of
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -111,13 +112,20 @@ class Client:
         method: str = "",
         idempotency_key: str | None = None,
         priority: str | None = None,
+        tenant: str | None = None,
     ) -> Any:
         """Run deployment ``name`` on ``body`` and return its result, or raise a StreamServeError.
 
-        ``idempotency_key``: calls with one key run the handler once; ``priority``: high, normal or low (see
-        AsyncClient.call)."""
+        ``idempotency_key``: calls with one key run the handler once; ``priority``: high, normal or low;
+        ``tenant``: whom it is for (see AsyncClient.call)."""
         future = self.submit(
-            name, body, timeout=timeout, method=method, idempotency_key=idempotency_key, priority=priority
+            name,
+            body,
+            timeout=timeout,
+            method=method,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            tenant=tenant,
         )
         return future.result()
 
@@ -130,11 +138,19 @@ class Client:
         method: str = "",
         idempotency_key: str | None = None,
         priority: str | None = None,
+        tenant: str | None = None,
     ) -> concurrent.futures.Future[Any]:
         """Start a call; the Future resolves to its result or raises its error."""
         parse_priority(priority)  # a bad one raises here, not from the Future
+        tenant_of(tenant)
         calling = self._async.call(
-            name, body, timeout=timeout, method=method, idempotency_key=idempotency_key, priority=priority
+            name,
+            body,
+            timeout=timeout,
+            method=method,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            tenant=tenant,
         )
         return self._run(calling)
 
@@ -147,10 +163,17 @@ class Client:
         method: str = "",
         idempotency_key: str | None = None,
         priority: str | None = None,
+        tenant: str | None = None,
     ) -> str:
         """Enqueue without waiting for the result; return the request id."""
         sending = self._async.send(
-            name, body, timeout=timeout, method=method, idempotency_key=idempotency_key, priority=priority
+            name,
+            body,
+            timeout=timeout,
+            method=method,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            tenant=tenant,
         )
         return self._run(sending).result()
 
@@ -163,6 +186,7 @@ class Client:
         timeout: float | None = None,
         idempotency_key: str | None = None,
         priority: str | None = None,
+        tenant: str | None = None,
     ) -> ChunkIterator:
         """Run streaming deployment ``name`` on ``body``: an iterator of its chunks (see AsyncClient.stream).
 
@@ -171,7 +195,13 @@ class Client:
 
         Blocking: each step waits on the client's event loop for the next chunk."""
         chunks = self._async.stream(
-            name, body, method=method, timeout=timeout, idempotency_key=idempotency_key, priority=priority
+            name,
+            body,
+            method=method,
+            timeout=timeout,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            tenant=tenant,
         )
         return ChunkIterator(self, chunks)
 

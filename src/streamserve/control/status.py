@@ -27,6 +27,7 @@ from streamserve.wire.messages import (
     text,
 )
 from streamserve.wire.states import ACTIVE_REPLICA_STATES, ReplicaState
+from streamserve.wire.tenants import LIMITED_SHOWN_MS
 
 
 @dataclass
@@ -74,6 +75,8 @@ class DeploymentStatus:
     dead_letters: int
     # ``queued`` by priority level (wire/priorities.py): high, normal, low.
     queued_by_priority: dict[str, int] = field(default_factory=dict)
+    # The tenants its tenant_limits refused a request of in the last minute (wire/tenants.py), most recent first.
+    limited_tenants: list[str] = field(default_factory=list)
     replicas: list[ReplicaStatus] = field(default_factory=list)
     autoscaling: AutoscalingStatus | None = None
     # Its replicas are workers started elsewhere; ``target`` is then how many are live.
@@ -148,7 +151,8 @@ class StatusReader:
             pipe.xlen(k.dead_letters(name))
             pipe.hget(k.deployment_status(), name)
             pipe.hget(k.autoscaling(), name)
-            records_raw, beats_raw, dead, health_raw, autoscaled_raw = await pipe.execute()
+            pipe.zrevrangebyscore(k.limited_tenants(name), "+inf", now_ms() - LIMITED_SHOWN_MS)
+            records_raw, beats_raw, dead, health_raw, autoscaled_raw, limited = await pipe.execute()
         # Length and pending read in one step, as the admission check reads them (scripts.ENQUEUE).
         streams = k.request_streams(name)
         figures = [int(n) for n in await self._queue_depth(keys=list(streams.values()), args=[CONSUMER_GROUP])]
@@ -196,6 +200,7 @@ class StatusReader:
             in_flight=in_flight,
             dead_letters=int(dead),
             queued_by_priority=queued_by_priority,
+            limited_tenants=[text(tenant) for tenant in limited],
             replicas=replicas,
             autoscaling=_autoscaling_status(cfg, autoscaled_raw),
             external_scaler_enabled=cfg.external_scaler_enabled,

@@ -117,6 +117,41 @@ CACHE_REQUESTS = Counter(
     "result",
 )
 
+
+@dataclass(frozen=True)
+class TenantCounter:
+    """A counter by tenant and status code (besides ``deployment``): ``<metric>|tenant=<t>|code=<c>``. Tenant names
+    hold no ``|`` (wire/tenants.py); past TENANT_LABEL_CAP tenants per deployment the flusher counts the rest under
+    OTHER_TENANTS."""
+
+    name: str
+    help: str
+    _fields: dict[tuple[str, int], str] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.name}|tenant="
+
+    def field(self, tenant: str, code: int) -> str:
+        try:
+            return self._fields[(tenant, code)]
+        except KeyError:
+            return self._fields.setdefault((tenant, code), f"{self.prefix}{tenant}|code={code}")
+
+    def labels_of(self, hash_field: str) -> tuple[str, str] | None:
+        """(tenant, code) of a hash field of this counter, else None."""
+        if not hash_field.startswith(self.prefix):
+            return None
+        tenant, _, code = hash_field[len(self.prefix) :].partition("|code=")
+        return tenant, code
+
+
+TENANT_REQUESTS = TenantCounter(
+    "tenant_requests_total",
+    "HTTP requests to deployment routes by tenant and the status code answered (429: over the tenant's limits); "
+    'past 100 tenants per deployment the rest count as tenant="other".',
+)
+
 COUNTERS = (REQUESTS, HANDLED, STREAM_CHUNKS, CANCELLED, CACHE_REQUESTS)
 HISTOGRAMS = (REQUEST_DURATION, HANDLER_DURATION, BATCH_SIZE, TIME_TO_FIRST_CHUNK)
 

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.status import DeploymentStatus, StatusReader
-from streamserve.metrics.definitions import COUNTERS, GAUGES, HISTOGRAMS, PREFIX, Counter, Histogram
+from streamserve.metrics.definitions import COUNTERS, GAUGES, HISTOGRAMS, PREFIX, TENANT_REQUESTS, Counter, Histogram
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import text
 from streamserve.wire.states import DeploymentHealth, ReplicaState
@@ -48,6 +48,7 @@ def families(statuses: list[DeploymentStatus], totals: Totals, leading: bool) ->
     """Every metric family, from the deployments' status and their metrics hashes."""
     for counter in COUNTERS:
         yield _counter(counter, totals)
+    yield _tenant_counter(totals)
     for histogram in HISTOGRAMS:
         yield _histogram(histogram, totals)
     yield from _gauges(statuses, leading)
@@ -61,6 +62,18 @@ def _counter(counter: Counter, totals: Totals) -> Metric:
             label = counter.label_of(name)
             if label is not None:
                 family.add_metric([deployment, label] if counter.label else [deployment], float(value))
+    return family
+
+
+def _tenant_counter(totals: Totals) -> Metric:
+    family = CounterMetricFamily(
+        PREFIX + TENANT_REQUESTS.name, TENANT_REQUESTS.help, labels=["deployment", "tenant", "code"]
+    )
+    for deployment in sorted(totals):
+        for name, value in sorted(totals[deployment].items()):
+            labels = TENANT_REQUESTS.labels_of(name)
+            if labels is not None:
+                family.add_metric([deployment, *labels], float(value))
     return family
 
 

@@ -20,6 +20,13 @@ class Figures:
         name = counter.field(label_value)
         fields[name] = fields.get(name, 0) + amount
 
+    def count_field(self, deployment: str, name: str, amount: int = 1) -> None:
+        """Count under a hash field named already (a TenantCounter's)."""
+        fields = self._deltas.get(deployment)
+        if fields is None:
+            fields = self._deltas[deployment] = {}
+        fields[name] = fields.get(name, 0) + amount
+
     def observe(self, deployment: str, histogram: Histogram, value: float) -> None:
         fields = self._deltas.get(deployment)
         if fields is None:

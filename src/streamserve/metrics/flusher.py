@@ -15,9 +15,13 @@ import logging
 
 import redis.asyncio as aioredis
 
+from streamserve.metrics.definitions import TENANT_REQUESTS
 from streamserve.metrics.figures import Figures
 from streamserve.transport.connections import RETRYABLE_ERRORS, MemoryRefusals
+from streamserve.wire import scripts
 from streamserve.wire.keys import Keys
+from streamserve.wire.messages import text
+from streamserve.wire.tenants import OTHER_TENANTS, TENANT_LABEL_CAP
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +39,7 @@ class MetricsFlusher:
         self._task: asyncio.Task[None] | None = None
         self._closing = False  # the loop ends on it too: redis-py can swallow a cancellation that lands in a write
         self._refusals = MemoryRefusals(logger, "metrics")
+        self._label = redis.register_script(scripts.TENANT_LABELS)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="metrics-flusher")
@@ -74,6 +79,8 @@ class MetricsFlusher:
         deltas = self.figures.take()
         for index, (deployment, fields) in enumerate(deltas.items()):
             try:
+                if any(name.startswith(TENANT_REQUESTS.prefix) for name in fields):
+                    fields = deltas[deployment] = await self._cap_tenants(deployment, fields)
                 # One transaction per deployment: its fields are added all together or not at all.
                 async with self._redis.pipeline(transaction=True) as pipe:
                     key = self._keys.metrics(deployment)
@@ -87,3 +94,19 @@ class MetricsFlusher:
                 self.figures.put_back(dict(list(deltas.items())[index:]))
                 raise
         return bool(deltas)
+
+    async def _cap_tenants(self, deployment: str, fields: dict[str, int | float]) -> dict[str, int | float]:
+        """``fields`` with the tenants past the deployment's TENANT_LABEL_CAP counted as OTHER_TENANTS (which
+        tenants have a label is kept in Redis, so every gateway labels alike)."""
+        tenants = sorted({labels[0] for name in fields if (labels := TENANT_REQUESTS.labels_of(name))})
+        kept = {
+            text(t)
+            for t in await self._label(keys=[self._keys.tenant_labels(deployment)], args=[TENANT_LABEL_CAP, *tenants])
+        }
+        capped: dict[str, int | float] = {}
+        for name, amount in fields.items():
+            labels = TENANT_REQUESTS.labels_of(name)
+            if labels is not None and labels[0] not in kept:
+                name = TENANT_REQUESTS.field(OTHER_TENANTS, int(labels[1]))
+            capped[name] = capped.get(name, 0) + amount
+        return capped

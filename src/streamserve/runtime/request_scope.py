@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from streamserve.wire.messages import now_ms
 from streamserve.wire.priorities import Priority
+from streamserve.wire.tenants import DEFAULT_TENANT
 
 T = TypeVar("T")
 
@@ -38,12 +39,17 @@ class RequestScope:
         "request_id",
         "stop",
         "stopped_overdue",
+        "tenant",
     )
 
-    def __init__(self, request_id: str, deadline_ms: int, priority: Priority = Priority.NORMAL) -> None:
+    def __init__(
+        self, request_id: str, deadline_ms: int, priority: Priority = Priority.NORMAL, tenant: str = DEFAULT_TENANT
+    ) -> None:
         self.request_id = request_id
         self.deadline_ms = deadline_ms  # epoch ms; 0: none
-        self.priority = priority  # its calls through handles go at the same level
+        # Its calls through handles go at the same level, for the same tenant.
+        self.priority = priority
+        self.tenant = tenant
         self.is_cancelled = False
         # Stops the handler when the request is cancelled (cancels its task, closes its generator); None for a sync
         # handler, which cannot be interrupted and is told by ``cancelled()`` instead.

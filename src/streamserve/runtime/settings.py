@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
@@ -15,9 +16,11 @@ from streamserve.control.security import ImportAllowList
 from streamserve.wire.errors import ConfigError
 from streamserve.wire.keys import DEFAULT_PREFIX, Keys
 from streamserve.wire.limits import ConfigLimits
+from streamserve.wire.tenants import TenantKeys
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 API_KEY_ENV = "STREAMSERVE_API_KEY"
+TENANT_KEYS_ENV = "STREAMSERVE_TENANT_KEYS"
 
 
 def add_redis_url_option(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +81,10 @@ class Settings(BaseSettings):
 
     # When set, admin writes on the gateway need ``Authorization: Bearer <key>``; empty or blank is an error.
     api_key: SecretStr | None = None
+
+    # A file of "KEY TENANT" lines: when set, every deployment request to the gateway needs
+    # "Authorization: Bearer KEY" with one of its keys, which decides the request's tenant (docs/tenants.md).
+    tenant_keys: str | None = None
 
     # Whether the gateway takes admin writes (deploy, scale, delete, traffic) at all.
     admin: bool = True
@@ -202,6 +209,17 @@ class Settings(BaseSettings):
             )
             raise ConfigError(problems) from None
 
+    def tenant_key_map(self) -> TenantKeys | None:
+        """The API keys of ``tenant_keys``, None when it is unset; ConfigError (exit 2) naming the file when it
+        cannot be read or parsed: a gateway never starts admitting everyone instead."""
+        if self.tenant_keys is None:
+            return None
+        try:
+            text = Path(self.tenant_keys).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"STREAMSERVE_TENANT_KEYS: cannot read {self.tenant_keys}: {exc}") from None
+        return TenantKeys.parse(text, f"STREAMSERVE_TENANT_KEYS ({self.tenant_keys})")
+
     @property
     def import_allow_list(self) -> ImportAllowList:
         return ImportAllowList.parse(self.import_allow)
@@ -256,6 +274,8 @@ class Settings(BaseSettings):
             env["STREAMSERVE_CONFIG_LIMITS"] = self.config_limits
         if self.import_allow is not None:
             env["STREAMSERVE_IMPORT_ALLOW"] = self.import_allow
+        if self.tenant_keys is not None:
+            env[TENANT_KEYS_ENV] = self.tenant_keys
         for name in ("allowed_hosts", "allowed_origins", "bind_host"):
             if (value := getattr(self, name)) is not None:
                 env[f"STREAMSERVE_{name.upper()}"] = value
@@ -278,6 +298,7 @@ class Settings(BaseSettings):
         API key, which only a gateway needs, and which user code must not be able to read."""
         env = {**inherited, **self.to_env()}
         env.pop(API_KEY_ENV, None)
+        env.pop(TENANT_KEYS_ENV, None)
         return env
 
 

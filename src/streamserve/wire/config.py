@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import secrets
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
@@ -24,6 +25,7 @@ from pydantic import (
 
 from streamserve.wire.errors import ConfigError, ProtocolError
 from streamserve.wire.limits import DEFAULT_LIMITS, ConfigLimits, at_most, limits_context, write_limits
+from streamserve.wire.tenants import DEFAULT_TENANT, TENANT_RE, TenantSpec
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # The gateway's own paths: admin API, status, jobs, docs.
@@ -188,6 +190,41 @@ class ResponseCacheConfig(_Strict):
     _entries = field_validator("max_entries")(at_most("cache_entries"))
 
 
+class TenantLimitConfig(_Strict):
+    """One tenant's limits on a deployment (docs/tenants.md); each is off when unset."""
+
+    # A token bucket: this many requests a second on average...
+    requests_per_s: float | None = Field(None, gt=0, le=1_000_000)
+    # ...and this many at once after a quiet spell (default: requests_per_s, at least 1).
+    burst: int | None = Field(None, ge=1, le=1_000_000)
+    # The most requests of the tenant the deployment holds at once, queued or running.
+    max_queued: int | None = Field(None, ge=1)
+
+    _held = field_validator("max_queued")(at_most("max_queued_requests"))
+
+    @model_validator(mode="after")
+    def _burst_needs_a_rate(self) -> TenantLimitConfig:
+        if self.burst is not None and self.requests_per_s is None:
+            raise ValueError("burst is the size of a rate limit's bucket: set requests_per_s too")
+        return self
+
+    def spec(self, deadline_ms: int) -> TenantSpec:
+        """What the enqueue script checks for a request of this tenant with deadline ``deadline_ms``."""
+        rate = self.requests_per_s or 0.0
+        burst = self.burst if self.burst is not None else max(1, math.ceil(rate))
+        token = secrets.token_hex(8) if self.max_queued else ""
+        return TenantSpec(rate, burst, self.max_queued or 0, token, deadline_ms)
+
+
+def _check_tenant_names(value: dict[str, TenantLimitConfig]) -> dict[str, TenantLimitConfig]:
+    for name in value:
+        if not TENANT_RE.match(name):
+            raise ValueError(
+                f"{name!r} is not a tenant name: 1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit"
+            )
+    return value
+
+
 class DeploymentConfig(_Strict):
     """One deployment: a function or class served by N replica processes."""
 
@@ -218,6 +255,8 @@ class DeploymentConfig(_Strict):
     idempotency_ttl_s: float = Field(86_400.0, gt=0)
     # Answer identical requests from a kept reply, and run identical requests in flight at once only once.
     response_cache: ResponseCacheConfig | None = None
+    # Limits per tenant, by tenant name; ``default`` applies to every tenant not named (docs/tenants.md).
+    tenant_limits: dict[str, TenantLimitConfig] = Field(default_factory=dict)
     # Replicas are started by someone else (Kubernetes, KEDA, systemd, a person): every worker that heartbeats counts.
     external_scaler_enabled: bool = False
     resources: Resources = Field(default_factory=Resources)
@@ -232,6 +271,7 @@ class DeploymentConfig(_Strict):
     _attempts = field_validator("max_delivery_attempts")(at_most("max_delivery_attempts"))
     _response = field_validator("max_response_bytes")(at_most("max_response_bytes"))
     _unread = field_validator("max_unread_chunks")(at_most("max_unread_chunks"))
+    _tenants = field_validator("tenant_limits")(_check_tenant_names)
     _durations = field_validator(
         "graceful_shutdown_timeout_s", "health_check_period_s", "health_check_timeout_s", "idempotency_ttl_s"
     )(_at_most_a_week)
@@ -283,6 +323,11 @@ class DeploymentConfig(_Strict):
         if self.autoscaling_config is not None:
             return self.autoscaling_config.min_replicas if autoscaled is None else autoscaled
         return 1 if self.num_replicas is None else self.num_replicas
+
+    def tenant_limit(self, tenant: str) -> TenantLimitConfig | None:
+        """The limits of ``tenant``: its own, else ``default``'s, else None (unlimited)."""
+        limits = self.tenant_limits
+        return limits.get(tenant) or limits.get(DEFAULT_TENANT) if limits else None
 
     def code_version(self) -> str:
         """A digest of what needs a restart to change: import path, init args, version, resources, response cache."""

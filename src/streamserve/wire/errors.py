@@ -97,6 +97,11 @@ class OverloadedError(UnavailableError):
         self.retry_after_s = retry_after_s
 
 
+class RateLimitedError(OverloadedError):
+    """The request's tenant is over its rate or its share of the deployment's queue (tenant_limits); retry after
+    ``retry_after_s`` seconds."""
+
+
 class RequestTimeoutError(StreamServeError):
     """No reply before the request's deadline (or a goal not reached in time)."""
 
@@ -165,6 +170,7 @@ __all__ = [
     "OverloadedError",
     "PayloadTooLargeError",
     "ProtocolError",
+    "RateLimitedError",
     "RedisUnavailableError",
     "RemoteError",
     "ReplyNotStoredError",

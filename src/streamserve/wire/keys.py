@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from streamserve.wire.priorities import PRIORITIES, Priority
 
+_NORMAL = Priority.NORMAL
+
 DEFAULT_PREFIX = "streamserve"
 
 # The one consumer group on every request stream; its consumers are replica ids.
@@ -128,8 +130,8 @@ class Keys:
     def requests(self, deployment: str, priority: Priority = Priority.NORMAL) -> str:
         """Stream: the deployment's request queue of one priority level, read by the CONSUMER_GROUP
         (``...:requests`` for ``normal``, ``...:requests:high`` and ``...:requests:low``; wire/priorities.py)."""
-        if priority is Priority.NORMAL:
-            return self._tagged(deployment, "requests")
+        if priority is _NORMAL:
+            return f"{self.prefix}:{{{deployment}}}:requests"  # (written out: the hot path asks for it per call)
         return self._tagged(deployment, f"requests:{priority.value}")
 
     def request_streams(self, deployment: str) -> dict[Priority, str]:
@@ -219,6 +221,28 @@ class Keys:
         """SCAN pattern matching every cache entry and waiters list of one deployment (for deletion)."""
         return self._tagged(deployment, "cache*")
 
+    def tenant_bucket(self, deployment: str, tenant: str) -> str:
+        """Hash, with expiry: a tenant's token bucket on the deployment (``tokens``, ``at``: epoch ms), written by the
+        enqueue scripts; gone once it would be full again, which is what a missing bucket means."""
+        return self._tagged(deployment, f"tenant_bucket:{tenant}")
+
+    def tenant_held(self, deployment: str, tenant: str) -> str:
+        """Sorted set: the tokens of a tenant's requests the deployment holds (queued or running), each scored by its
+        request's deadline (epoch ms), when the tenant's ``max_queued`` bounds them (wire/tenants.py)."""
+        return self._tagged(deployment, f"tenant_held:{tenant}")
+
+    def tenant_pattern(self, deployment: str) -> str:
+        """SCAN pattern matching every tenant bucket and held set of one deployment (for deletion)."""
+        return self._tagged(deployment, "tenant_*")
+
+    def tenant_labels(self, deployment: str) -> str:
+        """Set: the tenants that have a label of their own in the deployment's metrics (at most TENANT_LABEL_CAP)."""
+        return self._tagged(deployment, "tenant_labels")
+
+    def limited_tenants(self, deployment: str) -> str:
+        """Sorted set: tenant -> when its limits last refused one of its requests (epoch ms), trimmed by age."""
+        return self._tagged(deployment, "limited_tenants")
+
     def logs(self, deployment: str) -> str:
         """Stream, capped: the output of the deployment's replicas, one entry per line (`streamserve logs`)."""
         return self._tagged(deployment, "logs")
@@ -234,6 +258,8 @@ class Keys:
             self.dead_letters(deployment),
             self.cancelled(deployment),
             self.cache_index(deployment),
+            self.tenant_labels(deployment),
+            self.limited_tenants(deployment),
             self.metrics(deployment),
             self.metrics_history(deployment),
             self.autoscale_decisions(deployment),

@@ -20,8 +20,10 @@ from redis.typing import EncodableT, FieldT
 from streamserve.wire.errors import BadRequestError, ProtocolError
 from streamserve.wire.priorities import Priority, parse_priority
 from streamserve.wire.states import DeploymentHealth, GoalStatus, ReplicaHealth, ReplicaState
+from streamserve.wire.tenants import DEFAULT_TENANT
 
 SCHEMA_VERSION = 1
+_NORMAL = Priority.NORMAL
 _V = str(SCHEMA_VERSION).encode()
 
 # A stream entry as redis-py returns it (decode_responses=False).
@@ -88,6 +90,10 @@ class Request:
     # Its priority level, which picks its stream (Keys.requests; on the wire only when not ``normal``, so that a
     # dead letter keeps it).
     priority: Priority = Priority.NORMAL
+    # Whom it is for (wire/tenants.py; on the wire only when not DEFAULT_TENANT), and, when its tenant's count of
+    # held requests is bounded, its token in that count (the replica removes it when it finishes the request).
+    tenant: str = DEFAULT_TENANT
+    held: str = ""
 
     def encode(self) -> WireFields:
         fields: WireFields = {
@@ -112,8 +118,12 @@ class Request:
             if self.cache:
                 fields["cache"] = self.cache
             fields["run"] = self.run
-        if self.priority is not Priority.NORMAL:
+        if self.priority is not _NORMAL:
             fields["priority"] = self.priority.value
+        if self.tenant != DEFAULT_TENANT:
+            fields["tenant"] = self.tenant
+        if self.held:
+            fields["held"] = self.held
         return fields
 
     @classmethod
@@ -133,7 +143,9 @@ class Request:
                 idem=fields.get(b"idem", b"").decode(),
                 cache=fields.get(b"cache", b"").decode(),
                 run=fields.get(b"run", b"").decode(),
-                priority=parse_priority(fields[b"priority"].decode()) if b"priority" in fields else Priority.NORMAL,
+                priority=_NORMAL if (level := fields.get(b"priority")) is None else parse_priority(level.decode()),
+                tenant=DEFAULT_TENANT if (tenant := fields.get(b"tenant")) is None else tenant.decode(),
+                held=fields.get(b"held", b"").decode(),
             )
         except (UnicodeDecodeError, ValueError, BadRequestError) as exc:
             raise ProtocolError(f"malformed request message: {exc}") from exc

@@ -44,16 +44,17 @@ READ_ORDERS: tuple[tuple[Priority, ...], ...] = tuple(
 )
 
 _BY_NAME = {p.value: p for p in Priority}
+_NORMAL = Priority.NORMAL  # a module global: faster to read than the enum's attribute, on the hot path
 _REF_SEPARATOR = b"/"  # (entry_ref writes it)
 
 
 def parse_priority(value: str | Priority | None) -> Priority:
     """``value`` as a Priority (None is ``normal``; case does not matter); BadRequestError naming the levels for
     anything else."""
+    if value is None:  # (checked first: what nearly every call passes)
+        return _NORMAL
     if isinstance(value, Priority):
         return value
-    if value is None:
-        return Priority.NORMAL
     found = _BY_NAME.get(value.strip().lower()) if isinstance(value, str) else None
     if found is None:
         raise BadRequestError(f"unknown priority {value!r}: use one of high, normal, low")
@@ -69,7 +70,7 @@ def queue_full(deployment: str, limit: int, priority: Priority) -> str:
 
 def entry_ref(priority: Priority, entry_id: bytes) -> bytes:
     """How a replica (and a canceller) names entry ``entry_id`` of ``priority``'s stream."""
-    if priority is Priority.NORMAL:
+    if priority is _NORMAL:
         return entry_id
     return f"{priority.value}/".encode() + entry_id
 

@@ -8,6 +8,8 @@ deployment's own hash slot, which a cluster lets a script reach.
 
 from __future__ import annotations
 
+from streamserve.wire.tenants import LIMITED_SHOWN_MS
+
 _PENDING_COUNT = """
 -- "Queued" means the same for admission (ENQUEUE) and for status (QUEUE_DEPTH): entries of the request
 -- stream that no replica has read yet, i.e. XLEN minus the group's pending count (read, not yet acknowledged).
@@ -19,29 +21,84 @@ local function pending_count(stream, group)
 end
 """
 
-_ADMIT = """
--- Add the request (fields ARGV[first..]) to KEYS[1] if the queue has room; the new entry id, or 0 when full.
-local function admit(limit, group, first)
+_TENANT = (
+    """
+-- The limits of a request's tenant (wire/tenants.py). ``spec`` is '' (none) or
+-- 'rate burst max_held token deadline_ms tenant'; ``bucket``, ``held`` and ``limited`` are the tenant's token bucket,
+-- its held requests' tokens and the deployment's limited tenants (Keys.tenant_bucket, tenant_held, limited_tenants).
+-- Returns a refusal ({'rate', ms until the next token} or {'tenant_full'}) or nil, and then a function that takes the
+-- request's token from the bucket and counts it as held, to call once it is queued.
+local function tenant_check(spec, bucket, held, limited)
+  if spec == '' then return nil, nil end
+  local rate, burst, max_held, token, deadline, tenant = string.match(spec, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
+  rate, burst, max_held, deadline = tonumber(rate), tonumber(burst), tonumber(max_held), tonumber(deadline)
+  local clock = redis.call('TIME')
+  local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  local refused = nil
+  if max_held > 0 then
+    redis.call('ZREMRANGEBYSCORE', held, '-inf', now)  -- past their deadline: answered, or never will be by a run
+    if redis.call('ZCARD', held) >= max_held then refused = {'tenant_full'} end
+  end
+  local tokens = burst
+  if not refused and rate > 0 then
+    local kept, at = unpack(redis.call('HMGET', bucket, 'tokens', 'at'))
+    if kept then tokens = math.min(burst, tonumber(kept) + math.max(0, now - tonumber(at)) * rate / 1000) end
+    if tokens < 1 then refused = {'rate', math.ceil((1 - tokens) * 1000 / rate)} end
+  end
+  if refused then
+    redis.call('ZADD', limited, now, tenant)
+    redis.call('ZREMRANGEBYSCORE', limited, '-inf', now - """
+    + str(LIMITED_SHOWN_MS)
+    + """)
+    return refused, nil
+  end
+  return nil, function()
+    if rate > 0 then
+      redis.call('HSET', bucket, 'tokens', tostring(tokens - 1), 'at', now)
+      redis.call('PEXPIRE', bucket, math.ceil(burst * 1000 / rate) + 1000)  -- by then it is full: as if new
+    end
+    if max_held > 0 then
+      redis.call('ZADD', held, deadline, token)
+      if redis.call('PTTL', held) < deadline - now + 1000 then redis.call('PEXPIRE', held, deadline - now + 1000) end
+    end
+  end
+end
+"""
+)
+
+_ADMIT = (
+    _TENANT
+    + """
+-- Add the request (fields ARGV[first..]) to KEYS[1] if its tenant's limits (``spec``, its keys from KEYS[at]) and the
+-- queue have room; the new entry id, 0 when the queue is full, or the tenant's refusal (tenant_check).
+local function admit(limit, group, first, spec, at)
+  local refused, take = tenant_check(spec, KEYS[at], KEYS[at + 1], KEYS[at + 2])
+  if refused then return refused end
   local length = redis.call('XLEN', KEYS[1])
   -- XLEN counts the entries being worked on too: only when it alone reaches the limit is XPENDING needed.
   if length >= limit and length - pending_count(KEYS[1], group) >= limit then return 0 end
-  return redis.call('XADD', KEYS[1], '*', unpack(ARGV, first))
+  local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, first))
+  if take then take() end
+  return id
 end
 """
+)
 
 ENQUEUE = (
     """
--- Admit a request only if the deployment's queue has room (check and add are one step).
--- KEYS[1]  the deployment's request stream
+-- Admit a request only if the deployment's queue (and its tenant's limits) have room (check and add are one step).
+-- KEYS[1]  the request stream of its priority level
+-- KEYS[2..4] with a tenant spec: its tenant's bucket, held tokens, and the deployment's limited tenants
 -- ARGV[1]  max_queued_requests: entries waiting that no replica has read yet
 -- ARGV[2]  the consumer group name
--- ARGV[3..] the request's field/value pairs
--- Returns the new entry id, or 0 when the queue is full.
+-- ARGV[3]  the tenant spec, '' for none (_TENANT)
+-- ARGV[4..] the request's field/value pairs
+-- Returns the new entry id, 0 when the queue is full, or the tenant's refusal.
 """
     + _PENDING_COUNT
     + _ADMIT
     + """
-return admit(tonumber(ARGV[1]), ARGV[2], 3)
+return admit(tonumber(ARGV[1]), ARGV[2], 4, ARGV[3], 2)
 """
 )
 
@@ -51,13 +108,16 @@ ENQUEUE_AGAIN = (
 -- added (and even run) already. Add the request only if neither the request stream holds it (queued or being
 -- run: an entry stays until its replica acknowledges it) nor the caller's reply stream holds its reply (a
 -- replica adds the reply before it deletes the entry). Scans both: sent only on this rare path.
--- KEYS[1]  the deployment's request stream
--- KEYS[2]  the caller's reply stream (absent on a Redis Cluster, where it lives in another slot)
+-- KEYS[1]  the request stream of its priority level
+-- KEYS[2..4] with a tenant spec: as for ENQUEUE
+-- KEYS[2] (KEYS[5] with a tenant spec)  the caller's reply stream (absent on a Redis Cluster, where it lives in
+--          another slot)
 -- ARGV[1]  max_queued_requests
 -- ARGV[2]  the consumer group name
 -- ARGV[3]  the request id
--- ARGV[4..] the request's field/value pairs
--- Returns the id of the entry found or added, or 0 when the queue is full.
+-- ARGV[4]  the tenant spec, '' for none
+-- ARGV[5..] the request's field/value pairs
+-- Returns the id of the entry found or added, 0 when the queue is full, or the tenant's refusal.
 """
     + _PENDING_COUNT
     + _ADMIT
@@ -79,9 +139,10 @@ local function find(stream, request_id)
     from = '(' .. batch[#batch][1]
   end
 end
-local found = find(KEYS[1], ARGV[3]) or (KEYS[2] and find(KEYS[2], ARGV[3]))
+local replies = KEYS[ARGV[4] ~= '' and 5 or 2]
+local found = find(KEYS[1], ARGV[3]) or (replies and find(replies, ARGV[3]))
 if found then return found end
-return admit(tonumber(ARGV[1]), ARGV[2], 4)
+return admit(tonumber(ARGV[1]), ARGV[2], 5, ARGV[4], 2)
 """
 )
 
@@ -94,6 +155,7 @@ ENQUEUE_SHARED = (
 -- KEYS[2]  the run's record (hash)
 -- KEYS[3]  the run's waiters (list)
 -- KEYS[4]  the deployment's metrics hash
+-- KEYS[5..7] with a tenant spec: as ENQUEUE's KEYS[2..4]
 -- ARGV[1]  max_queued_requests
 -- ARGV[2]  the consumer group name
 -- ARGV[3]  the digest a record found must have (an idempotency key's), or '' (a cache entry is named by its digest)
@@ -103,8 +165,9 @@ ENQUEUE_SHARED = (
 -- ARGV[7]  the request id
 -- ARGV[8]  '1' to run anew whatever the record holds (a cache refresh: the new reply replaces the kept one)
 -- ARGV[9]  the metrics field that results are counted under, less the result ('' to count nothing)
--- ARGV[10..] the request's field/value pairs
--- Returns {'queued', entry id}, {'full'}, {'mismatch'}, {'waiting'}, or
+-- ARGV[10] the tenant spec, '' for none: a request that would run is checked (one answered or waiting is not)
+-- ARGV[11..] the request's field/value pairs
+-- Returns {'queued', entry id}, {'full'}, {'mismatch'}, {'waiting'}, the tenant's refusal, or
 -- {'stored', status, body, error_type, error_message, replica, too_large}.
 """
     + _PENDING_COUNT
@@ -131,8 +194,9 @@ if state and ARGV[8] ~= '1' then
   count('coalesced')
   return {'waiting'}
 end
-local id = admit(tonumber(ARGV[1]), ARGV[2], 10)
+local id = admit(tonumber(ARGV[1]), ARGV[2], 11, ARGV[10], 5)
 if id == 0 then return {'full'} end
+if type(id) == 'table' then return id end
 count('miss')
 if state then redis.call('DEL', KEYS[2]) end  -- a refresh: the new run replaces the kept reply
 redis.call('HSET', KEYS[2], 'state', 'running', 'digest', ARGV[3], 'run', ARGV[4], 'request_id', ARGV[7], 'entry', id)
@@ -358,4 +422,24 @@ for _, stream in ipairs(KEYS) do
   end
 end
 return taken
+"""
+
+TENANT_LABELS = """
+-- Which tenants get a label of their own in a deployment's metrics: those that have one, and new ones while fewer
+-- than the cap have (wire/tenants.py); the flusher counts the rest as "other".
+-- KEYS[1]  the deployment's labelled tenants (set)
+-- ARGV[1]  the cap
+-- ARGV[2..] tenants counted in this flush
+-- Returns the tenants of ARGV[2..] that have a label.
+local kept = {}
+for i = 2, #ARGV do
+  local tenant = ARGV[i]
+  local labelled = redis.call('SISMEMBER', KEYS[1], tenant) == 1
+  if not labelled and redis.call('SCARD', KEYS[1]) < tonumber(ARGV[1]) then
+    redis.call('SADD', KEYS[1], tenant)
+    labelled = true
+  end
+  if labelled then kept[#kept + 1] = tenant end
+end
+return kept
 """
