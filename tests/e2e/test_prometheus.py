@@ -64,9 +64,14 @@ def test_prometheus_scrapes_the_farm_and_answers_a_rate(farm: Farm, tmp_path: Pa
 
         def scraped() -> bool:
             try:
-                up = query(port, 'up{job="streamserve"}')
+                answer = httpx.get(
+                    f"http://127.0.0.1:{port}/api/v1/query", params={"query": 'up{job="streamserve"}'}, timeout=5
+                )
             except httpx.HTTPError:
                 return False
+            if answer.status_code != 200:  # 503 while its storage starts
+                return False
+            up = answer.json()["data"]["result"]
             return bool(up) and up[0]["value"][1] == "1"
 
         wait_for(scraped, 60, "prometheus never scraped the gateway: " + (tmp_path / "prometheus.log").read_text())

@@ -234,7 +234,12 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 local most = tonumber(ARGV[4])
 if KEYS[3] and most > 0 then
   local now = tonumber(ARGV[7])
-  redis.call('ZADD', KEYS[3], now, ARGV[5])
+  -- After every entry kept so far, even one kept in the same millisecond (or by a replica whose clock is ahead):
+  -- eviction goes oldest first, never by the digests' order among equal scores.
+  local newest = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+  local score = now
+  if newest[2] and tonumber(newest[2]) >= now then score = tonumber(newest[2]) + 0.001 end
+  redis.call('ZADD', KEYS[3], score, ARGV[5])
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - tonumber(ARGV[3])))  -- lapsed by themselves
   local excess = redis.call('ZCARD', KEYS[3]) - most
   if excess > 0 then
