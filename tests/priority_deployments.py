@@ -13,14 +13,13 @@ import os
 import time
 from typing import Any
 
-import redis.asyncio as aioredis
+from tests.farm_redis import farm_redis
 
 # How often a held run looks at its hold key again.
 POLL_S = 0.02
 # The longest a run is held.
 HOLD_MAX_S = 60.0
 
-_connection: aioredis.Redis | None = None
 _running = 0
 
 
@@ -39,18 +38,11 @@ def overlaps_key(tag: str) -> str:
     return f"priority-test:overlaps:{tag}"
 
 
-def _redis() -> aioredis.Redis:
-    global _connection
-    if _connection is None:
-        _connection = aioredis.Redis.from_url(os.environ["REDIS_URL"])
-    return _connection
-
-
 async def ordered(body: dict[str, Any]) -> dict[str, Any]:
     global _running
     _running += 1
     try:
-        redis = _redis()
+        redis = farm_redis()
         async with redis.pipeline(transaction=True) as pipe:
             pipe.rpush(order_key(body["tag"]), body["label"])
             pipe.rpush(pids_key(body["tag"]), os.getpid())

@@ -14,14 +14,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import redis.asyncio as aioredis
+from tests.farm_redis import farm_redis
 
 # How often a held run looks at its hold key again.
 POLL_S = 0.02
 # The longest a run is held.
 HOLD_MAX_S = 60.0
-
-_connection: aioredis.Redis | None = None
 
 
 def runs_key(tag: str) -> str:
@@ -29,18 +27,11 @@ def runs_key(tag: str) -> str:
     return f"shared-runs-test:runs:{tag}"
 
 
-def _redis() -> aioredis.Redis:
-    global _connection
-    if _connection is None:
-        _connection = aioredis.Redis.from_url(os.environ["REDIS_URL"])
-    return _connection
-
-
 async def counted(body: dict[str, Any]) -> dict[str, Any]:
-    runs = await _redis().rpush(runs_key(body["tag"]), os.getpid())
+    runs = await farm_redis().rpush(runs_key(body["tag"]), os.getpid())
     hold = body.get("hold")
     until = time.monotonic() + HOLD_MAX_S
-    while hold and await _redis().exists(hold) and time.monotonic() < until:
+    while hold and await farm_redis().exists(hold) and time.monotonic() < until:
         await asyncio.sleep(POLL_S)
     if body.get("fail"):
         raise ValueError(f"failed on purpose (run {runs})")
@@ -52,12 +43,12 @@ async def counted(body: dict[str, Any]) -> dict[str, Any]:
 async def counted_stream(body: dict[str, Any]) -> AsyncIterator[dict[str, int]]:
     """``counted`` as a stream: records its run, yields ``n`` chunks (after each, waits while the ``hold`` key
     exists), and raises after ``fail_after`` chunks when the body says so."""
-    await _redis().rpush(runs_key(body["tag"]), os.getpid())
+    await farm_redis().rpush(runs_key(body["tag"]), os.getpid())
     hold = body.get("hold")
     until = time.monotonic() + HOLD_MAX_S
     for i in range(int(body.get("n", 3))):
         if i == body.get("fail_after"):
             raise ValueError(f"failed on purpose after {i} chunks")
         yield {"i": i}
-        while hold and await _redis().exists(hold) and time.monotonic() < until:
+        while hold and await farm_redis().exists(hold) and time.monotonic() < until:
             await asyncio.sleep(POLL_S)

@@ -10,7 +10,6 @@ import os
 import signal
 import statistics
 import threading
-import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -57,30 +56,6 @@ WAIT_S = 30.0
 def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
     with running_farm_of(CONFIG, tmp_path_factory.mktemp("priorities")) as farm:
         yield farm
-
-
-@pytest.fixture
-def store(farm: Farm) -> Iterator[redis.Redis]:
-    connection = redis.Redis.from_url(farm.effective_redis_url)
-    yield connection
-    connection.close()
-
-
-@pytest.fixture(scope="module")
-def client(farm: Farm) -> Iterator[Client]:
-    with Client(farm.effective_redis_url) as client:
-        yield client
-
-
-@pytest.fixture
-def tag() -> str:
-    return uuid.uuid4().hex[:12]
-
-
-@pytest.fixture
-def pool() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
-    with concurrent.futures.ThreadPoolExecutor(16) as executor:
-        yield executor
 
 
 def ran(store: redis.Redis, tag: str) -> list[str]:

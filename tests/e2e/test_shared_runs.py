@@ -10,7 +10,6 @@ import concurrent.futures
 import os
 import signal
 import socket
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,18 +95,6 @@ def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
         yield farm
 
 
-@pytest.fixture
-def store(farm: Farm) -> Iterator[redis.Redis]:
-    connection = redis.Redis.from_url(farm.effective_redis_url)
-    yield connection
-    connection.close()
-
-
-@pytest.fixture
-def tag() -> str:
-    return uuid.uuid4().hex[:12]
-
-
 def runs(store: redis.Redis, tag: str) -> int:
     """How often the handler ran on bodies tagged ``tag``."""
     return int(store.llen(runs_key(tag)))
@@ -117,12 +104,6 @@ def post(url: str, path: str, body: Any, key: str | None, **headers: str) -> htt
     if key is not None:
         headers["Idempotency-Key"] = key
     return httpx.post(url + path, json=body, headers=headers, timeout=60)
-
-
-@pytest.fixture
-def pool() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
-    with concurrent.futures.ThreadPoolExecutor(16) as executor:
-        yield executor
 
 
 def record_exists(store: redis.Redis, deployment: str, key: str) -> bool:

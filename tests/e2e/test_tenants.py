@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,30 +59,6 @@ WAIT_S = 30.0
 def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
     with running_farm_of(CONFIG, tmp_path_factory.mktemp("tenants")) as farm:
         yield farm
-
-
-@pytest.fixture
-def store(farm: Farm) -> Iterator[redis.Redis]:
-    connection = redis.Redis.from_url(farm.effective_redis_url)
-    yield connection
-    connection.close()
-
-
-@pytest.fixture(scope="module")
-def client(farm: Farm) -> Iterator[Client]:
-    with Client(farm.effective_redis_url) as client:
-        yield client
-
-
-@pytest.fixture
-def tag() -> str:
-    return uuid.uuid4().hex[:12]
-
-
-@pytest.fixture
-def pool() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
-    with concurrent.futures.ThreadPoolExecutor(32) as executor:
-        yield executor
 
 
 def post(url: str, path: str, tag: str, tenant: str | None = None, **more: object) -> httpx.Response:

@@ -31,7 +31,7 @@ def refusal(found: list[Any], cfg: DeploymentConfig, request: Request) -> RateLi
         wait_s = int(found[1]) / 1000
         rate = (limit.requests_per_s if limit is not None else None) or 0.0
         return RateLimitedError(
-            f"tenant {request.tenant!r} is over its rate on deployment {cfg.name!r} ({rate:g} requests/s): "
+            f"tenant {request.tenant!r} is over its rate on deployment {cfg.name!r} (requests_per_s {rate:g}): "
             f"the next request is admitted in {wait_s:.3f}s",
             retry_after_s=wait_s,
         )
