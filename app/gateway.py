@@ -79,6 +79,7 @@ from streamserve.wire.idempotency import check_key
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import check_decoded
 from streamserve.wire.messages import SHARED_JOINED, SHARED_STORED, Reply, ReplyStatus
+from streamserve.wire.models import MODEL_HEADER, check_model_id
 from streamserve.wire.priorities import Priority, parse_priority
 from streamserve.wire.states import JobStatus
 from streamserve.wire.tenants import DEFAULT_TENANT, check_tenant
@@ -192,9 +193,10 @@ class Gateway:
                 check_key(idempotency_key)
             priority = _priority(headers.get(b"x-priority"))
             exchange.tenant = tenant = self.tenant_of(headers)
+            model = _model_id(headers.get(b"x-model-id"))
             if _prefers_async(headers.getlist(b"prefer")):
                 response = await self._submit_job(
-                    name, value, header_timeout, exchange.reply_headers, idempotency_key, priority, tenant
+                    name, value, header_timeout, exchange.reply_headers, idempotency_key, (priority, tenant, model)
                 )
                 exchange.status = response.status_code
                 await response(scope, receive, send)
@@ -214,6 +216,7 @@ class Gateway:
                 idempotency_key=idempotency_key or "",
                 priority=priority,
                 tenant=tenant,
+                model_id=model,
                 refresh=route.deployment.response_cache is not None and _no_cache(headers.getlist(b"cache-control")),
             )
             exchange.replica = reply.replica_id
@@ -278,15 +281,16 @@ class Gateway:
         header_timeout: float,
         reply_headers: dict[str, str],
         key: str | None,
-        priority: Priority,
-        tenant: str,
+        terms: tuple[Priority, str, str],
     ) -> Response:
-        """Queue the call as a job: 202 with the job's URL. The deployment is picked when the job runs."""
+        """Queue the call as a job: 202 with the job's URL. The deployment is picked when the job runs. ``terms``:
+        its priority, tenant and model."""
+        priority, tenant, model = terms
         timeout = None
         if header_timeout != float("inf"):  # it can only shorten the deployment's timeout, as for a direct call
             timeout = min((await self.client.route(name)).deployment.request_timeout_s, header_timeout)
         job_id = await self.client.submit_job(
-            name, value, timeout=timeout, idempotency_key=key, priority=priority, tenant=tenant
+            name, value, timeout=timeout, idempotency_key=key, priority=priority, tenant=tenant, model_id=model or None
         )
         headers = {**reply_headers, "Location": f"/-/jobs/{job_id}", "Preference-Applied": "respond-async"}
         return json_response({"job_id": job_id, "status": JobStatus.QUEUED.value}, status_code=202, headers=headers)
@@ -364,6 +368,16 @@ def _priority(header: str | None) -> Priority:
         return parse_priority(header)
     except BadRequestError as exc:
         raise BadRequestError(f"X-Priority: {exc}") from None
+
+
+def _model_id(header: str | None) -> str:
+    """X-Model-Id (none: ""); BadRequestError, a 400, for one that is not a model id (wire/models.py)."""
+    if header is None:
+        return ""
+    try:
+        return check_model_id(header)
+    except BadRequestError as exc:
+        raise BadRequestError(f"{MODEL_HEADER}: {exc}") from None
 
 
 def _no_cache(cache_control: list[str]) -> bool:

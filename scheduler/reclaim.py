@@ -14,7 +14,8 @@ from streamserve.transport.streams import DeadLetter, Requeuer, send_reply
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from streamserve.wire.messages import Reply, ReplyStatus, text
-from streamserve.wire.priorities import Priority
+from streamserve.wire.models import model_lane
+from streamserve.wire.priorities import PRIORITIES, priority_lane
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +45,12 @@ class Reclaimer:
 
     async def reclaim(self, cfg: DeploymentConfig, live: Set[str]) -> ReclaimResult:
         """Free everything held by consumers not in ``live`` (replica ids still running or draining), in each of the
-        deployment's request streams (one per priority level)."""
+        deployment's request streams (one per priority level, and one per model its replicas hold: wire/models.py)."""
         result = ReclaimResult()
-        for priority, stream in self._keys.request_streams(cfg.name).items():
+        lanes = [priority_lane(priority) for priority in PRIORITIES]
+        lanes += [model_lane(text(model)) for model in await self._redis.smembers(self._keys.models(cfg.name))]
+        for lane in lanes:
+            stream = self._keys.lane_stream(cfg.name, lane)
             try:
                 consumers = await self._redis.xinfo_consumers(stream, CONSUMER_GROUP)
             except ResponseError:  # no stream or no group yet
@@ -56,14 +60,14 @@ class Reclaimer:
                 if name in live:
                     continue
                 if int(consumer["pending"]) > 0:
-                    await self._free(cfg, priority, name, result)
+                    await self._free(cfg, lane, name, result)
                 await self._redis.xgroup_delconsumer(stream, CONSUMER_GROUP, name)
                 result.consumers_removed += 1
         return result
 
-    async def _free(self, cfg: DeploymentConfig, priority: Priority, consumer: str, result: ReclaimResult) -> None:
+    async def _free(self, cfg: DeploymentConfig, lane: bytes, consumer: str, result: ReclaimResult) -> None:
         reason = f"its replica died while running it (the last one: {consumer})"
-        stream = self._keys.requests(cfg.name, priority)
+        stream = self._keys.lane_stream(cfg.name, lane)
         while True:
             pending = await self._redis.xpending_range(stream, CONSUMER_GROUP, "-", "+", MOVE_BATCH, consumer)
             if not pending:
@@ -75,7 +79,7 @@ class Reclaimer:
                 charge=True,
                 max_delivery_attempts=cfg.max_delivery_attempts,
                 reason=reason,
-                priority=priority,
+                lane=lane,
             )
             result.dead_lettered += len(dead)
             result.requeued += len(ids) - len(dead)

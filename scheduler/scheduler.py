@@ -33,6 +33,7 @@ from streamserve.scheduler.reclaim import Reclaimer
 from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.scheduler.types import Clock, Launcher, Timeouts
 from streamserve.transport.connections import RETRYABLE_ERRORS, MemoryRefusals
+from streamserve.transport.model_streams import ModelBacklog, ModelStreams
 from streamserve.transport.streams import ensure_groups
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.messages import now_ms
@@ -72,6 +73,7 @@ class Scheduler:
         self._heartbeats = HeartbeatReader(redis, self._keys, self._timeouts.heartbeat_timeout_ms)
         self._lock = LeaderLock(redis, self._keys)
         self._reclaimer = Reclaimer(redis, self._keys)
+        self._model_streams = ModelStreams(redis, self._keys)
         self._goals = GoalTracker(redis, self._keys)
         self._history = MetricsHistory(redis, self._keys)
         self._stop_replicas_on_exit = stop_replicas_on_exit
@@ -187,6 +189,9 @@ class Scheduler:
         beats = await self._heartbeats.read(names, now, self._silence_from_ms)
         autoscaled = [name for name, cfg in desired.items() if cfg.autoscaling_config is not None]
         ongoing = await self._store.ongoing(autoscaled) if autoscaled else {}
+        for name, backlog in (await self._sweep_models(sorted(desired))).items():
+            if name in ongoing:
+                ongoing[name] += backlog.length
         for name in names:
             if self.should_exit.is_set() and not self._stopping_replicas:
                 # Asked to stop: the rest waits for the next scheduler (or, stopping replicas, the ticks of
@@ -231,6 +236,27 @@ class Scheduler:
             for problem in problems:
                 logger.warning("scheduler: %s (the replicas may run short, or be killed for memory)", problem)
             self._overcommitted = problems
+
+    async def _sweep_models(self, names: list[str]) -> dict[str, ModelBacklog]:
+        """Give back the queues of model streams no live replica holds (a holder died, wire/models.py), and keep
+        KEDA's count of the model streams' entries; every tick, for the deployments that have any."""
+        swept = {}
+        for name in await self._store.with_models(names) if names else []:
+            try:
+                swept[name] = backlog = await self._model_streams.sweep(name)
+            except RETRYABLE_ERRORS:
+                raise
+            except Exception as exc:
+                if not self._memory.refused(exc):
+                    logger.exception("deployment %s: looking after its model streams failed", name)
+                continue
+            if backlog.given_back:
+                logger.warning(
+                    "deployment %s: %d request(s) queued for models no live replica holds went back to its queue",
+                    name,
+                    backlog.given_back,
+                )
+        return swept
 
     async def _reclaim(self, cfg: DeploymentConfig, live: set[str], now: int) -> None:
         """Free what dead consumers hold: at once when the live set changed (a replica was written off), and every

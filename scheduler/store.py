@@ -84,6 +84,14 @@ class RedisReplicaStore:
             results = await pipe.execute()
         return {name: sum(int(n) for n in results[i * levels : (i + 1) * levels]) for i, name in enumerate(names)}
 
+    async def with_models(self, names: list[str]) -> list[str]:
+        """Those of ``names`` that have model streams (wire/models.py), in one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.scard(self._keys.models(name))
+            counts = await pipe.execute()
+        return [name for name, count in zip(names, counts, strict=True) if int(count)]
+
     async def load_all(self) -> dict[str, list[ReplicaRecord]]:
         """Every recorded replica of every deployment (found by SCAN, so deleted deployments too)."""
         found: dict[str, list[ReplicaRecord]] = {}
@@ -105,6 +113,7 @@ class RedisReplicaStore:
             keys.idempotency_pattern(deployment),
             keys.cache_pattern(deployment),
             keys.tenant_pattern(deployment),
+            keys.model_pattern(deployment),
         ):
             async for key in self._redis.scan_iter(match=pattern, count=500):
                 await self._redis.delete(key)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from streamserve.transport.backoff import Backoff
@@ -41,7 +41,7 @@ from streamserve.transport.streams import reply_command
 from streamserve.wire.errors import ResponseTooLargeError
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import Reply, ReplyStatus, now_ms
-from streamserve.wire.priorities import Priority, group_refs
+from streamserve.wire.priorities import group_refs
 
 logger = logging.getLogger(__name__)
 
@@ -62,11 +62,11 @@ class Finisher:
     def __init__(
         self,
         pipeliner: Pipeliner,
-        streams: Mapping[Priority, str],
+        streams: Callable[[bytes], str],
         on_finished: Callable[[list[bytes]], None],
         who: str,
     ) -> None:
-        """``streams``: the deployment's request streams by priority; entries are named by their ref
+        """``streams``: the stream of each lane (Keys.lane_stream); entries are named by their ref
         (wire/priorities.py)."""
         self._pipeliner = pipeliner
         self._streams = streams
@@ -124,8 +124,8 @@ class Finisher:
         commands: list[Command] = [settlement.command for settlement in settlements]
         commands += [reply_command(reply_to, reply) for _, reply_to, reply, _ in outgoing]
         if acknowledge:
-            for priority, ids in group_refs(entry_ids).items():
-                stream = self._streams[priority]
+            for lane, ids in group_refs(entry_ids).items():
+                stream = self._streams(lane)
                 commands += [("XACK", stream, CONSUMER_GROUP, *ids), ("XDEL", stream, *ids)]
             commands += releases
         sent = self._pipeliner.execute(*commands)

@@ -68,6 +68,7 @@ class ReplicaHeartbeat:
         self.health = ReplicaHealth.STARTING
         self.message = ""  # why it failed or is unhealthy, for `status`
         self.version = ""  # the code version it runs, once loaded (the config may move on meanwhile)
+        self.models: Callable[[], list[str]] = list  # the models it holds (a multiplexing deployment's)
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()  # set when the replica exits: the loop ends
         self._told: News | None = None  # what its last heartbeat said (heartbeats.news_of), None before the first
@@ -137,6 +138,7 @@ class ReplicaHeartbeat:
             ongoing=self._slots.held,
             message=self.message,
             version=self.version,
+            models=self.models(),
         )
         news = news_of(beat)
         async with self._redis.pipeline(transaction=True) as pipe:

@@ -119,9 +119,10 @@ def run(
     timeout: float | None = None,
     priority: str = "normal",
     tenant: str = DEFAULT_TENANT,
+    model: str = "",
 ) -> Any:
-    """Call deployment or endpoint ``name`` with ``body`` (at ``priority``, for ``tenant``); the result, or the job
-    fails with the call's error.
+    """Call deployment or endpoint ``name`` with ``body`` (at ``priority``, for ``tenant``, with ``model``); the
+    result, or the job fails with the call's error.
 
     Once the call has ended, however it ended, the job no longer counts against its deployment's
     ``max_queued_jobs``. A job cancelled before its call ended fails with RequestCancelledError.
@@ -132,7 +133,7 @@ def run(
             _check_allowed(name)
             if job is not None and _cancel_requested(job):
                 raise cancelled_error(job.id)  # cancelled as this worker took it: the call is never made
-            result = _call_when_redis_has_room(name, body, method, timeout, priority, tenant, job)
+            result = _call_when_redis_has_room(name, body, method, timeout, (priority, tenant, model), job)
         except StreamServeError as exc:
             if not isinstance(exc, RequestCancelledError):
                 _settle(job, JobStatus.FAILED)  # its error, unless it came after its cancel
@@ -168,14 +169,18 @@ def _check_allowed(name: str) -> None:
 
 
 def _call_when_redis_has_room(
-    name: str, body: Any, method: str, timeout: float | None, priority: str, tenant: str, job: Job | None
+    name: str, body: Any, method: str, timeout: float | None, terms: tuple[str, str, str], job: Job | None
 ) -> Any:
+    """``terms``: the call's priority, tenant and model."""
+    priority, tenant, model = terms
     client = _shared_client()
     give_up_at = time.monotonic() + FULL_REDIS_WAIT_S
     backoff = Backoff(0.1, 2.0)
     while True:
         try:
-            calling = client.submit(name, body, timeout=timeout, method=method, priority=priority, tenant=tenant)
+            calling = client.submit(
+                name, body, timeout=timeout, method=method, priority=priority, tenant=tenant, model_id=model or None
+            )
             return _wait(calling, job)
         except RateLimitedError as exc:  # its tenant is over its limits: wait for its turn (a job is not in a hurry)
             left_s = give_up_at - time.monotonic()

@@ -11,6 +11,7 @@ from typing import Any
 
 from streamserve.batching import BatchConfig, batch_config_of
 from streamserve.control.security import ImportAllowList
+from streamserve.multiplexing import multiplexed_loaders
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import BadRequestError, ConfigError
 
@@ -61,6 +62,11 @@ class LoadedDeployment:
         """The instance's ``check_health()``, sync or async, if it has one (workers/health_checks.py calls it)."""
         fn = getattr(self.target, "check_health", None) if self.is_class else None
         return Handler(fn, _is_async(fn)) if callable(fn) else None
+
+    @functools.cached_property
+    def multiplexed(self) -> bool:
+        """Whether the instance has a ``@streamserve.multiplexed`` loader: then every request must name its model."""
+        return self.is_class and bool(multiplexed_loaders(self.target))
 
     @property
     def reconfigure(self) -> Callable[[Any], Any] | None:

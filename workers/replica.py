@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from streamserve import multiplexing
 from streamserve.client.handles import close_handles, serve_handles_on
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.heartbeats import queue_removal
@@ -28,6 +29,7 @@ from streamserve.metrics.figures import Figures
 from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RETRYABLE_ERRORS, redacted
+from streamserve.transport.model_streams import ModelStreams
 from streamserve.transport.pipelining import BlockingReader, Pipeliner
 from streamserve.transport.streams import ensure_groups
 from streamserve.wire.config import DeploymentConfig
@@ -40,6 +42,7 @@ from streamserve.workers.departure import Departure, DepartureRules
 from streamserve.workers.health_checks import watch_health
 from streamserve.workers.heartbeat_loop import ReplicaHeartbeat
 from streamserve.workers.loader import load
+from streamserve.workers.model_holder import ModelHolder
 from streamserve.workers.serving import Serving
 from streamserve.workers.slots import Slots
 from streamserve.workers.threads import HandlerThreads
@@ -140,6 +143,7 @@ class Replica:
             metrics.start()
         longpoll: LongPollSubscriber | None = None
         serving: Serving | None = None
+        holding: asyncio.Task[None] | None = None
         control: ControlReader | None = None
         serve_handles_on(asyncio.get_running_loop(), self._settings)  # where its handlers' handles call from
         try:
@@ -147,6 +151,7 @@ class Replica:
             if serving is None:
                 return 1  # the FAILED heartbeat stays: it tells the scheduler why
             await ensure_groups(self._redis, self._keys, self._name)
+            holding = self._hold_models(serving)
             # What callers say about the requests it serves (how far they have read a stream, that they cancel one);
             # read until it exits.
             control_key = self._keys.replica_control(self._name, self._consumer)
@@ -170,6 +175,9 @@ class Replica:
         finally:
             if longpoll is not None:
                 await self._wind_down("the config subscription", longpoll.close())
+            if holding is not None:
+                holding.cancel()
+                multiplexing.listen(None)
             self._heartbeat.stop()
             heartbeat.cancel()
             await self._wind_down("the heartbeat", heartbeat)
@@ -184,7 +192,7 @@ class Replica:
             if metrics is not None:
                 await self._wind_down("the last metrics", metrics.aclose())
             if serving is not None:
-                await self._wind_down("the goodbye", self._goodbye())
+                await self._wind_down("the goodbye", self._goodbye(serving))
             served, failed = (serving.served, serving.failed) if serving is not None else (0, 0)
             logger.info("replica %s: exited after %d requests (%d failed)", self.replica_id, served, failed)
 
@@ -314,14 +322,28 @@ class Replica:
             logger.info("replica %s: max_ongoing_requests %d", self.replica_id, new.max_ongoing_requests)
             serving.resize(new.max_ongoing_requests)
 
+    def _hold_models(self, serving: Serving) -> asyncio.Task[None] | None:
+        """For a deployment that multiplexes models: hold those its caches load (workers/model_holder.py), and renew
+        the holds until the replica exits (the task returned)."""
+        if not serving.deployment.multiplexed:
+            return None
+        streams = ModelStreams(self._redis, self._keys)
+        holder = ModelHolder(self._settings, streams, self._name, self._consumer, self._figures, serving.read_models)
+        serving.models = holder
+        self._heartbeat.models = lambda: holder.models
+        multiplexing.listen(holder)
+        return asyncio.create_task(holder.run(), name="models")
+
     async def _drain(self, serving: Serving) -> None:
+        if serving.models is not None:  # it reads no more: its models' queues are other replicas' now
+            await self._wind_down("letting go of its models", serving.models.leave())
         await self._heartbeat.set_health(ReplicaHealth.DRAINING)
         serving.flush_batches()  # nothing more will arrive: partial batches need not wait to fill
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(min(serving.config.graceful_shutdown_timeout_s, self._drain_limit_s)):
                 await self._slots.wait_idle()
 
-    async def _goodbye(self) -> None:
+    async def _goodbye(self, serving: Serving) -> None:
         """Leave no trace: drop the heartbeat, and the consumer if it holds no pending entries.
 
         A worker about to start again keeps its (DRAINING) heartbeat: the next process's first beat replaces it.
@@ -331,7 +353,10 @@ class Replica:
                 async with self._redis.pipeline(transaction=True) as pipe:
                     queue_removal(pipe, self._keys, self._name, [self._consumer])
                     await pipe.execute()
-            for stream in self._keys.request_streams(self._name).values():
+            streams = list(self._keys.request_streams(self._name).values())
+            if serving.models is not None:
+                streams += [self._keys.model_requests(self._name, model_id) for model_id in serving.models.ever]
+            for stream in streams:
                 pending = await self._redis.xpending_range(stream, CONSUMER_GROUP, "-", "+", 1, self._consumer)
                 if not pending:
                     await self._redis.xgroup_delconsumer(stream, CONSUMER_GROUP, self._consumer)

@@ -50,11 +50,21 @@ from streamserve.wire.ids import ReplicaID
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import CancelRequest, Fields, Reply, ReplyStatus, Request, StreamBatches, now_ms
-from streamserve.wire.priorities import FAIR_TURNS, READ_ORDERS, Priority, entry_ref, group_refs
+from streamserve.wire.models import model_lane, no_model_message
+from streamserve.wire.priorities import (
+    FAIR_TURNS,
+    PRIORITIES,
+    READ_ORDERS,
+    Priority,
+    group_refs,
+    lane_ref,
+    priority_lane,
+)
 from streamserve.workers.batcher import Batchers, DeadlinePassed
 from streamserve.workers.control_reader import ControlHandler
 from streamserve.workers.finisher import Finisher
 from streamserve.workers.loader import Handler, LoadedDeployment
+from streamserve.workers.model_holder import ModelHolder
 from streamserve.workers.slots import Slots
 from streamserve.workers.streaming import Stream, Streams
 from streamserve.workers.threads import HandlerThreads
@@ -103,11 +113,17 @@ class Serving:
         self._keys = settings.keys
         self._consumer = replica_id.to_str()
         self._name = replica_id.deployment
-        # The request streams by priority, highest first, and the priority of each (as a read names it).
+        # The request streams by priority, highest first; and the lane and priority of each stream it reads (as a
+        # read names it): the levels', and those of the models it holds (wire/models.py).
         self._streams = self._keys.request_streams(self._name)
-        self._priority_of = {stream.encode(): priority for priority, stream in self._streams.items()}
-        # A blocking read's tail: new entries of every level.
-        self._read_new = ("STREAMS", *self._streams.values(), *(">" for _ in self._streams))
+        self._lane_of: dict[bytes, tuple[bytes, Priority]] = {}
+        self._model_streams: list[str] = []
+        # A blocking read's tail: new entries of every stream it reads.
+        self._read_new: tuple[str, ...] = ()
+        self.read_models([])
+        # The models it holds, for a deployment that multiplexes them (the replica sets it).
+        self.models: ModelHolder | None = None
+        self._lane_streams: dict[bytes, str] = {}
         self._take_script = redis.register_script(scripts.TAKE)
         # Reads so far that took priorities into account (READ_ORDERS' turn), and until when (monotonic) reads do:
         # from the last time this replica read a request that is not ``normal``, for MIXED_PRIORITIES_S.
@@ -124,7 +140,7 @@ class Serving:
         self._slots = slots
         self._stopping = stopping
         self._figures = figures
-        self._finisher = Finisher(pipeliner, self._streams, slots.finished, self._consumer)
+        self._finisher = Finisher(pipeliner, self._lane_stream, slots.finished, self._consumer)
         self._batchers = Batchers(self._invoke_batch, lambda: self.config.max_ongoing_requests, self._consumer)
         self.streams = Streams(
             pipeliner=pipeliner,
@@ -143,6 +159,32 @@ class Serving:
         self._early_cancels: dict[bytes, float] = {}
 
     # -- configuration ---------------------------------------------------------
+
+    def read_models(self, model_ids: list[str]) -> None:
+        """Read the streams of ``model_ids`` from now on besides the levels' (wire/models.py), just before
+        ``normal``'s: a model's entries are normal-priority ones that this replica is best placed to run."""
+        self._model_streams = [self._keys.model_requests(self._name, model_id) for model_id in model_ids]
+        lanes = {stream.encode(): (priority_lane(p), p) for p, stream in self._streams.items()}
+        for model_id, stream in zip(model_ids, self._model_streams, strict=True):
+            lanes[stream.encode()] = (model_lane(model_id), Priority.NORMAL)
+        self._lane_of = lanes
+        streams = self._in_turn(PRIORITIES)
+        self._read_new = ("STREAMS", *streams, *(">" for _ in streams))
+
+    def _in_turn(self, order: tuple[Priority, ...]) -> list[str]:
+        """The streams it reads, its levels in ``order``, the models' just before ``normal``."""
+        streams = []
+        for priority in order:
+            if priority is Priority.NORMAL:
+                streams += self._model_streams
+            streams.append(self._streams[priority])
+        return streams
+
+    def _lane_stream(self, lane: bytes) -> str:
+        stream = self._lane_streams.get(lane)
+        if stream is None:
+            stream = self._lane_streams[lane] = self._keys.lane_stream(self._name, lane)
+        return stream
 
     async def reconfigure(self, user_config: Any) -> None:
         """Call the deployment's ``reconfigure(user_config)``, if it has one and there is a user_config."""
@@ -202,6 +244,8 @@ class Serving:
                 if "NOGROUP" not in str(exc):
                     raise
                 await ensure_groups(self._redis, self._keys, self._name)  # a stream was deleted and made again
+                if self.models is not None:
+                    await self.models.renew()  # (a model's stream, disbanded while this replica was away)
                 continue
             except RETRYABLE_ERRORS as exc:
                 lost_a_read = True
@@ -217,14 +261,15 @@ class Serving:
         A blocking XREADGROUP on every level's stream when the queues may be
         empty, as every deployment that gets only ``normal`` requests always
         reads: one round trip, and no script. While requests of other levels
-        come, and the last read filled the room (more may be queued), the TAKE
-        script reads the levels in this turn's order instead, since one
-        XREADGROUP takes from each stream alike.
+        come (or the replica holds models: their streams too), and the last
+        read filled the room (more may be queued), the TAKE script reads the
+        streams in this turn's order instead, since one XREADGROUP takes from
+        each stream alike.
         """
-        if self._filled and time.monotonic() < self._mixed_until:
+        if self._filled and (self._model_streams or time.monotonic() < self._mixed_until):
             order = READ_ORDERS[self._turn % FAIR_TURNS]
             self._turn += 1
-            streams = [self._streams[priority] for priority in order]
+            streams = self._in_turn(order)
             take: Command = (
                 "EVALSHA",
                 self._take_script.sha,
@@ -277,11 +322,11 @@ class Serving:
         """What Redis delivered to this replica but it does not hold: the reply to a read that was lost with its
         connection. Those entries are pending under this live replica's name, so nobody else would ever run them."""
         history = ("XREADGROUP", "GROUP", CONSUMER_GROUP, self._consumer, "COUNT", UNDELIVERED_MAX, "STREAMS")
-        streams = list(self._streams.values())
+        streams = self._in_turn(PRIORITIES)
         batches = await self._reader.read((*history, *streams, *("0" for _ in streams)), READ_BLOCK_MS)  # at once
         holds = self._slots.holds
         lost = [
-            (s, [(i, f) for i, f in entries if not holds(entry_ref(self._priority_of[s], i))]) for s, entries in batches
+            (s, [(i, f) for i, f in entries if not holds(lane_ref(self._lane_of[s][0], i))]) for s, entries in batches
         ]
         if any(entries for _s, entries in lost):
             count = sum(len(entries) for _s, entries in lost)
@@ -310,19 +355,23 @@ class Serving:
         """A read's entries, named by their refs, in this turn's priority order."""
         if not batches:
             return []
-        if len(batches) == 1 and self._priority_of[batches[0][0]] is Priority.NORMAL:
+        lane_of = self._lane_of
+        if len(batches) == 1 and not lane_of[batches[0][0]][0]:
             return batches[0][1]  # normal entries are named by their ids
-        self._mixed_until = time.monotonic() + MIXED_PRIORITIES_S
-        order = self._order
-        if order is None:
-            order = READ_ORDERS[self._turn % FAIR_TURNS]
-            self._turn += 1
-        rank = {priority: i for i, priority in enumerate(order)}
-        ordered = sorted(batches, key=lambda batch: rank[self._priority_of[batch[0]]])
+        if any(lane_of[stream][1] is not Priority.NORMAL for stream, _ in batches):
+            self._mixed_until = time.monotonic() + MIXED_PRIORITIES_S
+            order = self._order
+            if order is None:
+                order = READ_ORDERS[self._turn % FAIR_TURNS]
+                self._turn += 1
+        else:
+            order = PRIORITIES  # normal and models' entries only
+        rank = {stream.encode(): i for i, stream in enumerate(self._in_turn(order))}
+        ordered = sorted(batches, key=lambda batch: rank.get(batch[0], len(rank)))
         return [
-            (entry_ref(priority, entry_id), fields)
+            (lane_ref(lane, entry_id), fields)
             for stream, entries in ordered
-            for priority in (self._priority_of[stream],)
+            for lane in (lane_of[stream][0],)
             for entry_id, fields in entries
         ]
 
@@ -340,14 +389,14 @@ class Serving:
 
     async def _hand_back(self, entry_ids: list[bytes]) -> None:
         """Return suspects read beside the one being run alone to the queue, unrun and uncharged."""
-        for priority, ids in group_refs(entry_ids).items():
+        for lane, ids in group_refs(entry_ids).items():
             if ids:
                 await self._requeuer.requeue(
                     self._name,
                     ids,
                     charge=False,
                     max_delivery_attempts=self.config.max_delivery_attempts,
-                    priority=priority,
+                    lane=lane,
                 )
 
     # -- one request -----------------------------------------------------------
@@ -363,7 +412,7 @@ class Serving:
             self._finisher.finish(entry_id)
             return
         started_at = time.perf_counter()
-        scope = RequestScope(request.request_id, request.deadline_ms, request.priority, request.tenant)
+        scope = RequestScope(request.request_id, request.deadline_ms, request.priority, request.tenant, request.model)
         started = self._start_handler(entry_id, request, scope, started_at)
         if isinstance(started, Reply):
             self._finish(entry_id, request, started)
@@ -382,6 +431,8 @@ class Serving:
             return request.reply(ReplyStatus.CANCELLED, rid, error_message=QUEUED_STAGE)
         if request.deadline_ms and now_ms() > request.deadline_ms:
             return request.reply(ReplyStatus.DEADLINE_EXCEEDED, rid)
+        if self.deployment.multiplexed and not request.model:
+            return request.reply(ReplyStatus.BAD_REQUEST, rid, error_message=no_model_message(self._name))
         try:
             handler = self.deployment.handler(request.method)
             body = orjson.loads(request.body) if request.body else None

@@ -20,6 +20,7 @@ from streamserve.errors import (
     StreamServeError,
     UnavailableError,
 )
+from streamserve.multiplexing import model_id, multiplexed
 from streamserve.runtime.request_scope import cancelled
 
 __version__ = "0.1.0"
@@ -46,4 +47,6 @@ __all__ = [
     "batch",
     "cancelled",
     "handle",
+    "model_id",
+    "multiplexed",
 ]

@@ -17,7 +17,7 @@ from streamserve.transport.streams import Requeuer, ensure_groups
 from streamserve.wire import scripts
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import Request, now_ms
-from streamserve.wire.priorities import Priority
+from streamserve.wire.priorities import Priority, priority_lane
 
 DEPLOYMENT = "rec"
 REPLICA = "rec#r1"
@@ -91,6 +91,6 @@ async def test_a_cancelled_high_entry_is_dropped_by_requeue_and_a_normal_one_wit
     # The replica dies holding both: the cancelled one is dropped, the other queued again.
     requeuer = Requeuer(aredis, settings.keys)
     for priority in (Priority.HIGH, Priority.NORMAL):
-        await requeuer.requeue(DEPLOYMENT, [same], charge=True, max_delivery_attempts=3, priority=priority)
+        await requeuer.requeue(DEPLOYMENT, [same], charge=True, max_delivery_attempts=3, lane=priority_lane(priority))
     assert await aredis.xlen(high) == 0
     assert [fields[b"id"] for _id, fields in await aredis.xrange(normal)] == [b"n"]

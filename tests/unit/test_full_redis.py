@@ -157,6 +157,7 @@ class FakeClient:
         method: str,
         priority: str = "normal",
         tenant: str = "default",
+        model_id: str | None = None,
     ) -> concurrent.futures.Future[Any]:
         self.calls += 1
         answer = self.answers.pop(0)

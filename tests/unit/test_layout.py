@@ -20,7 +20,7 @@ ROLES = ("app", "workers", "scheduler")
 LAYERS = ("wire", "transport", "control", "metrics", "runtime", "client", "manifests", "cli")
 # The modules at the top of the core are what users import (``streamserve``, ``streamserve.errors``,
 # ``streamserve.batch``); of the layers, only the CLI imports them (for ``__version__``).
-PUBLIC = ("__init__", "__main__", "batching", "errors")
+PUBLIC = ("__init__", "__main__", "batching", "errors", "multiplexing")
 
 
 def imported_modules(path: Path) -> set[str]:

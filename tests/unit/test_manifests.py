@@ -253,16 +253,18 @@ def test_an_autoscaled_deployment_gets_a_scaled_object_on_its_stream_length(run:
     assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 3
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 120
 
-    # One trigger per stream the replicas read (a priority level each), summed into the one metric the HPA scales
-    # on: the whole backlog against target_ongoing_requests.
+    # One trigger per stream the replicas read (a priority level each, and the count the scheduler keeps of the model
+    # streams: wire/models.py), summed into the one metric the HPA scales on: the whole backlog against
+    # target_ongoing_requests.
     triggers = scaled["triggers"]
     assert {t["name"]: t["metadata"]["stream"] for t in triggers} == {
         "high": Keys().requests("lazy", Priority.HIGH),
         "normal": Keys().requests("lazy"),
         "low": Keys().requests("lazy", Priority.LOW),
+        "models": Keys().model_backlog("lazy"),
     }
     assert scaled["advanced"]["scalingModifiers"] == {
-        "formula": "high + normal + low",
+        "formula": "high + normal + low + models",
         "target": "2",
         "activationTarget": "0",
     }

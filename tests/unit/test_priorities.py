@@ -7,6 +7,7 @@ import pytest
 from streamserve.wire.errors import BadRequestError, ProtocolError
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import Request
+from streamserve.wire.models import model_lane
 from streamserve.wire.priorities import (
     FAIR_TURNS,
     PRIORITIES,
@@ -14,7 +15,10 @@ from streamserve.wire.priorities import (
     Priority,
     entry_ref,
     group_refs,
+    lane_priority,
+    lane_ref,
     parse_priority,
+    priority_lane,
     queue_full,
     split_ref,
 )
@@ -38,10 +42,20 @@ def test_refs_keep_apart_entries_with_one_id_in_two_streams() -> None:
     refs = [entry_ref(p, same_id) for p in PRIORITIES]
     assert len(set(refs)) == 3
     assert entry_ref(Priority.NORMAL, same_id) == same_id  # a deployment without priorities names entries by id
-    assert [split_ref(ref) for ref in refs] == [(p, same_id) for p in PRIORITIES]
+    assert [split_ref(ref) for ref in refs] == [(priority_lane(p), same_id) for p in PRIORITIES]
+    assert [lane_priority(split_ref(ref)[0]) for ref in refs] == list(PRIORITIES)
     grouped = group_refs([refs[2], refs[1], refs[0], entry_ref(Priority.LOW, b"2-0")])
-    assert grouped == {Priority.LOW: [same_id, b"2-0"], Priority.NORMAL: [same_id], Priority.HIGH: [same_id]}
-    assert group_refs([b"1-0", b"2-0"]) == {Priority.NORMAL: [b"1-0", b"2-0"]}
+    assert grouped == {b"low": [same_id, b"2-0"], b"": [same_id], b"high": [same_id]}
+    assert group_refs([b"1-0", b"2-0"]) == {b"": [b"1-0", b"2-0"]}
+
+
+def test_a_model_lane_may_hold_the_separator_and_its_entries_are_normal() -> None:
+    lane = model_lane("org/lora:v2")
+    ref = lane_ref(lane, b"5-1")
+    assert ref == b"model:org/lora:v2/5-1"
+    assert split_ref(ref) == (lane, b"5-1")
+    assert lane_priority(lane) is Priority.NORMAL
+    assert group_refs([ref, b"6-0"]) == {lane: [b"5-1"], b"": [b"6-0"]}
 
 
 def test_every_level_comes_first_at_least_once_a_cycle_and_high_on_the_other_turns() -> None:

@@ -32,6 +32,7 @@ def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
                 method=args.method or None,
                 priority=args.priority,
                 tenant=args.tenant,
+                model_id=args.model_id,
             )
             async with chunks:  # leaving it early (Ctrl-C) cancels the request
                 async for chunk in chunks:

@@ -161,6 +161,7 @@ def _add_call(sub: Subcommands) -> None:
         "--priority", choices=("high", "normal", "low"), default="normal", help="its priority level (default normal)"
     )
     p.add_argument("--tenant", help="whom it is for (default: the tenant 'default')")
+    p.add_argument("--model-id", help="the model it runs with, for a deployment that multiplexes models")
 
 
 def _add_manifests(sub: Subcommands) -> None:

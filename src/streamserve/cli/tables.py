@@ -59,6 +59,8 @@ def format_status(statuses: list[DeploymentStatus]) -> str:
         if not any(row[-1] for row in replicas):  # the column only when some replica says something
             replica_header, replicas = replica_header[:-1], [row[:-1] for row in replicas]
         lines += ["", *_table([replica_header, *replicas]), ""]
+    held = [(r.replica_id, r.models) for s in statuses for r in s.replicas if r.models]
+    lines += [printable(f"{replica}: models {', '.join(models)}") for replica, models in held]
     lines += [printable(f"{s.name}: {s.message}") for s in statuses if s.message]
     lines += [
         f"{s.name}: tenants over their limits in the last minute: {', '.join(s.limited_tenants)}"

@@ -39,6 +39,7 @@ from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import SHARED_JOINED, Reply, ReplyStatus, Request, now_ms, text
+from streamserve.wire.models import model_id_of, route_spec
 from streamserve.wire.priorities import Priority, parse_priority, queue_full
 from streamserve.wire.shared_runs import new_run_token
 from streamserve.wire.tenants import DEFAULT_TENANT, tenant_of
@@ -92,13 +93,15 @@ class Calls(ClientCore):
         idempotency_key: str | None = None,
         priority: str | None = None,
         tenant: str | None = None,
+        model_id: str | None = None,
     ) -> Any:
         """Run deployment (or endpoint) ``name`` on ``body`` and return its result, or raise a StreamServeError.
 
         ``idempotency_key``: calls with one key (and the same method and body) run the handler once, and share its
         result or error; see docs/retries-and-caching.md. ``priority``: ``high``, ``normal`` (the default) or
         ``low``: which queued requests replicas take first (docs/priorities.md). ``tenant``: whom the call is for
-        (its limits: docs/tenants.md); None is ``default``."""
+        (its limits: docs/tenants.md); None is ``default``. ``model_id``: the model a multiplexing deployment runs it
+        with (docs/multiplexing.md)."""
         key = "" if idempotency_key is None else check_key(idempotency_key)
         level = parse_priority(priority)
         reply = await self.request(
@@ -109,6 +112,7 @@ class Calls(ClientCore):
             idempotency_key=key,
             priority=level,
             tenant=tenant_of(tenant),
+            model_id=model_id_of(model_id),
         )
         return result_of(reply)
 
@@ -122,10 +126,12 @@ class Calls(ClientCore):
         idempotency_key: str | None = None,
         priority: str | None = None,
         tenant: str | None = None,
+        model_id: str | None = None,
     ) -> asyncio.Task[Any]:
         """Start a call and return a task that resolves to its result."""
         parse_priority(priority)  # a bad one raises here, not in the task
         tenant_of(tenant)
+        model_id_of(model_id)
         calling = self.call(
             name,
             body,
@@ -134,6 +140,7 @@ class Calls(ClientCore):
             idempotency_key=idempotency_key,
             priority=priority,
             tenant=tenant,
+            model_id=model_id,
         )
         return asyncio.ensure_future(calling)
 
@@ -147,6 +154,7 @@ class Calls(ClientCore):
         idempotency_key: str | None = None,
         priority: str | None = None,
         tenant: str | None = None,
+        model_id: str | None = None,
     ) -> ChunkStream:
         """Run streaming deployment (or endpoint) ``name`` on ``body``: an async iterator of its chunks.
 
@@ -163,6 +171,7 @@ class Calls(ClientCore):
         key = "" if idempotency_key is None else check_key(idempotency_key)
         level = parse_priority(priority)
         whom = tenant_of(tenant)
+        model = model_id_of(model_id)
 
         async def start() -> Reply | ChunkFeed:
             reply = await self.request(
@@ -174,6 +183,7 @@ class Calls(ClientCore):
                 idempotency_key=key,
                 priority=level,
                 tenant=whom,
+                model_id=model,
             )
             return self.follow(reply) if reply.status in STREAM_REPLIES or kept_stream(reply) else reply
 
@@ -200,6 +210,7 @@ class Calls(ClientCore):
         idempotency_key: str | None = None,
         priority: str | None = None,
         tenant: str | None = None,
+        model_id: str | None = None,
     ) -> str:
         """Enqueue without waiting for (or receiving) the result; return the request id.
 
@@ -217,6 +228,7 @@ class Calls(ClientCore):
             method,
             priority=level,
             tenant=tenant_of(tenant),
+            model=model_id_of(model_id),
         )
         cfg = route.deployment
         if idempotency_key is None and cfg.response_cache is None:
@@ -252,6 +264,7 @@ class Calls(ClientCore):
         refresh: bool = False,
         priority: Priority = Priority.NORMAL,
         tenant: str = DEFAULT_TENANT,
+        model_id: str = "",
     ) -> Reply:
         """Send already-encoded JSON and return the raw Reply (the gateway's entry point).
 
@@ -273,7 +286,8 @@ class Calls(ClientCore):
         reply is kept (wire/idempotency.py). Without one, a deployment with a response cache answers identical
         requests from a kept reply, or from one run (wire/response_cache.py); ``refresh`` runs anew and keeps the
         new reply. Reply.shared says how a shared run answered. ``priority``: the request's level (Request.priority);
-        ``tenant``: whom it is for (Request.tenant: a tenant name, as check_tenant says).
+        ``tenant``: whom it is for (Request.tenant: a tenant name, as check_tenant says); ``model_id``: its model
+        (Request.model: a model id, as check_model_id says, or "").
         """
         self._check_size(body)
         route = name if isinstance(name, Route) else await self.route(name, idempotency_key)
@@ -296,6 +310,7 @@ class Calls(ClientCore):
             tag=tag,
             priority=priority,
             tenant=tenant,
+            model=model_id,
         )
         entry_id = ""
         try:
@@ -424,6 +439,7 @@ class Calls(ClientCore):
                 request.method,
                 priority=request.priority,
                 tenant=request.tenant,
+                model=request.model,
             )
             task = asyncio.create_task(self._add(shadow, copy))
             self._shadow_tasks.add(task)
@@ -436,11 +452,17 @@ class Calls(ClientCore):
             logger.debug("shadow copy not sent: %s", task.exception())
 
     async def _add(self, cfg: DeploymentConfig, request: Request) -> str:
-        """Queue ``request`` on ``cfg``'s stream (if it has room); its entry id."""
+        """Queue ``request`` on ``cfg``'s stream (if it has room), or on its model's (wire/models.py); its entry id,
+        or for a model's stream its ref (``model:<id>/<entry id>``)."""
         assert self._pipeliner is not None
         stream = self._keys.requests(cfg.name, request.priority)
-        spec, tenant_keys = tenant_terms(self._keys, cfg, request) if cfg.tenant_limits else ("", [])
-        args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP, spec]
+        spec, keys = tenant_terms(self._keys, cfg, request) if cfg.tenant_limits else ("", [])
+        route = ""
+        if request.model and request.priority is Priority.NORMAL:  # to a replica that holds its model
+            route = route_spec(request.model, cfg.max_ongoing_requests)
+            keys = [*keys, self._keys.model_requests(cfg.name, request.model)]
+            keys.append(self._keys.model_holders(cfg.name, request.model))
+        args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP, spec, route]
         for key, value in request.encode().items():
             args += [key, value]
 
@@ -449,13 +471,13 @@ class Calls(ClientCore):
             twice, and need not at all once the caller has its reply (or stopped waiting)."""
             if request.reply_to and self._replies is not None and not self._replies.waits_for(request.tag):
                 return [("ECHO", b"answered")]
-            keys = [stream, *tenant_keys]
+            sent_keys = [stream, *keys]
             if request.reply_to and not is_cluster_client(self.redis):
-                keys.append(request.reply_to)
-            return [("EVAL", _ENQUEUE_AGAIN, len(keys), *keys, *args[:2], request.request_id, *args[2:])]
+                sent_keys.append(request.reply_to)
+            return [("EVAL", _ENQUEUE_AGAIN, len(sent_keys), *sent_keys, *args[:2], request.request_id, *args[2:])]
 
         with self._refusals:
-            entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream, *tenant_keys], args, again)
+            entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream, *keys], args, again)
         if entry_id == 0:
             raise OverloadedError(queue_full(cfg.name, cfg.max_queued_requests, request.priority))
         if isinstance(entry_id, list):

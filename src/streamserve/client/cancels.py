@@ -24,7 +24,7 @@ from streamserve.transport.streams import control_command
 from streamserve.wire import scripts
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from streamserve.wire.messages import CancelRequest, Request, now_ms, text
-from streamserve.wire.priorities import Priority, entry_ref
+from streamserve.wire.priorities import lane_ref, priority_lane, split_ref
 
 logger = logging.getLogger(__name__)
 
@@ -57,12 +57,14 @@ class Canceller:
         "running" or "finished". A queued ``request``'s shared run is freed (its replica frees it when it was
         running)."""
         keys = self._keys
-        priority = Priority.NORMAL if request is None else request.priority
-        ref = entry_ref(priority, entry_id.encode()).decode()
+        lane, entry = split_ref(entry_id.encode())  # a model stream's entry comes as its ref (Calls._add)
+        if not lane and request is not None:
+            lane = priority_lane(request.priority)
+        ref = lane_ref(lane, entry).decode()
         where = await self._pipeliner.run_script(
             _CANCEL,
-            [keys.requests(deployment, priority), keys.cancelled(deployment), keys.metrics(deployment)],
-            [CONSUMER_GROUP, entry_id, now_ms(), CANCEL_MARK_KEEP_MS, CANCELLED.field(QUEUED_STAGE), ref],
+            [keys.lane_stream(deployment, lane), keys.cancelled(deployment), keys.metrics(deployment)],
+            [CONSUMER_GROUP, entry, now_ms(), CANCEL_MARK_KEEP_MS, CANCELLED.field(QUEUED_STAGE), ref],
         )
         stage = text(where[0])
         if stage == "queued" and request is not None and request.run:

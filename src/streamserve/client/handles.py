@@ -49,6 +49,7 @@ from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import RequestCancelledError, RequestTimeoutError, UnavailableError
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.messages import Reply
+from streamserve.wire.models import model_id_of
 
 T = TypeVar("T")
 
@@ -207,13 +208,16 @@ def _blocking_home(method: str, instead: str) -> _Home:
     return home
 
 
-async def _send(home: _Home, name: str, body: bytes, method: str, scope: RequestScope | None, stream: bool) -> Reply:
-    """On the home loop: send a call of ``name`` as a child of ``scope``'s request (if any); its first reply."""
+async def _send(
+    home: _Home, name: str, body: bytes, method: str, model: str, scope: RequestScope | None, stream: bool
+) -> Reply:
+    """On the home loop: send a call of ``name`` (with ``model``: wire/models.py) as a child of ``scope``'s request
+    (if any); its first reply."""
     client = home.client()
     route = await client.route(name)
     timeout = route.deployment.request_timeout_s
     if scope is None:
-        return await client.request(route, body, timeout=timeout, method=method, stream=stream)
+        return await client.request(route, body, timeout=timeout, method=method, stream=stream, model_id=model)
     return await client.request(
         route,
         body,
@@ -225,18 +229,19 @@ async def _send(home: _Home, name: str, body: bytes, method: str, scope: Request
         deadline_ms=scope.deadline_ms,
         priority=scope.priority,
         tenant=scope.tenant,
+        model_id=model,
     )
 
 
-async def _call(home: _Home, name: str, body: bytes, method: str, scope: RequestScope | None) -> Any:
-    return result_of(await _send(home, name, body, method, scope, stream=False))
+async def _call(home: _Home, name: str, body: bytes, method: str, model: str, scope: RequestScope | None) -> Any:
+    return result_of(await _send(home, name, body, method, model, scope, stream=False))
 
 
-def _chunks(home: _Home, name: str, body: bytes, method: str, scope: RequestScope | None) -> ChunkStream:
+def _chunks(home: _Home, name: str, body: bytes, method: str, model: str, scope: RequestScope | None) -> ChunkStream:
     """The stream of a call, sent by its first step on the home loop."""
 
     async def start() -> Reply | ChunkFeed:
-        reply = await _send(home, name, body, method, scope, stream=True)
+        reply = await _send(home, name, body, method, model, scope, stream=True)
         return home.client().follow(reply) if reply.status in STREAM_REPLIES else reply
 
     return ChunkStream(start)
@@ -271,15 +276,16 @@ class DeploymentHandle:
     def __repr__(self) -> str:
         return f"DeploymentHandle({self.name!r})"
 
-    def call(self, body: Any = None, *, method: str | None = None) -> Any:
-        """Run the deployment on ``body`` (its ``method``, if given) and return its result; blocks until then.
+    def call(self, body: Any = None, *, method: str | None = None, model_id: str | None = None) -> Any:
+        """Run the deployment on ``body`` (its ``method``, if given; with ``model_id``, for a deployment that
+        multiplexes models) and return its result; blocks until then.
 
         Raises RuntimeError on the event loop's own thread (in an async handler): use ``await acall()`` there."""
         encoded = encode_body(body)
         scope = current_scope()
         _check_parent(scope)
         home = _blocking_home("call", "await handle.acall(...)")
-        future = home.submit(_call(home, self.name, encoded, method or "", scope))
+        future = home.submit(_call(home, self.name, encoded, method or "", model_id_of(model_id), scope))
         unregister = scope.on_cancel(future.cancel) if scope is not None else _nothing
         try:
             return future.result()
@@ -291,15 +297,15 @@ class DeploymentHandle:
         finally:
             unregister()
 
-    async def acall(self, body: Any = None, *, method: str | None = None) -> Any:
+    async def acall(self, body: Any = None, *, method: str | None = None, model_id: str | None = None) -> Any:
         """Run the deployment on ``body`` (its ``method``, if given) and return its result."""
         encoded = encode_body(body)
         scope = current_scope()
         _check_parent(scope)
         home = _home()
-        return await home.run(_call(home, self.name, encoded, method or "", scope))
+        return await home.run(_call(home, self.name, encoded, method or "", model_id_of(model_id), scope))
 
-    def stream(self, body: Any = None, *, method: str | None = None) -> HandleStream:
+    def stream(self, body: Any = None, *, method: str | None = None, model_id: str | None = None) -> HandleStream:
         """Run the streaming deployment on ``body``: an iterator of its chunks, each step blocking until it comes.
 
         As ``Client.stream``: the request is sent by the first step, an error is raised after the chunks before it,
@@ -308,15 +314,16 @@ class DeploymentHandle:
         scope = current_scope()
         _check_parent(scope)
         home = _blocking_home("stream", "async for chunk in handle.astream(...)")
-        return HandleStream(home, _chunks(home, self.name, encoded, method or "", scope), self.name, scope)
+        chunks = _chunks(home, self.name, encoded, method or "", model_id_of(model_id), scope)
+        return HandleStream(home, chunks, self.name, scope)
 
-    def astream(self, body: Any = None, *, method: str | None = None) -> AsyncHandleStream:
+    def astream(self, body: Any = None, *, method: str | None = None, model_id: str | None = None) -> AsyncHandleStream:
         """Run the streaming deployment on ``body``: an async iterator of its chunks (as ``AsyncClient.stream``)."""
         encoded = encode_body(body)
         scope = current_scope()
         _check_parent(scope)
         home = _home()
-        return AsyncHandleStream(home, _chunks(home, self.name, encoded, method or "", scope))
+        return AsyncHandleStream(home, _chunks(home, self.name, encoded, method or "", model_id_of(model_id), scope))
 
 
 def handle(name: str) -> DeploymentHandle:

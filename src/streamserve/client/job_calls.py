@@ -16,6 +16,7 @@ from streamserve.client.calls import call_timeout_s, encode_body
 from streamserve.client.core import ClientCore
 from streamserve.client.jobs import JobInfo
 from streamserve.wire.idempotency import check_key
+from streamserve.wire.models import model_id_of
 from streamserve.wire.priorities import parse_priority
 from streamserve.wire.tenants import tenant_of
 
@@ -35,6 +36,7 @@ class JobCalls(ClientCore):
         idempotency_key: str | None = None,
         priority: str | None = None,
         tenant: str | None = None,
+        model_id: str | None = None,
     ) -> str:
         """Queue a call of ``name`` as an asynchronous job; return the job id (see ``job``).
 
@@ -47,12 +49,14 @@ class JobCalls(ClientCore):
         ``idempotency_key``: a call with a key that queued a job already (for
         ``name``, the same method and body) gets that job's id, and queues
         nothing (for the deployment's ``idempotency_ttl_s``). ``priority``: the level its call is queued at;
-        ``tenant``: whom it is for (its call counts against that tenant's limits when it runs).
+        ``tenant``: whom it is for (its call counts against that tenant's limits when it runs); ``model_id``: the model
+        its call runs with (docs/multiplexing.md).
         """
         if idempotency_key is not None:
             check_key(idempotency_key)
         level = parse_priority(priority)
         whom = tenant_of(tenant)
+        model = model_id_of(model_id)
         encoded = encode_body(body)
         self._check_size(encoded)
         route = await self.route(name)
@@ -71,6 +75,7 @@ class JobCalls(ClientCore):
                 idempotency_key=idempotency_key,
                 priority=level,
                 tenant=whom,
+                model=model,
             )
         )
 

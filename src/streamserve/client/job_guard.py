@@ -18,6 +18,7 @@ from typing import Any
 from rq.exceptions import DeserializationError
 from rq.job import Job, JobStatus
 
+from streamserve.wire.models import MODEL_ID_RE
 from streamserve.wire.priorities import Priority
 from streamserve.wire.tenants import DEFAULT_TENANT, TENANT_RE
 
@@ -47,7 +48,8 @@ class GuardedJob(Job):
             on = f" on an instance of {type(instance).__name__}" if instance is not None else ""
             return f"it names {_shown(func_name)}{on}, not {JOB_FUNCTION!r}"
         if not _are_run_arguments(args, kwargs):
-            return "its arguments are not (name, body, method, timeout, priority, tenant) as streamserve queues them"
+            shape = "(name, body, method, timeout, priority, tenant, model)"
+            return f"its arguments are not {shape} as streamserve queues them"
         callbacks = [
             n for n in (self._success_callback_name, self._failure_callback_name, self._stopped_callback_name) if n
         ]
@@ -96,15 +98,16 @@ def _shown(value: object) -> str:
 
 
 def _are_run_arguments(args: Any, kwargs: Any) -> bool:
-    """Whether ``run(*args, **kwargs)`` is ``run(name, body, method, timeout, priority, tenant)`` with the types
+    """Whether ``run(*args, **kwargs)`` is ``run(name, body, method, timeout, priority, tenant, model)`` with the types
     JobQueue gives them (jobs queued by older releases leave the last ones out)."""
-    if kwargs != {} or not isinstance(args, list | tuple) or not 2 <= len(args) <= 6:
+    if kwargs != {} or not isinstance(args, list | tuple) or not 2 <= len(args) <= 7:
         return False
     given: list[Any] = list(args)
-    defaults = ["", None, Priority.NORMAL.value, DEFAULT_TENANT]  # run's, for what is left out
-    name, _body, method, timeout, priority, tenant = given + defaults[len(given) - 2 :]
+    defaults = ["", None, Priority.NORMAL.value, DEFAULT_TENANT, ""]  # run's, for what is left out
+    name, _body, method, timeout, priority, tenant, model = given + defaults[len(given) - 2 :]
     is_number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
     is_priority = priority in {p.value for p in Priority}
     is_tenant = isinstance(tenant, str) and TENANT_RE.match(tenant) is not None
+    is_model = model == "" or (isinstance(model, str) and MODEL_ID_RE.match(model) is not None)
     named = isinstance(name, str) and isinstance(method, str)
-    return named and (timeout is None or is_number) and is_priority and is_tenant
+    return named and (timeout is None or is_number) and is_priority and is_tenant and is_model

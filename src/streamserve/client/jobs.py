@@ -173,8 +173,10 @@ class JobQueue:
         idempotency_key: str | None = None,
         priority: Priority = Priority.NORMAL,
         tenant: str = DEFAULT_TENANT,
+        model: str = "",
     ) -> str:
-        """Queue a call of deployment or endpoint ``name`` (at ``priority``, for ``tenant``); return the job id.
+        """Queue a call of deployment or endpoint ``name`` (at ``priority``, for ``tenant``, with ``model``); return the
+        job id.
 
         ``idempotency_key``: the job that an earlier call with this key queued (for ``name``, the same method and
         body), if any, instead of a new one; IdempotencyKeyMismatchError for the key with another method or body.
@@ -190,12 +192,12 @@ class JobQueue:
         claim = ""
         if idempotency_key is not None:
             claim = self._keys.job_idempotency(name, idempotency_key)
-            digest = request_digest(method, orjson.dumps(body))
+            digest = request_digest(method, orjson.dumps(body), model)
             earlier = self._claim(claim, idempotency_key, job_id, digest, counted_in.idempotency_ttl_s)
             if earlier is not None:
                 return earlier
         try:
-            self._enqueue(name, body, counted_in, method, timeout, call_timeout_s, job_id, priority, tenant)
+            self._enqueue(name, body, counted_in, method, timeout, call_timeout_s, job_id, (priority, tenant, model))
         except BaseException:
             if claim:
                 with contextlib.suppress(redis.RedisError):
@@ -233,9 +235,10 @@ class JobQueue:
         timeout: float | None,
         call_timeout_s: float,
         job_id: str,
-        priority: Priority,
-        tenant: str,
+        terms: tuple[Priority, str, str],
     ) -> None:
+        """``terms``: the call's priority, tenant and model."""
+        priority, tenant, model = terms
         if not self._admit(
             keys=[self._keys.accepted_jobs(counted_in.name)], args=[counted_in.max_queued_jobs, job_id, now_ms()]
         ):
@@ -246,7 +249,7 @@ class JobQueue:
         try:
             self.queue.enqueue_call(
                 JOB_FUNCTION,
-                args=(name, body, method, timeout, priority.value, tenant),
+                args=(name, body, method, timeout, priority.value, tenant, *((model,) if model else ())),
                 timeout=int(call_timeout_s) + JOB_TIMEOUT_MARGIN_S,
                 result_ttl=self._result_ttl_s,
                 failure_ttl=self._result_ttl_s,

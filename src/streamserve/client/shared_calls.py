@@ -58,13 +58,13 @@ def by_key(keys: Keys, cfg: DeploymentConfig, request: Request) -> Sharing:
     return Sharing(
         keys.idempotency(cfg.name, request.idem),
         keys.idempotency_waiters(cfg.name, request.idem),
-        digest=idempotency.request_digest(request.method, request.body),
+        digest=idempotency.request_digest(request.method, request.body, request.model),
     )
 
 
 def by_cache(keys: Keys, cfg: DeploymentConfig, request: Request, refresh: bool) -> Sharing:
     """The sharing of ``request`` to a deployment with a response cache; sets its ``cache`` digest."""
-    request.cache = response_cache.cache_digest(cfg, request.method, request.body)
+    request.cache = response_cache.cache_digest(cfg, request.method, request.body, request.model)
     return Sharing(
         keys.cache_entry(cfg.name, request.cache),
         keys.cache_waiters(cfg.name, request.cache),

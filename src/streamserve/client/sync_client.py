@@ -24,6 +24,7 @@ from streamserve.client.async_client import AsyncClient
 from streamserve.client.chunk_stream import ChunkStream
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import UnavailableError
+from streamserve.wire.models import model_id_of
 from streamserve.wire.priorities import parse_priority
 from streamserve.wire.tenants import tenant_of
 
@@ -113,11 +114,12 @@ class Client:
         idempotency_key: str | None = None,
         priority: str | None = None,
         tenant: str | None = None,
+        model_id: str | None = None,
     ) -> Any:
         """Run deployment ``name`` on ``body`` and return its result, or raise a StreamServeError.
 
         ``idempotency_key``: calls with one key run the handler once; ``priority``: high, normal or low;
-        ``tenant``: whom it is for (see AsyncClient.call)."""
+        ``tenant``: whom it is for; ``model_id``: the model it runs with (see AsyncClient.call)."""
         future = self.submit(
             name,
             body,
@@ -126,6 +128,7 @@ class Client:
             idempotency_key=idempotency_key,
             priority=priority,
             tenant=tenant,
+            model_id=model_id,
         )
         return future.result()
 
@@ -139,10 +142,12 @@ class Client:
         idempotency_key: str | None = None,
         priority: str | None = None,
         tenant: str | None = None,
+        model_id: str | None = None,
     ) -> concurrent.futures.Future[Any]:
         """Start a call; the Future resolves to its result or raises its error."""
         parse_priority(priority)  # a bad one raises here, not from the Future
         tenant_of(tenant)
+        model_id_of(model_id)
         calling = self._async.call(
             name,
             body,
@@ -151,6 +156,7 @@ class Client:
             idempotency_key=idempotency_key,
             priority=priority,
             tenant=tenant,
+            model_id=model_id,
         )
         return self._run(calling)
 
@@ -164,6 +170,7 @@ class Client:
         idempotency_key: str | None = None,
         priority: str | None = None,
         tenant: str | None = None,
+        model_id: str | None = None,
     ) -> str:
         """Enqueue without waiting for the result; return the request id."""
         sending = self._async.send(
@@ -174,6 +181,7 @@ class Client:
             idempotency_key=idempotency_key,
             priority=priority,
             tenant=tenant,
+            model_id=model_id,
         )
         return self._run(sending).result()
 
@@ -187,6 +195,7 @@ class Client:
         idempotency_key: str | None = None,
         priority: str | None = None,
         tenant: str | None = None,
+        model_id: str | None = None,
     ) -> ChunkIterator:
         """Run streaming deployment ``name`` on ``body``: an iterator of its chunks (see AsyncClient.stream).
 
@@ -202,6 +211,7 @@ class Client:
             idempotency_key=idempotency_key,
             priority=priority,
             tenant=tenant,
+            model_id=model_id,
         )
         return ChunkIterator(self, chunks)
 

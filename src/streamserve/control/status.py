@@ -13,6 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from streamserve.control.desired_state import DesiredState
+from streamserve.transport.model_streams import ModelStreams
 from streamserve.wire import scripts
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import NotFoundError
@@ -26,6 +27,7 @@ from streamserve.wire.messages import (
     now_ms,
     text,
 )
+from streamserve.wire.priorities import Priority
 from streamserve.wire.states import ACTIVE_REPLICA_STATES, ReplicaState
 from streamserve.wire.tenants import LIMITED_SHOWN_MS
 
@@ -44,6 +46,7 @@ class ReplicaStatus:
     message: str
     gpus: list[str] = field(default_factory=list)  # the devices it was given (CUDA_VISIBLE_DEVICES)
     age_s: float = 0.0  # since the scheduler created its record (or adopted it)
+    models: list[str] = field(default_factory=list)  # the models it holds loaded (a multiplexing deployment's)
 
 
 @dataclass
@@ -94,6 +97,7 @@ class StatusReader:
         self._keys = keys
         self._desired = DesiredState(redis, keys)
         self._queue_depth = redis.register_script(scripts.QUEUE_DEPTH)
+        self._model_streams = ModelStreams(redis, keys)
 
     async def report(self) -> dict[str, Any]:
         """What ``status --json`` and ``GET /-/status`` show: every deployment and every endpoint."""
@@ -160,6 +164,9 @@ class StatusReader:
             priority.value: max(0, figures[2 * i] - figures[2 * i + 1]) for i, priority in enumerate(streams)
         }
         in_flight = sum(figures[1::2])
+        models = await self._model_streams.figures(name)  # normal-priority requests routed to their model's replicas
+        queued_by_priority[Priority.NORMAL.value] += models.queued
+        in_flight += models.pending
         now = now_ms()
         beats = {text(rid): Heartbeat.decode(raw) for rid, raw in beats_raw.items()}
         replicas = []
@@ -178,6 +185,7 @@ class StatusReader:
                     message=rec.message or (beat.message if beat else ""),
                     gpus=rec.gpus,
                     age_s=round(max(0, now - rec.created_ms) / 1000, 1),
+                    models=beat.models if beat else [],
                 )
             )
         replicas.sort(key=lambda r: r.replica_id)

@@ -34,18 +34,27 @@ def stream_length_target(auto: AutoscalingConfig) -> int:
     return max(1, math.ceil(auto.target_ongoing_requests))
 
 
+# The trigger on Keys.model_backlog: the entries of the model streams of a multiplexing deployment (wire/models.py),
+# which come and go with the models its replicas hold, kept by the scheduler as one stream's length.
+MODELS_TRIGGER = "models"
+
+
 def redis_streams_triggers(spec: FarmSpec, d: DeploymentConfig, auto: AutoscalingConfig) -> list[dict[str, Any]]:
-    """One redis_streams_trigger per request stream (priority level), named by its level for scaling_modifiers."""
-    return [
+    """One redis_streams_trigger per request stream (priority level), named by its level for scaling_modifiers, and
+    one on the model streams' count."""
+    triggers = [
         {"name": priority.value, **redis_streams_trigger(spec, stream, auto)}
         for priority, stream in spec.keys.request_streams(d.name).items()
     ]
+    triggers.append({"name": MODELS_TRIGGER, **redis_streams_trigger(spec, spec.keys.model_backlog(d.name), auto)})
+    return triggers
 
 
 def scaling_modifiers(auto: AutoscalingConfig) -> dict[str, str]:
-    """KEDA's composite metric: the sum of every level's stream length against the one target, so that KEDA (and
-    the HPA it feeds one metric) scales on the whole backlog, as our own autoscaler does; active above 0."""
-    formula = " + ".join(priority.value for priority in PRIORITIES)
+    """KEDA's composite metric: the sum of every level's stream length (and the model streams') against the one
+    target, so that KEDA (and the HPA it feeds one metric) scales on the whole backlog, as our own autoscaler does;
+    active above 0."""
+    formula = " + ".join([*(priority.value for priority in PRIORITIES), MODELS_TRIGGER])
     return {"formula": formula, "target": str(stream_length_target(auto)), "activationTarget": "0"}
 
 

@@ -118,6 +118,22 @@ CACHE_REQUESTS = Counter(
 )
 
 
+MODEL_LOADS = Counter("model_loads_total", "Models that replicas of a multiplexing deployment loaded.", "")
+MODEL_LOAD_DURATION = Histogram(
+    "model_load_duration_seconds", "Seconds a multiplexing deployment's loader took to load a model.", LATENCY_BUCKETS
+)
+MODEL_REQUESTS = Counter(
+    "model_requests_total",
+    "Models a multiplexing deployment's requests asked their replica for, by result: hit (it had the model loaded) "
+    "or load (it loaded it, or waited for its load).",
+    "result",
+)
+
+# MODEL_REQUESTS' results.
+MODEL_HIT = "hit"
+MODEL_LOAD = "load"
+
+
 @dataclass(frozen=True)
 class TenantCounter:
     """A counter by tenant and status code (besides ``deployment``): ``<metric>|tenant=<t>|code=<c>``. Tenant names
@@ -152,8 +168,8 @@ TENANT_REQUESTS = TenantCounter(
     'past 100 tenants per deployment the rest count as tenant="other".',
 )
 
-COUNTERS = (REQUESTS, HANDLED, STREAM_CHUNKS, CANCELLED, CACHE_REQUESTS)
-HISTOGRAMS = (REQUEST_DURATION, HANDLER_DURATION, BATCH_SIZE, TIME_TO_FIRST_CHUNK)
+COUNTERS = (REQUESTS, HANDLED, STREAM_CHUNKS, CANCELLED, CACHE_REQUESTS, MODEL_LOADS, MODEL_REQUESTS)
+HISTOGRAMS = (REQUEST_DURATION, HANDLER_DURATION, BATCH_SIZE, TIME_TO_FIRST_CHUNK, MODEL_LOAD_DURATION)
 
 # -- read from Redis at each scrape --------------------------------------------------
 

@@ -35,6 +35,7 @@ class RequestScope:
         "deadline_ms",
         "deadline_stop",
         "is_cancelled",
+        "model",
         "priority",
         "request_id",
         "stop",
@@ -43,13 +44,19 @@ class RequestScope:
     )
 
     def __init__(
-        self, request_id: str, deadline_ms: int, priority: Priority = Priority.NORMAL, tenant: str = DEFAULT_TENANT
+        self,
+        request_id: str,
+        deadline_ms: int,
+        priority: Priority = Priority.NORMAL,
+        tenant: str = DEFAULT_TENANT,
+        model: str = "",
     ) -> None:
         self.request_id = request_id
         self.deadline_ms = deadline_ms  # epoch ms; 0: none
         # Its calls through handles go at the same level, for the same tenant.
         self.priority = priority
         self.tenant = tenant
+        self.model = model  # the model it names (streamserve.model_id()), "" for none: handles' calls name their own
         self.is_cancelled = False
         # Stops the handler when the request is cancelled (cancels its task, closes its generator); None for a sync
         # handler, which cannot be interrupted and is told by ``cancelled()`` instead.

@@ -57,7 +57,8 @@ def settle(keys: Keys, cfg: DeploymentConfig, request: Request, reply: Reply) ->
         shared = outcome == shared_runs.STORE
     else:
         cache = cfg.response_cache
-        kept = cache is not None and response_cache.cache_digest(cfg, request.method, request.body) == request.cache
+        digest = response_cache.cache_digest(cfg, request.method, request.body, request.model)
+        kept = cache is not None and digest == request.cache
         outcome, fields = response_cache.settlement(reply, kept)
         run_keys = [keys.cache_entry(name, request.cache), keys.cache_waiters(name, request.cache)]
         run_keys.append(keys.cache_index(name))

@@ -20,7 +20,8 @@ from streamserve.transport.pipelining import Command
 from streamserve.wire import scripts
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from streamserve.wire.messages import CancelRequest, ChunkBatch, ReadProgress, Reply, text
-from streamserve.wire.priorities import Priority, entry_ref
+from streamserve.wire.models import model_of_lane
+from streamserve.wire.priorities import lane_ref
 
 # Approximate cap on a caller's reply stream; its reader drains and trims it continuously.
 REPLY_STREAM_MAXLEN = 100_000
@@ -92,10 +93,12 @@ class Requeuer:
         charge: bool,
         max_delivery_attempts: int,
         reason: str = "",
-        priority: Priority = Priority.NORMAL,
+        lane: bytes = b"",
     ) -> list[DeadLetter]:
-        """Move ``entry_ids`` (pending in the group of ``deployment``'s stream of ``priority``) back to that queue,
-        atomically one by one; those cancelled while held are dropped instead (Keys.cancelled).
+        """Move ``entry_ids`` (pending in the group of ``deployment``'s stream of ``lane``: wire/priorities.py) back
+        to that queue, atomically one by one; those cancelled while held are dropped instead (Keys.cancelled). A
+        model's stream gives those a dead replica held to the deployment's stream instead, where any replica takes
+        them (its other holders may be gone too).
 
         ``charge``: the replica died holding them, so each counts one more delivery attempt and goes to the
         dead-letter stream (with ``reason``) once it reaches ``max_delivery_attempts``. Without it they
@@ -105,9 +108,10 @@ class Requeuer:
             return []
         dead = await self._script(
             keys=[
-                self._keys.requests(deployment, priority),
+                self._keys.lane_stream(deployment, lane),
                 self._keys.dead_letters(deployment),
                 self._keys.cancelled(deployment),
+                *([self._keys.requests(deployment)] if charge and model_of_lane(lane) is not None else []),
             ],
             args=[
                 CONSUMER_GROUP,
@@ -115,7 +119,7 @@ class Requeuer:
                 reason,
                 DEAD_LETTER_CAP,
                 int(charge),
-                entry_ref(priority, b""),
+                lane_ref(lane, b""),
                 *entry_ids,
             ],
         )

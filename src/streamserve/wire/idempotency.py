@@ -33,9 +33,11 @@ def check_key(key: str) -> str:
     return key
 
 
-def request_digest(method: str, body: bytes) -> str:
-    """What a retry must repeat to share a key's run: a digest of the method and the body's JSON value."""
-    return hashlib.sha256(method.encode() + b"\0" + canonical_body(body)).hexdigest()[:32]
+def request_digest(method: str, body: bytes, model: str = "") -> str:
+    """What a retry must repeat to share a key's run: a digest of the method, the body's JSON value (and the model:
+    wire/models.py)."""
+    scope = method.encode() + (b"\0model\0" + model.encode() if model else b"")
+    return hashlib.sha256(scope + b"\0" + canonical_body(body)).hexdigest()[:32]
 
 
 def settlement(reply: Reply) -> tuple[str, list[str | bytes]]:

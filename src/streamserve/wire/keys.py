@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streamserve.wire.priorities import PRIORITIES, Priority
+from streamserve.wire.models import model_of_lane
+from streamserve.wire.priorities import PRIORITIES, Priority, lane_priority
 
 _NORMAL = Priority.NORMAL
 
@@ -138,6 +139,37 @@ class Keys:
         """The deployment's request streams by priority, highest first."""
         return {priority: self.requests(deployment, priority) for priority in PRIORITIES}
 
+    def model_requests(self, deployment: str, model_id: str) -> str:
+        """Stream: the requests for one model that replicas holding it take (wire/models.py), read by the
+        CONSUMER_GROUP; made by the first replica that loads the model, deleted once no replica holds it."""
+        return self._tagged(deployment, f"model_requests:{model_id}")
+
+    def model_holders(self, deployment: str, model_id: str) -> str:
+        """Sorted set: the replicas that hold one model -> until when (epoch ms, Redis's clock), renewed with their
+        heartbeats; requests are routed to the model's stream only while a holder's time has not passed."""
+        return self._tagged(deployment, f"model_holders:{model_id}")
+
+    def models(self, deployment: str) -> str:
+        """Set: the models of the deployment that have a stream (Keys.model_requests), for the scheduler to look
+        after (a dead holder's model stream is disbanded; its pending entries are re-queued)."""
+        return self._tagged(deployment, "models")
+
+    def model_backlog(self, deployment: str) -> str:
+        """Stream of placeholders that the scheduler keeps as long as the deployment's model streams together
+        (scripts.MODEL_BACKLOG): KEDA reads stream lengths by name, and model streams come and go."""
+        return self._tagged(deployment, "model_backlog")
+
+    def model_pattern(self, deployment: str) -> str:
+        """SCAN pattern matching every model stream, holders set and the models set of one deployment."""
+        return self._tagged(deployment, "model*")
+
+    def lane_stream(self, deployment: str, lane: bytes) -> str:
+        """The stream of a lane (wire/priorities.py, lane_ref): a priority level's, or a model's."""
+        model_id = model_of_lane(lane)
+        if model_id is not None:
+            return self.model_requests(deployment, model_id)
+        return self.requests(deployment, lane_priority(lane))
+
     def replicas(self, deployment: str) -> str:
         """Hash: replica id -> ReplicaRecord JSON, written only by the scheduler."""
         return self._tagged(deployment, "replicas")
@@ -260,6 +292,8 @@ class Keys:
             self.cache_index(deployment),
             self.tenant_labels(deployment),
             self.limited_tenants(deployment),
+            self.models(deployment),
+            self.model_backlog(deployment),
             self.metrics(deployment),
             self.metrics_history(deployment),
             self.autoscale_decisions(deployment),

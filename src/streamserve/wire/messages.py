@@ -94,6 +94,8 @@ class Request:
     # held requests is bounded, its token in that count (the replica removes it when it finishes the request).
     tenant: str = DEFAULT_TENANT
     held: str = ""
+    # The model it is for (wire/models.py: X-Model-Id, model_id=), "" for none.
+    model: str = ""
 
     def encode(self) -> WireFields:
         fields: WireFields = {
@@ -124,6 +126,8 @@ class Request:
             fields["tenant"] = self.tenant
         if self.held:
             fields["held"] = self.held
+        if self.model:
+            fields["model"] = self.model
         return fields
 
     @classmethod
@@ -146,6 +150,7 @@ class Request:
                 priority=_NORMAL if (level := fields.get(b"priority")) is None else parse_priority(level.decode()),
                 tenant=DEFAULT_TENANT if (tenant := fields.get(b"tenant")) is None else tenant.decode(),
                 held=fields.get(b"held", b"").decode(),
+                model=fields.get(b"model", b"").decode(),
             )
         except (UnicodeDecodeError, ValueError, BadRequestError) as exc:
             raise ProtocolError(f"malformed request message: {exc}") from exc
@@ -425,6 +430,8 @@ class Heartbeat(_Record):
     message: str = ""
     # The code version it loaded (DeploymentConfig.code_version); "" until it has read its config.
     version: str = ""
+    # The models it holds loaded, for a deployment that multiplexes them (wire/models.py).
+    models: list[str] = []
 
 
 class ReplicaRecord(_Record):

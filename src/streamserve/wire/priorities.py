@@ -9,8 +9,9 @@ lower level with requests queued still gets about one read in FAIR_TURNS.
 Entry ids are unique within one stream only (two streams may both hold
 ``1700000000000-0``), so a replica names the entries it holds by a *ref*: the
 entry id for ``normal`` (what every deployment without priorities has), or the
-level and the id (``b"high/1700000000000-0"``). Callers name an entry they
-cancel by its ref too (CancelRequest, the cancelled-entries set).
+stream's *lane* and the id (``b"high/1700000000000-0"``; a model's stream has a
+lane too: wire/models.py). Callers name an entry they cancel by its ref too
+(CancelRequest, the cancelled-entries set).
 """
 
 from __future__ import annotations
@@ -75,21 +76,38 @@ def entry_ref(priority: Priority, entry_id: bytes) -> bytes:
     return f"{priority.value}/".encode() + entry_id
 
 
-def split_ref(ref: bytes) -> tuple[Priority, bytes]:
-    """The priority and entry id an entry_ref names."""
-    level, sep, entry_id = ref.partition(_REF_SEPARATOR)
-    if not sep:
-        return Priority.NORMAL, ref
-    return _BY_NAME[level.decode()], entry_id
+def lane_ref(lane: bytes, entry_id: bytes) -> bytes:
+    """How entry ``entry_id`` of ``lane``'s stream is named: a lane is a ref's prefix (b"" for ``normal``, b"high",
+    b"low", or a model's stream: wire/models.py)."""
+    return lane + _REF_SEPARATOR + entry_id if lane else entry_id
 
 
-def group_refs(refs: Iterable[bytes]) -> dict[Priority, list[bytes]]:
-    """Entry ids by priority, in the order given (one XACK per stream)."""
+def priority_lane(priority: Priority) -> bytes:
+    """The lane of ``priority``'s stream."""
+    return b"" if priority is _NORMAL else priority.value.encode()
+
+
+def lane_priority(lane: bytes) -> Priority:
+    """The priority of ``lane``'s entries: a level's own, ``normal`` for a model's stream (wire/models.py)."""
+    return _BY_LANE.get(lane, _NORMAL)
+
+
+def split_ref(ref: bytes) -> tuple[bytes, bytes]:
+    """The lane and entry id an entry ref names (an entry id never holds the separator; a model id may)."""
+    lane, sep, entry_id = ref.rpartition(_REF_SEPARATOR)
+    return (lane, entry_id) if sep else (b"", ref)
+
+
+def group_refs(refs: Iterable[bytes]) -> dict[bytes, list[bytes]]:
+    """Entry ids by lane, in the order given (one XACK per stream)."""
     refs = list(refs)
     if not any(_REF_SEPARATOR in ref for ref in refs):
-        return {Priority.NORMAL: refs}  # what every deployment without priorities has
-    grouped: dict[Priority, list[bytes]] = {}
+        return {b"": refs}  # what every deployment without priorities or models has
+    grouped: dict[bytes, list[bytes]] = {}
     for ref in refs:
-        priority, entry_id = split_ref(ref)
-        grouped.setdefault(priority, []).append(entry_id)
+        lane, entry_id = split_ref(ref)
+        grouped.setdefault(lane, []).append(entry_id)
     return grouped
+
+
+_BY_LANE = {priority_lane(p): p for p in Priority}

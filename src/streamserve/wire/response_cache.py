@@ -30,9 +30,10 @@ def scope_digest(cfg: DeploymentConfig) -> bytes:
     return f"{cfg.name}\0{cfg.code_version()}\0".encode() + user_config
 
 
-def cache_digest(cfg: DeploymentConfig, method: str, body: bytes) -> str:
-    """The digest that identical requests to ``cfg`` share."""
-    return hashlib.sha256(scope_digest(cfg) + b"\0" + method.encode() + b"\0" + canonical_body(body)).hexdigest()[:32]
+def cache_digest(cfg: DeploymentConfig, method: str, body: bytes, model: str = "") -> str:
+    """The digest that identical requests to ``cfg`` share (for one model: wire/models.py)."""
+    scope = scope_digest(cfg) + (b"\0model\0" + model.encode() if model else b"")
+    return hashlib.sha256(scope + b"\0" + method.encode() + b"\0" + canonical_body(body)).hexdigest()[:32]
 
 
 def settlement(reply: Reply, kept: bool) -> tuple[str, list[str | bytes]]:

@@ -66,14 +66,38 @@ end
 """
 )
 
+_ROUTE = """
+-- Where a request for a model goes (wire/models.py): ``route`` is '' (not routed) or 'capacity lane/', the model's
+-- stream and holders are KEYS[at] and KEYS[at + 1]. The model's stream when a live replica holds the model and the
+-- stream has fewer entries (queued and running) than its holders may run at once; else nil (the level's stream).
+local function route_to(route, at)
+  if route == '' then return nil end
+  local capacity, lane = string.match(route, '^(%d+) (.+)$')
+  local clock = redis.call('TIME')
+  local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[at + 1], '-inf', now)
+  local holders = redis.call('ZCARD', KEYS[at + 1])
+  if holders == 0 or redis.call('XLEN', KEYS[at]) >= holders * tonumber(capacity) then return nil end
+  return KEYS[at], lane
+end
+"""
+
 _ADMIT = (
     _TENANT
+    + _ROUTE
     + """
 -- Add the request (fields ARGV[first..]) to KEYS[1] if its tenant's limits (``spec``, its keys from KEYS[at]) and the
--- queue have room; the new entry id, 0 when the queue is full, or the tenant's refusal (tenant_check).
-local function admit(limit, group, first, spec, at)
+-- queue have room, or to its model's stream (``route``, its keys after the tenant's: route_to); the new entry id
+-- (a model stream's prefixed by its lane), 0 when the queue is full, or the tenant's refusal (tenant_check).
+local function admit(limit, group, first, spec, at, route)
   local refused, take = tenant_check(spec, KEYS[at], KEYS[at + 1], KEYS[at + 2])
   if refused then return refused end
+  local model, lane = route_to(route or '', spec == '' and at or at + 3)
+  if model then
+    local id = redis.call('XADD', model, '*', unpack(ARGV, first))
+    if take then take() end
+    return lane .. id
+  end
   local length = redis.call('XLEN', KEYS[1])
   -- XLEN counts the entries being worked on too: only when it alone reaches the limit is XPENDING needed.
   if length >= limit and length - pending_count(KEYS[1], group) >= limit then return 0 end
@@ -89,16 +113,19 @@ ENQUEUE = (
 -- Admit a request only if the deployment's queue (and its tenant's limits) have room (check and add are one step).
 -- KEYS[1]  the request stream of its priority level
 -- KEYS[2..4] with a tenant spec: its tenant's bucket, held tokens, and the deployment's limited tenants
+-- then, with a route: its model's stream and holders (_ROUTE)
 -- ARGV[1]  max_queued_requests: entries waiting that no replica has read yet
 -- ARGV[2]  the consumer group name
 -- ARGV[3]  the tenant spec, '' for none (_TENANT)
--- ARGV[4..] the request's field/value pairs
--- Returns the new entry id, 0 when the queue is full, or the tenant's refusal.
+-- ARGV[4]  the route, '' for none (_ROUTE)
+-- ARGV[5..] the request's field/value pairs
+-- Returns the new entry id (a model stream's with its lane: 'model:<id>/<entry id>'), 0 when the queue is full, or
+-- the tenant's refusal.
 """
     + _PENDING_COUNT
     + _ADMIT
     + """
-return admit(tonumber(ARGV[1]), ARGV[2], 4, ARGV[3], 2)
+return admit(tonumber(ARGV[1]), ARGV[2], 5, ARGV[3], 2, ARGV[4])
 """
 )
 
@@ -110,14 +137,15 @@ ENQUEUE_AGAIN = (
 -- replica adds the reply before it deletes the entry). Scans both: sent only on this rare path.
 -- KEYS[1]  the request stream of its priority level
 -- KEYS[2..4] with a tenant spec: as for ENQUEUE
--- KEYS[2] (KEYS[5] with a tenant spec)  the caller's reply stream (absent on a Redis Cluster, where it lives in
---          another slot)
+-- then, with a route: its model's stream and holders (searched too)
+-- then the caller's reply stream (absent on a Redis Cluster, where it lives in another slot)
 -- ARGV[1]  max_queued_requests
 -- ARGV[2]  the consumer group name
 -- ARGV[3]  the request id
 -- ARGV[4]  the tenant spec, '' for none
--- ARGV[5..] the request's field/value pairs
--- Returns the id of the entry found or added, 0 when the queue is full, or the tenant's refusal.
+-- ARGV[5]  the route, '' for none
+-- ARGV[6..] the request's field/value pairs
+-- Returns the id of the entry found or added (as ENQUEUE), 0 when the queue is full, or the tenant's refusal.
 """
     + _PENDING_COUNT
     + _ADMIT
@@ -139,10 +167,16 @@ local function find(stream, request_id)
     from = '(' .. batch[#batch][1]
   end
 end
-local replies = KEYS[ARGV[4] ~= '' and 5 or 2]
-local found = find(KEYS[1], ARGV[3]) or (replies and find(replies, ARGV[3]))
+local model_at = ARGV[4] ~= '' and 5 or 2
+local replies = KEYS[ARGV[5] ~= '' and model_at + 2 or model_at]
+local found = find(KEYS[1], ARGV[3])
+if not found and ARGV[5] ~= '' then
+  found = find(KEYS[model_at], ARGV[3])
+  if found then found = string.match(ARGV[5], '^%d+ (.+)$') .. found end
+end
+found = found or (replies and find(replies, ARGV[3]))
 if found then return found end
-return admit(tonumber(ARGV[1]), ARGV[2], 5, ARGV[4], 2)
+return admit(tonumber(ARGV[1]), ARGV[2], 6, ARGV[4], 2, ARGV[5])
 """
 )
 
@@ -321,6 +355,7 @@ REQUEUE = """
 -- KEYS[1]  the deployment's request stream
 -- KEYS[2]  the deployment's dead-letter stream (capped at ARGV[4] entries, approximately)
 -- KEYS[3]  the deployment's cancelled-entries sorted set: an entry in it was cancelled, and is dropped, not moved
+-- KEYS[4]  where moved entries go, when not back to KEYS[1]: a model's stream gives them to its deployment's
 -- ARGV[1]  the consumer group name
 -- ARGV[2]  max_delivery_attempts
 -- ARGV[3]  why (stored with a dead-lettered entry)
@@ -331,6 +366,7 @@ REQUEUE = """
 -- Returns {request_id, reply_to, deliveries, tag, idem, cache, run, ...} for every entry sent to the dead-letter
 -- stream.
 local dead = {}
+local into = KEYS[4] or KEYS[1]
 local max_deliveries = tonumber(ARGV[2])
 local increment = tonumber(ARGV[5])
 for i = 7, #ARGV do
@@ -369,7 +405,7 @@ for i = 7, #ARGV do
       dead[#dead + 1] = cache
       dead[#dead + 1] = run
     else
-      redis.call('XADD', KEYS[1], '*', unpack(kept))
+      redis.call('XADD', into, '*', unpack(kept))
     end
   end
   redis.call('XACK', KEYS[1], ARGV[1], id)
@@ -448,3 +484,113 @@ for i = 2, #ARGV do
 end
 return kept
 """
+
+_NOW_MS = """
+local function now_ms()
+  local clock = redis.call('TIME')
+  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+end
+"""
+
+HOLD_MODEL = (
+    """
+-- A replica holds a model (wire/models.py): make the model's stream and group if need be, and count the replica among
+-- the model's holders until ARGV[3] ms from now (Redis's clock, as ENQUEUE's route reads it). Sent when the replica
+-- loads the model and with each heartbeat, so a stream disbanded meanwhile is made again.
+-- KEYS[1]  the model's stream
+-- KEYS[2]  the model's holders (sorted set: replica -> until when, epoch ms)
+-- KEYS[3]  the deployment's models (set)
+-- ARGV[1]  the consumer group name
+-- ARGV[2]  the replica id
+-- ARGV[3]  for how long (ms): the heartbeat timeout
+-- ARGV[4]  the model id
+"""
+    + _NOW_MS
+    + """
+local made = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
+if type(made) == 'table' and made.err and not string.find(made.err, 'BUSYGROUP', 1, true) then
+  return redis.error_reply(made.err)
+end
+local ttl = tonumber(ARGV[3])
+redis.call('ZADD', KEYS[2], now_ms() + ttl, ARGV[2])
+if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
+redis.call('SADD', KEYS[3], ARGV[4])
+return 1
+"""
+)
+
+MODEL_STREAMS = (
+    """
+-- A deployment's model streams (wire/models.py), looked after and summed up.
+-- A model's stream that no live replica holds any more gives its queued entries back to the deployment's stream, and
+-- is deleted once nothing in it is pending either: so no request waits for a replica that unloaded its model or died.
+-- A replica sends this for a model it unloads (ARGV[5] names it, no longer a holder); the scheduler every tick for
+-- every model (which is how a dead holder's model is disbanded once its time has passed), keeping KEDA's count too.
+-- Entries pending for a dead replica are the reclaimer's (they count an attempt); pending for a live one, they run.
+-- The model streams' and holders' keys are made here from their prefixes: keys of this deployment's hash slot that no
+-- caller could name beforehand.
+-- KEYS[1]  the deployment's models (set)
+-- KEYS[2]  the deployment's (normal-priority) request stream
+-- KEYS[3]  optional: a stream kept exactly as long as the model streams together, for KEDA (Keys.model_backlog)
+-- ARGV[1]  the consumer group name
+-- ARGV[2]  a model stream's key less its model id (Keys.model_requests(deployment, ''))
+-- ARGV[3]  a model's holders' key less its model id
+-- ARGV[4]  '1' to disband the streams no live replica holds, '0' only to read the figures
+-- ARGV[5]  the replica that no longer holds the models ARGV[7..], or ''
+-- ARGV[6]  KEYS[3]'s cap
+-- ARGV[7..] the models to look at; none: every model of KEYS[1]
+-- Returns {length, pending, entries given back} summed over the models' streams.
+"""
+    + _NOW_MS
+    + _PENDING_COUNT
+    + """
+local function last_delivered(stream)
+  local groups = redis.pcall('XINFO', 'GROUPS', stream)
+  if type(groups) ~= 'table' or groups.err then return nil end
+  for _, group in ipairs(groups) do
+    local fields = {}
+    for i = 1, #group, 2 do fields[group[i]] = group[i + 1] end
+    if fields['name'] == ARGV[1] then return fields['last-delivered-id'] end
+  end
+  return nil
+end
+local function disband(model, stream, holders)
+  if ARGV[5] ~= '' then redis.call('ZREM', holders, ARGV[5]) end
+  redis.call('ZREMRANGEBYSCORE', holders, '-inf', now_ms())
+  if redis.call('ZCARD', holders) > 0 then return 0 end
+  local moved, last = 0, last_delivered(stream)
+  while last do
+    local batch = redis.call('XRANGE', stream, '(' .. last, '+', 'COUNT', 200)
+    for _, entry in ipairs(batch) do
+      redis.call('XADD', KEYS[2], '*', unpack(entry[2]))
+      redis.call('XDEL', stream, entry[1])
+      moved = moved + 1
+    end
+    if #batch < 200 then break end
+    last = batch[#batch][1]
+  end
+  if redis.call('XLEN', stream) == 0 then
+    redis.call('DEL', stream, holders)
+    redis.call('SREM', KEYS[1], model)
+  end
+  return moved
+end
+local models = {}
+for i = 7, #ARGV do models[#models + 1] = ARGV[i] end
+if #models == 0 then models = redis.call('SMEMBERS', KEYS[1]) end
+local length, pending, moved = 0, 0, 0
+for _, model in ipairs(models) do
+  local stream = ARGV[2] .. model
+  if ARGV[4] == '1' then moved = moved + disband(model, stream, ARGV[3] .. model) end
+  length = length + redis.call('XLEN', stream)
+  pending = pending + pending_count(stream, ARGV[1])
+end
+if KEYS[3] then
+  local want = math.min(length, tonumber(ARGV[6]))
+  local have = redis.call('XLEN', KEYS[3])
+  if have > want then redis.call('XTRIM', KEYS[3], 'MAXLEN', want) end
+  for _ = have + 1, want do redis.call('XADD', KEYS[3], '*', 'n', '1') end
+end
+return {length, pending, moved}
+"""
+)

@@ -1,0 +1,257 @@
+"""``@streamserve.multiplexed``: each replica keeps a few models loaded, the least recently used one unloaded to make
+room (docs/multiplexing.md).
+
+    class Adapters:
+        @streamserve.multiplexed(max_models_per_replica=4)
+        async def get_model(self, model_id: str): ...
+
+        async def __call__(self, body):
+            model = await self.get_model(streamserve.model_id())
+
+The decorated loader is called once per model a replica loads: concurrent callers for a model being loaded wait for
+that one load, and a load that raises fails each of them (the next call tries again). An async loader makes an async
+``get_model``; a sync one a sync ``get_model`` (call it from a sync handler: it blocks its thread while it loads).
+
+The replica is told what each cache does (ModelEvents): it holds the models' streams, so that requests for a model
+go to a replica that has it loaded (wire/models.py), and counts loads and hits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from streamserve.runtime.request_scope import current_scope
+from streamserve.wire.errors import BadRequestError, ConfigError
+from streamserve.wire.models import MODEL_HEADER, check_model_id
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_MODELS = 3
+# The attribute that marks a multiplexed loader (and holds its max_models_per_replica).
+MARK = "__streamserve_multiplexed__"
+
+
+class ModelEvents(Protocol):
+    """What a replica is told of its models (workers/model_holder.py); called from any thread."""
+
+    def loaded(self, model_id: str, seconds: float) -> None: ...
+
+    def unloaded(self, model_id: str) -> None: ...
+
+    def used(self, model_id: str, hit: bool) -> None: ...
+
+
+_events: ModelEvents | None = None
+
+
+def listen(events: ModelEvents | None) -> None:
+    """The replica in this process is told of its caches' models from now on (None: nobody is)."""
+    global _events
+    _events = events
+
+
+def model_id() -> str:
+    """Inside a handler: the model id its request names (``X-Model-Id``, ``model_id=``), "" when it names none."""
+    scope = current_scope()
+    return scope.model if scope is not None else ""
+
+
+def _checked(model_id: str | None) -> str:
+    if not model_id:
+        raise BadRequestError(f"no model id: the request must name one with the {MODEL_HEADER} header (model_id=)")
+    return check_model_id(model_id)
+
+
+async def _unload(model_id: str, model: Any) -> None:
+    """Let go of an unloaded model: its ``aclose()`` or ``close()`` if it has one (then its ``__del__``, once the
+    last reference goes)."""
+    try:
+        closer = getattr(model, "aclose", None) or getattr(model, "close", None)
+        if callable(closer):
+            result = closer()
+            if inspect.isawaitable(result):
+                await result
+    except Exception:
+        logger.exception("model %s: closing it failed", model_id)
+
+
+def _unload_now(model_id: str, model: Any) -> None:
+    """_unload from a thread (a sync loader's): an ``aclose()`` is run to its end on a loop of its own."""
+    try:
+        closer = getattr(model, "aclose", None) or getattr(model, "close", None)
+        if callable(closer):
+            result = closer()
+            if inspect.iscoroutine(result):
+                asyncio.run(result)
+    except Exception:
+        logger.exception("model %s: closing it failed", model_id)
+
+
+class _Models:
+    """The models one loader keeps for one owner (an instance, or a plain function): most recently used last."""
+
+    def __init__(self, loader: Callable[..., Any], owner: Any, most: int) -> None:
+        self._loader = loader
+        self._owner = owner  # None for a plain function
+        self._most = most
+        self.models: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()  # a sync loader's callers come from several threads
+        self._loading: dict[str, Any] = {}  # model id -> its load (a Task, or a concurrent Future)
+
+    def _call_loader(self, model_id: str) -> Any:
+        return self._loader(model_id) if self._owner is None else self._loader(self._owner, model_id)
+
+    def _room_for_one(self) -> list[tuple[str, Any]]:
+        """Models to unload so that one more fits (loads on their way count), least recently used first."""
+        unloaded = []
+        while self.models and len(self.models) + len(self._loading) >= self._most:
+            unloaded.append(self.models.popitem(last=False))
+        for gone, _ in unloaded:
+            _tell("unloaded", gone)
+        return unloaded
+
+    # -- an async loader ---------------------------------------------------------
+
+    async def get(self, model_id: str) -> Any:
+        if model_id in self.models:
+            self.models.move_to_end(model_id)
+            _tell("used", model_id, True)
+            return self.models[model_id]
+        _tell("used", model_id, False)
+        load = self._loading.get(model_id)
+        if load is None:
+            unloaded = self._room_for_one()
+            # A task of its own: a caller cancelled while it loads stops waiting, not the load the others wait for.
+            load = self._loading[model_id] = asyncio.ensure_future(self._load(model_id, unloaded))
+            load.add_done_callback(_retrieved)  # its error is each waiter's (and nobody's if all stopped waiting)
+        return await asyncio.shield(load)
+
+    async def _load(self, model_id: str, unloaded: list[tuple[str, Any]]) -> Any:
+        try:
+            for gone, model in unloaded:
+                await _unload(gone, model)
+            del unloaded[:]  # the last references: __del__ runs now, before the new model takes the memory
+            started = time.perf_counter()
+            model = await self._call_loader(model_id)
+            self.models[model_id] = model
+            _tell("loaded", model_id, time.perf_counter() - started)
+            return model
+        finally:
+            del self._loading[model_id]
+
+    # -- a sync loader -------------------------------------------------------------
+
+    def get_sync(self, model_id: str) -> Any:
+        with self._lock:
+            if model_id in self.models:
+                self.models.move_to_end(model_id)
+                _tell("used", model_id, True)
+                return self.models[model_id]
+            _tell("used", model_id, False)
+            waited: concurrent.futures.Future[Any] | None = self._loading.get(model_id)
+            if waited is None:
+                unloaded = self._room_for_one()
+                load: concurrent.futures.Future[Any] = concurrent.futures.Future()
+                self._loading[model_id] = load
+        if waited is not None:
+            return waited.result()
+        try:
+            for gone, model in unloaded:
+                _unload_now(gone, model)
+            del unloaded[:]
+            started = time.perf_counter()
+            model = self._call_loader(model_id)
+        except BaseException as exc:
+            with self._lock:
+                del self._loading[model_id]
+            load.set_exception(exc)
+            raise
+        with self._lock:
+            self.models[model_id] = model
+            del self._loading[model_id]
+        _tell("loaded", model_id, time.perf_counter() - started)
+        load.set_result(model)
+        return model
+
+
+def _retrieved(load: asyncio.Future[Any]) -> None:
+    if not load.cancelled():
+        load.exception()
+
+
+def _tell(what: str, *args: Any) -> None:
+    events = _events
+    if events is not None:
+        getattr(events, what)(*args)
+
+
+def multiplexed(loader: Callable[..., Any] | None = None, *, max_models_per_replica: int = DEFAULT_MAX_MODELS) -> Any:
+    """Make ``loader(model_id)`` (a method, or a plain function) load each model once per replica, keeping at most
+    ``max_models_per_replica`` loaded (the least recently used one is unloaded to make room). See the module's
+    docstring; usable as ``@multiplexed`` and ``@multiplexed(max_models_per_replica=N)``."""
+    if isinstance(max_models_per_replica, bool) or not isinstance(max_models_per_replica, int):
+        raise ConfigError(f"max_models_per_replica must be a whole number, got {max_models_per_replica!r}")
+    if max_models_per_replica < 1:
+        raise ConfigError(f"max_models_per_replica must be at least 1, got {max_models_per_replica}")
+
+    def wrap(fn: Callable[..., Any]) -> Any:
+        return _wrap(fn, max_models_per_replica)
+
+    return wrap(loader) if loader is not None else wrap
+
+
+def _wrap(loader: Callable[..., Any], most: int) -> Any:
+    params = list(inspect.signature(loader).parameters)
+    is_method = bool(params) and params[0] == "self"
+    kept_as = f"_streamserve_models_{loader.__name__}"
+    made = threading.Lock()
+    plain: list[_Models] = []  # a plain function's one cache
+
+    def models_of(args: tuple[Any, ...]) -> tuple[_Models, str]:
+        owner, given = (args[0], args[1:]) if is_method else (None, args)
+        if len(given) != 1:
+            raise TypeError(f"{loader.__qualname__}() takes one model id")
+        model_id = _checked(given[0])
+        if owner is None:
+            with made:
+                if not plain:
+                    plain.append(_Models(loader, None, most))
+            return plain[0], model_id
+        kept = owner.__dict__.get(kept_as)
+        if kept is None:
+            with made:
+                kept = owner.__dict__.setdefault(kept_as, _Models(loader, owner, most))
+        return kept, model_id
+
+    if inspect.iscoroutinefunction(loader):
+
+        @functools.wraps(loader)
+        async def get_async(*args: Any) -> Any:
+            models, model_id = models_of(args)
+            return await models.get(model_id)
+
+        wrapper: Any = get_async
+    else:
+
+        @functools.wraps(loader)
+        def get_sync(*args: Any) -> Any:
+            models, model_id = models_of(args)
+            return models.get_sync(model_id)
+
+        wrapper = get_sync
+    setattr(wrapper, MARK, most)
+    return wrapper
+
+
+def multiplexed_loaders(target: Any) -> list[str]:
+    """The names of ``target``'s multiplexed loaders (a class instance's methods; none for a function)."""
+    return [name for name in dir(type(target)) if hasattr(getattr(type(target), name, None), MARK)]
