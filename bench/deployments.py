@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import redis
 
+import streamserve
 from bench import stream_chunks
 
 # The stream bench's streaming deployment: the generator the bare FastAPI app and Ray Serve iterate too.
@@ -78,3 +79,25 @@ async def chunk_then_wait_cancelled(body: dict[str, Any]) -> AsyncIterator[dict[
     """An async generator: yields one chunk (its caller then knows it runs), then waits to be cancelled."""
     yield stream_chunks.chunk(0)
     await _wait_for_cancel(body)
+
+
+class MuxModels:
+    """The multiplex bench's deployment (bench/multiplex_bench.py): four models a replica, each load taking
+    ``load_s`` and counted on a counter in the farm's Redis that the bench reads; a request takes ``work_s``."""
+
+    def __init__(self, report_key: str, load_s: float, work_s: float) -> None:
+        self._redis = redis.Redis.from_url(os.environ["REDIS_URL"])
+        self._key = report_key
+        self._load_s = load_s
+        self._work_s = work_s
+
+    @streamserve.multiplexed(max_models_per_replica=4)
+    async def get_model(self, model_id: str) -> str:
+        await asyncio.to_thread(self._redis.incr, self._key)
+        await asyncio.sleep(self._load_s)
+        return model_id
+
+    async def __call__(self, body: Any) -> Any:
+        model = await self.get_model(streamserve.model_id())
+        await asyncio.sleep(self._work_s)
+        return model

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Set
 from dataclasses import dataclass
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -14,7 +15,7 @@ from streamserve.transport.streams import DeadLetter, Requeuer, send_reply
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from streamserve.wire.messages import Reply, ReplyStatus, text
-from streamserve.wire.models import model_lane
+from streamserve.wire.models import routed_lane
 from streamserve.wire.priorities import PRIORITIES, priority_lane
 
 logger = logging.getLogger(__name__)
@@ -45,10 +46,11 @@ class Reclaimer:
 
     async def reclaim(self, cfg: DeploymentConfig, live: Set[str]) -> ReclaimResult:
         """Free everything held by consumers not in ``live`` (replica ids still running or draining), in each of the
-        deployment's request streams (one per priority level, and one per model its replicas hold: wire/models.py)."""
+        deployment's request streams (one per priority level, and each replica's routed one: wire/models.py)."""
         result = ReclaimResult()
         lanes = [priority_lane(priority) for priority in PRIORITIES]
-        lanes += [model_lane(text(model)) for model in await self._redis.smembers(self._keys.models(cfg.name))]
+        routed = await self._redis.zrange(self._keys.routed_replicas(cfg.name), 0, -1)
+        lanes += [routed_lane(text(cast(bytes, replica))) for replica in routed]
         for lane in lanes:
             stream = self._keys.lane_stream(cfg.name, lane)
             try:

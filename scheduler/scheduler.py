@@ -33,7 +33,7 @@ from streamserve.scheduler.reclaim import Reclaimer
 from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.scheduler.types import Clock, Launcher, Timeouts
 from streamserve.transport.connections import RETRYABLE_ERRORS, MemoryRefusals
-from streamserve.transport.model_streams import ModelBacklog, ModelStreams
+from streamserve.transport.model_streams import ModelStreams, RoutedBacklog
 from streamserve.transport.streams import ensure_groups
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.messages import now_ms
@@ -237,9 +237,9 @@ class Scheduler:
                 logger.warning("scheduler: %s (the replicas may run short, or be killed for memory)", problem)
             self._overcommitted = problems
 
-    async def _sweep_models(self, names: list[str]) -> dict[str, ModelBacklog]:
-        """Give back the queues of model streams no live replica holds (a holder died, wire/models.py), and keep
-        KEDA's count of the model streams' entries; every tick, for the deployments that have any."""
+    async def _sweep_models(self, names: list[str]) -> dict[str, RoutedBacklog]:
+        """Give back the queues routed to replicas that are gone (a holder died: wire/models.py), and keep KEDA's
+        count of the routed streams' entries; every tick, for the deployments that have any."""
         swept = {}
         for name in await self._store.with_models(names) if names else []:
             try:
@@ -248,11 +248,11 @@ class Scheduler:
                 raise
             except Exception as exc:
                 if not self._memory.refused(exc):
-                    logger.exception("deployment %s: looking after its model streams failed", name)
+                    logger.exception("deployment %s: looking after its routed streams failed", name)
                 continue
             if backlog.given_back:
                 logger.warning(
-                    "deployment %s: %d request(s) queued for models no live replica holds went back to its queue",
+                    "deployment %s: %d request(s) routed to replicas that are gone went back to its queue",
                     name,
                     backlog.given_back,
                 )

@@ -85,10 +85,11 @@ class RedisReplicaStore:
         return {name: sum(int(n) for n in results[i * levels : (i + 1) * levels]) for i, name in enumerate(names)}
 
     async def with_models(self, names: list[str]) -> list[str]:
-        """Those of ``names`` that have model streams (wire/models.py), in one round trip."""
+        """Those of ``names`` that have routed streams (a multiplexing deployment: wire/models.py), in one round
+        trip."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for name in names:
-                pipe.scard(self._keys.models(name))
+                pipe.zcard(self._keys.routed_replicas(name))
             counts = await pipe.execute()
         return [name for name, count in zip(names, counts, strict=True) if int(count)]
 

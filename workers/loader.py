@@ -64,9 +64,15 @@ class LoadedDeployment:
         return Handler(fn, _is_async(fn)) if callable(fn) else None
 
     @functools.cached_property
+    def max_models(self) -> int:
+        """How many models the instance's ``@streamserve.multiplexed`` loaders keep together (0: none, so requests
+        need not name a model)."""
+        return sum(multiplexed_loaders(self.target).values()) if self.is_class else 0
+
+    @property
     def multiplexed(self) -> bool:
-        """Whether the instance has a ``@streamserve.multiplexed`` loader: then every request must name its model."""
-        return self.is_class and bool(multiplexed_loaders(self.target))
+        """Whether the instance has a multiplexed loader: then every request must name its model."""
+        return self.max_models > 0
 
     @property
     def reconfigure(self) -> Callable[[Any], Any] | None:

@@ -1,9 +1,10 @@
 """What a replica of a multiplexing deployment does with the models its caches load (streamserve.multiplexing).
 
-A model loaded makes the replica one of the model's holders (in Redis, renewed every heartbeat interval) and adds the
-model's stream to what it reads, so requests for the model come to it (wire/models.py); a model unloaded, or the
-replica leaving, undoes both, and the model's queued requests go back to the deployment's stream when no other
-replica holds it. Loads and hits are counted. The caches tell it from whatever thread they run on.
+The replica has a routed stream of its own (wire/models.py), made as it starts and read besides its deployment's.
+A model loaded makes it one of the model's holders (in Redis, renewed every heartbeat interval with the replica's
+own time), so requests for the model are routed to it; a model unloaded undoes that; the replica leaving gives its
+queued routed requests back to the deployment's stream. Loads and hits are counted. The caches tell it from whatever
+thread they run on.
 """
 
 from __future__ import annotations
@@ -12,22 +13,16 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from streamserve.metrics.definitions import MODEL_HIT, MODEL_LOAD, MODEL_LOAD_DURATION, MODEL_LOADS, MODEL_REQUESTS
 from streamserve.metrics.figures import Figures
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RETRYABLE_ERRORS
 from streamserve.transport.model_streams import ModelStreams
+from streamserve.wire.models import hold_ms
 
 logger = logging.getLogger(__name__)
-
-
-def holder_ttl_ms(settings: Settings) -> int:
-    """How long a holder counts without renewal: a beat less than the heartbeat timeout (at least two beats), so that
-    a dead holder's model stream is given back within the time its replica is written off in."""
-    interval, timeout = settings.heartbeat_interval_s, settings.heartbeat_timeout_s
-    return int(1000 * max(timeout - interval, 2 * interval))
 
 
 class ModelHolder:
@@ -40,21 +35,20 @@ class ModelHolder:
         deployment: str,
         replica_id: str,
         figures: Figures | None,
-        on_change: Callable[[list[str]], None],
+        max_models: int,
     ) -> None:
-        """``on_change``: called (on the loop) with the models held whenever they change, to read their streams."""
+        """``max_models``: how many models its caches keep together (what the routing gives it at most)."""
         self._settings = settings
+        self._max_models = max_models
         self._streams = streams
         self._deployment = deployment
         self._replica_id = replica_id
         self._figures = figures
-        self._on_change = on_change
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._held: dict[str, None] = {}  # in the order loaded
-        self.ever: set[str] = set()  # every model it held: streams it is a consumer of
-        self._ttl_ms = holder_ttl_ms(settings)
-        self._writes = asyncio.Lock()  # holds and let-gos reach Redis in the order they happened
+        self._ttl_ms = hold_ms(settings.heartbeat_interval_s, settings.heartbeat_timeout_s)
+        self._writes = asyncio.Lock()  # holds and unholds reach Redis in the order they happened
         self._tasks: set[asyncio.Task[None]] = set()
         self._leaving = False
 
@@ -62,6 +56,10 @@ class ModelHolder:
     def models(self) -> list[str]:
         """The models held now (the heartbeat says them, for status)."""
         return list(self._held)
+
+    async def start(self) -> None:
+        """Make the replica's routed stream (before it reads it), and count it live."""
+        await self.renew()
 
     # -- ModelEvents (any thread) ----------------------------------------------------
 
@@ -71,9 +69,11 @@ class ModelHolder:
     def unloaded(self, model_id: str) -> None:
         self._on_loop(self._unloaded, model_id)
 
+    def failed(self, model_id: str) -> None:
+        self._on_loop(self._let_go, model_id)
+
     def used(self, model_id: str, hit: bool) -> None:
-        if self._figures is not None:
-            self._on_loop(self._figures.count, self._deployment, MODEL_REQUESTS, MODEL_HIT if hit else MODEL_LOAD)
+        self._on_loop(self._used, model_id, hit)
 
     def _on_loop(self, fn: Callable[..., object], *args: object) -> None:
         if threading.get_ident() == self._loop_thread:
@@ -84,47 +84,56 @@ class ModelHolder:
 
     # -- on the loop -----------------------------------------------------------------
 
+    def _used(self, model_id: str, hit: bool) -> None:
+        if self._figures is not None:
+            self._figures.count(self._deployment, MODEL_REQUESTS, MODEL_HIT if hit else MODEL_LOAD)
+        if not hit and model_id not in self._held:  # it loads it: its next requests come here, and it has less room
+            self._hold(model_id)
+
+    def _hold(self, model_id: str) -> None:
+        self._held[model_id] = None
+        if not self._leaving:
+            self._write(lambda: self._streams.hold(self._deployment, self._replica_id, [model_id], *self._terms))
+
+    @property
+    def _terms(self) -> tuple[int, int]:
+        return self._ttl_ms, self._max_models
+
     def _loaded(self, model_id: str, seconds: float) -> None:
         if self._figures is not None:
             self._figures.count(self._deployment, MODEL_LOADS, "")
             self._figures.observe(self._deployment, MODEL_LOAD_DURATION, seconds)
         logger.info("replica %s: loaded model %s in %.3fs", self._replica_id, model_id, seconds)
-        self._held[model_id] = None
-        self.ever.add(model_id)
-        if not self._leaving:
-            self._write(self._hold(model_id))
+        if model_id not in self._held:
+            self._hold(model_id)
 
     def _unloaded(self, model_id: str) -> None:
         logger.info("replica %s: unloaded model %s", self._replica_id, model_id)
-        if self._held.pop(model_id, 0) is None:
-            self._on_change(self.models)
-            self._write(self._let_go([model_id]))
+        self._let_go(model_id)
 
-    async def _hold(self, model_id: str) -> None:
-        await self._streams.hold(self._deployment, self._replica_id, [model_id], self._ttl_ms)
-        if model_id in self._held and not self._leaving:
-            self._on_change(self.models)  # its stream exists now, with this replica among its holders
+    def _let_go(self, model_id: str) -> None:
+        if self._held.pop(model_id, 0) is None and not self._leaving:
+            self._write(lambda: self._streams.unhold(self._deployment, self._replica_id, model_id))
 
-    async def _let_go(self, model_ids: list[str]) -> None:
-        await self._streams.let_go(self._deployment, self._replica_id, model_ids)
-
-    def _write(self, step: object) -> None:
+    def _write(self, step: Callable[[], Awaitable[object]]) -> None:
         async def write() -> None:
             async with self._writes:
+                if self._leaving:
+                    return
                 try:
-                    await step  # type: ignore[misc]
-                except RETRYABLE_ERRORS as exc:  # the next renewal holds it again; a let-go is the sweep's then
-                    logger.warning("replica %s: model streams: %s", self._replica_id, exc)
+                    await step()
+                except RETRYABLE_ERRORS as exc:  # the next renewal holds what it holds then
+                    logger.warning("replica %s: holding its models: %s", self._replica_id, exc)
 
         task = asyncio.create_task(write())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def renew(self) -> None:
-        """Renew this replica's holds (and make again a model stream disbanded meanwhile); every heartbeat."""
-        if self._held and not self._leaving:
-            async with self._writes:
-                await self._streams.hold(self._deployment, self._replica_id, self.models, self._ttl_ms)
+        """Renew this replica's holds and its routed stream (making it again if it was given back meanwhile)."""
+        async with self._writes:
+            if not self._leaving:
+                await self._streams.hold(self._deployment, self._replica_id, self.models, *self._terms)
 
     async def run(self) -> None:
         """Renew every heartbeat interval until cancelled."""
@@ -136,10 +145,8 @@ class ModelHolder:
                 logger.warning("replica %s: renewing its models failed: %s", self._replica_id, exc)
 
     async def leave(self) -> None:
-        """The replica reads no more: it holds no model from now on (their queues go to other replicas)."""
-        self._leaving = True
-        if self._tasks:
-            await asyncio.wait(list(self._tasks))
-        if self._held:
-            async with self._writes:
-                await self._let_go(self.models)
+        """The replica reads no more: it holds no model from now on, and its queued routed requests go to the other
+        replicas."""
+        async with self._writes:
+            self._leaving = True
+            await self._streams.leave(self._deployment, self._replica_id, self.models)

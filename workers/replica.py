@@ -151,7 +151,7 @@ class Replica:
             if serving is None:
                 return 1  # the FAILED heartbeat stays: it tells the scheduler why
             await ensure_groups(self._redis, self._keys, self._name)
-            holding = self._hold_models(serving)
+            holding = await self._hold_models(serving)
             # What callers say about the requests it serves (how far they have read a stream, that they cancel one);
             # read until it exits.
             control_key = self._keys.replica_control(self._name, self._consumer)
@@ -322,13 +322,16 @@ class Replica:
             logger.info("replica %s: max_ongoing_requests %d", self.replica_id, new.max_ongoing_requests)
             serving.resize(new.max_ongoing_requests)
 
-    def _hold_models(self, serving: Serving) -> asyncio.Task[None] | None:
-        """For a deployment that multiplexes models: hold those its caches load (workers/model_holder.py), and renew
-        the holds until the replica exits (the task returned)."""
+    async def _hold_models(self, serving: Serving) -> asyncio.Task[None] | None:
+        """For a deployment that multiplexes models: read a routed stream, hold the models its caches load
+        (workers/model_holder.py), and renew the holds until the replica exits (the task returned)."""
         if not serving.deployment.multiplexed:
             return None
         streams = ModelStreams(self._redis, self._keys)
-        holder = ModelHolder(self._settings, streams, self._name, self._consumer, self._figures, serving.read_models)
+        max_models = serving.deployment.max_models
+        holder = ModelHolder(self._settings, streams, self._name, self._consumer, self._figures, max_models)
+        await holder.start()
+        serving.read_routed()
         serving.models = holder
         self._heartbeat.models = lambda: holder.models
         multiplexing.listen(holder)
@@ -355,7 +358,7 @@ class Replica:
                     await pipe.execute()
             streams = list(self._keys.request_streams(self._name).values())
             if serving.models is not None:
-                streams += [self._keys.model_requests(self._name, model_id) for model_id in serving.models.ever]
+                streams.append(self._keys.routed_requests(self._name, self._consumer))
             for stream in streams:
                 pending = await self._redis.xpending_range(stream, CONSUMER_GROUP, "-", "+", 1, self._consumer)
                 if not pending:

@@ -50,7 +50,7 @@ from streamserve.wire.ids import ReplicaID
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import CancelRequest, Fields, Reply, ReplyStatus, Request, StreamBatches, now_ms
-from streamserve.wire.models import model_lane, no_model_message
+from streamserve.wire.models import no_model_message, routed_lane
 from streamserve.wire.priorities import (
     FAIR_TURNS,
     PRIORITIES,
@@ -114,13 +114,12 @@ class Serving:
         self._consumer = replica_id.to_str()
         self._name = replica_id.deployment
         # The request streams by priority, highest first; and the lane and priority of each stream it reads (as a
-        # read names it): the levels', and those of the models it holds (wire/models.py).
+        # read names it): the levels', and its routed one in a multiplexing deployment (wire/models.py).
         self._streams = self._keys.request_streams(self._name)
-        self._lane_of: dict[bytes, tuple[bytes, Priority]] = {}
-        self._model_streams: list[str] = []
+        self._lane_of = {stream.encode(): (priority_lane(p), p) for p, stream in self._streams.items()}
+        self._routed: list[str] = []  # its routed stream, once it reads one (read_routed)
         # A blocking read's tail: new entries of every stream it reads.
-        self._read_new: tuple[str, ...] = ()
-        self.read_models([])
+        self._read_new = ("STREAMS", *self._streams.values(), *(">" for _ in self._streams))
         # The models it holds, for a deployment that multiplexes them (the replica sets it).
         self.models: ModelHolder | None = None
         self._lane_streams: dict[bytes, str] = {}
@@ -160,23 +159,22 @@ class Serving:
 
     # -- configuration ---------------------------------------------------------
 
-    def read_models(self, model_ids: list[str]) -> None:
-        """Read the streams of ``model_ids`` from now on besides the levels' (wire/models.py), just before
-        ``normal``'s: a model's entries are normal-priority ones that this replica is best placed to run."""
-        self._model_streams = [self._keys.model_requests(self._name, model_id) for model_id in model_ids]
-        lanes = {stream.encode(): (priority_lane(p), p) for p, stream in self._streams.items()}
-        for model_id, stream in zip(model_ids, self._model_streams, strict=True):
-            lanes[stream.encode()] = (model_lane(model_id), Priority.NORMAL)
-        self._lane_of = lanes
+    def read_routed(self) -> None:
+        """Read this replica's routed stream from now on besides the levels' (a multiplexing deployment's: requests
+        for the models it holds, wire/models.py), just before ``normal``'s: its entries are normal-priority ones
+        that this replica is best placed to run."""
+        self._routed = [self._keys.routed_requests(self._name, self._consumer)]
+        self._lane_of = {stream.encode(): (priority_lane(p), p) for p, stream in self._streams.items()}
+        self._lane_of[self._routed[0].encode()] = (routed_lane(self._consumer), Priority.NORMAL)
         streams = self._in_turn(PRIORITIES)
         self._read_new = ("STREAMS", *streams, *(">" for _ in streams))
 
     def _in_turn(self, order: tuple[Priority, ...]) -> list[str]:
-        """The streams it reads, its levels in ``order``, the models' just before ``normal``."""
+        """The streams it reads, its levels in ``order``, its routed one just before ``normal``."""
         streams = []
         for priority in order:
             if priority is Priority.NORMAL:
-                streams += self._model_streams
+                streams += self._routed
             streams.append(self._streams[priority])
         return streams
 
@@ -245,7 +243,7 @@ class Serving:
                     raise
                 await ensure_groups(self._redis, self._keys, self._name)  # a stream was deleted and made again
                 if self.models is not None:
-                    await self.models.renew()  # (a model's stream, disbanded while this replica was away)
+                    await self.models.renew()  # (its routed stream, given back while this replica was away)
                 continue
             except RETRYABLE_ERRORS as exc:
                 lost_a_read = True
@@ -261,12 +259,12 @@ class Serving:
         A blocking XREADGROUP on every level's stream when the queues may be
         empty, as every deployment that gets only ``normal`` requests always
         reads: one round trip, and no script. While requests of other levels
-        come (or the replica holds models: their streams too), and the last
+        come (or the replica has a routed stream: wire/models.py), and the last
         read filled the room (more may be queued), the TAKE script reads the
         streams in this turn's order instead, since one XREADGROUP takes from
         each stream alike.
         """
-        if self._filled and (self._model_streams or time.monotonic() < self._mixed_until):
+        if self._filled and (self._routed or time.monotonic() < self._mixed_until):
             order = READ_ORDERS[self._turn % FAIR_TURNS]
             self._turn += 1
             streams = self._in_turn(order)

@@ -49,6 +49,8 @@ class ModelEvents(Protocol):
 
     def used(self, model_id: str, hit: bool) -> None: ...
 
+    def failed(self, model_id: str) -> None: ...
+
 
 _events: ModelEvents | None = None
 
@@ -110,6 +112,15 @@ class _Models:
     def _call_loader(self, model_id: str) -> Any:
         return self._loader(model_id) if self._owner is None else self._loader(self._owner, model_id)
 
+    def _over_capacity(self) -> list[tuple[str, Any]]:
+        """The least recently used models past the most kept (loads side by side can overshoot it), unloaded."""
+        unloaded = []
+        while len(self.models) > self._most:
+            unloaded.append(self.models.popitem(last=False))
+        for gone, _ in unloaded:
+            _tell("unloaded", gone)
+        return unloaded
+
     def _room_for_one(self) -> list[tuple[str, Any]]:
         """Models to unload so that one more fits (loads on their way count), least recently used first."""
         unloaded = []
@@ -141,9 +152,15 @@ class _Models:
                 await _unload(gone, model)
             del unloaded[:]  # the last references: __del__ runs now, before the new model takes the memory
             started = time.perf_counter()
-            model = await self._call_loader(model_id)
+            try:
+                model = await self._call_loader(model_id)
+            except BaseException:
+                _tell("failed", model_id)
+                raise
             self.models[model_id] = model
             _tell("loaded", model_id, time.perf_counter() - started)
+            for gone, extra in self._over_capacity():  # loads that ran side by side, with nothing to unload then
+                await _unload(gone, extra)
             return model
         finally:
             del self._loading[model_id]
@@ -173,13 +190,17 @@ class _Models:
         except BaseException as exc:
             with self._lock:
                 del self._loading[model_id]
+            _tell("failed", model_id)
             load.set_exception(exc)
             raise
         with self._lock:
             self.models[model_id] = model
             del self._loading[model_id]
-        _tell("loaded", model_id, time.perf_counter() - started)
+            _tell("loaded", model_id, time.perf_counter() - started)
+            extra = self._over_capacity()
         load.set_result(model)
+        for gone, unloaded in extra:
+            _unload_now(gone, unloaded)
         return model
 
 
@@ -252,6 +273,8 @@ def _wrap(loader: Callable[..., Any], most: int) -> Any:
     return wrapper
 
 
-def multiplexed_loaders(target: Any) -> list[str]:
-    """The names of ``target``'s multiplexed loaders (a class instance's methods; none for a function)."""
-    return [name for name in dir(type(target)) if hasattr(getattr(type(target), name, None), MARK)]
+def multiplexed_loaders(target: Any) -> dict[str, int]:
+    """``target``'s multiplexed loaders (a class instance's methods; none for a function): name ->
+    max_models_per_replica."""
+    found = {name: getattr(type(target), name, None) for name in dir(type(target))}
+    return {name: getattr(fn, MARK) for name, fn in found.items() if hasattr(fn, MARK)}

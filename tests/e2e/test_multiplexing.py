@@ -129,19 +129,22 @@ def test_requests_go_to_a_replica_that_holds_their_model(
     assert set(models) <= held
 
 
-def test_a_dead_holder_does_not_strand_its_models_queue(client: Client, store: redis.Redis, tag: str) -> None:
+def test_a_dead_holder_does_not_strand_its_models_queue(
+    farm: Farm, client: Client, store: redis.Redis, tag: str
+) -> None:
     """A replica holding a model freezes, requests for the model are routed to it, and it is killed: within the
     heartbeat timeout the other replica takes them (loading the model), and the one it was running runs again."""
     model = f"{tag}-held"
     holder = call(client, "held-adapters", model)["pid"]
+    [replica_id] = [r["replica_id"] for r in farm.status()["held-adapters"]["replicas"] if r["pid"] == holder]
+    routed = KEYS.routed_requests("held-adapters", replica_id)
     running = client.submit("held-adapters", {"sleep": 3}, model_id=model, timeout=60)
-    wait_for(lambda: store.xlen(KEYS.model_requests("held-adapters", model)) == 1, WAIT_S, "not routed to its model")
+    wait_for(lambda: store.xlen(routed) == 1, WAIT_S, "not routed to the replica that holds its model")
     os.kill(holder, signal.SIGSTOP)
     try:
         queued = client.submit("held-adapters", {}, model_id=model, timeout=60)
-        # Routed to the model's stream, where the frozen holder will never read it.
-        stream = KEYS.model_requests("held-adapters", model)
-        wait_for(lambda: store.xlen(stream) == 2, WAIT_S, "not routed to the frozen holder")
+        # Routed to the frozen holder, which will never read it.
+        wait_for(lambda: store.xlen(routed) == 2, WAIT_S, "not routed to the frozen holder")
     finally:
         os.kill(holder, signal.SIGKILL)
     assert queued.result(timeout=WAIT_S)["pid"] != holder

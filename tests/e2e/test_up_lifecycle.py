@@ -32,13 +32,14 @@ def test_up_serves_the_example_and_ctrl_c_leaves_nothing_behind(tmp_path: Path) 
             "add": 1,
             "batched": 1,
             "tokens": 1,
+            "forecast": 2,
         }
         resp = farm.post("/echo", {"x": [1, 2, 3]})
         assert resp.status_code == 200 and resp.json()["echo"] == {"x": [1, 2, 3]}
         started = pids_with_marker(farm.token)
-        # up, scheduler, gateway, 2 job workers and 6 replicas; redis-server overwrites its environ with its
+        # up, scheduler, gateway, 2 job workers and 8 replicas; redis-server overwrites its environ with its
         # process title, so it is checked by its port below.
-        assert len(started) == 1 + 2 + 2 + 6
+        assert len(started) == 1 + 2 + 2 + 8
         assert farm.proc is not None
         farm.proc.send_signal(2)  # Ctrl-C
         assert farm.proc.wait(40) == 0

@@ -39,7 +39,7 @@ from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import SHARED_JOINED, Reply, ReplyStatus, Request, now_ms, text
-from streamserve.wire.models import model_id_of, route_spec
+from streamserve.wire.models import hold_ms, model_id_of, route_spec
 from streamserve.wire.priorities import Priority, parse_priority, queue_full
 from streamserve.wire.shared_runs import new_run_token
 from streamserve.wire.tenants import DEFAULT_TENANT, tenant_of
@@ -452,16 +452,18 @@ class Calls(ClientCore):
             logger.debug("shadow copy not sent: %s", task.exception())
 
     async def _add(self, cfg: DeploymentConfig, request: Request) -> str:
-        """Queue ``request`` on ``cfg``'s stream (if it has room), or on its model's (wire/models.py); its entry id,
-        or for a model's stream its ref (``model:<id>/<entry id>``)."""
+        """Queue ``request`` on ``cfg``'s stream (if it has room), or on that of a replica holding its model
+        (wire/models.py); its entry id, or for a routed stream its ref (``to:<replica id>/<entry id>``)."""
         assert self._pipeliner is not None
         stream = self._keys.requests(cfg.name, request.priority)
         spec, keys = tenant_terms(self._keys, cfg, request) if cfg.tenant_limits else ("", [])
         route = ""
         if request.model and request.priority is Priority.NORMAL:  # to a replica that holds its model
-            route = route_spec(request.model, cfg.max_ongoing_requests)
-            keys = [*keys, self._keys.model_requests(cfg.name, request.model)]
-            keys.append(self._keys.model_holders(cfg.name, request.model))
+            settings = self._settings
+            held_ms = hold_ms(settings.heartbeat_interval_s, settings.heartbeat_timeout_s)
+            route = route_spec(request.model, cfg.max_ongoing_requests, held_ms, self._keys.models_prefix(cfg.name))
+            keys = [*keys, self._keys.model_holders(cfg.name, request.model)]
+            keys += [self._keys.routed_replicas(cfg.name), self._keys.model_room(cfg.name)]
         args: list[Any] = [cfg.max_queued_requests, CONSUMER_GROUP, spec, route]
         for key, value in request.encode().items():
             args += [key, value]

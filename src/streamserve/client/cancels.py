@@ -57,7 +57,7 @@ class Canceller:
         "running" or "finished". A queued ``request``'s shared run is freed (its replica frees it when it was
         running)."""
         keys = self._keys
-        lane, entry = split_ref(entry_id.encode())  # a model stream's entry comes as its ref (Calls._add)
+        lane, entry = split_ref(entry_id.encode())  # a routed entry comes as its ref (Calls._add)
         if not lane and request is not None:
             lane = priority_lane(request.priority)
         ref = lane_ref(lane, entry).decode()

@@ -164,9 +164,9 @@ class StatusReader:
             priority.value: max(0, figures[2 * i] - figures[2 * i + 1]) for i, priority in enumerate(streams)
         }
         in_flight = sum(figures[1::2])
-        models = await self._model_streams.figures(name)  # normal-priority requests routed to their model's replicas
-        queued_by_priority[Priority.NORMAL.value] += models.queued
-        in_flight += models.pending
+        routed = await self._model_streams.figures(name)  # normal-priority requests routed to replicas by model
+        queued_by_priority[Priority.NORMAL.value] += routed.queued
+        in_flight += routed.pending
         now = now_ms()
         beats = {text(rid): Heartbeat.decode(raw) for rid, raw in beats_raw.items()}
         replicas = []

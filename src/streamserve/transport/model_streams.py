@@ -1,4 +1,4 @@
-"""The model streams of a multiplexing deployment (wire/models.py), as replicas, the scheduler and status use them."""
+"""The routed streams of a multiplexing deployment (wire/models.py), as replicas, the scheduler and status use them."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import redis.asyncio as aioredis
 from streamserve.wire import scripts
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
 
-# Keys.model_backlog holds at most this many placeholders: KEDA's count of model streams' entries tops out there.
+# Keys.model_backlog holds at most this many placeholders: KEDA's count of routed entries tops out there.
 BACKLOG_CAP = 10_000
 
 
 @dataclass(frozen=True)
-class ModelBacklog:
-    """A deployment's model streams together: entries in them (queued and running), running, and given back to the
+class RoutedBacklog:
+    """A deployment's routed streams together: entries in them (queued and running), running, and given back to the
     deployment's stream by this look."""
 
     length: int = 0
@@ -29,30 +29,47 @@ class ModelBacklog:
 
 
 class ModelStreams:
-    """scripts.HOLD_MODEL and scripts.MODEL_STREAMS, with their keys."""
+    """scripts.HOLD_MODEL and scripts.ROUTED_STREAMS, with their keys."""
 
     def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self._redis = redis
         self._keys = keys
         self._hold = redis.register_script(scripts.HOLD_MODEL)
-        self._streams = redis.register_script(scripts.MODEL_STREAMS)
+        self._routed = redis.register_script(scripts.ROUTED_STREAMS)
 
-    async def hold(self, deployment: str, replica_id: str, model_ids: Sequence[str], ttl_ms: int) -> None:
-        """Count ``replica_id`` among the holders of ``model_ids`` for ``ttl_ms`` more (making their streams)."""
+    async def hold(
+        self, deployment: str, replica_id: str, model_ids: Sequence[str], ttl_ms: int, max_models: int
+    ) -> None:
+        """``replica_id`` is live, with a routed stream and room for ``max_models``, and holds ``model_ids``, for
+        ``ttl_ms`` more."""
         k = self._keys
-        for model_id in model_ids:  # a replica holds a few (max_models_per_replica)
-            keys = [k.model_requests(deployment, model_id), k.model_holders(deployment, model_id), k.models(deployment)]
-            await self._hold(keys=keys, args=[CONSUMER_GROUP, replica_id, ttl_ms, model_id])
+        keys = [
+            k.routed_requests(deployment, replica_id),
+            k.routed_replicas(deployment),
+            k.models_of(deployment, replica_id),
+            k.model_room(deployment),
+            *(k.model_holders(deployment, model_id) for model_id in model_ids),
+        ]
+        await self._hold(keys=keys, args=[CONSUMER_GROUP, replica_id, ttl_ms, max_models, *model_ids])
 
-    async def let_go(self, deployment: str, replica_id: str, model_ids: Sequence[str]) -> ModelBacklog:
-        """``replica_id`` holds ``model_ids`` no more: those no live replica holds give their queues back."""
-        return await self._run(deployment, sweep=True, leaving=replica_id, model_ids=model_ids)
+    async def unhold(self, deployment: str, replica_id: str, model_id: str) -> None:
+        """``replica_id`` holds ``model_id`` no more (requests already routed to it stay: it loads the model again)."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(self._keys.model_holders(deployment, model_id), replica_id)
+            pipe.zrem(self._keys.models_of(deployment, replica_id), model_id)
+            await pipe.execute()
 
-    async def sweep(self, deployment: str) -> ModelBacklog:
-        """Disband every model stream no live replica holds; the figures, kept for KEDA too (Keys.model_backlog)."""
-        return await self._run(deployment, sweep=True, backlog=True)
+    async def leave(self, deployment: str, replica_id: str, model_ids: Sequence[str]) -> RoutedBacklog:
+        """``replica_id`` reads no more: it holds none of ``model_ids`` from now on, and its queued requests go back to
+        the deployment's stream."""
+        holders = [self._keys.model_holders(deployment, model_id) for model_id in model_ids]
+        return await self._run(deployment, give_back=True, leaving=replica_id, holders=holders)
 
-    async def figures(self, deployment: str) -> ModelBacklog:
+    async def sweep(self, deployment: str) -> RoutedBacklog:
+        """Give back the queues of replicas gone; the figures, kept for KEDA too (Keys.model_backlog)."""
+        return await self._run(deployment, give_back=True, backlog_cap=BACKLOG_CAP)
+
+    async def figures(self, deployment: str) -> RoutedBacklog:
         """The figures alone (status)."""
         return await self._run(deployment)
 
@@ -60,23 +77,20 @@ class ModelStreams:
         self,
         deployment: str,
         *,
-        sweep: bool = False,
+        give_back: bool = False,
         leaving: str = "",
-        model_ids: Sequence[str] = (),
-        backlog: bool = False,
-    ) -> ModelBacklog:
+        holders: Sequence[str] = (),
+        backlog_cap: int = 0,
+    ) -> RoutedBacklog:
         k = self._keys
-        keys = [k.models(deployment), k.requests(deployment)]
-        if backlog:
-            keys.append(k.model_backlog(deployment))
+        keys = [k.routed_replicas(deployment), k.requests(deployment), k.model_backlog(deployment)]
+        keys += [k.model_room(deployment), *holders]
         args: list[str | int] = [
             CONSUMER_GROUP,
-            k.model_requests(deployment, ""),
-            k.model_holders(deployment, ""),
-            int(sweep),
+            k.models_prefix(deployment),
+            int(give_back),
             leaving,
-            BACKLOG_CAP,
-            *model_ids,
+            backlog_cap,
         ]
-        length, pending, given_back = await self._streams(keys=keys, args=args)
-        return ModelBacklog(int(length), int(pending), int(given_back))
+        length, pending, given_back = await self._routed(keys=keys, args=args)
+        return RoutedBacklog(int(length), int(pending), int(given_back))

@@ -20,7 +20,7 @@ from streamserve.transport.pipelining import Command
 from streamserve.wire import scripts
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from streamserve.wire.messages import CancelRequest, ChunkBatch, ReadProgress, Reply, text
-from streamserve.wire.models import model_of_lane
+from streamserve.wire.models import replica_of_lane
 from streamserve.wire.priorities import lane_ref
 
 # Approximate cap on a caller's reply stream; its reader drains and trims it continuously.
@@ -97,8 +97,8 @@ class Requeuer:
     ) -> list[DeadLetter]:
         """Move ``entry_ids`` (pending in the group of ``deployment``'s stream of ``lane``: wire/priorities.py) back
         to that queue, atomically one by one; those cancelled while held are dropped instead (Keys.cancelled). A
-        model's stream gives those a dead replica held to the deployment's stream instead, where any replica takes
-        them (its other holders may be gone too).
+        replica's routed stream gives those its dead replica held to the deployment's stream instead, where any
+        replica takes them.
 
         ``charge``: the replica died holding them, so each counts one more delivery attempt and goes to the
         dead-letter stream (with ``reason``) once it reaches ``max_delivery_attempts``. Without it they
@@ -111,7 +111,7 @@ class Requeuer:
                 self._keys.lane_stream(deployment, lane),
                 self._keys.dead_letters(deployment),
                 self._keys.cancelled(deployment),
-                *([self._keys.requests(deployment)] if charge and model_of_lane(lane) is not None else []),
+                *([self._keys.requests(deployment)] if charge and replica_of_lane(lane) is not None else []),
             ],
             args=[
                 CONSUMER_GROUP,

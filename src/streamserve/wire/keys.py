@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streamserve.wire.models import model_of_lane
+from streamserve.wire.models import replica_of_lane
 from streamserve.wire.priorities import PRIORITIES, Priority, lane_priority
 
 _NORMAL = Priority.NORMAL
@@ -139,35 +139,50 @@ class Keys:
         """The deployment's request streams by priority, highest first."""
         return {priority: self.requests(deployment, priority) for priority in PRIORITIES}
 
-    def model_requests(self, deployment: str, model_id: str) -> str:
-        """Stream: the requests for one model that replicas holding it take (wire/models.py), read by the
-        CONSUMER_GROUP; made by the first replica that loads the model, deleted once no replica holds it."""
-        return self._tagged(deployment, f"model_requests:{model_id}")
+    def routed_requests(self, deployment: str, replica_id: str) -> str:
+        """Stream: the requests routed to one replica of a multiplexing deployment because it holds their model
+        (wire/models.py), read by the CONSUMER_GROUP; made when the replica starts, deleted once it is gone and
+        nothing in it is pending."""
+        return f"{self.models_prefix(deployment)}to:{replica_id}"
+
+    def models_prefix(self, deployment: str) -> str:
+        """What the keys of a deployment's multiplexing start with; the scripts make a replica's routed stream and
+        models set from it (``to:`` and ``of:`` and the replica id), keys no caller could name beforehand."""
+        return self._tagged(deployment, "models:")
 
     def model_holders(self, deployment: str, model_id: str) -> str:
         """Sorted set: the replicas that hold one model -> until when (epoch ms, Redis's clock), renewed with their
-        heartbeats; requests are routed to the model's stream only while a holder's time has not passed."""
-        return self._tagged(deployment, f"model_holders:{model_id}")
+        heartbeats; requests are routed only to holders whose time has not passed."""
+        return self._tagged(deployment, f"models:holders:{model_id}")
 
-    def models(self, deployment: str) -> str:
-        """Set: the models of the deployment that have a stream (Keys.model_requests), for the scheduler to look
-        after (a dead holder's model stream is disbanded; its pending entries are re-queued)."""
-        return self._tagged(deployment, "models")
+    def models_of(self, deployment: str, replica_id: str) -> str:
+        """Sorted set: the models one replica holds or was given to load -> until when (epoch ms, Redis's clock): how
+        much room it has left for another model (Keys.model_room)."""
+        return f"{self.models_prefix(deployment)}of:{replica_id}"
+
+    def model_room(self, deployment: str) -> str:
+        """Hash: replica id -> its max_models_per_replica, while it is live."""
+        return self._tagged(deployment, "models:room")
+
+    def routed_replicas(self, deployment: str) -> str:
+        """Sorted set: the replicas that have a stream of routed requests -> until when they are live (as their
+        holds; 0 once they left), for the scheduler to give a gone replica's queue back (scripts.ROUTED_STREAMS)."""
+        return self._tagged(deployment, "models:replicas")
 
     def model_backlog(self, deployment: str) -> str:
-        """Stream of placeholders that the scheduler keeps as long as the deployment's model streams together
-        (scripts.MODEL_BACKLOG): KEDA reads stream lengths by name, and model streams come and go."""
-        return self._tagged(deployment, "model_backlog")
+        """Stream of placeholders that the scheduler keeps as long as the routed streams together
+        (scripts.ROUTED_STREAMS): KEDA reads stream lengths by name, and routed streams come and go."""
+        return self._tagged(deployment, "models:backlog")
 
     def model_pattern(self, deployment: str) -> str:
-        """SCAN pattern matching every model stream, holders set and the models set of one deployment."""
-        return self._tagged(deployment, "model*")
+        """SCAN pattern matching every key of one deployment's multiplexing (streams, holders, replicas)."""
+        return self._tagged(deployment, "models:*")
 
     def lane_stream(self, deployment: str, lane: bytes) -> str:
-        """The stream of a lane (wire/priorities.py, lane_ref): a priority level's, or a model's."""
-        model_id = model_of_lane(lane)
-        if model_id is not None:
-            return self.model_requests(deployment, model_id)
+        """The stream of a lane (wire/priorities.py, lane_ref): a priority level's, or a replica's routed one."""
+        replica_id = replica_of_lane(lane)
+        if replica_id is not None:
+            return self.routed_requests(deployment, replica_id)
         return self.requests(deployment, lane_priority(lane))
 
     def replicas(self, deployment: str) -> str:
@@ -292,7 +307,8 @@ class Keys:
             self.cache_index(deployment),
             self.tenant_labels(deployment),
             self.limited_tenants(deployment),
-            self.models(deployment),
+            self.routed_replicas(deployment),
+            self.model_room(deployment),
             self.model_backlog(deployment),
             self.metrics(deployment),
             self.metrics_history(deployment),

@@ -1,14 +1,17 @@
-"""Model multiplexing on the wire: model ids, and the stream of each model that replicas hold (docs/multiplexing.md).
+"""Model multiplexing on the wire: model ids, and how a request reaches a replica that holds its model
+(docs/multiplexing.md).
 
-A request may name a model (``X-Model-Id``, ``model_id=``). A ``normal``-priority one goes to that model's own
-stream (Keys.model_requests) when a live replica holds the model and the stream has fewer entries than its holders
-can run at once (scripts.ENQUEUE, route_spec); otherwise to the deployment's stream, where any replica takes it and
-loads the model. A replica that loads a model reads the model's stream besides its deployment's, and says so in the
-model's holders (a sorted set: replica -> until when, Redis's clock, renewed with each heartbeat). A model's stream
-that no live replica holds any more is disbanded (scripts.DISBAND_MODEL): its queued entries go back to the
-deployment's stream, so that no request waits for a replica that is gone.
+A request may name a model (``X-Model-Id``, ``model_id=``). Each replica of a multiplexing deployment has a stream of
+its own for requests routed to it (Keys.routed_requests), read just before the deployment's ``normal`` stream, and is
+listed among the holders of each model it has loaded (Keys.model_holders: replica -> until when, Redis's clock,
+renewed with its heartbeats). The enqueue script sends a ``normal``-priority request for model M to the live holder
+of M whose stream holds the fewest entries, when it is not saturated (SATURATED_AT); when nobody holds M, to the
+replica with the most room for another model, which is given M to load; otherwise to the deployment's stream, where
+any replica takes it and loads M (scripts._ROUTE). A replica that leaves,
+or whose holds lapse (it died), gives its routed stream's queued entries back to the deployment's stream
+(scripts.ROUTED_STREAMS), so that no request waits for a replica that is gone.
 
-Entries of a model's stream are named by the ref ``model:<id>/<entry id>`` (wire/priorities.py's refs, one lane
+Entries of a routed stream are named by the ref ``to:<replica id>/<entry id>`` (wire/priorities.py's refs, one lane
 more); they are always ``normal`` priority (a request of another level is not routed by its model).
 """
 
@@ -23,8 +26,13 @@ MODEL_HEADER = "X-Model-Id"
 # A model id: it is part of Redis keys, so printable and short; ``/`` and ``:`` allow ids such as ``org/lora:v2``.
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,127}\Z")
 MODEL_ID_RULE = "1-128 of A-Z a-z 0-9 . _ : / @ + = -, starting with a letter or digit"
-# A model lane's ref prefix (an entry ref is b"model:<id>/<entry id>").
-MODEL_LANE = b"model:"
+# A routed stream's lane prefix (an entry ref is b"to:<replica id>/<entry id>").
+ROUTED_LANE = b"to:"
+# A holder is saturated once this many times its max_ongoing_requests wait for it or run there: as many running, and
+# as many more queued. Waiting behind a holder's run costs less than loading the model on another replica (and the
+# other replica unloading one of its own, which the next request for that one pays for): requests go elsewhere only
+# when the holders are truly behind.
+SATURATED_AT = 2
 
 
 def check_model_id(model_id: str) -> str:
@@ -39,20 +47,27 @@ def model_id_of(model_id: str | None) -> str:
     return "" if model_id is None else check_model_id(model_id)
 
 
-def model_lane(model_id: str) -> bytes:
-    """The lane (ref prefix, less its separator) of ``model_id``'s stream."""
-    return MODEL_LANE + model_id.encode()
+def routed_lane(replica_id: str) -> bytes:
+    """The lane (ref prefix, less its separator) of ``replica_id``'s routed stream."""
+    return ROUTED_LANE + replica_id.encode()
 
 
-def model_of_lane(lane: bytes) -> str | None:
-    """The model id a lane names, None for a priority level's lane."""
-    return lane[len(MODEL_LANE) :].decode() if lane.startswith(MODEL_LANE) else None
+def replica_of_lane(lane: bytes) -> str | None:
+    """The replica whose routed stream a lane names, None for a priority level's lane."""
+    return lane[len(ROUTED_LANE) :].decode() if lane.startswith(ROUTED_LANE) else None
 
 
-def route_spec(model_id: str, capacity: int) -> str:
-    """What the enqueue script routes by (scripts._ROUTE): the model's lane and how many of its stream's entries each
-    live holder may have (its max_ongoing_requests); "" for a request not routed by model."""
-    return f"{capacity} {model_lane(model_id).decode()}/" if model_id else ""
+def route_spec(model_id: str, max_ongoing_requests: int, hold_ms: int, models_prefix: str) -> str:
+    """What the enqueue script routes ``model_id`` by (scripts._ROUTE): how many entries a replica's routed stream may
+    have before it is saturated, how long a replica given the model to load holds it (until it says so itself), and
+    what the deployment's multiplexing keys start with (Keys.models_prefix)."""
+    return f"{SATURATED_AT * max_ongoing_requests} {hold_ms} {models_prefix} {model_id}"
+
+
+def hold_ms(heartbeat_interval_s: float, heartbeat_timeout_s: float) -> int:
+    """How long a replica's hold counts without renewal: a beat less than the heartbeat timeout (at least two beats),
+    so that a dead replica's routed queue is given back within the time its replica is written off in."""
+    return int(1000 * max(heartbeat_timeout_s - heartbeat_interval_s, 2 * heartbeat_interval_s))
 
 
 def no_model_message(deployment: str) -> str:

@@ -67,18 +67,48 @@ end
 )
 
 _ROUTE = """
--- Where a request for a model goes (wire/models.py): ``route`` is '' (not routed) or 'capacity lane/', the model's
--- stream and holders are KEYS[at] and KEYS[at + 1]. The model's stream when a live replica holds the model and the
--- stream has fewer entries (queued and running) than its holders may run at once; else nil (the level's stream).
+-- Where a request for a model goes (wire/models.py): ``route`` is '' (not routed) or 'capacity ttl_ms prefix model',
+-- with the model's holders, the deployment's routed replicas and their room at KEYS[at], KEYS[at + 1], KEYS[at + 2].
+-- The routed stream of the model's live holder with the fewest entries (queued and running), when that is fewer than
+-- ``capacity`` (it is not saturated). When no live replica holds the model, the live replica with the most room for
+-- another model (its max_models_per_replica less the models it holds or was given), if it has room and is not
+-- saturated: it is given the model (a holder until ttl_ms from now, as it will be once it loads it), so the model's
+-- next requests follow this one rather than make another replica load it too. Else nil: the level's stream, where any
+-- replica takes it (and loads the model, unloading its least recently used one). A replica's routed stream and its
+-- models are named from the prefix (Keys.models_prefix): keys of this deployment's hash slot that no caller could
+-- name beforehand.
 local function route_to(route, at)
   if route == '' then return nil end
-  local capacity, lane = string.match(route, '^(%d+) (.+)$')
+  local capacity, ttl, prefix, model = string.match(route, '^(%d+) (%d+) (%S+) (%S+)$')
+  capacity = tonumber(capacity)
   local clock = redis.call('TIME')
   local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-  redis.call('ZREMRANGEBYSCORE', KEYS[at + 1], '-inf', now)
-  local holders = redis.call('ZCARD', KEYS[at + 1])
-  if holders == 0 or redis.call('XLEN', KEYS[at]) >= holders * tonumber(capacity) then return nil end
-  return KEYS[at], lane
+  local holders, replicas, room = KEYS[at], KEYS[at + 1], KEYS[at + 2]
+  redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
+  local best, fewest = nil, capacity
+  local held = redis.call('ZRANGE', holders, 0, -1)
+  for _, replica in ipairs(held) do
+    local length = redis.call('XLEN', prefix .. 'to:' .. replica)
+    if length < fewest then best, fewest = replica, length end
+  end
+  if best then return prefix .. 'to:' .. best, 'to:' .. best .. '/' end
+  if #held > 0 then return nil end  -- its holders are saturated: another replica loads it too
+  local most_room = 0
+  for _, replica in ipairs(redis.call('ZRANGEBYSCORE', replicas, '(' .. now, '+inf')) do
+    local of = prefix .. 'of:' .. replica
+    redis.call('ZREMRANGEBYSCORE', of, '-inf', now)
+    local free = tonumber(redis.call('HGET', room, replica) or 0) - redis.call('ZCARD', of)
+    local length = redis.call('XLEN', prefix .. 'to:' .. replica)
+    if free > 0 and length < capacity and (free > most_room or (free == most_room and length < fewest)) then
+      best, most_room, fewest = replica, free, length
+    end
+  end
+  if not best then return nil end
+  local expiry = now + tonumber(ttl)
+  redis.call('ZADD', holders, expiry, best)
+  redis.call('PEXPIRE', holders, ttl)
+  redis.call('ZADD', prefix .. 'of:' .. best, expiry, model)
+  return prefix .. 'to:' .. best, 'to:' .. best .. '/'
 end
 """
 
@@ -87,8 +117,8 @@ _ADMIT = (
     + _ROUTE
     + """
 -- Add the request (fields ARGV[first..]) to KEYS[1] if its tenant's limits (``spec``, its keys from KEYS[at]) and the
--- queue have room, or to its model's stream (``route``, its keys after the tenant's: route_to); the new entry id
--- (a model stream's prefixed by its lane), 0 when the queue is full, or the tenant's refusal (tenant_check).
+-- queue have room, or to a holder of its model (``route``, its key after the tenant's: route_to); the new entry id
+-- (a routed stream's prefixed by its lane), 0 when the queue is full, or the tenant's refusal (tenant_check).
 local function admit(limit, group, first, spec, at, route)
   local refused, take = tenant_check(spec, KEYS[at], KEYS[at + 1], KEYS[at + 2])
   if refused then return refused end
@@ -113,14 +143,14 @@ ENQUEUE = (
 -- Admit a request only if the deployment's queue (and its tenant's limits) have room (check and add are one step).
 -- KEYS[1]  the request stream of its priority level
 -- KEYS[2..4] with a tenant spec: its tenant's bucket, held tokens, and the deployment's limited tenants
--- then, with a route: its model's stream and holders (_ROUTE)
+-- then, with a route: its model's holders, the deployment's routed replicas and their room (_ROUTE)
 -- ARGV[1]  max_queued_requests: entries waiting that no replica has read yet
 -- ARGV[2]  the consumer group name
 -- ARGV[3]  the tenant spec, '' for none (_TENANT)
 -- ARGV[4]  the route, '' for none (_ROUTE)
 -- ARGV[5..] the request's field/value pairs
--- Returns the new entry id (a model stream's with its lane: 'model:<id>/<entry id>'), 0 when the queue is full, or
--- the tenant's refusal.
+-- Returns the new entry id (a routed stream's with its lane: 'to:<replica id>/<entry id>'), 0 when the queue is full,
+-- or the tenant's refusal.
 """
     + _PENDING_COUNT
     + _ADMIT
@@ -137,7 +167,7 @@ ENQUEUE_AGAIN = (
 -- replica adds the reply before it deletes the entry). Scans both: sent only on this rare path.
 -- KEYS[1]  the request stream of its priority level
 -- KEYS[2..4] with a tenant spec: as for ENQUEUE
--- then, with a route: its model's stream and holders (searched too)
+-- then, with a route: as for ENQUEUE (the holders' routed streams are searched too)
 -- then the caller's reply stream (absent on a Redis Cluster, where it lives in another slot)
 -- ARGV[1]  max_queued_requests
 -- ARGV[2]  the consumer group name
@@ -167,12 +197,18 @@ local function find(stream, request_id)
     from = '(' .. batch[#batch][1]
   end
 end
-local model_at = ARGV[4] ~= '' and 5 or 2
-local replies = KEYS[ARGV[5] ~= '' and model_at + 2 or model_at]
+local holders_at = ARGV[4] ~= '' and 5 or 2
+local replies = KEYS[ARGV[5] ~= '' and holders_at + 3 or holders_at]
 local found = find(KEYS[1], ARGV[3])
 if not found and ARGV[5] ~= '' then
-  found = find(KEYS[model_at], ARGV[3])
-  if found then found = string.match(ARGV[5], '^%d+ (.+)$') .. found end
+  local prefix = string.match(ARGV[5], '^%d+ %d+ (%S+) ')
+  for _, replica in ipairs(redis.call('ZRANGE', KEYS[holders_at], 0, -1)) do
+    found = find(prefix .. 'to:' .. replica, ARGV[3])
+    if found then
+      found = 'to:' .. replica .. '/' .. found
+      break
+    end
+  end
 end
 found = found or (replies and find(replies, ARGV[3]))
 if found then return found end
@@ -494,16 +530,20 @@ end
 
 HOLD_MODEL = (
     """
--- A replica holds a model (wire/models.py): make the model's stream and group if need be, and count the replica among
--- the model's holders until ARGV[3] ms from now (Redis's clock, as ENQUEUE's route reads it). Sent when the replica
--- loads the model and with each heartbeat, so a stream disbanded meanwhile is made again.
--- KEYS[1]  the model's stream
--- KEYS[2]  the model's holders (sorted set: replica -> until when, epoch ms)
--- KEYS[3]  the deployment's models (set)
+-- A replica of a multiplexing deployment is live, and holds some models (wire/models.py): make its routed stream and
+-- group if need be, say how many models it keeps, and count it among the holders of each model it holds until ARGV[3]
+-- ms from now (Redis's clock, as ENQUEUE's route reads it). Sent when the replica starts, begins to load a model, and
+-- with each heartbeat, so a stream given back meanwhile (the replica was frozen past its time) is made again.
+-- KEYS[1]  the replica's routed stream
+-- KEYS[2]  the deployment's routed replicas (sorted set: replica -> until when)
+-- KEYS[3]  the models the replica holds (sorted set: model -> until when)
+-- KEYS[4]  the deployment's replicas' room (hash: replica -> max_models_per_replica)
+-- KEYS[5..] the holders of each model it holds (sorted sets: replica -> until when)
 -- ARGV[1]  the consumer group name
 -- ARGV[2]  the replica id
--- ARGV[3]  for how long (ms): the heartbeat timeout
--- ARGV[4]  the model id
+-- ARGV[3]  for how long (ms): a beat less than the heartbeat timeout
+-- ARGV[4]  its max_models_per_replica
+-- ARGV[5..] the models it holds, in KEYS[5..]'s order
 """
     + _NOW_MS
     + """
@@ -512,34 +552,41 @@ if type(made) == 'table' and made.err and not string.find(made.err, 'BUSYGROUP',
   return redis.error_reply(made.err)
 end
 local ttl = tonumber(ARGV[3])
-redis.call('ZADD', KEYS[2], now_ms() + ttl, ARGV[2])
-if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
-redis.call('SADD', KEYS[3], ARGV[4])
+local expiry = now_ms() + ttl
+redis.call('ZADD', KEYS[2], expiry, ARGV[2])
+redis.call('HSET', KEYS[4], ARGV[2], ARGV[4])
+for i = 5, #KEYS do
+  redis.call('ZADD', KEYS[i], expiry, ARGV[2])
+  if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
+  redis.call('ZADD', KEYS[3], expiry, ARGV[i])
+end
+if redis.call('PTTL', KEYS[3]) < ttl then redis.call('PEXPIRE', KEYS[3], ttl) end
 return 1
 """
 )
 
-MODEL_STREAMS = (
+ROUTED_STREAMS = (
     """
--- A deployment's model streams (wire/models.py), looked after and summed up.
--- A model's stream that no live replica holds any more gives its queued entries back to the deployment's stream, and
--- is deleted once nothing in it is pending either: so no request waits for a replica that unloaded its model or died.
--- A replica sends this for a model it unloads (ARGV[5] names it, no longer a holder); the scheduler every tick for
--- every model (which is how a dead holder's model is disbanded once its time has passed), keeping KEDA's count too.
--- Entries pending for a dead replica are the reclaimer's (they count an attempt); pending for a live one, they run.
--- The model streams' and holders' keys are made here from their prefixes: keys of this deployment's hash slot that no
--- caller could name beforehand.
--- KEYS[1]  the deployment's models (set)
+-- A multiplexing deployment's routed streams (wire/models.py), looked after and summed up. The stream of a replica
+-- that left (ARGV[4] names one leaving now: it is no longer a holder of the models KEYS[4..]) or whose time has
+-- passed (it died) gives its queued entries back to the deployment's stream, and is deleted once nothing in it is
+-- pending either: so no request waits for a replica that is gone. Entries pending for a dead replica are the
+-- reclaimer's (they count an attempt); for a leaving one, it is running them.
+-- A replica sends this as it leaves; the scheduler every tick (which is how a dead replica's queue is given back once
+-- its time has passed), keeping KEDA's count too; status only reads. The routed streams' keys are made here from their
+-- prefix: keys of this deployment's hash slot that no caller could name beforehand.
+-- KEYS[1]  the deployment's routed replicas (sorted set: replica -> until when; 0 once it left)
 -- KEYS[2]  the deployment's (normal-priority) request stream
--- KEYS[3]  optional: a stream kept exactly as long as the model streams together, for KEDA (Keys.model_backlog)
+-- KEYS[3]  a stream kept exactly as long as the routed streams together (up to ARGV[5]), for KEDA
+--          (Keys.model_backlog)
+-- KEYS[4]  the deployment's replicas' room (hash)
+-- KEYS[5..] the holders of the models the leaving replica holds
 -- ARGV[1]  the consumer group name
--- ARGV[2]  a model stream's key less its model id (Keys.model_requests(deployment, ''))
--- ARGV[3]  a model's holders' key less its model id
--- ARGV[4]  '1' to disband the streams no live replica holds, '0' only to read the figures
--- ARGV[5]  the replica that no longer holds the models ARGV[7..], or ''
--- ARGV[6]  KEYS[3]'s cap
--- ARGV[7..] the models to look at; none: every model of KEYS[1]
--- Returns {length, pending, entries given back} summed over the models' streams.
+-- ARGV[2]  what the deployment's multiplexing keys start with (Keys.models_prefix)
+-- ARGV[3]  '1' to give back (and delete) the streams of replicas gone, '0' only to read the figures
+-- ARGV[4]  the replica leaving now, or ''
+-- ARGV[5]  KEYS[3]'s cap; 0: KEYS[3] is left as it is
+-- Returns {length, pending, entries given back} summed over the routed streams.
 """
     + _NOW_MS
     + _PENDING_COUNT
@@ -554,10 +601,7 @@ local function last_delivered(stream)
   end
   return nil
 end
-local function disband(model, stream, holders)
-  if ARGV[5] ~= '' then redis.call('ZREM', holders, ARGV[5]) end
-  redis.call('ZREMRANGEBYSCORE', holders, '-inf', now_ms())
-  if redis.call('ZCARD', holders) > 0 then return 0 end
+local function give_back(replica, stream)
   local moved, last = 0, last_delivered(stream)
   while last do
     local batch = redis.call('XRANGE', stream, '(' .. last, '+', 'COUNT', 200)
@@ -569,24 +613,30 @@ local function disband(model, stream, holders)
     if #batch < 200 then break end
     last = batch[#batch][1]
   end
+  redis.call('DEL', ARGV[2] .. 'of:' .. replica)
+  redis.call('HDEL', KEYS[4], replica)
   if redis.call('XLEN', stream) == 0 then
-    redis.call('DEL', stream, holders)
-    redis.call('SREM', KEYS[1], model)
+    redis.call('DEL', stream)
+    redis.call('ZREM', KEYS[1], replica)
   end
   return moved
 end
-local models = {}
-for i = 7, #ARGV do models[#models + 1] = ARGV[i] end
-if #models == 0 then models = redis.call('SMEMBERS', KEYS[1]) end
+if ARGV[4] ~= '' then
+  for i = 5, #KEYS do redis.call('ZREM', KEYS[i], ARGV[4]) end
+  redis.call('ZADD', KEYS[1], 0, ARGV[4])
+end
+local now = now_ms()
+local listed = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
 local length, pending, moved = 0, 0, 0
-for _, model in ipairs(models) do
-  local stream = ARGV[2] .. model
-  if ARGV[4] == '1' then moved = moved + disband(model, stream, ARGV[3] .. model) end
+for i = 1, #listed, 2 do
+  local replica, expiry = listed[i], tonumber(listed[i + 1])
+  local stream = ARGV[2] .. 'to:' .. replica
+  if ARGV[3] == '1' and expiry <= now then moved = moved + give_back(replica, stream) end
   length = length + redis.call('XLEN', stream)
   pending = pending + pending_count(stream, ARGV[1])
 end
-if KEYS[3] then
-  local want = math.min(length, tonumber(ARGV[6]))
+if tonumber(ARGV[5]) > 0 then
+  local want = math.min(length, tonumber(ARGV[5]))
   local have = redis.call('XLEN', KEYS[3])
   if have > want then redis.call('XTRIM', KEYS[3], 'MAXLEN', want) end
   for _ = have + 1, want do redis.call('XADD', KEYS[3], '*', 'n', '1') end

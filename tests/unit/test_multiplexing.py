@@ -1,0 +1,191 @@
+"""``@streamserve.multiplexed`` as a replica's handler code sees it: a cache of loaded models per instance, least
+recently used out, one load per model however many callers wait for it, and the events the replica is told."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import streamserve
+from streamserve import multiplexing
+from streamserve.runtime.request_scope import RequestScope
+from streamserve.wire.errors import BadRequestError, ConfigError
+
+
+class Recorder:
+    """The replica's side (ModelEvents), recording what it is told."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def loaded(self, model_id: str, seconds: float) -> None:
+        self.events.append(("loaded", model_id))
+
+    def unloaded(self, model_id: str) -> None:
+        self.events.append(("unloaded", model_id))
+
+    def used(self, model_id: str, hit: bool) -> None:
+        self.events.append(("hit" if hit else "load", model_id))
+
+    def failed(self, model_id: str) -> None:
+        self.events.append(("failed", model_id))
+
+
+@pytest.fixture
+def told() -> Iterator[Recorder]:
+    recorder = Recorder()
+    multiplexing.listen(recorder)
+    yield recorder
+    multiplexing.listen(None)
+
+
+class Model:
+    def __init__(self, model_id: str, closed: list[str]) -> None:
+        self.model_id = model_id
+        self._closed = closed
+
+    async def aclose(self) -> None:
+        self._closed.append(self.model_id)
+
+
+class Loader:
+    def __init__(self, load_s: float = 0.0, fail_first: bool = False) -> None:
+        self.loads: list[str] = []
+        self.closed: list[str] = []
+        self.load_s = load_s
+        self.fail_first = fail_first
+
+    @streamserve.multiplexed(max_models_per_replica=2)
+    async def get_model(self, model_id: str) -> Model:
+        self.loads.append(model_id)
+        await asyncio.sleep(self.load_s)
+        if self.fail_first and self.loads.count(model_id) == 1:
+            raise RuntimeError(f"cannot load {model_id}")
+        return Model(model_id, self.closed)
+
+
+async def test_the_least_recently_used_model_is_closed_to_make_room(told: Recorder) -> None:
+    loader = Loader()
+    a = await loader.get_model("a")
+    await loader.get_model("b")
+    assert await loader.get_model("a") is a  # a hit
+    await loader.get_model("c")  # b is the least recently used
+    assert loader.loads == ["a", "b", "c"]
+    assert loader.closed == ["b"]
+    assert told.events == [
+        ("load", "a"),
+        ("loaded", "a"),
+        ("load", "b"),
+        ("loaded", "b"),
+        ("hit", "a"),
+        ("load", "c"),
+        ("unloaded", "b"),
+        ("loaded", "c"),
+    ]
+
+
+async def test_each_instance_keeps_its_own_models() -> None:
+    first, second = Loader(), Loader()
+    await first.get_model("a")
+    await second.get_model("a")
+    assert (first.loads, second.loads) == (["a"], ["a"])
+
+
+async def test_concurrent_callers_wait_for_one_load_which_a_cancelled_caller_does_not_stop() -> None:
+    loader = Loader(load_s=0.05)
+    leaving = asyncio.ensure_future(loader.get_model("m"))
+    await asyncio.sleep(0)
+    waiting = [asyncio.ensure_future(loader.get_model("m")) for _ in range(5)]
+    leaving.cancel()
+    models = await asyncio.gather(*waiting)
+    assert loader.loads == ["m"]
+    assert len({id(model) for model in models}) == 1
+
+
+async def test_a_failed_load_fails_every_waiter_and_the_next_call_loads_again(told: Recorder) -> None:
+    loader = Loader(load_s=0.01, fail_first=True)
+    results = await asyncio.gather(*(loader.get_model("m") for _ in range(3)), return_exceptions=True)
+    assert [str(r) for r in results] == ["cannot load m"] * 3
+    assert loader.loads == ["m"]
+    assert ("failed", "m") in told.events  # the replica holds it no more
+    assert (await loader.get_model("m")).model_id == "m"
+    assert loader.loads == ["m", "m"]
+
+
+def test_a_sync_loader_loads_once_for_concurrent_threads_and_closes_what_it_unloads() -> None:
+    loads: list[str] = []
+    closed: list[str] = []
+    started = threading.Event()
+
+    class SyncModel:
+        def __init__(self, model_id: str) -> None:
+            self.model_id = model_id
+
+        def close(self) -> None:
+            closed.append(self.model_id)
+
+    class SyncLoader:
+        @streamserve.multiplexed(max_models_per_replica=1)
+        def get_model(self, model_id: str) -> SyncModel:
+            loads.append(model_id)
+            started.set()
+            threading.Event().wait(0.05)
+            return SyncModel(model_id)
+
+    loader = SyncLoader()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        models = list(pool.map(lambda _: loader.get_model("a"), range(8)))
+    assert loads == ["a"]
+    assert len({id(model) for model in models}) == 1
+    loader.get_model("b")
+    assert (loads, closed) == (["a", "b"], ["a"])
+
+
+async def test_a_plain_function_can_be_a_loader() -> None:
+    loads: list[str] = []
+
+    @streamserve.multiplexed
+    async def get_model(model_id: str) -> str:
+        loads.append(model_id)
+        return model_id.upper()
+
+    assert [await get_model("a"), await get_model("a")] == ["A", "A"]
+    assert loads == ["a"]
+
+
+async def test_a_loader_called_without_a_model_id_names_the_header() -> None:
+    with pytest.raises(BadRequestError, match="X-Model-Id"):
+        await Loader().get_model(streamserve.model_id())  # outside a handler: ""
+    with pytest.raises(BadRequestError, match="is not a model id"):
+        await Loader().get_model("two words")
+
+
+def test_model_id_is_the_requests_inside_a_handler() -> None:
+    scope = RequestScope("r1", 0, model="org/lora:v2")
+    assert scope.context().run(streamserve.model_id) == "org/lora:v2"
+    assert streamserve.model_id() == ""
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "4"])
+def test_max_models_per_replica_must_be_a_positive_whole_number(bad: Any) -> None:
+    with pytest.raises(ConfigError, match="max_models_per_replica"):
+        streamserve.multiplexed(max_models_per_replica=bad)
+
+
+def test_the_loader_marks_the_class_as_multiplexing() -> None:
+    assert multiplexing.multiplexed_loaders(Loader()) == {"get_model": 2}
+    assert multiplexing.multiplexed_loaders(object()) == {}
+
+
+async def test_loads_side_by_side_never_leave_more_models_than_the_most_kept(told: Recorder) -> None:
+    loader = Loader(load_s=0.02)
+    await asyncio.gather(*(loader.get_model(m) for m in "abc"))  # three loads at once, two slots
+    assert loader.loads == ["a", "b", "c"]
+    assert len(loader.closed) == 1
+    held = {e[1] for e in told.events if e[0] == "loaded"} - {e[1] for e in told.events if e[0] == "unloaded"}
+    assert len(held) == 2
