@@ -44,6 +44,10 @@ deployments:
     graceful_shutdown_timeout_s: 1
     tenant_limits:
       default: {max_queued: 3}
+  - name: stores
+    import_path: examples.forecasters:Forecasters
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 1
 endpoints:
   - name: greet
     traffic: {echo: 1.0}
@@ -126,7 +130,9 @@ def test_the_dashboard_says_when_the_gateway_cannot_be_reached(farm: Farm) -> No
         assert browser.evaluate(cell("echo", "running")) == "1"  # what was last read stays on the page
 
 
-def test_the_dashboard_shows_queued_requests_by_priority_and_the_tenants_over_their_limits(farm: Farm) -> None:
+def test_the_dashboard_shows_queued_requests_by_priority_the_tenants_over_their_limits_and_models_held(
+    farm: Farm,
+) -> None:
     with Client(farm.effective_redis_url) as client, Browser() as browser:
         client.send("held", {"seconds": 20}, tenant="acme", timeout=25)  # holds the one slot
         for _ in range(2):
@@ -138,3 +144,8 @@ def test_the_dashboard_shows_queued_requests_by_priority_and_the_tenants_over_th
         assert browser.evaluate(cell("held", "queued_by_priority")) == "high 0 · normal 0 · low 2"
         browser.wait_for(f"{cell('held', 'limited_tenants')}.includes('acme')", 20)
         assert browser.evaluate(cell("echo", "queued_by_priority")) == ""  # only where a request waits at high or low
+        for store in ("store-1", "store-2"):
+            client.call("stores", {"days": 1}, model_id=store)
+        held = 'document.querySelector(\'tr[data-of="stores"] [data-field="models"]\')'
+        browser.wait_for(f"{held} && {held}.textContent.includes('store-2')", 20)
+        assert browser.evaluate(f"{held}.textContent") == "models: store-1, store-2"

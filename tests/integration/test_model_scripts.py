@@ -105,12 +105,21 @@ async def test_a_hold_lapses_unless_renewed(
 ) -> None:
     keys = settings.keys
     await models.hold(name, "r1", [MODEL], 300, 2)
-    assert "/" in await enqueue(aredis, keys, name, "held", max_ongoing=100)
+    await models.hold(name, "r2", [MODEL], HOLD_MS, 2)
+    for _ in range(10):  # r2 is busier: r1 gets the requests while its hold lasts
+        await aredis.xadd(keys.routed_requests(name, "r2"), {"busy": "1"})
+    assert (await enqueue(aredis, keys, name, "to-r1", max_ongoing=100)).startswith("to:r1/")
+    until = await aredis.zscore(keys.model_holders(name, MODEL), "r1")
+    assert until is not None
 
-    async def lapsed() -> bool:
-        return "/" not in await enqueue(aredis, keys, name, "probe", max_ongoing=100)
+    async def passed() -> bool:  # by Redis's clock, which the holds go by
+        seconds, micros = await aredis.time()
+        return seconds * 1000 + micros // 1000 > until
 
-    await wait_for_async(lapsed, 5, "the hold did not lapse")
+    await wait_for_async(passed, 5, "r1's hold never passed")
+    # r1 has fewer entries, but its hold has lapsed.
+    assert (await enqueue(aredis, keys, name, "probe", max_ongoing=100)).startswith("to:r2/")
+    assert await aredis.zscore(keys.model_holders(name, MODEL), "r1") is None
 
 
 async def test_the_enqueue_sent_again_finds_a_routed_entry(

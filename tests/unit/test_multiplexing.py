@@ -14,7 +14,10 @@ import pytest
 import streamserve
 from streamserve import multiplexing
 from streamserve.runtime.request_scope import RequestScope
+from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import BadRequestError, ConfigError
+from streamserve.wire.idempotency import request_digest
+from streamserve.wire.response_cache import cache_digest
 
 
 class Recorder:
@@ -189,3 +192,10 @@ async def test_loads_side_by_side_never_leave_more_models_than_the_most_kept(tol
     assert len(loader.closed) == 1
     held = {e[1] for e in told.events if e[0] == "loaded"} - {e[1] for e in told.events if e[0] == "unloaded"}
     assert len(held) == 2
+
+
+def test_one_body_for_two_models_is_two_requests_to_keys_and_the_cache() -> None:
+    cfg = DeploymentConfig(name="adapters", import_path="x:y")
+    assert request_digest("", b'{"a":1}', "m1") != request_digest("", b'{"a":1}', "m2")
+    assert request_digest("", b'{"a":1}', "") == request_digest("", b'{"a": 1}')  # without a model: as before
+    assert cache_digest(cfg, "", b"1", "m1") != cache_digest(cfg, "", b"1", "m2") != cache_digest(cfg, "", b"1")
