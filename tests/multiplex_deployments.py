@@ -103,3 +103,18 @@ class SyncAdapters:
 async def through_a_handle(body: dict[str, Any]) -> Any:
     """Calls ``adapters`` with the model its body names, through a handle."""
     return await streamserve.handle("adapters").acall({}, model_id=body["model"])
+
+
+class ModelEcho:
+    """A multiplexing deployment that keeps no record (for a Redis Cluster, whose other slots it cannot write)."""
+
+    def __init__(self) -> None:
+        self.loads = 0
+
+    @streamserve.multiplexed(max_models_per_replica=2)
+    async def get_model(self, model_id: str) -> str:
+        self.loads += 1
+        return model_id.upper()
+
+    async def __call__(self, body: Any) -> dict[str, Any]:
+        return {"model": await self.get_model(streamserve.model_id()), "loads": self.loads, "body": body}

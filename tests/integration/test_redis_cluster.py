@@ -98,6 +98,33 @@ async def test_every_priority_level_is_served_from_the_deployments_own_slot(
             node.close()
 
 
+async def test_requests_routed_by_model_stay_in_the_deployments_slot(
+    start_replica: StartReplica, client: AsyncClient, redis_cluster: LocalRedisCluster, aredis: aioredis.Redis
+) -> None:
+    name = one_name_per_master(redis_cluster)[-1]
+    replica = await start_replica(name=name, import_path="tests.multiplex_deployments:ModelEcho")
+    answers = [await client.call(name, i, timeout=10, model_id="org/m1") for i in range(3)]
+    assert [(a["model"], a["loads"], a["body"]) for a in answers] == [
+        ("ORG/M1", 1, 0),
+        ("ORG/M1", 1, 1),
+        ("ORG/M1", 1, 2),
+    ]
+    replica_id = replica.replica_id.to_str()
+    keys = [
+        *KEYS.deployment_keys(name),
+        KEYS.routed_requests(name, replica_id),
+        KEYS.models_of(name, replica_id),
+        KEYS.model_holders(name, "org/m1"),
+    ]
+    node = redis_cluster.node(redis_cluster.master_port_of(KEYS.requests(name)))
+    try:
+        assert len({int(node.cluster("keyslot", key)) for key in keys}) == 1
+        assert node.zrange(KEYS.model_holders(name, "org/m1"), 0, -1) == [replica_id]
+        assert node.exists(KEYS.routed_requests(name, replica_id))
+    finally:
+        node.close()
+
+
 async def test_a_deployment_moved_to_another_master_mid_traffic_loses_no_request(
     start_replica: StartReplica, http: httpx.AsyncClient, client: AsyncClient, redis_cluster: LocalRedisCluster
 ) -> None:

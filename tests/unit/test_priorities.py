@@ -7,7 +7,7 @@ import pytest
 from streamserve.wire.errors import BadRequestError, ProtocolError
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import Request
-from streamserve.wire.models import model_lane
+from streamserve.wire.models import routed_lane
 from streamserve.wire.priorities import (
     FAIR_TURNS,
     PRIORITIES,
@@ -49,10 +49,11 @@ def test_refs_keep_apart_entries_with_one_id_in_two_streams() -> None:
     assert group_refs([b"1-0", b"2-0"]) == {b"": [b"1-0", b"2-0"]}
 
 
-def test_a_model_lane_may_hold_the_separator_and_its_entries_are_normal() -> None:
-    lane = model_lane("org/lora:v2")
+def test_a_replicas_routed_lane_names_its_stream_and_its_entries_are_normal() -> None:
+    lane = routed_lane("adapters#1f2e3d4c")
     ref = lane_ref(lane, b"5-1")
-    assert ref == b"model:org/lora:v2/5-1"
+    assert ref == b"to:adapters#1f2e3d4c/5-1"
+    assert Keys().lane_stream("adapters", lane) == Keys().routed_requests("adapters", "adapters#1f2e3d4c")
     assert split_ref(ref) == (lane, b"5-1")
     assert lane_priority(lane) is Priority.NORMAL
     assert group_refs([ref, b"6-0"]) == {lane: [b"5-1"], b"": [b"6-0"]}

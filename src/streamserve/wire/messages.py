@@ -150,7 +150,7 @@ class Request:
                 priority=_NORMAL if (level := fields.get(b"priority")) is None else parse_priority(level.decode()),
                 tenant=DEFAULT_TENANT if (tenant := fields.get(b"tenant")) is None else tenant.decode(),
                 held=fields.get(b"held", b"").decode(),
-                model=fields.get(b"model", b"").decode(),
+                model="" if (model := fields.get(b"model")) is None else model.decode(),
             )
         except (UnicodeDecodeError, ValueError, BadRequestError) as exc:
             raise ProtocolError(f"malformed request message: {exc}") from exc
