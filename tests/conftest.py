@@ -1,4 +1,9 @@
-"""Fixtures shared by the integration and end-to-end tests: a real redis-server on a free port."""
+"""Fixtures shared by the integration and end-to-end tests: a real redis-server on a free port.
+
+The suite runs on two pytest-xdist workers (pyproject.toml). The tests that run whole farms (tests/e2e, tests/soak)
+run one after another on one worker, sharing the package's farm and keeping their timing as on one core each; the
+unit and integration tests run on the other worker meanwhile.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,15 @@ from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
 from tests.harness.farm import Processes
 from tests.harness.redis_cluster import LocalRedisCluster
+
+FARM_TESTS = ("e2e", "soak")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test of a farm in one xdist group (``--dist loadgroup``): one worker runs them in turn."""
+    for item in items:
+        if Path(item.path).parent.name in FARM_TESTS:
+            item.add_marker(pytest.mark.xdist_group("farms"))
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ deployments:
   - {name: slow, import_path: 'tests.deployments:SlowStart', init_kwargs: {seconds: 2}, num_replicas: 1}
 """
 MOMENTS = ("before-the-banner", "after-the-banner", "under-traffic")
-ROUNDS = 7  # x 3 moments: 21 kills in a row for each Redis
+ROUNDS = 3  # x 3 moments: 9 kills in a row for each Redis
 
 
 @pytest.fixture(scope="module")
