@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 import redis.asyncio as aioredis
+from xdist.scheduler import LoadScopeScheduling
 
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.processes import free_port
@@ -20,14 +22,19 @@ from streamserve.runtime.settings import Settings
 from tests.harness.farm import Processes
 from tests.harness.redis_cluster import LocalRedisCluster
 
-FARM_TESTS = ("e2e", "soak")
+# The tests that run whole farms: one xdist worker runs them all, in turn.
+FARM_TESTS = ("tests/e2e/", "tests/soak/")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test of a farm in one xdist group (``--dist loadgroup``): one worker runs them in turn."""
-    for item in items:
-        if Path(item.path).parent.name in FARM_TESTS:
-            item.add_marker(pytest.mark.xdist_group("farms"))
+class FarmsInTurn(LoadScopeScheduling):
+    """xdist's scheduling by scope, with every farm test in one scope and every other test a scope of its own."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return "farms" if nodeid.startswith(FARM_TESTS) else nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> FarmsInTurn:
+    return FarmsInTurn(config, log)
 
 
 @pytest.fixture(scope="session")
