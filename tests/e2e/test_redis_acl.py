@@ -72,12 +72,15 @@ def test_the_farm_runs_as_the_documented_acl_user(acl_redis: int, tmp_path: Path
         "deployments:\n"
         "  - name: echo\n    import_path: examples.echo:Echo\n    num_replicas: 1\n"
         "  - name: add\n    import_path: examples.functions:add\n    num_replicas: 1\n"
+        "  - name: forecast\n    import_path: examples.forecasters:Forecasters\n    num_replicas: 1\n"
     )
     url = f"redis://streamserve:{PASSWORD}@127.0.0.1:{acl_redis}/0"
     admin = redis.Redis(port=acl_redis, username="admin", password=ADMIN_PASSWORD)
     farm = Farm(config, tmp_path / "up.log", redis_url=url).start()
     try:
         assert farm.post("/echo", {"x": 1}).json() == {"echo": {"x": 1}, "greeting": "hello"}
+        for _ in range(2):  # the model is given to the replica, then routed to it (the scripts of multiplexing)
+            assert farm.post("/forecast", {"days": 1}, headers={"X-Model-Id": "store-1"}).status_code == 200
         accepted = farm.post("/add", {"a": 1, "b": 2}, headers={"Prefer": "respond-async"})
         assert accepted.status_code == 202, accepted.text
         job: dict[str, object] = {}

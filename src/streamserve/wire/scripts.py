@@ -1,9 +1,11 @@
 """Lua scripts: every multi-step Redis write that must be atomic.
 
 Each script names every key it touches in KEYS, so it runs on Redis Cluster
-when those keys share a hash tag. One exception: SETTLE_RUN deletes the cache
-entries it evicts, which no caller could know beforehand; they are keys of the
-deployment's own hash slot, which a cluster lets a script reach.
+when those keys share a hash tag. The exceptions reach keys that no caller could
+know beforehand, all of the deployment's own hash slot, which a cluster lets a
+script reach: SETTLE_RUN deletes the cache entries it evicts, and the routing of
+multiplexing deployments (_ROUTE, ROUTED_STREAMS) reads the streams and models of
+the replicas it finds listed.
 """
 
 from __future__ import annotations
