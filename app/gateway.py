@@ -27,6 +27,8 @@ import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
+from opentelemetry import trace
+from opentelemetry.trace import Tracer
 from redis.exceptions import ResponseError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
@@ -47,6 +49,7 @@ from streamserve.app.http_protocol import ON_DISCONNECT, write_chunk
 from streamserve.app.observe import CLIENT_CLOSED, RequestObserver
 from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
 from streamserve.app.routing import RouteTable
+from streamserve.app.server_span import end_server_span, start_server_span
 from streamserve.app.streaming_response import (
     StreamCut,
     quiet_stream_cuts,
@@ -60,6 +63,7 @@ from streamserve.control.status import StatusReader
 from streamserve.metrics.exposition import CONTENT_TYPE, farm_metrics
 from streamserve.metrics.figures import Figures
 from streamserve.metrics.flusher import MetricsFlusher
+from streamserve.runtime import trace_context, tracing
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RedisRefusals
 from streamserve.wire.config import GATEWAY_PREFIX, RESERVED_ROUTE_PREFIXES
@@ -107,6 +111,7 @@ class Gateway:
         self.observer = RequestObserver(figures, settings.access_log, settings.log_format)
         self._routes_generation = -1
         self._routes = RouteTable({})
+        self.tracer = tracing.tracer()  # None: tracing is off (runtime/tracing.py)
 
     def routes(self) -> RouteTable:
         if self.client.generation != self._routes_generation:
@@ -160,6 +165,9 @@ class Gateway:
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI: answer one ``POST <route_prefix>``, every error in the gateway's JSON shape; count and log it."""
+        if self.tracer is not None:
+            await self._serve_traced(self.tracer, scope, receive, send)
+            return
         started = time.perf_counter()
         exchange = _Exchange(scope, receive, send)
         try:
@@ -170,6 +178,33 @@ class Gateway:
             self.observer.done(
                 "POST", path, status, started, request_id, exchange.deployment, exchange.replica, exchange.tenant
             )
+
+    async def _serve_traced(self, tracer: Tracer, scope: Scope, receive: Receive, send: Send) -> None:
+        """``serve`` in a server span, current while the request is answered (its enqueue span is a child)."""
+        started = time.perf_counter()
+        exchange = _Exchange(scope, receive, send)
+        span = start_server_span(tracer, scope)
+        token = trace_context.attach(trace.set_span_in_context(span))
+        try:
+            await self._answer(exchange)
+        finally:
+            path = scope["path"]
+            status, request_id = exchange.status, exchange.request_id
+            route = self.routes().prefix(path) if exchange.deployment else None
+            end_server_span(span, status, route, exchange.error, request_id)
+            trace_id = format(span.get_span_context().trace_id, "032x")
+            self.observer.done(
+                "POST",
+                path,
+                status,
+                started,
+                request_id,
+                exchange.deployment,
+                exchange.replica,
+                exchange.tenant,
+                trace_id,
+            )
+            trace_context.detach(token)
 
     async def _answer(self, exchange: _Exchange) -> None:
         """Answer the request; ``exchange`` learns what was answered, by whom."""
@@ -229,6 +264,7 @@ class Gateway:
         except RequestCancelledError:  # its caller disconnected (caller_left): nobody to answer; the access log: 499
             return
         except StreamServeError as exc:
+            exchange.error = exc
             response = error_response(exc, exchange.reply_headers)
             exchange.status = response.status_code
             await response(scope, receive, send)
@@ -299,7 +335,7 @@ class Gateway:
 class _Exchange:
     """One deployment POST: what came in (the ASGI triple, the headers, the caller's and the used request id, the
     reply's headers so far) and, for its count and access line, what it got: status (CLIENT_CLOSED until one is
-    sent), the deployment (or endpoint, before one is picked) it went to, the replica that answered.
+    sent), the deployment (or endpoint, before one is picked) it went to, the replica that answered, the error it got.
 
     Built once per request, a plain class with slots: its outcome fields are written as the request goes, and a
     frozen dataclass or NamedTuple beside a mutable outcome would add an allocation to the hot path.
@@ -307,6 +343,7 @@ class _Exchange:
 
     __slots__ = (
         "deployment",
+        "error",
         "given_id",
         "headers",
         "receive",
@@ -330,6 +367,7 @@ class _Exchange:
         self.deployment = ""
         self.replica = ""
         self.tenant = ""
+        self.error: StreamServeError | None = None  # the error it was answered with
 
 
 class _Headers:

@@ -11,6 +11,7 @@ import uvicorn
 from streamserve.app.gateway import GatewayApp, create_app
 from streamserve.app.http_protocol import GatewayHttpProtocol, use_connection_limits
 from streamserve.control.security import check_exposure
+from streamserve.runtime import tracing
 from streamserve.runtime.fd_limit import raise_fd_limit
 from streamserve.runtime.gc_freeze import freeze_startup_objects
 from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, inherited
@@ -46,6 +47,7 @@ def worker_app() -> GatewayApp:
     first process wrote (Settings.to_env), its own logging, its own client and reply stream."""
     settings = Settings()
     setup_logging(settings.debug, settings.log_format, role="gateway")
+    tracing.start("gateway")
     use_connection_limits(settings)
     app = create_app(settings)
     freeze_startup_objects()

@@ -45,9 +45,11 @@ class RequestObserver:
         deployment: str,
         replica: str,
         tenant: str = "",
+        trace_id: str = "",
     ) -> None:
         """``started``: time.perf_counter() when the request arrived; ``deployment`` "" when none was matched;
-        ``tenant`` "" when none was known (the request was refused before its tenant was)."""
+        ``tenant`` "" when none was known (the request was refused before its tenant was); ``trace_id`` "" when
+        the gateway does not trace."""
         seconds = time.perf_counter() - started
         if self.figures is not None and deployment:
             self.figures.count(deployment, REQUESTS, str(status))
@@ -58,7 +60,7 @@ class RequestObserver:
             return
         duration_ms = round(seconds * 1000, 2)
         if self._lines is not None:
-            self._lines.write(method, path, status, duration_ms, request_id, deployment, replica)
+            self._lines.write(method, path, status, duration_ms, request_id, deployment, replica, trace_id)
             return
         access_logger.info(
             "%s %s %d %.2fms deployment=%s replica=%s",
@@ -76,6 +78,7 @@ class RequestObserver:
                 "duration_ms": duration_ms,
                 "deployment": deployment,
                 "replica": replica,
+                **({"trace_id": trace_id} if trace_id else {}),
             },
         )
 
@@ -95,7 +98,15 @@ class _AccessLines:
         self._stamp = ""
 
     def write(
-        self, method: str, path: str, status: int, duration_ms: float, request_id: str, deployment: str, replica: str
+        self,
+        method: str,
+        path: str,
+        status: int,
+        duration_ms: float,
+        request_id: str,
+        deployment: str,
+        replica: str,
+        trace_id: str = "",
     ) -> None:
         now = time.time()
         second = int(now)
@@ -107,6 +118,8 @@ class _AccessLines:
             f"{self._stamp},{int((now - second) * 1000):03d}{self._head}{method} {path} {status} {duration_ms:.2f}ms "
             f"deployment={deployment or '-'} replica={replica or '-'} request_id={request_id or '-'}"
         )
+        if trace_id:
+            line += f" trace_id={trace_id}"
         self._pending.append(printable(line))
         if len(self._pending) == 1:
             asyncio.get_running_loop().call_later(ACCESS_FLUSH_S, self.flush)

@@ -23,7 +23,12 @@ class RouteTable:
 
     def match(self, path: str) -> str | None:
         """``/echo`` and ``/echo/anything`` match prefix ``/echo``; ``/echoes`` does not."""
+        prefix = self.prefix(path)
+        return None if prefix is None else self.routes[prefix]
+
+    def prefix(self, path: str) -> str | None:
+        """The route prefix that ``path`` matches, or None."""
         for prefix in self._by_length:
             if path == prefix or prefix == "/" or path.startswith(prefix + "/"):
-                return self.routes[prefix]
+                return prefix
         return None

@@ -44,6 +44,8 @@ class _Waiting:
     future: asyncio.Future[Any]
     # Event-loop time it arrived: its batch runs at the latest batch_wait_timeout_s after.
     arrived: float
+    # Told the size of the batch it runs in (its handler span's attribute, when the replica traces).
+    sized: Callable[[int], None] | None = None
 
 
 class Batcher:
@@ -62,11 +64,12 @@ class Batcher:
         self.batches = 0
         self.items = 0
 
-    def submit(self, body: Any, deadline_ms: int) -> asyncio.Future[Any]:
-        """Queue one body; the future resolves to its own output, or the error of its whole batch."""
+    def submit(self, body: Any, deadline_ms: int, sized: Callable[[int], None] | None = None) -> asyncio.Future[Any]:
+        """Queue one body; the future resolves to its own output, or the error of its whole batch. ``sized`` is told
+        the size of its batch when that runs."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._waiting.append(_Waiting(body, deadline_ms, future, loop.time()))
+        self._waiting.append(_Waiting(body, deadline_ms, future, loop.time(), sized))
         self._more.set()
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.name}")
@@ -123,6 +126,9 @@ class Batcher:
             return
         self.batches += 1
         self.items += len(ready)
+        for item in ready:
+            if item.sized is not None:
+                item.sized(len(ready))
         try:
             outputs = check_outputs(self.name, len(ready), await self._run_batch([item.body for item in ready]))
         except Exception as exc:
@@ -148,13 +154,16 @@ class Batchers:
         self._label = label
         self._by_method: dict[str, Batcher] = {}
 
-    async def call(self, method: str, handler: Handler, body: Any, deadline_ms: int) -> Any:
-        """Run ``body`` as part of a batch and return its own output; DeadlinePassed if it expired waiting."""
+    async def call(
+        self, method: str, handler: Handler, body: Any, deadline_ms: int, sized: Callable[[int], None] | None = None
+    ) -> Any:
+        """Run ``body`` as part of a batch and return its own output; DeadlinePassed if it expired waiting.
+        ``sized``: told the size of its batch."""
         batcher = self._by_method.get(method)
         if batcher is None:
             assert handler.batch is not None
             batcher = self._by_method[method] = self._make(_name(handler.fn), handler, handler.batch)
-        return await batcher.submit(body, deadline_ms)
+        return await batcher.submit(body, deadline_ms, sized)
 
     def _make(self, name: str, handler: Handler, config: BatchConfig) -> Batcher:
         limit = self._max_ongoing()

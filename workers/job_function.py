@@ -39,6 +39,7 @@ import time
 from typing import Any
 
 import redis
+from opentelemetry.trace import SpanKind
 from rq import get_current_job
 from rq.job import Job
 
@@ -46,11 +47,13 @@ from streamserve.client import Client
 from streamserve.client.jobs import (
     ERROR_META,
     JOB_TIMEOUT_MARGIN_S,
+    TRACE_META,
     cancel_requested,
     cancelled_error,
     settle,
     uncount,
 )
+from streamserve.runtime import trace_context, tracing
 from streamserve.runtime.settings import Settings
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import is_out_of_memory
@@ -126,14 +129,42 @@ def run(
 
     Once the call has ended, however it ended, the job no longer counts against its deployment's
     ``max_queued_jobs``. A job cancelled before its call ended fails with RequestCancelledError.
+
+    When the job worker traces, the run is a span ``job <name>`` (its call's enqueue span a child), linked to the
+    span of the call that queued the job.
     """
     job = get_current_job()
+    terms = (priority, tenant, model)
+    tracer = tracing.tracer()
+    if tracer is None:
+        return _run(job, name, body, method, timeout, terms)
+    attributes = {trace_context.DEPLOYMENT: name, **({trace_context.JOB_ID: job.id} if job is not None else {})}
+    with tracer.start_as_current_span(
+        f"{trace_context.JOB} {name}",
+        kind=SpanKind.CONSUMER,
+        links=trace_context.link_to(str(job.meta.get(TRACE_META, "")) if job is not None else ""),
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            return _run(job, name, body, method, timeout, terms)
+        except RequestCancelledError:
+            trace_context.cancelled(span)
+            raise
+        except BaseException as exc:
+            trace_context.failed(span, exc)
+            raise
+
+
+def _run(job: Job | None, name: str, body: Any, method: str, timeout: float | None, terms: tuple[str, str, str]) -> Any:
+    """``run``'s call; ``terms``: its priority, tenant and model."""
     try:
         try:
             _check_allowed(name)
             if job is not None and _cancel_requested(job):
                 raise cancelled_error(job.id)  # cancelled as this worker took it: the call is never made
-            result = _call_when_redis_has_room(name, body, method, timeout, (priority, tenant, model), job)
+            result = _call_when_redis_has_room(name, body, method, timeout, terms, job)
         except StreamServeError as exc:
             if not isinstance(exc, RequestCancelledError):
                 _settle(job, JobStatus.FAILED)  # its error, unless it came after its cancel

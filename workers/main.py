@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import redis.asyncio as aioredis
 
+from streamserve.runtime import tracing
 from streamserve.runtime.gc_freeze import freeze_startup_objects
 from streamserve.runtime.logging_setup import start_process
 from streamserve.runtime.processes import on_stop_signals, role_command
@@ -95,6 +96,7 @@ def main(argv: list[str]) -> int:
     if restart:
         # The same process runs the deployment's new code afresh: modules cannot be re-imported in place.
         logger.info("replica %s: %s; starting again", replica_id, restart)
+        tracing.flush()  # exec ends the process without its exit handlers: send its last spans now
         logging.shutdown()
         os.execv(sys.executable, restart_command(argv, replica_id))
     return code

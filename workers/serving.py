@@ -36,6 +36,7 @@ from streamserve.metrics.definitions import (
     RUNNING_STAGE,
 )
 from streamserve.metrics.figures import Figures
+from streamserve.runtime import trace_context, tracing
 from streamserve.runtime.request_scope import RequestScope, run_in
 from streamserve.runtime.settings import Settings
 from streamserve.transport import settling
@@ -65,6 +66,7 @@ from streamserve.workers.control_reader import ControlHandler
 from streamserve.workers.finisher import Finisher
 from streamserve.workers.loader import Handler, LoadedDeployment
 from streamserve.workers.model_holder import ModelHolder
+from streamserve.workers.request_spans import RequestSpans
 from streamserve.workers.slots import Slots
 from streamserve.workers.streaming import Stream, Streams
 from streamserve.workers.threads import HandlerThreads
@@ -139,7 +141,11 @@ class Serving:
         self._slots = slots
         self._stopping = stopping
         self._figures = figures
-        self._finisher = Finisher(pipeliner, self._lane_stream, slots.finished, self._consumer)
+        # Its requests' spans, when it traces (runtime/tracing.py); None: tracing is off, and nothing here makes one.
+        tracer = tracing.tracer()
+        self._spans = RequestSpans(tracer, self._name, self._consumer) if tracer is not None else None
+        finished = slots.finished if self._spans is None else self._spans_acknowledged
+        self._finisher = Finisher(pipeliner, self._lane_stream, finished, self._consumer)
         self._batchers = Batchers(self._invoke_batch, lambda: self.config.max_ongoing_requests, self._consumer)
         self.streams = Streams(
             pipeliner=pipeliner,
@@ -411,9 +417,11 @@ class Serving:
             return
         started_at = time.perf_counter()
         scope = RequestScope(request.request_id, request.deadline_ms, request.priority, request.tenant, request.model)
+        if self._spans is not None:
+            self._spans.started(entry_id, request, scope)
         started = self._start_handler(entry_id, request, scope, started_at)
         if isinstance(started, Reply):
-            self._finish(entry_id, request, started)
+            self._finish(entry_id, request, started, scope=scope)
             return
         self._running[entry_id] = scope
         if started is not None:
@@ -440,7 +448,9 @@ class Serving:
             if handler.is_stream:
                 return self._start_stream(entry_id, request, handler, body, scope, started_at)
             if handler.batch is not None:
-                batched = asyncio.ensure_future(self._batchers.call(request.method, handler, body, request.deadline_ms))
+                sized = self._spans.batched(scope) if self._spans is not None else None
+                calling = self._batchers.call(request.method, handler, body, request.deadline_ms, sized)
+                batched = asyncio.ensure_future(calling)
                 scope.stop = batched.cancel
                 return batched
             return self._invoke(handler, body, scope)
@@ -506,29 +516,40 @@ class Serving:
             reply = self._reply_for(request, done)
         if self._figures is not None:
             self._figures.observe(self._name, HANDLER_DURATION, time.perf_counter() - started_at)
-        self._finish(entry_id, request, reply)
+        raised = done.exception() if scope is not None and scope.trace is not None and not done.cancelled() else None
+        self._finish(entry_id, request, reply, scope=scope, error=raised)
 
     def _on_stream_done(
         self, entry_id: bytes, request: Request, started_at: float, stream: Stream, done: asyncio.Future[Reply]
     ) -> None:
-        self._running.pop(entry_id, None)
+        scope = self._running.pop(entry_id, None)
         if done.cancelled():  # stopping: the entry stays pending, to be claimed again
             self._leave_pending(entry_id)
             return
         if self._figures is not None:
             self._figures.observe(self._name, HANDLER_DURATION, time.perf_counter() - started_at)
         reply = done.result()
-        self._finish(entry_id, request, reply, stream.kept_reply(reply))
+        self._finish(entry_id, request, reply, stream.kept_reply(reply), scope=scope)
 
     def _leave_pending(self, entry_id: bytes) -> None:
         """Give up a request unanswered (the replica stops): its entry stays pending, to be claimed again."""
         self._slots.handler_returned()
         self._slots.finished([entry_id])
 
-    def _finish(self, entry_id: bytes, request: Request, reply: Reply, kept: Reply | None = None) -> None:
+    def _finish(
+        self,
+        entry_id: bytes,
+        request: Request,
+        reply: Reply,
+        kept: Reply | None = None,
+        *,
+        scope: RequestScope | None = None,
+        error: BaseException | None = None,
+    ) -> None:
         """Free the request's slot and hand its reply to the Finisher (no reply when nobody waits for one).
 
-        ``kept``: what a shared run keeps instead of ``reply`` (a stream's chunks with its end)."""
+        ``kept``: what a shared run keeps instead of ``reply`` (a stream's chunks with its end). ``scope``: the
+        request's, which holds its handler span when the replica traces; ``error``: what the handler raised."""
         self._slots.handler_returned()
         self.served += 1
         outcome = reply.status
@@ -543,6 +564,8 @@ class Serving:
                 self.failed += 1
         if self._figures is not None:
             self._figures.count(self._name, HANDLED, outcome.value)
+        if scope is not None and scope.trace is not None and self._spans is not None:
+            self._spans.ended(entry_id, request, scope, reply, answered, error)
         settlement = None
         if request.run:  # a shared run ends (an idempotency key's, identical requests'): kept, or freed
             settlement = settling.settle(self._keys, self.config, request, kept or reply)
@@ -552,6 +575,12 @@ class Serving:
         self._finisher.finish(
             entry_id, reply if answered else None, request.reply_to, request.deadline_ms, settlement, release
         )
+
+    def _spans_acknowledged(self, refs: list[bytes]) -> None:
+        """The Finisher's: ``refs`` are settled (their replies' spans end), then their slots are free."""
+        assert self._spans is not None
+        self._spans.acknowledged(refs)
+        self._slots.finished(refs)
 
     def _count_cancelled(self, stage: str) -> None:
         if self._figures is not None:
@@ -593,6 +622,7 @@ class Serving:
                 "deployment": self._name,
                 "replica_id": self._consumer,
                 **({"parent_request_id": request.parent} if request.parent else {}),
+                **trace_context.log_ids(request),
             },
         )
         message = context + str(exc)

@@ -36,6 +36,7 @@ from typing import Any
 from streamserve.metrics.definitions import RUNNING_STAGE, STREAM_CHUNKS, TIME_TO_FIRST_CHUNK
 from streamserve.metrics.figures import Figures
 from streamserve.runtime.request_scope import RequestScope
+from streamserve.runtime.trace_context import chunks_sent
 from streamserve.transport.pipelining import Pipeliner
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import ResponseTooLargeError
@@ -363,6 +364,8 @@ class Stream:
             self._keep(part.body)
         if self._replica.figures is not None:
             self._replica.figures.count(self._replica.deployment, STREAM_CHUNKS, "", part.count)
+        if self._scope.trace is not None:
+            chunks_sent(self._scope.trace, part.seq, part.count)
         self._progress()
 
     def _keep(self, body: bytes) -> None:

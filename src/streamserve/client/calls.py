@@ -20,6 +20,9 @@ import functools
 import logging
 from typing import Any
 
+from opentelemetry.context import Context
+from opentelemetry.trace import Span
+
 from streamserve.client.chunk_feed import ChunkFeed
 from streamserve.client.chunk_stream import ChunkStream
 from streamserve.client.core import ClientCore
@@ -29,6 +32,7 @@ from streamserve.client.reply_stream import ReplyStream
 from streamserve.client.route_table import Route
 from streamserve.client.shared_calls import Sharing, by_cache, by_key, enqueue_shared, wait_joined
 from streamserve.client.tenant_limits import refusal, tenant_terms
+from streamserve.runtime import trace_context
 from streamserve.transport.connections import is_cluster_client
 from streamserve.transport.pipelining import Command, Script
 from streamserve.wire import scripts
@@ -231,20 +235,29 @@ class Calls(ClientCore):
             model=model_id_of(model_id),
         )
         cfg = route.deployment
-        if idempotency_key is None and cfg.response_cache is None:
-            await self._add(cfg, request)
-        else:
-            request.run = new_run_token()
-            if idempotency_key is not None:
-                request.idem = check_key(idempotency_key)
-                sharing = by_key(self._keys, cfg, request)
+        span = self._trace(request, cfg, None)
+        try:
+            if idempotency_key is None and cfg.response_cache is None:
+                await self._add(cfg, request)
             else:
-                sharing = by_cache(self._keys, cfg, request, refresh=False)
-            assert self._pipeliner is not None
-            with self._refusals:
-                admission = await enqueue_shared(self._pipeliner, self._keys, cfg, request, sharing)
-            if not admission.entry_id:
-                return request.request_id  # it has run (its reply is kept), or its run is on its way
+                request.run = new_run_token()
+                if idempotency_key is not None:
+                    request.idem = check_key(idempotency_key)
+                    sharing = by_key(self._keys, cfg, request)
+                else:
+                    sharing = by_cache(self._keys, cfg, request, refresh=False)
+                assert self._pipeliner is not None
+                with self._refusals:
+                    admission = await enqueue_shared(self._pipeliner, self._keys, cfg, request, sharing)
+                if not admission.entry_id:
+                    return request.request_id  # it has run (its reply is kept), or its run is on its way
+        except BaseException as exc:
+            if span is not None:
+                trace_context.failed(span, exc)
+            raise
+        finally:
+            if span is not None:
+                span.end()
         self._mirror(route, request)
         return request.request_id
 
@@ -265,6 +278,7 @@ class Calls(ClientCore):
         priority: Priority = Priority.NORMAL,
         tenant: str = DEFAULT_TENANT,
         model_id: str = "",
+        trace_parent: Context | None = None,
     ) -> Reply:
         """Send already-encoded JSON and return the raw Reply (the gateway's entry point).
 
@@ -288,6 +302,9 @@ class Calls(ClientCore):
         new reply. Reply.shared says how a shared run answered. ``priority``: the request's level (Request.priority);
         ``tenant``: whom it is for (Request.tenant: a tenant name, as check_tenant says); ``model_id``: its model
         (Request.model: a model id, as check_model_id says, or "").
+
+        ``trace_parent``: the trace context its enqueue span continues (a handle's: its parent's handler span);
+        None: the current one (runtime/trace_context.py).
         """
         self._check_size(body)
         route = name if isinstance(name, Route) else await self.route(name, idempotency_key)
@@ -313,24 +330,34 @@ class Calls(ClientCore):
             model=model_id,
         )
         entry_id = ""
+        span = self._trace(request, cfg, trace_parent) if self._tracer is not None else None
         try:
             deadline = now_ms() + int(timeout_s * 1000)
             request.deadline_ms = min(deadline, deadline_ms) if deadline_ms else deadline
             if idempotency_key:
                 request.idem = check_key(idempotency_key)
-                reply, entry_id = await self._run_shared(route, request, fut, by_key(self._keys, cfg, request))
+                sharing = by_key(self._keys, cfg, request)
+                reply, entry_id = await self._run_shared(route, request, fut, sharing, span)
             elif cfg.response_cache is not None:
                 sharing = by_cache(self._keys, cfg, request, refresh)
-                reply, entry_id = await self._run_shared(route, request, fut, sharing)
+                reply, entry_id = await self._run_shared(route, request, fut, sharing, span)
             else:
                 try:
                     entry_id = await self._add(cfg, request)
-                except BaseException:
+                except BaseException as exc:
                     _abandon(fut)
+                    if span is not None:
+                        trace_context.failed(span, exc)
                     raise
+                finally:
+                    if span is not None:
+                        span.end()
                 self._mirror(route, request)
                 reply = await fut
         except BaseException as exc:
+            if span is not None and span.is_recording():  # it failed before it was queued
+                trace_context.failed(span, exc)
+                span.end()
             timer.cancel()
             replies.forget(tag, request_id)
             replies.forget_feed(tag, request_id)  # its first chunk may have come as the caller was cancelled
@@ -395,10 +422,11 @@ class Calls(ClientCore):
         return self._routes is not None and deployment not in self._routes.deployments()
 
     async def _run_shared(
-        self, route: Route, request: Request, fut: asyncio.Future[Reply], sharing: Sharing
+        self, route: Route, request: Request, fut: asyncio.Future[Reply], sharing: Sharing, span: Span | None
     ) -> tuple[Reply, str]:
         """The reply to ``request``, whose run may be shared, and the entry id it was queued as ("" when it joined
-        another call's run, or took its stored reply): see client/shared_calls.py."""
+        another call's run, or took its stored reply): see client/shared_calls.py. ``span``: its enqueue span,
+        ended here once the request is queued, joined to another run, or answered from a stored reply."""
         assert self._pipeliner is not None and self._replies is not None
         cfg = route.deployment
         while True:
@@ -406,9 +434,18 @@ class Calls(ClientCore):
             try:
                 with self._refusals:
                     admission = await enqueue_shared(self._pipeliner, self._keys, cfg, request, sharing)
-            except BaseException:
+            except BaseException as exc:
                 _abandon(fut)
+                if span is not None:
+                    trace_context.failed(span, exc)
+                    span.end()
                 raise
+            if span is not None:
+                shared = "stored" if admission.stored is not None else "joined" if admission.joined else ""
+                if shared:
+                    span.set_attribute(trace_context.SHARED, shared)
+                span.end()
+                span = None
             if admission.stored is not None:
                 return admission.stored, ""
             try:
@@ -427,6 +464,13 @@ class Calls(ClientCore):
                 return reply, admission.entry_id
             fut = self._replies.expect(request.tag, request.request_id)  # the run it joined never ran: run anew
             sharing = dataclasses.replace(sharing, refresh=False)
+
+    def _trace(self, request: Request, cfg: DeploymentConfig, parent: Context | None) -> Span | None:
+        """Start ``request``'s enqueue span (its context rides in the entry), or None: this client does not trace."""
+        if self._tracer is None:
+            return None
+        stream = self._keys.requests(cfg.name, request.priority)
+        return trace_context.start_enqueue(self._tracer, request, cfg.name, stream, parent)
 
     def _mirror(self, route: Route, request: Request) -> None:
         """Send a copy of an admitted request to each shadow, without a reply stream (no one waits for it)."""

@@ -13,11 +13,13 @@ from typing import Self
 
 import redis
 import redis.asyncio as aioredis
+from opentelemetry.trace import Tracer
 
 from streamserve.client.cancels import Canceller
 from streamserve.client.jobs import JobQueue, jobs_redis_url
 from streamserve.client.reply_stream import ReplyStream
 from streamserve.client.route_table import Route, RouteCache
+from streamserve.runtime import tracing
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import JOB_POOL_SIZE, RedisRefusals, async_redis, sync_redis
 from streamserve.transport.pipelining import Pipeliner
@@ -46,6 +48,13 @@ class ClientCore:
         self._jobs_redis: redis.Redis | None = None
         self._shadow_tasks: set[asyncio.Task[str]] = set()
         self._start_lock: asyncio.Lock | None = None
+        # Where its calls' enqueue spans come from (runtime/tracing.py), looked up when it starts: None, no spans.
+        self._tracer: Tracer | None = tracing.tracer()
+
+    @property
+    def traced(self) -> bool:
+        """Whether this client's calls make spans (runtime/tracing.py)."""
+        return self._tracer is not None
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -57,6 +66,7 @@ class ClientCore:
         """
         if self._replies is not None:
             return
+        self._tracer = tracing.tracer()  # a provider the program set up after making the client
         await self._connect()
         async with self._start_guard():
             if self._replies is None:

@@ -13,7 +13,8 @@ handle's calls are the children of the request being served:
   RequestCancelledError in the handler);
 - their request id is ``<parent id>.<n>`` and Request.parent the parent's id,
   so that logs tie them together;
-- they go at the parent's priority level (wire/priorities.py), for its tenant (wire/tenants.py).
+- they go at the parent's priority level (wire/priorities.py), for its tenant (wire/tenants.py);
+- when the replica traces, their enqueue spans are children of the parent's handler span (runtime/trace_context.py).
 
 Every call runs on one event loop of the process, its "home", with one
 AsyncClient made there on first use. In a replica that is the replica's own
@@ -230,6 +231,7 @@ async def _send(
         priority=scope.priority,
         tenant=scope.tenant,
         model_id=model,
+        trace_parent=scope.trace,
     )
 
 

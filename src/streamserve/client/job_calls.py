@@ -11,10 +11,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
+from opentelemetry.trace import SpanKind
 
 from streamserve.client.calls import call_timeout_s, encode_body
 from streamserve.client.core import ClientCore
 from streamserve.client.jobs import JobInfo
+from streamserve.runtime import trace_context
 from streamserve.wire.idempotency import check_key
 from streamserve.wire.models import model_id_of
 from streamserve.wire.priorities import parse_priority
@@ -64,20 +66,39 @@ class JobCalls(ClientCore):
         # RQ serialises with the standard json module: hand it what orjson made of the body, plain JSON types.
         plain = orjson.loads(encoded)
         jobs = self._job_queue()
-        return await self._in_thread(
-            lambda: jobs.enqueue(
-                name,
-                plain,
-                counted_in=route.deployment,
-                method=method,
-                timeout=timeout,
-                call_timeout_s=timeout_s,
-                idempotency_key=idempotency_key,
-                priority=level,
-                tenant=whom,
-                model=model,
+        span = None
+        if self._tracer is not None:  # the job's run links to this span
+            attributes = {trace_context.DEPLOYMENT: route.deployment.name}
+            span = self._tracer.start_span(
+                f"{trace_context.ENQUEUE} job {name}", kind=SpanKind.PRODUCER, attributes=attributes
             )
-        )
+        try:
+            traceparent = trace_context.traceparent(span)
+            job_id = await self._in_thread(
+                lambda: jobs.enqueue(
+                    name,
+                    plain,
+                    counted_in=route.deployment,
+                    method=method,
+                    timeout=timeout,
+                    call_timeout_s=timeout_s,
+                    idempotency_key=idempotency_key,
+                    priority=level,
+                    tenant=whom,
+                    model=model,
+                    trace=traceparent,
+                )
+            )
+            if span is not None:
+                span.set_attribute(trace_context.JOB_ID, job_id)
+        except BaseException as exc:
+            if span is not None:
+                trace_context.failed(span, exc)
+            raise
+        finally:
+            if span is not None:
+                span.end()
+        return job_id
 
     async def job(self, job_id: str) -> JobInfo:
         """A job's status, with its result once finished or its error once failed; NotFoundError after its TTL."""

@@ -78,6 +78,10 @@ ERROR_META = "error"
 # The job-meta field naming the deployment whose ``max_queued_jobs`` counts the job (the one picked when it was queued).
 COUNTED_IN_META = "counted_in"
 
+# The job-meta field with the W3C traceparent of the call that queued the job, when that call was traced: the job's
+# run links to it (runtime/trace_context.py).
+TRACE_META = "trace"
+
 # A count this old whose job has ended, or is gone, is dropped by the sweep: the time between counting a job and RQ
 # queueing it, with plenty to spare.
 PRUNE_AFTER_MS = 60_000
@@ -174,6 +178,7 @@ class JobQueue:
         priority: Priority = Priority.NORMAL,
         tenant: str = DEFAULT_TENANT,
         model: str = "",
+        trace: str = "",
     ) -> str:
         """Queue a call of deployment or endpoint ``name`` (at ``priority``, for ``tenant``, with ``model``); return the
         job id.
@@ -186,7 +191,8 @@ class JobQueue:
         queued, when that deployment has as many jobs not ended yet.
         ``timeout`` is passed to the call (None: the deployment's
         ``request_timeout_s``); ``call_timeout_s`` is how long that call may
-        take at most, which bounds the job's run time.
+        take at most, which bounds the job's run time. ``trace``: the traceparent of the span that queued it, "" for
+        none.
         """
         job_id = str(uuid.uuid4())
         claim = ""
@@ -197,7 +203,8 @@ class JobQueue:
             if earlier is not None:
                 return earlier
         try:
-            self._enqueue(name, body, counted_in, method, timeout, call_timeout_s, job_id, (priority, tenant, model))
+            terms = (priority, tenant, model, trace)
+            self._enqueue(name, body, counted_in, method, timeout, call_timeout_s, job_id, terms)
         except BaseException:
             if claim:
                 with contextlib.suppress(redis.RedisError):
@@ -235,10 +242,10 @@ class JobQueue:
         timeout: float | None,
         call_timeout_s: float,
         job_id: str,
-        terms: tuple[Priority, str, str],
+        terms: tuple[Priority, str, str, str],
     ) -> None:
-        """``terms``: the call's priority, tenant and model."""
-        priority, tenant, model = terms
+        """``terms``: the call's priority, tenant and model, and the traceparent that queued it ("": none)."""
+        priority, tenant, model, trace = terms
         if not self._admit(
             keys=[self._keys.accepted_jobs(counted_in.name)], args=[counted_in.max_queued_jobs, job_id, now_ms()]
         ):
@@ -256,7 +263,7 @@ class JobQueue:
                 # RQ's default description is the call's repr, body included: keep a large body out of it.
                 description=f"streamserve call {name}" + (f".{method}" if method else ""),
                 job_id=job_id,
-                meta={COUNTED_IN_META: counted_in.name},
+                meta={COUNTED_IN_META: counted_in.name, **({TRACE_META: trace} if trace else {})},
             )
         except BaseException:
             with contextlib.suppress(redis.RedisError):

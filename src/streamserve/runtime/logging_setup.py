@@ -8,6 +8,7 @@ import os
 
 from pythonjsonlogger.json import JsonFormatter
 
+from streamserve.runtime import tracing
 from streamserve.runtime.fd_limit import raise_fd_limit
 from streamserve.runtime.settings import Settings, add_redis_url_option
 from streamserve.transport.redis_checks import redis_problems, warning_text
@@ -15,10 +16,14 @@ from streamserve.wire.printable import printable, printable_lines
 
 logger = logging.getLogger(__name__)
 
+# A role's name in its traces (service.name streamserve-<role>) where that is not its command's.
+TRACED_ROLES = {"worker": "replica"}
+
 
 class TextFormatter(logging.Formatter):
     """One line per record, tagged with the logger and pid; ``request_id=...`` at the end when the record has one
-    (``extra={"request_id": ...}``), before any traceback.
+    (``extra={"request_id": ...}``), and ``trace_id=...`` when tracing is on (runtime/tracing.py), before any
+    traceback.
 
     The line is escaped (wire.printable): a value in the message cannot start a line of its own or reach the
     terminal as a control sequence. A traceback keeps its newlines (it is made of lines) but not those of an
@@ -29,8 +34,11 @@ class TextFormatter(logging.Formatter):
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         line = super().formatMessage(record)
-        request_id = getattr(record, "request_id", None)
-        return printable(f"{line} request_id={request_id}" if request_id else line)
+        if request_id := getattr(record, "request_id", None):
+            line = f"{line} request_id={request_id}"
+        if trace_id := getattr(record, "trace_id", None):
+            line = f"{line} trace_id={trace_id}"
+        return printable(line)
 
     def format(self, record: logging.LogRecord) -> str:
         # The message has no newline left (formatMessage), so the first one starts the traceback or stack, which
@@ -78,12 +86,15 @@ def setup_logging(debug: bool = False, log_format: str = "text", role: str = "")
 
 def start_process(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     """What every role's entry point does first: parse its command line (with ``--redis-url``), build its
-    settings from that and the environment, set up logging, and warn once if Redis may lose work (see
-    redis_checks; the processes it starts get ``check_redis`` off, so that they do not repeat it)."""
+    settings from that and the environment, set up logging (and tracing, if the environment asks: runtime/tracing.py),
+    and warn once if Redis may lose work (see redis_checks; the processes it starts get ``check_redis`` off, so that
+    they do not repeat it)."""
     add_redis_url_option(parser)
     args = parser.parse_args(argv)
     settings = Settings.from_command_line(args)
-    setup_logging(settings.debug, settings.log_format, role=parser.prog.removeprefix("streamserve ").strip())
+    role = parser.prog.removeprefix("streamserve ").strip()
+    setup_logging(settings.debug, settings.log_format, role=role)
+    tracing.start(TRACED_ROLES.get(role, role))
     raise_fd_limit()  # every role holds connections (Redis, clients, replicas' pipes): as many as the system allows
     if settings.check_redis:
         if lines := redis_problems(settings.effective_redis_url):

@@ -13,6 +13,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from opentelemetry.context import Context
+
+from streamserve.runtime.trace_context import attach, detach
 from streamserve.wire.messages import now_ms
 from streamserve.wire.priorities import Priority
 from streamserve.wire.tenants import DEFAULT_TENANT
@@ -41,6 +44,7 @@ class RequestScope:
         "stop",
         "stopped_overdue",
         "tenant",
+        "trace",
     )
 
     def __init__(
@@ -65,6 +69,9 @@ class RequestScope:
         self.deadline_stop: Callable[[], object] | None = None
         self.stopped_overdue = False  # deadline_stop was called
         self._children: list[Callable[[], object]] | None = None
+        # When the replica traces: the trace context of the request's handler span, current while the handler runs
+        # (the user's own spans, and the calls it makes through handles, are its children); else None.
+        self.trace: Context | None = None
 
     def cancelled(self) -> bool:
         """Whether the request was cancelled or its deadline has passed: the handler's work is wanted no more."""
@@ -116,6 +123,8 @@ class RequestScope:
         """A copy of the current context in which this scope is the current one (to run the handler in)."""
         ctx = contextvars.copy_context()
         ctx.run(_CURRENT.set, self)
+        if self.trace is not None:
+            ctx.run(attach, self.trace)
         return ctx
 
 
@@ -127,9 +136,12 @@ def run_in(scope: RequestScope, fn: Callable[[Any], T], arg: Any) -> T:
     """``fn(arg)`` with ``scope`` current, on a handler thread: what a sync handler's call is. (Set and reset in the
     thread's own context: cheaper than a copy of the loop's, which a thread would not see anyway.)"""
     token = _CURRENT.set(scope)
+    traced = attach(scope.trace) if scope.trace is not None else None
     try:
         return fn(arg)
     finally:
+        if traced is not None:
+            detach(traced)
         _CURRENT.reset(token)
 
 

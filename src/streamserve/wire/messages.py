@@ -96,6 +96,12 @@ class Request:
     held: str = ""
     # The model it is for (wire/models.py: X-Model-Id, model_id=), "" for none.
     model: str = ""
+    # Tracing (runtime/tracing.py), when the caller traces: the W3C ``traceparent`` of its enqueue span (the replica's
+    # spans are its children), the ``tracestate`` that goes with it, and when it was sent (epoch ns, the start of
+    # the replica's ``queue wait`` span). "", "" and 0 otherwise, and then not on the wire.
+    trace: str = ""
+    trace_state: str = ""
+    sent_ns: int = 0
 
     def encode(self) -> WireFields:
         fields: WireFields = {
@@ -128,13 +134,18 @@ class Request:
             fields["held"] = self.held
         if self.model:
             fields["model"] = self.model
+        if self.trace:
+            fields["trace"] = self.trace
+            fields["sent_ns"] = self.sent_ns
+            if self.trace_state:
+                fields["trace_state"] = self.trace_state
         return fields
 
     @classmethod
     def decode(cls, fields: Fields) -> Request:
         _check_version(fields, "request")
         try:
-            return cls(
+            request = cls(
                 request_id=_field(fields, b"id", "request").decode(),
                 reply_to=_field(fields, b"reply_to", "request").decode(),
                 deadline_ms=int(_field(fields, b"deadline_ms", "request")),
@@ -152,6 +163,11 @@ class Request:
                 held=fields.get(b"held", b"").decode(),
                 model="" if (model := fields.get(b"model")) is None else model.decode(),
             )
+            if (trace := fields.get(b"trace")) is not None:
+                request.trace = trace.decode()
+                request.trace_state = fields.get(b"trace_state", b"").decode()
+                request.sent_ns = int(fields.get(b"sent_ns", b"0"))
+            return request
         except (UnicodeDecodeError, ValueError, BadRequestError) as exc:
             raise ProtocolError(f"malformed request message: {exc}") from exc
 

@@ -1,0 +1,89 @@
+"""What tracing costs: the HTTP bench's streamserve target with tracing off (the default), on with every request
+sampled, and on with 1% sampled, all exporting to a local OTLP sink (bench/otlp_sink.py); alternated in one session
+so that drift hits every setting alike.
+
+    .venv/bin/python -m bench.tracing_bench [--quick] [--reps 3] [--duration 10] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import uvloop
+
+from bench.children import Child, Children, child_env
+from bench.farm import start_farm
+from bench.http_bench import BODY, CONCURRENCIES, PATH
+from bench.loadgen import http_measure
+from bench.options import Options
+from bench.section import Section, md_table
+from bench.servers import NOOP_CONFIG
+from bench.standalone import standalone
+from bench.stats import Summary, ratio
+from streamserve.runtime.processes import free_port
+
+OFF = "tracing off (default)"
+ALL = "tracing on, every request sampled"
+SOME = "tracing on, 1% sampled"
+SAMPLED_1PCT = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.01"}
+
+
+def _settings(endpoint: str) -> dict[str, dict[str, str]]:
+    on = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
+    return {OFF: {}, ALL: on, SOME: {**on, **SAMPLED_1PCT}}
+
+
+def run(opts: Options) -> Section:
+    samples: dict[str, dict[int, list[dict[str, float]]]] = {
+        name: {c: [] for c in CONCURRENCIES} for name in (OFF, ALL, SOME)
+    }
+    with Children() as sinks:
+        port = free_port()
+        sink = sinks.start(Child("otlp-sink", [sys.executable, "-m", "bench.otlp_sink", str(port)], child_env()))
+        sink.wait_for_line("listening")
+        settings = _settings(f"http://127.0.0.1:{port}")
+        for rep in range(opts.reps):
+            for name, env in settings.items():  # one farm per setting and repetition, in turn
+                with Children() as children:
+                    farm_port = start_farm(children, NOOP_CONFIG, settings=env).port
+                    for concurrency in CONCURRENCIES:
+                        sample = uvloop.run(
+                            http_measure(
+                                farm_port, PATH, BODY, concurrency, opts.warmup_s, opts.duration_s, opts.max_requests
+                            )
+                        )
+                        print(
+                            f"  {name:<34} rep {rep + 1} c={concurrency:<3} {sample.rps:>8.0f} req/s "
+                            f"p50 {sample.p(0.5):.3f} ms errors {sample.errors}",
+                            flush=True,
+                        )
+                        samples[name][concurrency].append(sample.to_json())
+    found = {name: {c: Summary.of(s) for c, s in by_c.items()} for name, by_c in samples.items()}
+    section = Section("tracing", "What OpenTelemetry tracing costs on the HTTP path")
+    section.setup = [
+        "The HTTP bench's streamserve target (`streamserve up`, embedded Redis, `noop`, 1 replica, 1 gateway), "
+        "once per setting below; the settings take turns within each repetition.",
+        "On: OTEL_EXPORTER_OTLP_ENDPOINT names a local sink that reads each export and answers 200 "
+        "(bench/otlp_sink.py); per request the gateway makes a server and an enqueue span, the replica queue wait, "
+        "handler and reply spans, exported in batches (the SDK's defaults). The load sends no traceparent: the "
+        "gateway's sampler decides.",
+    ]
+    rows = [
+        [name, by_c[32].rps.fmt(0), by_c[32].p50_ms.fmt(3), by_c[1].p50_ms.fmt(3), by_c[1].p99_ms.fmt(3)]
+        for name, by_c in found.items()
+    ]
+    section.body = md_table(["setting", "req/s at c=32", "p50 ms c=32", "p50 ms c=1", "p99 ms c=1"], rows)
+    base = found[OFF]
+    for name in (ALL, SOME):
+        r = ratio(found[name][32].rps.median, base[32].rps.median)
+        diff_us = (found[name][1].p50_ms.median - base[1].p50_ms.median) * 1000
+        section.verdicts.append(f"{name} / off: req/s at c=32 **{r:.3f}**, p50 at c=1 **{diff_us:+.0f} µs**.")
+    return section
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standalone(run, __doc__ or "", argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

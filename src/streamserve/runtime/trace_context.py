@@ -1,0 +1,144 @@
+"""What a request's trace looks like (docs/tracing.md): its spans' names and attributes, and how a trace context
+rides in a stream entry (Request.trace, .trace_state, .sent_ns) from the caller to the replica.
+
+The spans of one call: the gateway's ``POST /route`` (its caller's ``traceparent`` continued), the caller's
+``enqueue <deployment>`` (the client's, in the gateway or the user's program), whose context the entry carries;
+then on the replica, children of ``enqueue``: ``queue wait`` (from the send to the replica taking it),
+``handler`` (the user's code; calls through handles in it are its children) and ``reply`` (until Redis has the
+reply and the acknowledgement). A job's ``job <name>`` span links to the call that queued it.
+
+Only the W3C trace context format travels in entries, whatever propagators the processes use over HTTP.
+"""
+
+from __future__ import annotations
+
+import time
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from streamserve.wire.messages import Request
+
+# Span names (the enqueue and job spans add the deployment's name).
+ENQUEUE = "enqueue"
+QUEUE_WAIT = "queue wait"
+HANDLER = "handler"
+REPLY = "reply"
+JOB = "job"
+
+# Attributes of ours (the OpenTelemetry conventions' own where one fits: messaging.*, http.*).
+DEPLOYMENT = "streamserve.deployment"
+REQUEST_ID = "streamserve.request_id"
+PARENT_REQUEST_ID = "streamserve.parent_request_id"
+REPLICA = "streamserve.replica"
+METHOD = "streamserve.method"
+QUEUE_WAIT_MS = "streamserve.queue_wait_ms"
+BATCH_SIZE = "streamserve.batch_size"
+CHUNKS = "streamserve.chunks"
+FIRST_CHUNK = "streamserve.first_chunk"
+OUTCOME = "streamserve.outcome"
+SHARED = "streamserve.shared"
+JOB_ID = "streamserve.job_id"
+
+_W3C = TraceContextTextMapPropagator()
+
+
+def start_enqueue(tracer: Tracer, request: Request, deployment: str, stream: str, parent: Context | None) -> Span:
+    """Start ``request``'s enqueue span (a child of ``parent``, else of the current context) and write its context
+    into the request, so that the replica's spans are its children."""
+    span = tracer.start_span(
+        f"{ENQUEUE} {deployment}",
+        context=parent,
+        kind=SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": "redis",
+            "messaging.operation.type": "send",
+            "messaging.destination.name": stream,
+            DEPLOYMENT: deployment,
+            REQUEST_ID: request.request_id,
+        },
+    )
+    carry(request, trace.set_span_in_context(span, parent))
+    return span
+
+
+def traceparent(span: Span | None) -> str:
+    """The W3C traceparent of ``span`` (None: of the current context), "" when there is none."""
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier, context=None if span is None else trace.set_span_in_context(span))
+    return carrier.get("traceparent", "")
+
+
+def link_to(traceparent: str) -> list[Link]:
+    """A link to the span ``traceparent`` names (none for "", or for one that is malformed)."""
+    if not traceparent:
+        return []
+    span_context = trace.get_current_span(
+        _W3C.extract({"traceparent": traceparent}, context=Context())
+    ).get_span_context()
+    return [Link(span_context)] if span_context.is_valid else []
+
+
+def failed(span: Span, exc: BaseException) -> None:
+    """Mark ``span`` with the error that ended what it measured."""
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+
+
+def cancelled(span: Span) -> None:
+    """Mark ``span`` as cancelled: what it measured was stopped because nobody wanted it any more."""
+    span.set_attribute(OUTCOME, "cancelled")
+    span.set_status(Status(StatusCode.ERROR, "cancelled"))
+
+
+def carry(request: Request, ctx: Context | None) -> None:
+    """Write trace context ``ctx`` (None: the current one) into ``request`` (nothing when it has no span)."""
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier, context=ctx)
+    request.trace = carrier.get("traceparent", "")
+    request.trace_state = carrier.get("tracestate", "")
+    request.sent_ns = time.time_ns()
+
+
+def has_current_span() -> bool:
+    """Whether the calling code runs in a trace (an instrumented framework's, say) that calls should continue."""
+    return trace.get_current_span().get_span_context().is_valid
+
+
+def parent_of(request: Request) -> Context:
+    """The trace context a request's entry carries (an empty one, for a new trace, when it carries none)."""
+    if not request.trace:
+        return Context()
+    carrier = {"traceparent": request.trace}
+    if request.trace_state:
+        carrier["tracestate"] = request.trace_state
+    return _W3C.extract(carrier, context=Context())
+
+
+def chunks_sent(ctx: Context, first: int, count: int) -> None:
+    """A stream's chunks ``first`` to ``first + count - 1`` reached Redis: one event on its handler span (whose
+    context is ``ctx``), not a span per chunk. (A span keeps OTEL_SPAN_EVENT_COUNT_LIMIT events, 128 by default;
+    the stream's total is its ``streamserve.chunks``.)"""
+    trace.get_current_span(ctx).add_event("chunks", {CHUNKS: count, FIRST_CHUNK: first})
+
+
+def log_ids(request: Request) -> dict[str, str]:
+    """The ``trace_id`` a log line about ``request`` carries (as ``extra``), when it is traced."""
+    return {"trace_id": request.trace[3:35]} if request.trace else {}  # traceparent: 00-<trace id>-<span id>-<flags>
+
+
+def current() -> Context:
+    """The calling code's trace context."""
+    return otel_context.get_current()
+
+
+def attach(ctx: Context) -> object:
+    """Make ``ctx`` current (on this thread, or in this task); the token that ``detach`` takes."""
+    return otel_context.attach(ctx)
+
+
+def detach(token: object) -> None:
+    otel_context.detach(token)  # type: ignore[arg-type]
