@@ -190,8 +190,9 @@ class Gateway:
         finally:
             path = scope["path"]
             status, request_id = exchange.status, exchange.request_id
-            route = self.routes().prefix(path) if exchange.deployment else None
-            end_server_span(span, status, route, exchange.error, request_id)
+            if span.is_recording():  # (not when sampled out)
+                route = self.routes().prefix(path) if exchange.deployment else None
+                end_server_span(span, scope, status, route, exchange.error, request_id)
             trace_id = format(span.get_span_context().trace_id, "032x")
             self.observer.done(
                 "POST",

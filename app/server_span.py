@@ -33,28 +33,32 @@ _GETTER = _AsgiHeaders()
 
 
 def start_server_span(tracer: Tracer, scope: Scope) -> Span:
-    """The span of one deployment POST, a child of the caller's context if it sent one."""
-    headers = scope["headers"]
+    """The span of one deployment POST, a child of the caller's context if it sent one. (Its other attributes are
+    set only once it is known to be recorded: ``end_server_span``.)"""
+    parent = propagate.extract(scope["headers"], getter=_GETTER)
+    return tracer.start_span(scope["method"], context=parent, kind=SpanKind.SERVER)
+
+
+def end_server_span(
+    span: Span, scope: Scope, status: int, route: str | None, error: BaseException | None, request_id: str
+) -> None:
+    """End the (recorded) span of request ``request_id`` (``scope``: its ASGI scope), answered with ``status``
+    (CLIENT_CLOSED: its caller left) through ``route`` (the route prefix that matched, None for none); ``error``: the
+    error it was answered with."""
     attributes: dict[str, str | int] = {
         "http.request.method": scope["method"],
         "url.path": scope["path"],
         "url.scheme": scope.get("scheme", "http"),
         "network.protocol.version": scope.get("http_version", "1.1"),
+        REQUEST_ID: request_id,
     }
     if server := scope.get("server"):
         attributes["server.address"], attributes["server.port"] = server[0], server[1]
     if client := scope.get("client"):
         attributes["client.address"] = client[0]
-    if agent := _GETTER.get(headers, "user-agent"):
+    if agent := _GETTER.get(scope["headers"], "user-agent"):
         attributes["user_agent.original"] = agent[0]
-    parent = propagate.extract(headers, getter=_GETTER)
-    return tracer.start_span(scope["method"], context=parent, kind=SpanKind.SERVER, attributes=attributes)
-
-
-def end_server_span(span: Span, status: int, route: str | None, error: BaseException | None, request_id: str) -> None:
-    """End the span of request ``request_id``, answered with ``status`` (CLIENT_CLOSED: its caller left) through
-    ``route`` (the route prefix that matched, None for none); ``error``: the error it was answered with."""
-    span.set_attribute(REQUEST_ID, request_id)
+    span.set_attributes(attributes)
     if route is not None:
         span.update_name(f"POST {route}")
         span.set_attribute("http.route", route)

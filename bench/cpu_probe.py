@@ -12,8 +12,12 @@ after a warm-up; prints one line; stops what it started.
 - ``--http``: ``POST /echo`` on 32 keep-alive connections to a gateway, one
   ``examples.echo:Echo`` replica (max_ongoing_requests 32); also the p50/p99
   of 2,000 sequential requests.
+- ``--bare``: the same load on ``bench.bare_app`` (FastAPI, the noop in its
+  endpoint, no queue, the gateway's uvicorn settings): the ceiling's CPU per
+  request, beside which the gateway's is compared (issue 32: one gateway process
+  against one uvicorn worker).
 
-    .venv/bin/python -m bench.cpu_probe [N] [--http | --batch]
+    .venv/bin/python -m bench.cpu_probe [N] [--http | --batch | --bare]
 
 Each line also gives the Redis commands per request (INFO commandstats).
 """
@@ -25,6 +29,7 @@ import asyncio
 import os
 import resource
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -89,18 +94,23 @@ def command_calls(redis_url: str) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(fields["calls"]) for name, fields in stats.items()}
 
 
-async def measure(pids: dict[str, int], n: int, send: Callable[[int], Awaitable[object]], redis_url: str) -> Measured:
-    """Warm up, then send n requests; req/s, CPU us per request of each process and of this one, Redis commands."""
+async def measure(
+    pids: dict[str, int], n: int, send: Callable[[int], Awaitable[object]], redis_url: str | None
+) -> Measured:
+    """Warm up, then send n requests; req/s, CPU us per request of each process and of this one, Redis commands
+    (none without ``redis_url``)."""
     await send(WARMUP)
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    calls_before = command_calls(redis_url)
+    calls_before = command_calls(redis_url) if redis_url else {}
     own, wall = own_cpu_seconds(), time.perf_counter()
     await send(n)
     wall = time.perf_counter() - wall
     used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     used["load generator"] = own_cpu_seconds() - own
-    calls = {name: count - calls_before.get(name, 0) for name, count in command_calls(redis_url).items()}
-    calls["info"] = calls.get("info", 0) - 1  # our own INFO commandstats
+    calls: dict[str, int] = {}
+    if redis_url:
+        calls = {name: count - calls_before.get(name, 0) for name, count in command_calls(redis_url).items()}
+        calls["info"] = calls.get("info", 0) - 1  # our own INFO commandstats
     return Measured(
         req_s=n / wall,
         cpu_us={name: seconds / n * 1e6 for name, seconds in used.items()},
@@ -132,15 +142,17 @@ async def client_path(settings: Settings, pids: dict[str, int], n: int, deployme
         return await measure(pids, n, send, settings.effective_redis_url)
 
 
-async def http_path(port: int, pids: dict[str, int], n: int, redis_url: str) -> tuple[Measured, str]:
+async def http_path(
+    port: int, pids: dict[str, int], n: int, redis_url: str | None, path: str = "/echo"
+) -> tuple[Measured, str]:
     async def answers() -> bool:
         try:
-            return (await http_probe(port, "/echo", BODY))[0] == 200
+            return (await http_probe(port, path, BODY))[0] == 200
         except OSError:
             return False
 
-    await wait_for_async(answers, READY_TIMEOUT_S, "the gateway never answered /echo", interval_s=0.05)
-    request = post_request(port, "/echo", BODY)
+    await wait_for_async(answers, READY_TIMEOUT_S, f"the server never answered {path}", interval_s=0.05)
+    request = post_request(port, path, BODY)
     latencies: list[float] = []
 
     async def send_on(conns: list[Connection], count: int) -> None:
@@ -176,8 +188,22 @@ def _child_options(env: dict[str, str]) -> dict[str, Any]:
     return {"env": env, "cwd": ROOT, "start_new_session": True, "preexec_fn": die_with_parent}
 
 
+async def bare(n: int) -> tuple[Measured, str]:
+    """The HTTP load on bench.bare_app: the ceiling's figures and summary."""
+    port = free_port()
+    command = [sys.executable, "-m", "bench.bare_app", "--port", str(port)]
+    server = subprocess.Popen(command, **_child_options({**os.environ}))
+    try:
+        measured, latency = await http_path(port, {"bare FastAPI": server.pid}, n, None, "/noop")
+        return measured, f"bare FastAPI c=32: {measured.line()}\n{latency}"
+    finally:
+        stop_group(server, 15)
+
+
 async def probe(n: int, path: str) -> tuple[Measured, str]:
-    """Run one path (``client``, ``batch`` or ``http``); its figures and a one-line summary."""
+    """Run one path (``client``, ``batch``, ``http`` or ``bare``); its figures and a one-line summary."""
+    if path == "bare":
+        return await bare(n)
     deployment = PATHS[path]
     with EmbeddedRedis(port=free_port()) as server:
         settings = Settings(redis_url=server.url)
@@ -209,8 +235,9 @@ def main() -> int:
     parser.add_argument("n", nargs="?", type=int, default=20_000, help="measured requests (default 20000)")
     parser.add_argument("--http", action="store_true", help="through a gateway over HTTP, not the Python client")
     parser.add_argument("--batch", action="store_true", help="the client path to a batched deployment")
+    parser.add_argument("--bare", action="store_true", help="the HTTP load on bare FastAPI (the ceiling)")
     args = parser.parse_args()
-    path = "http" if args.http else "batch" if args.batch else "client"
+    path = "http" if args.http else "batch" if args.batch else "bare" if args.bare else "client"
     print(uvloop.run(probe(args.n, path))[1], f"  (load average {os.getloadavg()[0]:.1f})")
     return 0
 

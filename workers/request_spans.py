@@ -45,6 +45,9 @@ class RequestSpans:
             attributes[tc.PARENT_REQUEST_ID] = request.parent
         handler_attributes = {**attributes, tc.METHOD: request.method} if request.method else attributes
         parent = tc.parent_of(request)
+        if request.trace and not tc.sampled(request.trace):  # its caller's trace records nothing: nor do we
+            scope.trace = parent  # (its handles' calls pass the decision on)
+            return
         handler = self._tracer.start_span(tc.HANDLER, context=parent, start_time=now, attributes=handler_attributes)
         scope.trace = trace.set_span_in_context(handler, parent)
         if not request.trace:  # its caller does not trace: its trace starts here, and its other spans join it
@@ -76,6 +79,8 @@ class RequestSpans:
         """The handler of entry ``ref`` is done with ``reply`` (``error``: what it raised, if known); ``answered``:
         the reply is sent (its span ends once Redis has it)."""
         span = trace.get_current_span(scope.trace)
+        if not span.is_recording():  # sampled out
+            return
         status = reply.status
         failed = _FAILED.get(status)
         if failed is not None:

@@ -143,6 +143,19 @@ def test_a_malformed_traceparent_is_ignored_and_the_request_starts_a_new_trace(
     assert {"handler", "queue wait", "reply", "enqueue traced-child"} <= {span.name for span in spans}
 
 
+def test_a_caller_that_samples_its_trace_out_gets_no_spans_and_its_children_none(
+    farm: Farm, receiver: OtlpReceiver
+) -> None:
+    _, dropped, span_id = _traceparent()
+    resp = farm.post("/traced-parent", {"x": 4}, headers={"traceparent": f"00-{dropped}-{span_id}-00"})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["child"]["trace_id"] == dropped  # the context still travels, through the handle too
+    header, kept, _ = _traceparent()  # a sampled call after it: once its spans are in, the first one's would be
+    assert farm.post("/traced-parent", {"x": 5}, headers={"traceparent": header}).status_code == 200
+    _request_spans(receiver, kept, hops=2)
+    assert receiver.trace(dropped) == []
+
+
 def test_a_python_client_in_a_traced_program_continues_its_current_span(
     farm: Farm, receiver: OtlpReceiver, tmp_path: Path
 ) -> None:

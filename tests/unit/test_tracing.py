@@ -90,3 +90,9 @@ def test_an_exporter_that_raises_is_a_failed_export_not_a_dead_thread(caplog: py
     with caplog.at_level(logging.WARNING, "streamserve.runtime.tracing"):
         assert OnceLoggedExporter(Broken(), "http://x").export([]) is SpanExportResult.FAILURE
     assert "ConnectionError: refused" in caplog.text
+
+
+def test_the_sampled_flag_is_read_from_a_traceparent() -> None:
+    assert trace_context.sampled(TRACEPARENT)
+    assert not trace_context.sampled(TRACEPARENT[:-2] + "00")
+    assert trace_context.sampled("garbage!")  # unreadable: left to the sampler
