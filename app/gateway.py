@@ -45,7 +45,7 @@ from streamserve.app.errors import (
     json_response,
     redis_error_handler,
 )
-from streamserve.app.http_protocol import ON_DISCONNECT, write_chunk
+from streamserve.app.http_protocol import ON_DISCONNECT, body_arrived, write_chunk
 from streamserve.app.observe import CLIENT_CLOSED, RequestObserver
 from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
 from streamserve.app.routing import RouteTable
@@ -214,7 +214,8 @@ class Gateway:
             _check_request_id(exchange.given_id, exchange.request_id)
             exchange.deployment = name = self.match(scope["path"])
             limit = self.settings.max_request_bytes
-            body = await read_body(receive, headers.get(b"content-length"), limit, self.settings.body_timeout_s)
+            length, timeout_s = headers.get(b"content-length"), self.settings.body_timeout_s
+            body = await read_body(receive, length, limit, timeout_s, body_arrived(scope))
             body = body or b"null"
             try:
                 value = orjson.loads(body)

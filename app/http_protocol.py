@@ -77,6 +77,18 @@ def write_chunk(scope: Mapping[str, object], body: bytes) -> bool:
     return True
 
 
+def body_arrived(scope: Mapping[str, object]) -> bool:
+    """Whether the request's whole body is in already, so that ``receive()`` hands it over without waiting (uvicorn's
+    cycle says so once it has parsed the end of the message); False where that cannot be known."""
+    cycle = scope.get(CYCLE)
+    if not isinstance(cycle, RequestResponseCycle):
+        return False
+    try:
+        return not cycle.more_body and cycle.message_event.is_set()
+    except AttributeError:  # a uvicorn whose cycle is not the one this knows
+        return False
+
+
 @dataclass(frozen=True)
 class ConnectionLimits:
     """What a gateway process allows each connection: ``header_timeout_s``, and ``max_connections`` at once."""
