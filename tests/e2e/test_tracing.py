@@ -110,6 +110,7 @@ def test_an_http_call_continues_the_callers_trace_through_the_gateway_and_two_re
     assert sorted(replica_side) == ["handler", "queue wait", "reply"]
     wait, handler = replica_side["queue wait"], replica_side["handler"]
     assert wait.attributes["streamserve.queue_wait_ms"] >= 0
+    assert wait.start_ns <= enqueue.end_ns  # it waited from when it was sent, not from when the replica took it
     assert wait.start_ns <= wait.end_ns <= handler.start_ns
     assert handler.attributes["streamserve.deployment"] == parent
     assert handler.service == "streamserve-replica"

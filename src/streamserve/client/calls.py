@@ -20,7 +20,6 @@ import functools
 import logging
 from typing import Any
 
-from opentelemetry.context import Context
 from opentelemetry.trace import Span
 
 from streamserve.client.chunk_feed import ChunkFeed
@@ -235,7 +234,7 @@ class Calls(ClientCore):
             model=model_id_of(model_id),
         )
         cfg = route.deployment
-        span = self._trace(request, cfg, None)
+        span = self._trace(request, cfg)
         try:
             if idempotency_key is None and cfg.response_cache is None:
                 await self._add(cfg, request)
@@ -278,7 +277,6 @@ class Calls(ClientCore):
         priority: Priority = Priority.NORMAL,
         tenant: str = DEFAULT_TENANT,
         model_id: str = "",
-        trace_parent: Context | None = None,
     ) -> Reply:
         """Send already-encoded JSON and return the raw Reply (the gateway's entry point).
 
@@ -302,9 +300,6 @@ class Calls(ClientCore):
         new reply. Reply.shared says how a shared run answered. ``priority``: the request's level (Request.priority);
         ``tenant``: whom it is for (Request.tenant: a tenant name, as check_tenant says); ``model_id``: its model
         (Request.model: a model id, as check_model_id says, or "").
-
-        ``trace_parent``: the trace context its enqueue span continues (a handle's: its parent's handler span);
-        None: the current one (runtime/trace_context.py).
         """
         self._check_size(body)
         route = name if isinstance(name, Route) else await self.route(name, idempotency_key)
@@ -330,7 +325,7 @@ class Calls(ClientCore):
             model=model_id,
         )
         entry_id = ""
-        span = self._trace(request, cfg, trace_parent) if self._tracer is not None else None
+        span = self._trace(request, cfg) if self._tracer is not None else None
         try:
             deadline = now_ms() + int(timeout_s * 1000)
             request.deadline_ms = min(deadline, deadline_ms) if deadline_ms else deadline
@@ -465,12 +460,13 @@ class Calls(ClientCore):
             fut = self._replies.expect(request.tag, request.request_id)  # the run it joined never ran: run anew
             sharing = dataclasses.replace(sharing, refresh=False)
 
-    def _trace(self, request: Request, cfg: DeploymentConfig, parent: Context | None) -> Span | None:
-        """Start ``request``'s enqueue span (its context rides in the entry), or None: this client does not trace."""
+    def _trace(self, request: Request, cfg: DeploymentConfig) -> Span | None:
+        """Start ``request``'s enqueue span, a child of the current span (its context rides in the entry), or None:
+        this client does not trace, or the current trace is sampled out."""
         if self._tracer is None:
             return None
         stream = self._keys.requests(cfg.name, request.priority)
-        return trace_context.start_enqueue(self._tracer, request, cfg.name, stream, parent)
+        return trace_context.start_enqueue(self._tracer, request, cfg.name, stream)
 
     def _mirror(self, route: Route, request: Request) -> None:
         """Send a copy of an admitted request to each shadow, without a reply stream (no one waits for it)."""

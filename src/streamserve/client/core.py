@@ -51,11 +51,6 @@ class ClientCore:
         # Where its calls' enqueue spans come from (runtime/tracing.py), looked up when it starts: None, no spans.
         self._tracer: Tracer | None = tracing.tracer()
 
-    @property
-    def traced(self) -> bool:
-        """Whether this client's calls make spans (runtime/tracing.py)."""
-        return self._tracer is not None
-
     # -- lifecycle ------------------------------------------------------------
 
     async def start(self) -> None:

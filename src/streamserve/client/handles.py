@@ -14,7 +14,9 @@ handle's calls are the children of the request being served:
 - their request id is ``<parent id>.<n>`` and Request.parent the parent's id,
   so that logs tie them together;
 - they go at the parent's priority level (wire/priorities.py), for its tenant (wire/tenants.py);
-- when the replica traces, their enqueue spans are children of the parent's handler span (runtime/trace_context.py).
+- when the replica traces, their enqueue spans are children of the parent's handler span, which is current where
+  the handler runs (runtime/request_scope.py), and so where a call is made (a sync handler's call runs on the home
+  loop in a copy of its thread's context).
 
 Every call runs on one event loop of the process, its "home", with one
 AsyncClient made there on first use. In a replica that is the replica's own
@@ -231,7 +233,6 @@ async def _send(
         priority=scope.priority,
         tenant=scope.tenant,
         model_id=model,
-        trace_parent=scope.trace,
     )
 
 

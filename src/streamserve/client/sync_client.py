@@ -20,11 +20,8 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
-from opentelemetry.context import Context
-
 from streamserve.client.async_client import AsyncClient
 from streamserve.client.chunk_stream import ChunkStream
-from streamserve.runtime import trace_context
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import UnavailableError
 from streamserve.wire.models import model_id_of
@@ -44,21 +41,11 @@ ASYNC_ONLY = frozenset(
         "redis",  # the asyncio connection pool, usable only on the client's own loop
         "generation",  # the gateway's cache check
         "routes_loaded",  # the gateway's readiness check
-        "traced",  # whether calls make spans: Client's own check before it moves a call to its loop
         "follow",  # the gateway's entry point: a stream's feed after ``request``
         "caller_left",  # the gateway's: its HTTP caller disconnected
         "new_tag",  # the gateway's: names a call for ``caller_left`` before ``request`` sends it
     }
 )
-
-
-async def _in_context(ctx: Context, coro: Coroutine[Any, Any, T]) -> T:
-    """``coro``, run in trace context ``ctx`` (made on the calling thread)."""
-    token = trace_context.attach(ctx)
-    try:
-        return await coro
-    finally:
-        trace_context.detach(token)
 
 
 def _blocking(
@@ -113,8 +100,7 @@ class Client:
         if self._closed:
             coro.close()
             raise UnavailableError("client closed")
-        if self._async.traced:  # the call continues the caller's trace, though it runs on the client's loop
-            coro = _in_context(trace_context.current(), coro)
+        # (The call's task runs in a copy of this thread's context: a trace current here is current there.)
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     # -- the hot path, written out --------------------------------------------------

@@ -46,19 +46,16 @@ JOB_ID = "streamserve.job_id"
 _W3C = TraceContextTextMapPropagator()
 
 
-def start_enqueue(
-    tracer: Tracer, request: Request, deployment: str, stream: str, parent: Context | None
-) -> Span | None:
-    """Start ``request``'s enqueue span (a child of ``parent``, else of the current context) and write its context
-    into the request, so that the replica's spans are its children. None, and only the parent's context written,
-    when the parent's trace is sampled out: no span of it would be recorded, here or further on."""
-    parent_context = trace.get_current_span(parent).get_span_context()
+def start_enqueue(tracer: Tracer, request: Request, deployment: str, stream: str) -> Span | None:
+    """Start ``request``'s enqueue span (a child of the current span) and write its context into the request, so
+    that the replica's spans are its children. None, and only the current context written, when the current trace is
+    sampled out: no span of it would be recorded, here or further on."""
+    parent_context = trace.get_current_span().get_span_context()
     if parent_context.is_valid and not parent_context.trace_flags.sampled:
-        carry(request, parent)
+        carry(request, None)
         return None
     span = tracer.start_span(
         f"{ENQUEUE} {deployment}",
-        context=parent,
         kind=SpanKind.PRODUCER,
         attributes={
             "messaging.system": "redis",
@@ -68,7 +65,7 @@ def start_enqueue(
             REQUEST_ID: request.request_id,
         },
     )
-    carry(request, trace.set_span_in_context(span, parent))
+    carry(request, trace.set_span_in_context(span))
     return span
 
 
@@ -145,11 +142,6 @@ def chunks_sent(ctx: Context, first: int, count: int) -> None:
 def log_ids(request: Request) -> dict[str, str]:
     """The ``trace_id`` a log line about ``request`` carries (as ``extra``), when it is traced."""
     return {"trace_id": request.trace[3:35]} if request.trace else {}  # traceparent: 00-<trace id>-<span id>-<flags>
-
-
-def current() -> Context:
-    """The calling code's trace context."""
-    return otel_context.get_current()
 
 
 def attach(ctx: Context) -> object:
