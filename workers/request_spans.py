@@ -43,6 +43,8 @@ class RequestSpans:
         attributes = {**self._attributes, tc.REQUEST_ID: request.request_id}
         if request.parent:
             attributes[tc.PARENT_REQUEST_ID] = request.parent
+        if request.attempts:  # a delivery after its replica died (its earlier ones' spans died with it)
+            attributes[tc.ATTEMPTS] = request.attempts
         handler_attributes = {**attributes, tc.METHOD: request.method} if request.method else attributes
         parent = tc.parent_of(request)
         if request.trace and not tc.sampled(request.trace):  # its caller's trace records nothing: nor do we
@@ -87,7 +89,7 @@ class RequestSpans:
             span.set_attribute(tc.OUTCOME, status.value)
             if error is not None:
                 span.record_exception(error)
-            elif reply.error_type or reply.error_message:
+            elif status is ReplyStatus.USER_ERROR or status is ReplyStatus.BAD_REQUEST:  # (a stream's, say)
                 span.add_event(
                     "exception", {"exception.type": reply.error_type, "exception.message": reply.error_message}
                 )

@@ -6,7 +6,9 @@ lines, and an endpoint that is away."""
 
 from __future__ import annotations
 
+import os
 import secrets
+import signal
 import subprocess
 import sys
 import textwrap
@@ -42,6 +44,8 @@ deployments:
   - name: traced-slow
     import_path: tests.trace_deployments:slow
     graceful_shutdown_timeout_s: 1
+  - name: traced-doomed
+    import_path: tests.trace_deployments:slow
 """
 
 # Spans leave each process within 100 ms of their end (the batch processor's delay), not 5 s.
@@ -252,7 +256,28 @@ def test_a_request_whose_caller_hangs_up_is_marked_cancelled(farm: Farm, receive
     server, handler = _one(spans, "POST /traced-slow"), _one(spans, "handler")
     assert server.attributes["streamserve.outcome"] == "cancelled" and server.status == STATUS_ERROR
     assert handler.attributes["streamserve.outcome"] == "cancelled" and handler.status == STATUS_ERROR
+    assert not [name for name, _ in handler.events if name == "exception"]  # nothing raised: it was stopped
     assert handler.end_ns - handler.start_ns < 10e9  # stopped, not run to its end
+
+
+def test_a_request_whose_replica_dies_shows_both_deliveries_in_its_trace(farm: Farm, receiver: OtlpReceiver) -> None:
+    header, trace_id, _ = _traceparent()
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(farm.post, "/traced-doomed", {"sleep_s": 2}, headers={"traceparent": header})
+        taken = receiver.wait_for_trace(trace_id, lambda spans: any(s.name == "queue wait" for s in spans))
+        [first_wait] = [span for span in taken if span.name == "queue wait"]
+        host_pid = str(first_wait.resource["service.instance.id"])  # the replica that took it: host:pid
+        os.kill(int(host_pid.rpartition(":")[2]), signal.SIGKILL)
+        assert answer.result(timeout=60).status_code == 200
+
+    def delivered_again(spans: list[ReceivedSpan]) -> bool:
+        return any(s.name == "reply" for s in spans) and sum(s.name == "queue wait" for s in spans) == 2
+
+    spans = receiver.wait_for_trace(trace_id, delivered_again)
+    enqueue = _one(spans, "enqueue traced-doomed")
+    handler = _one(spans, "handler")  # the dead replica's never left it
+    assert handler.parent_id == enqueue.span_id and handler.attributes["streamserve.attempts"] == 1
+    assert handler.resource["service.instance.id"] != host_pid
 
 
 def test_a_jobs_run_links_to_the_request_that_queued_it(farm: Farm, receiver: OtlpReceiver) -> None:
@@ -305,4 +330,6 @@ def test_an_unreachable_endpoint_never_fails_a_request_and_is_logged_once(farm: 
             if time.monotonic() > ends:
                 break
         wait_for(lambda: "cannot export spans" in log.read_text(), 30, lambda: log.read_text()[-2000:])
-    assert log.read_text().count("cannot export spans") == 1, log.read_text()[-3000:]
+    text = log.read_text()
+    assert text.count("cannot export spans") == 1, text[-3000:]
+    assert "opentelemetry" not in text, text[-3000:]  # nor the SDK's own line per failed batch

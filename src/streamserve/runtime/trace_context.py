@@ -42,6 +42,7 @@ FIRST_CHUNK = "streamserve.first_chunk"
 OUTCOME = "streamserve.outcome"
 SHARED = "streamserve.shared"
 JOB_ID = "streamserve.job_id"
+ATTEMPTS = "streamserve.attempts"
 
 _W3C = TraceContextTextMapPropagator()
 

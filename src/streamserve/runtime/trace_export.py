@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 logger = logging.getLogger("streamserve.runtime.tracing")
 
-# The SDK's and exporter's loggers, which would log each failed export, and each span dropped from a full queue on
-# the thread that ended it (a request's): quiet below ERROR; OnceLoggedExporter logs an outage once instead.
+# The SDK's and exporter's loggers, which would log each failed export (at ERROR), and each span dropped from a full
+# queue on the thread that ended it (a request's): quiet but for CRITICAL; OnceLoggedExporter logs an outage once.
 _NOISY_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
     "opentelemetry.exporter.otlp.common.http",
@@ -30,7 +30,7 @@ def export_spans(
     environment), with ``attributes`` on its resource; and what stops it: the queued spans exported within
     ``stop_within_s``, or dropped at once while the endpoint is known to be away."""
     for name in _NOISY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     exporter = OnceLoggedExporter(OTLPSpanExporter(), endpoint)
     processor = BatchSpanProcessor(exporter)
     provider = TracerProvider(resource=Resource.create(dict(attributes)), shutdown_on_exit=False)
@@ -62,7 +62,7 @@ class OnceLoggedExporter(SpanExporter):
             return SpanExportResult.FAILURE
         try:
             result = self._exporter.export(spans)
-            reason = "it did not take them"
+            reason = "it refused them, or did not answer within OTEL_EXPORTER_OTLP_TIMEOUT"
         except Exception as exc:  # never let the export thread die
             result, reason = SpanExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
         with self._lock:
