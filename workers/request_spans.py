@@ -40,7 +40,7 @@ class RequestSpans:
         """The replica takes ``request`` (entry ``ref``): its queue wait ends, its handler span starts."""
         now = time.time_ns()
         sent = min(request.sent_ns or _entry_time_ns(ref) or now, now)
-        attributes = {**self._attributes, tc.REQUEST_ID: request.request_id}
+        attributes: dict[str, str | int] = {**self._attributes, tc.REQUEST_ID: request.request_id}
         if request.parent:
             attributes[tc.PARENT_REQUEST_ID] = request.parent
         if request.attempts:  # a delivery after its replica died (its earlier ones' spans died with it)
