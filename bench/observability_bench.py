@@ -6,17 +6,11 @@ metrics on, and with both on (the default), alternated in one session so that dr
 
 from __future__ import annotations
 
-import uvloop
-
-from bench.children import Children
-from bench.farm import start_farm
-from bench.http_bench import BODY, CONCURRENCIES, PATH
-from bench.loadgen import http_measure
 from bench.options import Options
 from bench.section import Section, md_table, verdict
-from bench.servers import NOOP_CONFIG
+from bench.setting_turns import measure_in_turns
 from bench.standalone import standalone
-from bench.stats import Summary, ratio
+from bench.stats import ratio
 
 SETTINGS: dict[str, dict[str, str]] = {
     "metrics off, access log off": {"STREAMSERVE_METRICS": "0", "STREAMSERVE_ACCESS_LOG": "0"},
@@ -29,22 +23,7 @@ BUDGET = 0.05
 
 
 def run(opts: Options) -> Section:
-    samples: dict[str, dict[int, list[dict[str, float]]]] = {name: {c: [] for c in CONCURRENCIES} for name in SETTINGS}
-    for rep in range(opts.reps):
-        for name, settings in SETTINGS.items():  # one farm per setting and repetition, in turn
-            with Children() as children:
-                port = start_farm(children, NOOP_CONFIG, settings=settings).port
-                for concurrency in CONCURRENCIES:
-                    sample = uvloop.run(
-                        http_measure(port, PATH, BODY, concurrency, opts.warmup_s, opts.duration_s, opts.max_requests)
-                    )
-                    print(
-                        f"  {name:<36} rep {rep + 1} c={concurrency:<3} {sample.rps:>8.0f} req/s "
-                        f"p50 {sample.p(0.5):.3f} ms errors {sample.errors}",
-                        flush=True,
-                    )
-                    samples[name][concurrency].append(sample.to_json())
-    found = {name: {c: Summary.of(s) for c, s in by_c.items()} for name, by_c in samples.items()}
+    found = measure_in_turns(opts, SETTINGS)
     section = Section("observability", "What metrics and the access log cost on the HTTP path")
     section.setup = [
         "The HTTP bench's streamserve target (`streamserve up`, embedded Redis, `noop`, 1 replica, 1 gateway), "

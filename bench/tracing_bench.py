@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import sys
 
-import uvloop
-
 from bench.children import Child, Children, child_env
-from bench.farm import start_farm
-from bench.http_bench import BODY, CONCURRENCIES, PATH
-from bench.loadgen import http_measure
 from bench.options import Options
 from bench.section import Section, md_table
-from bench.servers import NOOP_CONFIG
+from bench.setting_turns import measure_in_turns
 from bench.standalone import standalone
-from bench.stats import Summary, ratio
+from bench.stats import ratio
 from streamserve.runtime.processes import free_port
 
 OFF = "tracing off (default)"
@@ -34,31 +29,11 @@ def _settings(endpoint: str) -> dict[str, dict[str, str]]:
 
 
 def run(opts: Options) -> Section:
-    samples: dict[str, dict[int, list[dict[str, float]]]] = {
-        name: {c: [] for c in CONCURRENCIES} for name in (OFF, ALL, SOME)
-    }
     with Children() as sinks:
         port = free_port()
         sink = sinks.start(Child("otlp-sink", [sys.executable, "-m", "bench.otlp_sink", str(port)], child_env()))
         sink.wait_for_line("listening")
-        settings = _settings(f"http://127.0.0.1:{port}")
-        for rep in range(opts.reps):
-            for name, env in settings.items():  # one farm per setting and repetition, in turn
-                with Children() as children:
-                    farm_port = start_farm(children, NOOP_CONFIG, settings=env).port
-                    for concurrency in CONCURRENCIES:
-                        sample = uvloop.run(
-                            http_measure(
-                                farm_port, PATH, BODY, concurrency, opts.warmup_s, opts.duration_s, opts.max_requests
-                            )
-                        )
-                        print(
-                            f"  {name:<34} rep {rep + 1} c={concurrency:<3} {sample.rps:>8.0f} req/s "
-                            f"p50 {sample.p(0.5):.3f} ms errors {sample.errors}",
-                            flush=True,
-                        )
-                        samples[name][concurrency].append(sample.to_json())
-    found = {name: {c: Summary.of(s) for c, s in by_c.items()} for name, by_c in samples.items()}
+        found = measure_in_turns(opts, _settings(f"http://127.0.0.1:{port}"))
     section = Section("tracing", "What OpenTelemetry tracing costs on the HTTP path")
     section.setup = [
         "The HTTP bench's streamserve target (`streamserve up`, embedded Redis, `noop`, 1 replica, 1 gateway), "

@@ -234,8 +234,7 @@ class Calls(ClientCore):
             model=model_id_of(model_id),
         )
         cfg = route.deployment
-        span = self._trace(request, cfg)
-        try:
+        with trace_context.ending(self._trace(request, cfg)):
             if idempotency_key is None and cfg.response_cache is None:
                 await self._add(cfg, request)
             else:
@@ -250,13 +249,6 @@ class Calls(ClientCore):
                     admission = await enqueue_shared(self._pipeliner, self._keys, cfg, request, sharing)
                 if not admission.entry_id:
                     return request.request_id  # it has run (its reply is kept), or its run is on its way
-        except BaseException as exc:
-            if span is not None:
-                trace_context.failed(span, exc)
-            raise
-        finally:
-            if span is not None:
-                span.end()
         self._mirror(route, request)
         return request.request_id
 

@@ -72,7 +72,7 @@ class JobCalls(ClientCore):
             span = self._tracer.start_span(
                 f"{trace_context.ENQUEUE} job {name}", kind=SpanKind.PRODUCER, attributes=attributes
             )
-        try:
+        with trace_context.ending(span):
             traceparent = trace_context.traceparent(span)
             job_id = await self._in_thread(
                 lambda: jobs.enqueue(
@@ -91,13 +91,6 @@ class JobCalls(ClientCore):
             )
             if span is not None:
                 span.set_attribute(trace_context.JOB_ID, job_id)
-        except BaseException as exc:
-            if span is not None:
-                trace_context.failed(span, exc)
-            raise
-        finally:
-            if span is not None:
-                span.end()
         return job_id
 
     async def job(self, job_id: str) -> JobInfo:
