@@ -7,8 +7,8 @@ metrics on, and with both on (the default), alternated in one session so that dr
 from __future__ import annotations
 
 from bench.options import Options
-from bench.section import Section, md_table, verdict
-from bench.setting_turns import measure_in_turns
+from bench.section import Section, verdict
+from bench.setting_turns import IN_TURNS, measure_in_turns, table_of
 from bench.standalone import standalone
 from bench.stats import ratio
 
@@ -26,16 +26,11 @@ def run(opts: Options) -> Section:
     found = measure_in_turns(opts, SETTINGS)
     section = Section("observability", "What metrics and the access log cost on the HTTP path")
     section.setup = [
-        "The HTTP bench's streamserve target (`streamserve up`, embedded Redis, `noop`, 1 replica, 1 gateway), "
-        "once per setting below; the settings take turns within each repetition.",
+        IN_TURNS,
         "Metrics: the gateway and replica count into dicts and add them to Redis once a second. "
         "Access log: one line per request to the gateway's stderr (here a file).",
     ]
-    rows = [
-        [name, by_c[32].rps.fmt(0), by_c[32].p50_ms.fmt(3), by_c[1].p50_ms.fmt(3), by_c[1].p99_ms.fmt(3)]
-        for name, by_c in found.items()
-    ]
-    section.body = md_table(["setting", "req/s at c=32", "p50 ms c=32", "p50 ms c=1", "p99 ms c=1"], rows)
+    section.body = table_of(found)
     base = found[BASELINE]
     for name in (METRICS, BOTH):
         r = ratio(found[name][32].rps.median, base[32].rps.median)

@@ -12,8 +12,24 @@ from bench.farm import start_farm
 from bench.http_bench import BODY, CONCURRENCIES, PATH
 from bench.loadgen import http_measure
 from bench.options import Options
+from bench.section import md_table
 from bench.servers import NOOP_CONFIG
 from bench.stats import Summary
+
+# The setup line of a section measured in turns.
+IN_TURNS = (
+    "The HTTP bench's streamserve target (`streamserve up`, embedded Redis, `noop`, 1 replica, 1 gateway), once per "
+    "setting below; the settings take turns within each repetition."
+)
+
+
+def table_of(found: Mapping[str, Mapping[int, Summary]]) -> str:
+    """The settings' figures: req/s and p50 at c=32, p50 and p99 at c=1."""
+    rows = [
+        [name, by_c[32].rps.fmt(0), by_c[32].p50_ms.fmt(3), by_c[1].p50_ms.fmt(3), by_c[1].p99_ms.fmt(3)]
+        for name, by_c in found.items()
+    ]
+    return md_table(["setting", "req/s at c=32", "p50 ms c=32", "p50 ms c=1", "p99 ms c=1"], rows)
 
 
 def measure_in_turns(opts: Options, settings: Mapping[str, Mapping[str, str]]) -> dict[str, dict[int, Summary]]:

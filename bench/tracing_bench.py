@@ -11,8 +11,8 @@ import sys
 
 from bench.children import Child, Children, child_env
 from bench.options import Options
-from bench.section import Section, md_table
-from bench.setting_turns import measure_in_turns
+from bench.section import Section
+from bench.setting_turns import IN_TURNS, measure_in_turns, table_of
 from bench.standalone import standalone
 from bench.stats import ratio
 from streamserve.runtime.processes import free_port
@@ -36,18 +36,13 @@ def run(opts: Options) -> Section:
         found = measure_in_turns(opts, _settings(f"http://127.0.0.1:{port}"))
     section = Section("tracing", "What OpenTelemetry tracing costs on the HTTP path")
     section.setup = [
-        "The HTTP bench's streamserve target (`streamserve up`, embedded Redis, `noop`, 1 replica, 1 gateway), "
-        "once per setting below; the settings take turns within each repetition.",
+        IN_TURNS,
         "On: OTEL_EXPORTER_OTLP_ENDPOINT names a local sink that reads each export and answers 200 "
         "(bench/otlp_sink.py); per request the gateway makes a server and an enqueue span, the replica queue wait, "
         "handler and reply spans, exported in batches (the SDK's defaults). The load sends no traceparent: the "
         "gateway's sampler decides.",
     ]
-    rows = [
-        [name, by_c[32].rps.fmt(0), by_c[32].p50_ms.fmt(3), by_c[1].p50_ms.fmt(3), by_c[1].p99_ms.fmt(3)]
-        for name, by_c in found.items()
-    ]
-    section.body = md_table(["setting", "req/s at c=32", "p50 ms c=32", "p50 ms c=1", "p99 ms c=1"], rows)
+    section.body = table_of(found)
     base = found[OFF]
     for name in (ALL, SOME):
         r = ratio(found[name][32].rps.median, base[32].rps.median)
