@@ -28,7 +28,6 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from opentelemetry import trace
-from opentelemetry.trace import Tracer
 from redis.exceptions import ResponseError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
@@ -164,36 +163,24 @@ class Gateway:
             raise BadRequestError(f"X-Tenant: {exc}") from None
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ASGI: answer one ``POST <route_prefix>``, every error in the gateway's JSON shape; count and log it."""
-        if self.tracer is not None:
-            await self._serve_traced(self.tracer, scope, receive, send)
-            return
+        """ASGI: answer one ``POST <route_prefix>``, every error in the gateway's JSON shape; count and log it. When
+        the gateway traces, in a server span that is current meanwhile (its enqueue span is a child)."""
         started = time.perf_counter()
         exchange = _Exchange(scope, receive, send)
+        span = start_server_span(self.tracer, scope) if self.tracer is not None else None
+        token = trace_context.attach(trace.set_span_in_context(span)) if span is not None else None
         try:
             await self._answer(exchange)
         finally:
             path = scope["path"]
             status, request_id = exchange.status, exchange.request_id
-            self.observer.done(
-                "POST", path, status, started, request_id, exchange.deployment, exchange.replica, exchange.tenant
-            )
-
-    async def _serve_traced(self, tracer: Tracer, scope: Scope, receive: Receive, send: Send) -> None:
-        """``serve`` in a server span, current while the request is answered (its enqueue span is a child)."""
-        started = time.perf_counter()
-        exchange = _Exchange(scope, receive, send)
-        span = start_server_span(tracer, scope)
-        token = trace_context.attach(trace.set_span_in_context(span))
-        try:
-            await self._answer(exchange)
-        finally:
-            path = scope["path"]
-            status, request_id = exchange.status, exchange.request_id
-            if span.is_recording():  # (not when sampled out)
-                route = self.routes().prefix(path) if exchange.deployment else None
-                end_server_span(span, scope, status, route, exchange.error, request_id)
-            trace_id = format(span.get_span_context().trace_id, "032x")
+            trace_id = ""
+            if span is not None:
+                trace_context.detach(token)
+                trace_id = format(span.get_span_context().trace_id, "032x")
+                if span.is_recording():  # (not when sampled out)
+                    route = self.routes().prefix(path) if exchange.deployment else None
+                    end_server_span(span, scope, status, route, exchange.error, request_id)
             self.observer.done(
                 "POST",
                 path,
@@ -205,7 +192,6 @@ class Gateway:
                 exchange.tenant,
                 trace_id,
             )
-            trace_context.detach(token)
 
     async def _answer(self, exchange: _Exchange) -> None:
         """Answer the request; ``exchange`` learns what was answered, by whom."""

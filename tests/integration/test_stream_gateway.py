@@ -127,9 +127,10 @@ def observed(app: GatewayApp, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int
         deployment: str,
         replica: str,
         tenant: str = "",
+        trace_id: str = "",
     ) -> None:
         seen.append((status, replica))
-        done(method, path, status, started, request_id, deployment, replica, tenant)
+        done(method, path, status, started, request_id, deployment, replica, tenant, trace_id)
 
     monkeypatch.setattr(app.gateway.observer, "done", note)
     return seen
