@@ -44,7 +44,7 @@ from streamserve.app.errors import (
     json_response,
     redis_error_handler,
 )
-from streamserve.app.http_protocol import ON_DISCONNECT, body_arrived, write_chunk
+from streamserve.app.http_protocol import ON_DISCONNECT, body_arrived, write_chunk, write_response
 from streamserve.app.observe import CLIENT_CLOSED, RequestObserver
 from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
 from streamserve.app.routing import RouteTable
@@ -265,12 +265,14 @@ class Gateway:
         exchange.status = 200
         response_headers = [
             _JSON,
-            (b"content-length", str(len(reply.body)).encode()),
             (b"x-request-id", exchange.request_id.encode()),
             (b"x-deployment", deployment.encode()),
             (b"x-replica", reply.replica_id.encode()),
         ]
         response_headers += [(name.lower().encode(), value.encode()) for name, value in shared]
+        if write_response(scope, 200, response_headers, reply.body):
+            return
+        response_headers.append((b"content-length", str(len(reply.body)).encode()))
         await send({"type": "http.response.start", "status": 200, "headers": response_headers})
         await send({"type": "http.response.body", "body": reply.body})
 

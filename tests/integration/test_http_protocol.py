@@ -14,7 +14,7 @@ import uvicorn
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.server import ServerState
 
-from streamserve.app.http_protocol import ConnectionLimits, GatewayHttpProtocol
+from streamserve.app.http_protocol import ConnectionLimits, GatewayHttpProtocol, write_response
 from tests.harness.waiting import wait_for_async
 
 GET = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -38,15 +38,18 @@ class Served:
 
 
 @asynccontextmanager
-async def serving(max_connections: int) -> AsyncIterator[Served]:
+async def serving(max_connections: int, written: bool = False) -> AsyncIterator[Served]:
     """GatewayHttpProtocol on a free port of this event loop, for an app that answers ``ok``, or (``/hold``) waits
-    for ``release`` first."""
+    for ``release`` first; ``written``: the answer written by ``write_response`` (the gateway's unary replies)."""
     release = asyncio.Event()
 
     async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         assert scope["type"] == "http"
         if scope["path"] == "/hold":
             await release.wait()
+        if written:
+            assert write_response(scope, 200, [(b"x-written", b"yes")], b"ok")
+            return
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok", "more_body": False})
 
@@ -114,6 +117,53 @@ async def test_at_the_cap_the_connection_waiting_longest_makes_room() -> None:
 
 async def test_a_kept_alive_connection_between_requests_makes_room_too() -> None:
     async with serving(max_connections=1) as served:
+        idle = served.connect()
+        idle.sendall(GET)
+        assert (await asyncio.to_thread(_read_until, idle, b"ok")).startswith(b"HTTP/1.1 200 ")
+        newest = served.connect()
+        newest.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert (await asyncio.to_thread(_read_until_closed, newest)).endswith(b"ok")
+        assert await asyncio.to_thread(_read_until_closed, idle) == b""
+
+
+def _read_responses(sock: socket.socket, count: int) -> bytes:
+    data = b""
+    while data.count(b"\r\n\r\nok") < count:
+        data += sock.recv(65536) or pytest.fail(f"closed after {data!r}")
+    return data
+
+
+def _responses(data: bytes) -> list[bytes]:
+    """The heads of the whole responses in ``data`` (each with a content-length body of ``ok``)."""
+    heads = data.split(b"\r\n\r\nok")
+    assert heads[-1] == b"", data  # nothing after the last whole response
+    return heads[:-1]
+
+
+async def test_a_written_response_is_whole_and_keeps_the_connection_for_pipelined_requests() -> None:
+    async with serving(max_connections=4, written=True) as served:
+        client = served.connect()
+        client.sendall(GET * 3)  # pipelined: the second and third wait for the first's response to complete
+        heads = _responses(await asyncio.to_thread(_read_responses, client, 3))
+        assert len(heads) == 3
+        for head in heads:
+            lines = head.split(b"\r\n")
+            assert lines[0] == b"HTTP/1.1 200 OK", head
+            fields = dict(line.lower().split(b": ", 1) for line in lines[1:])
+            assert fields[b"content-length"] == b"2" and fields[b"x-written"] == b"yes", head
+            assert b"connection" not in fields, head  # kept alive
+
+
+async def test_a_written_response_to_connection_close_says_so_and_closes() -> None:
+    async with serving(max_connections=4, written=True) as served:
+        client = served.connect()
+        client.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        (head,) = _responses(await asyncio.to_thread(_read_until_closed, client))
+        assert b"\r\nconnection: close" in head.lower(), head
+
+
+async def test_a_connection_idle_after_a_written_response_makes_room() -> None:
+    async with serving(max_connections=1, written=True) as served:
         idle = served.connect()
         idle.sendall(GET)
         assert (await asyncio.to_thread(_read_until, idle, b"ok")).startswith(b"HTTP/1.1 200 ")
