@@ -58,10 +58,10 @@ class RequestObserver:
                 self.figures.count_field(deployment, TENANT_REQUESTS.field(tenant, status))
         if not self.access_log:
             return
-        duration_ms = round(seconds * 1000, 2)
         if self._lines is not None:
-            self._lines.write(method, path, status, duration_ms, request_id, deployment, replica, trace_id)
+            self._lines.write(method, path, status, seconds, request_id, deployment, replica, trace_id)
             return
+        duration_ms = round(seconds * 1000, 2)
         access_logger.info(
             "%s %s %d %.2fms deployment=%s replica=%s",
             method,
@@ -88,11 +88,12 @@ class RequestObserver:
 
 
 class _AccessLines:
-    """Access lines in the text log format, buffered briefly and written to ``stream`` a batch at a time."""
+    """Access lines in the text log format, kept briefly as tuples and formatted and written to ``stream`` a batch at
+    a time: a request costs the gateway a tuple, its line is made with the others of its batch after the response."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
-        self._pending: list[str] = []
+        self._pending: list[tuple[float, str, str, int, float, str, str, str, str]] = []
         self._head = f" INFO    [{access_logger.name} {os.getpid()}] "
         self._second = -1
         self._stamp = ""
@@ -102,25 +103,14 @@ class _AccessLines:
         method: str,
         path: str,
         status: int,
-        duration_ms: float,
+        seconds: float,
         request_id: str,
         deployment: str,
         replica: str,
         trace_id: str = "",
     ) -> None:
-        now = time.time()
-        second = int(now)
-        if second != self._second:  # logging's asctime, made once a second
-            self._second, self._stamp = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        # Escaped (wire.printable) as one: the caller's path and request id cannot forge a line or reach a terminal
-        # as control sequences. Only a line with a control character in it costs more than a scan.
-        line = (
-            f"{self._stamp},{int((now - second) * 1000):03d}{self._head}{method} {path} {status} {duration_ms:.2f}ms "
-            f"deployment={deployment or '-'} replica={replica or '-'} request_id={request_id or '-'}"
-        )
-        if trace_id:
-            line += f" trace_id={trace_id}"
-        self._pending.append(printable(line))
+        """Note one line: ``seconds`` the request took."""
+        self._pending.append((time.time(), method, path, status, seconds, request_id, deployment, replica, trace_id))
         if len(self._pending) == 1:
             asyncio.get_running_loop().call_later(ACCESS_FLUSH_S, self.flush)
         elif len(self._pending) >= ACCESS_FLUSH_LINES:
@@ -128,9 +118,36 @@ class _AccessLines:
 
     def flush(self) -> None:
         if self._pending:
-            lines, self._pending = "\n".join(self._pending) + "\n", []
+            pending, self._pending = self._pending, []
+            lines = "".join([self._line(*entry) for entry in pending])
             try:
                 self._stream.write(lines)
                 self._stream.flush()
             except (OSError, ValueError):  # stderr closed or gone: the lines are lost, the request is not
                 pass
+
+    def _line(
+        self,
+        now: float,
+        method: str,
+        path: str,
+        status: int,
+        seconds: float,
+        request_id: str,
+        deployment: str,
+        replica: str,
+        trace_id: str,
+    ) -> str:
+        second = int(now)
+        if second != self._second:  # logging's asctime, made once a second
+            self._second, self._stamp = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        # Escaped (wire.printable) as one: the caller's path and request id cannot forge a line or reach a terminal
+        # as control sequences. Only a line with a control character in it costs more than a scan.
+        line = (
+            f"{self._stamp},{int((now - second) * 1000):03d}{self._head}{method} {path} {status} "
+            f"{seconds * 1000:.2f}ms deployment={deployment or '-'} replica={replica or '-'} "
+            f"request_id={request_id or '-'}"
+        )
+        if trace_id:
+            line += f" trace_id={trace_id}"
+        return printable(line) + "\n"

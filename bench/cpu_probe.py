@@ -16,8 +16,13 @@ after a warm-up; prints one line; stops what it started.
   endpoint, no queue, the gateway's uvicorn settings): the ceiling's CPU per
   request, beside which the gateway's is compared (issue 32: one gateway process
   against one uvicorn worker).
+- ``--async-handler``: the client path to ``bench.deployments:async_noop``, the
+  noop as an async handler (no hop to a handler thread).
+- ``--raw``: the client path's load (256 outstanding) on ``bench.compare.raw_streams``
+  with the caller's XADDs pipelined: the client path's ceiling, process by
+  process (the raw worker beside the replica, the raw caller beside AsyncClient).
 
-    .venv/bin/python -m bench.cpu_probe [N] [--http | --batch | --bare]
+    .venv/bin/python -m bench.cpu_probe [N] [--http | --batch | --bare | --raw | --async-handler]
 
 Each line also gives the Redis commands per request (INFO commandstats).
 """
@@ -39,6 +44,7 @@ from typing import Any
 import redis
 import uvloop
 
+from bench.compare.raw_streams import RawClient
 from bench.loadgen import Connection, http_probe, post_request
 from bench.stats import percentile
 from streamserve.client import AsyncClient
@@ -57,7 +63,8 @@ READY_TIMEOUT_S = 20.0  # for the replica to import and report ready (and the ga
 CLIENT = {"name": "noop", "import_path": "examples.functions:noop", "max_ongoing_requests": 64}
 HTTP = {"name": "echo", "import_path": "examples.echo:Echo", "max_ongoing_requests": 32, "route_prefix": "/echo"}
 BATCH = {"name": "scale", "import_path": "examples.batched:scale", "max_ongoing_requests": 64}
-PATHS: dict[str, dict[str, Any]] = {"client": CLIENT, "http": HTTP, "batch": BATCH}
+ASYNC = {"name": "async-noop", "import_path": "bench.deployments:async_noop", "max_ongoing_requests": 64}
+PATHS: dict[str, dict[str, Any]] = {"client": CLIENT, "http": HTTP, "batch": BATCH, "async": ASYNC}
 BODY = b'{"x":[1,2,3]}'
 
 
@@ -200,10 +207,39 @@ async def bare(n: int) -> tuple[Measured, str]:
         stop_group(server, 15)
 
 
+async def raw(n: int) -> tuple[Measured, str]:
+    """The client path's load on raw Redis streams, the caller's XADDs pipelined: the ceiling's figures."""
+    with EmbeddedRedis(port=free_port()) as server:
+        command = [sys.executable, "-m", "bench.compare.raw_streams", "--redis-url", server.url]
+        worker = subprocess.Popen(command, stdout=subprocess.PIPE, **_child_options({**os.environ}))
+        client = RawClient(server.url, pipelined=True)
+        try:
+            assert worker.stdout is not None and server.proc is not None
+            await asyncio.to_thread(worker.stdout.readline)  # "raw streams worker ready"
+            await client.start()
+            gate = asyncio.Semaphore(256)
+
+            async def one(i: int) -> object:
+                async with gate:
+                    return await client.call({"x": i})
+
+            async def send(count: int) -> None:
+                await asyncio.gather(*(one(i) for i in range(count)))
+
+            pids = {"raw worker": worker.pid, "redis": server.proc.pid}
+            measured = await measure(pids, n, send, server.url)
+            return measured, f"raw streams, pipelined, 256 outstanding: {measured.line()}"
+        finally:
+            await client.aclose()
+            stop_group(worker, 15)
+
+
 async def probe(n: int, path: str) -> tuple[Measured, str]:
-    """Run one path (``client``, ``batch``, ``http`` or ``bare``); its figures and a one-line summary."""
+    """Run one path (``client``, ``batch``, ``http``, ``bare`` or ``raw``); its figures and a one-line summary."""
     if path == "bare":
         return await bare(n)
+    if path == "raw":
+        return await raw(n)
     deployment = PATHS[path]
     with EmbeddedRedis(port=free_port()) as server:
         settings = Settings(redis_url=server.url)
@@ -236,8 +272,11 @@ def main() -> int:
     parser.add_argument("--http", action="store_true", help="through a gateway over HTTP, not the Python client")
     parser.add_argument("--batch", action="store_true", help="the client path to a batched deployment")
     parser.add_argument("--bare", action="store_true", help="the HTTP load on bare FastAPI (the ceiling)")
+    parser.add_argument("--raw", action="store_true", help="the client load on raw pipelined streams (the ceiling)")
+    parser.add_argument("--async-handler", action="store_true", help="the client path to an async noop handler")
     args = parser.parse_args()
-    path = "http" if args.http else "batch" if args.batch else "bare" if args.bare else "client"
+    flags = {"http": args.http, "batch": args.batch, "bare": args.bare, "raw": args.raw, "async": args.async_handler}
+    path = next((name for name, given in flags.items() if given), "client")
     print(uvloop.run(probe(args.n, path))[1], f"  (load average {os.getloadavg()[0]:.1f})")
     return 0
 

@@ -19,6 +19,12 @@ from bench import stream_chunks
 chunks = stream_chunks.chunks
 
 
+async def async_noop(body: Any) -> Any:
+    """examples.functions:noop as an async handler: it runs on the replica's event loop, with no hop to a handler
+    thread and back (bench/cpu_probe.py --async-handler: what that hop costs a sync noop)."""
+    return body
+
+
 class Reconfigurable:
     """Answers its input; each ``reconfigure`` pushes ``{gen, pid, t}`` to a Redis list the control bench watches.
 
