@@ -28,6 +28,8 @@ stored).
 
 from __future__ import annotations
 
+import itertools
+import os
 import secrets
 
 import orjson
@@ -57,9 +59,23 @@ def canonical_body(body: bytes) -> bytes:
         return body
 
 
+_RUN_PREFIX = secrets.token_hex(8) + "-"
+_RUN_COUNT = itertools.count()
+
+
+def _new_run_prefix() -> None:
+    """A forked child takes a prefix of its own (it would otherwise count on from its parent's tokens)."""
+    global _RUN_PREFIX
+    _RUN_PREFIX = secrets.token_hex(8) + "-"
+
+
+os.register_at_fork(after_in_child=_new_run_prefix)
+
+
 def new_run_token() -> str:
-    """The token naming one call's run (its record's ``run``)."""
-    return secrets.token_hex(8)
+    """The token naming one call's run (its record's ``run``): this process's random prefix and a count, unique
+    across processes without a system call per token."""
+    return f"{_RUN_PREFIX}{next(_RUN_COUNT):x}"
 
 
 def waiter(reply_to: str, tag: str, request_id: str) -> bytes:
