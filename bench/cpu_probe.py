@@ -16,13 +16,14 @@ after a warm-up; prints one line; stops what it started.
   endpoint, no queue, the gateway's uvicorn settings): the ceiling's CPU per
   request, beside which the gateway's is compared (issue 32: one gateway process
   against one uvicorn worker).
+- ``--keyed``: the client path, each call with an idempotency key of its own.
 - ``--async-handler``: the client path to ``bench.deployments:async_noop``, the
   noop as an async handler (no hop to a handler thread).
 - ``--raw``: the client path's load (256 outstanding) on ``bench.compare.raw_streams``
   with the caller's XADDs pipelined: the client path's ceiling, process by
   process (the raw worker beside the replica, the raw caller beside AsyncClient).
 
-    .venv/bin/python -m bench.cpu_probe [N] [--http | --batch | --bare | --raw | --async-handler]
+    .venv/bin/python -m bench.cpu_probe [N] [--http | --batch | --bare | --raw | --async-handler | --keyed]
 
 Each line also gives the Redis commands per request (INFO commandstats).
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import resource
 import subprocess
@@ -64,7 +66,7 @@ CLIENT = {"name": "noop", "import_path": "examples.functions:noop", "max_ongoing
 HTTP = {"name": "echo", "import_path": "examples.echo:Echo", "max_ongoing_requests": 32, "route_prefix": "/echo"}
 BATCH = {"name": "scale", "import_path": "examples.batched:scale", "max_ongoing_requests": 64}
 ASYNC = {"name": "async-noop", "import_path": "bench.deployments:async_noop", "max_ongoing_requests": 64}
-PATHS: dict[str, dict[str, Any]] = {"client": CLIENT, "http": HTTP, "batch": BATCH, "async": ASYNC}
+PATHS: dict[str, dict[str, Any]] = {"client": CLIENT, "http": HTTP, "batch": BATCH, "async": ASYNC, "keyed": CLIENT}
 BODY = b'{"x":[1,2,3]}'
 
 
@@ -125,8 +127,13 @@ async def measure(
     )
 
 
-async def client_path(settings: Settings, pids: dict[str, int], n: int, deployment: dict[str, Any]) -> Measured:
+async def client_path(
+    settings: Settings, pids: dict[str, int], n: int, deployment: dict[str, Any], keyed: bool = False
+) -> Measured:
+    """``keyed``: each call with an idempotency key of its own (what a key costs a call that runs)."""
     name = str(deployment["name"])
+    keys = itertools.count()
+    prefix = f"probe-{os.getpid()}-{time.time_ns()}-"
     async with AsyncClient(settings=settings) as client:
 
         async def answers() -> bool:
@@ -141,6 +148,8 @@ async def client_path(settings: Settings, pids: dict[str, int], n: int, deployme
 
         async def one(i: int) -> object:
             async with gate:
+                if keyed:
+                    return await client.call(name, {"x": i}, idempotency_key=f"{prefix}{next(keys)}")
                 return await client.call(name, {"x": i})
 
         async def send(count: int) -> None:
@@ -254,7 +263,7 @@ async def probe(n: int, path: str) -> tuple[Measured, str]:
             assert server.proc is not None
             pids = {"replica": replica.pid, "redis": server.proc.pid}
             if path != "http":
-                measured = await client_path(settings, pids, n, deployment)
+                measured = await client_path(settings, pids, n, deployment, keyed=path == "keyed")
                 return measured, f"{path} path, 256 outstanding: {measured.line()}"
             port = free_port()
             gateway = subprocess.Popen(role_command("gateway", "--port", str(port)), **_child_options(env))
@@ -274,8 +283,16 @@ def main() -> int:
     parser.add_argument("--bare", action="store_true", help="the HTTP load on bare FastAPI (the ceiling)")
     parser.add_argument("--raw", action="store_true", help="the client load on raw pipelined streams (the ceiling)")
     parser.add_argument("--async-handler", action="store_true", help="the client path to an async noop handler")
+    parser.add_argument("--keyed", action="store_true", help="the client path, each call with an idempotency key")
     args = parser.parse_args()
-    flags = {"http": args.http, "batch": args.batch, "bare": args.bare, "raw": args.raw, "async": args.async_handler}
+    flags = {
+        "http": args.http,
+        "batch": args.batch,
+        "bare": args.bare,
+        "raw": args.raw,
+        "async": args.async_handler,
+        "keyed": args.keyed,
+    }
     path = next((name for name, given in flags.items() if given), "client")
     print(uvloop.run(probe(args.n, path))[1], f"  (load average {os.getloadavg()[0]:.1f})")
     return 0

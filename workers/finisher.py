@@ -33,6 +33,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import RETRYABLE_ERRORS, is_out_of_memory
 from streamserve.transport.pipelining import Command, Pipeliner
@@ -177,14 +179,30 @@ class Finisher:
                 self._on_finished(settled)
 
     def _answer_waiters(self, settlements: list[Settlement], results: list[Any]) -> None:
-        """Send the callers that joined the settled runs their copies of the replies."""
+        """Send the callers that joined the settled runs their copies of the replies; settle again, with the
+        script's source, the runs of a Redis that did not know the script (NOSCRIPT: restarted or flushed)."""
         commands = []
+        unknown = []
         for settlement, result in zip(settlements, results, strict=True):
+            if isinstance(result, NoScriptError):
+                unknown.append(settlement)
+                continue
             if isinstance(result, Exception):
                 logger.warning("replica %s: could not settle an idempotency key: %s", self._who, result)
             commands += settlement.answers(result)
         if commands:
             self._pipeliner.execute(*commands).add_done_callback(self._answered)
+        if unknown:
+            sent = self._pipeliner.execute(*(settlement.with_source() for settlement in unknown))
+            sent.add_done_callback(functools.partial(self._settled_with_source, unknown))
+
+    def _settled_with_source(self, settlements: list[Settlement], sent: asyncio.Future[list[Any]]) -> None:
+        if sent.cancelled():
+            return
+        if (exc := sent.exception()) is not None:  # the callers find the run's record by themselves, or its lapse
+            logger.warning("replica %s: could not settle %d shared run(s): %s", self._who, len(settlements), exc)
+            return
+        self._answer_waiters(settlements, sent.result())
 
     def _answered(self, sent: asyncio.Future[list[Any]]) -> None:
         if sent.cancelled():

@@ -133,6 +133,28 @@ def test_a_retry_while_the_first_runs_waits_for_it_and_one_after_gets_the_stored
     assert runs(store, tag) == 1
 
 
+def test_a_run_settles_and_answers_its_waiters_after_redis_forgot_its_scripts(
+    farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    hold = f"hold:{tag}"
+    store.set(hold, 1)
+    body = {"tag": tag, "hold": hold}
+    first = pool.submit(post, farm.base_url, "/counted", body, tag)
+    wait_for(lambda: runs(store, tag) == 1, WAIT_S, "the first request did not start")
+    retry = pool.submit(post, farm.base_url, "/counted", body, tag)
+    waiters = KEYS.idempotency_waiters("counted", tag)
+    wait_for(lambda: store.llen(waiters) == 1, WAIT_S, "the retry did not join the run")
+    store.script_flush()  # as a restarted Redis would: the replica's settle by SHA1 is answered NOSCRIPT
+    store.delete(hold)
+    answers = [first.result(timeout=WAIT_S), retry.result(timeout=WAIT_S)]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[0].json() == answers[1].json() == {"tag": tag, "run": 1}
+    assert store.hget(KEYS.idempotency("counted", tag), "state") == b"done"  # settled: kept for later retries
+    later = post(farm.base_url, "/counted", body, tag)
+    assert (later.status_code, later.headers.get("idempotent-replayed")) == (200, "true")
+    assert runs(store, tag) == 1
+
+
 def test_the_same_key_with_another_body_is_422(farm: Farm, store: redis.Redis, tag: str) -> None:
     assert post(farm.base_url, "/counted", {"tag": tag}, tag).status_code == 200
     other = post(farm.base_url, "/counted", {"tag": tag, "more": 1}, tag)

@@ -42,7 +42,7 @@ def keyed(request_id: str, body: bytes = b'{"x":1}', reply_to: str = CALLER) -> 
 async def settle(redis: aioredis.Redis, request: Request, reply: Reply) -> list[Any]:
     """What a replica's Finisher does for a keyed request: SETTLE_RUN; the answers to the callers that joined."""
     settlement = settling.settle(KEYS, CFG, request, reply)
-    return settlement.answers(await redis.execute_command(*settlement.command))
+    return settlement.answers(await redis.execute_command(*settlement.with_source()))
 
 
 async def enqueue_keyed(pipeliner: Pipeliner, keys: Keys, cfg: DeploymentConfig, request: Request) -> Admission:

@@ -46,7 +46,7 @@ async def enqueue(pipeliner: Pipeliner, call: Request, cfg: DeploymentConfig = C
 
 async def settle(redis: aioredis.Redis, call: Request, reply: Reply, cfg: DeploymentConfig = CFG) -> list[Any]:
     settlement = settling.settle(KEYS, cfg, call, reply)
-    return settlement.answers(await redis.execute_command(*settlement.command))
+    return settlement.answers(await redis.execute_command(*settlement.with_source()))
 
 
 def answered(commands: list[Any]) -> list[dict[Any, Any]]:

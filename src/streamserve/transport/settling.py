@@ -15,15 +15,16 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
-from streamserve.transport.pipelining import Command
+from streamserve.transport.pipelining import Command, Script
 from streamserve.transport.streams import reply_command
 from streamserve.wire import idempotency, response_cache, scripts, shared_runs
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import Reply, ReplyStatus, Request, now_ms
 
-# Sent as EVAL with its source: rare next to plain replies, and a NOSCRIPT (Redis restarted) cannot fail it.
-_SETTLE_RUN = scripts.SETTLE_RUN
+# Sent by its SHA1 with a replica's reply (its 2 KB source cost Redis a hash of it on every keyed or cached call);
+# a Redis that does not know it (restarted, flushed) is sent the source (Settlement.with_source) and learns it.
+_SETTLE_RUN = Script(scripts.SETTLE_RUN)
 # The ends of a run whose handler never ran to its end: its waiters run their calls anew instead of sharing it.
 _NEVER_RAN = frozenset({ReplyStatus.CANCELLED, ReplyStatus.DEADLINE_EXCEEDED, ReplyStatus.DEAD_LETTER})
 
@@ -35,6 +36,10 @@ class Settlement:
     command: Command
     # What the run's waiters get (each with its own request id and tag): the run's reply, or RETRY.
     reply: Reply
+
+    def with_source(self) -> Command:
+        """The command as EVAL with the script's source, for a Redis that answered its EVALSHA with NOSCRIPT."""
+        return ("EVAL", _SETTLE_RUN.source, *self.command[2:])
 
     def answers(self, result: Any) -> list[Command]:
         """The replies to the waiters that SETTLE_RUN returned (``result``)."""
@@ -66,8 +71,8 @@ def settle(keys: Keys, cfg: DeploymentConfig, request: Request, reply: Reply) ->
         cache_args = [cache.max_entries if cache is not None else 0, request.cache, keys.cache_entry(name, "")]
         shared = reply.status not in _NEVER_RAN  # a run that failed failed for all of them
     command: Command = (
-        "EVAL",
-        _SETTLE_RUN,
+        "EVALSHA",
+        _SETTLE_RUN.sha,
         len(run_keys),
         *run_keys,
         request.run,
@@ -87,8 +92,9 @@ async def release(redis: aioredis.Redis, keys: Keys, deployment: str, idem: str,
         run_keys = [keys.idempotency(deployment, idem), keys.idempotency_waiters(deployment, idem)]
     else:
         run_keys = [keys.cache_entry(deployment, cache), keys.cache_waiters(deployment, cache)]
-    command: Command = ("EVAL", _SETTLE_RUN, len(run_keys), *run_keys, run, shared_runs.RELEASE, 0, 0, "", "", now_ms())
+    release_args = (run, shared_runs.RELEASE, 0, 0, "", "", now_ms())
+    command: Command = ("EVALSHA", _SETTLE_RUN.sha, len(run_keys), *run_keys, *release_args)
     settlement = Settlement(command, Reply("", ReplyStatus.RETRY, ""))
-    result = await redis.execute_command(*settlement.command)  # type: ignore[no-untyped-call]
+    result = await redis.execute_command(*settlement.with_source())  # type: ignore[no-untyped-call]  # (rare)
     for answer in settlement.answers(result):
         await redis.execute_command(*answer)  # type: ignore[no-untyped-call]
