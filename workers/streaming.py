@@ -282,8 +282,11 @@ class Stream:
                 self._produced += 1
                 self._queue.append(encoded)
                 self._progress()
-                if self._produced % STREAM_BATCH_MAX_CHUNKS == 0:
-                    await asyncio.sleep(0)  # a generator that never waits: let these chunks go meanwhile
+                if self._produced == 1 or self._produced % STREAM_BATCH_MAX_CHUNKS == 0:
+                    # A generator that never waits: let these chunks go meanwhile. The first at once (its send is a
+                    # task that needs the loop): it is what the caller waits for, and without this turn it left
+                    # only after the window's 64 chunks were made (+0.8 ms to the first chunk of a long stream).
+                    await asyncio.sleep(0)
             return _Ending(stopped=True)
         except asyncio.CancelledError:
             if self._deadline_passed or self._cancelled:
