@@ -87,13 +87,17 @@ class RequestObserver:
             self._lines.flush()
 
 
+# One access line as noted: time.time(), method, path, status, seconds, request id, deployment, replica, trace id.
+_Noted = tuple[float, str, str, int, float, str, str, str, str]
+
+
 class _AccessLines:
     """Access lines in the text log format, kept briefly as tuples and formatted and written to ``stream`` a batch at
     a time: a request costs the gateway a tuple, its line is made with the others of its batch after the response."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
-        self._pending: list[tuple[float, str, str, int, float, str, str, str, str]] = []
+        self._pending: list[_Noted] = []
         self._head = f" INFO    [{access_logger.name} {os.getpid()}] "
         self._second = -1
         self._stamp = ""
@@ -119,25 +123,15 @@ class _AccessLines:
     def flush(self) -> None:
         if self._pending:
             pending, self._pending = self._pending, []
-            lines = "".join([self._line(*entry) for entry in pending])
+            lines = "".join([self._line(entry) for entry in pending])
             try:
                 self._stream.write(lines)
                 self._stream.flush()
             except (OSError, ValueError):  # stderr closed or gone: the lines are lost, the request is not
                 pass
 
-    def _line(
-        self,
-        now: float,
-        method: str,
-        path: str,
-        status: int,
-        seconds: float,
-        request_id: str,
-        deployment: str,
-        replica: str,
-        trace_id: str,
-    ) -> str:
+    def _line(self, entry: _Noted) -> str:
+        now, method, path, status, seconds, request_id, deployment, replica, trace_id = entry
         second = int(now)
         if second != self._second:  # logging's asctime, made once a second
             self._second, self._stamp = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))

@@ -110,9 +110,11 @@ def record_exists(store: redis.Redis, deployment: str, key: str) -> bool:
     return bool(store.exists(KEYS.idempotency(deployment, key)))
 
 
-def test_a_retry_while_the_first_runs_waits_for_it_and_one_after_gets_the_stored_reply(
+def run_with_a_waiter(
     farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor
-) -> None:
+) -> tuple[dict[str, str], concurrent.futures.Future[httpx.Response], concurrent.futures.Future[httpx.Response]]:
+    """A keyed call to /counted held running, and its retry joined to it: (body, first, retry); release the run by
+    deleting ``body["hold"]``."""
     hold = f"hold:{tag}"
     store.set(hold, 1)
     body = {"tag": tag, "hold": hold}
@@ -121,7 +123,14 @@ def test_a_retry_while_the_first_runs_waits_for_it_and_one_after_gets_the_stored
     retry = pool.submit(post, farm.base_url, "/counted", body, tag)
     waiters = KEYS.idempotency_waiters("counted", tag)
     wait_for(lambda: store.llen(waiters) == 1, WAIT_S, "the retry did not join the run")
-    store.delete(hold)
+    return body, first, retry
+
+
+def test_a_retry_while_the_first_runs_waits_for_it_and_one_after_gets_the_stored_reply(
+    farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    body, first, retry = run_with_a_waiter(farm, store, tag, pool)
+    store.delete(body["hold"])
     answers = [first.result(timeout=WAIT_S), retry.result(timeout=WAIT_S)]
     assert [a.status_code for a in answers] == [200, 200]
     assert answers[0].json() == answers[1].json() == {"tag": tag, "run": 1}
@@ -136,16 +145,9 @@ def test_a_retry_while_the_first_runs_waits_for_it_and_one_after_gets_the_stored
 def test_a_run_settles_and_answers_its_waiters_after_redis_forgot_its_scripts(
     farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor
 ) -> None:
-    hold = f"hold:{tag}"
-    store.set(hold, 1)
-    body = {"tag": tag, "hold": hold}
-    first = pool.submit(post, farm.base_url, "/counted", body, tag)
-    wait_for(lambda: runs(store, tag) == 1, WAIT_S, "the first request did not start")
-    retry = pool.submit(post, farm.base_url, "/counted", body, tag)
-    waiters = KEYS.idempotency_waiters("counted", tag)
-    wait_for(lambda: store.llen(waiters) == 1, WAIT_S, "the retry did not join the run")
+    body, first, retry = run_with_a_waiter(farm, store, tag, pool)
     store.script_flush()  # as a restarted Redis would: the replica's settle by SHA1 is answered NOSCRIPT
-    store.delete(hold)
+    store.delete(body["hold"])
     answers = [first.result(timeout=WAIT_S), retry.result(timeout=WAIT_S)]
     assert [a.status_code for a in answers] == [200, 200]
     assert answers[0].json() == answers[1].json() == {"tag": tag, "run": 1}
