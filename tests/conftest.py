@@ -1,8 +1,8 @@
 """Fixtures shared by the integration and end-to-end tests: a real redis-server on a free port.
 
 The suite runs on two pytest-xdist workers (pyproject.toml). The tests that run whole farms (tests/e2e, tests/soak)
-run one after another on one worker, sharing the package's farm and keeping their timing as on one core each; the
-unit and integration tests run on the other worker meanwhile.
+run one after another on one worker, sharing the package's farm; the unit and integration tests run on the other
+worker meanwhile, and then the farm tests of LATE_FARM_TESTS, so that both workers end about together.
 """
 
 from __future__ import annotations
@@ -22,19 +22,43 @@ from streamserve.runtime.settings import Settings
 from tests.harness.farm import Processes
 from tests.harness.redis_cluster import LocalRedisCluster
 
-# The tests that run whole farms: one xdist worker runs them all, in turn.
+# The tests that run whole farms: one xdist worker runs them in turn...
 FARM_TESTS = ("tests/e2e/", "tests/soak/")
+# ...but for these, which start farms of their own and take longest (`pytest --durations=0`: 9.5 of the farm tests'
+# 28 minutes; the other tests take 10), run by the other worker once it has run the rest.
+LATE_FARM_TESTS = (
+    "tests/e2e/test_up_orphans.py",
+    "tests/e2e/test_cluster_farm.py",
+    "tests/e2e/test_job_restarts.py",
+    "tests/e2e/test_job_flood.py",
+    "tests/e2e/test_install.py",
+)
+
+
+def _lane(nodeid: str) -> int:
+    """0: the farm tests run in turn; 1: every other test; 2: the late farm tests."""
+    if nodeid.startswith(LATE_FARM_TESTS):
+        return 2
+    return 0 if nodeid.startswith(FARM_TESTS) else 1
 
 
 class FarmsInTurn(LoadScopeScheduling):
-    """xdist's scheduling by scope, with every farm test in one scope and every other test a scope of its own."""
+    """xdist's scheduling by scope, in the order collected (pytest_collection_modifyitems): the farm tests one scope,
+    every other test a scope of its own, the late farm tests one scope."""
 
     def _split_scope(self, nodeid: str) -> str:
-        return "farms" if nodeid.startswith(FARM_TESTS) else nodeid
+        return ("farms", nodeid, "late farms")[_lane(nodeid)]
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> FarmsInTurn:
+    config.option.loadscopereorder = False  # xdist would put the scopes with the most tests first
     return FarmsInTurn(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The farm tests first (one worker takes them), every other test next, the late farm tests last (the worker
+    that ran those others takes them)."""
+    items.sort(key=lambda item: _lane(item.nodeid))
 
 
 @pytest.fixture(scope="session")
