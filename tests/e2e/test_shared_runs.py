@@ -62,6 +62,16 @@ deployments:
     max_ongoing_requests: 64
     response_cache: {ttl_s: 300, max_entries: 10000}
     graceful_shutdown_timeout_s: 2
+  - name: brief-cache
+    import_path: tests.shared_run_deployments:counted
+    num_replicas: 1
+    response_cache: {ttl_s: 2, local_ttl_s: 60}
+    graceful_shutdown_timeout_s: 2
+  - name: shared-cache
+    import_path: tests.shared_run_deployments:counted
+    num_replicas: 1
+    response_cache: {local_ttl_s: 0}
+    graceful_shutdown_timeout_s: 2
   - name: tiny-cache
     import_path: tests.shared_run_deployments:counted
     num_replicas: 1
@@ -465,10 +475,53 @@ def test_an_identical_request_is_answered_from_the_cache(farm: Farm, store: redi
 
 def test_cache_control_no_cache_runs_anew_and_refreshes_the_entry(farm: Farm, store: redis.Redis, tag: str) -> None:
     assert post(farm.base_url, "/cached", {"tag": tag}, None).json() == {"tag": tag, "run": 1}
+    assert post(farm.base_url, "/cached", {"tag": tag}, None).headers["x-cache"] == "hit"  # the gateway keeps a copy
     fresh = post(farm.base_url, "/cached", {"tag": tag}, None, **{"Cache-Control": "no-cache"})
     assert (fresh.headers["x-cache"], fresh.json()) == ("miss", {"tag": tag, "run": 2})
     hit = post(farm.base_url, "/cached", {"tag": tag}, None)
     assert (hit.headers["x-cache"], hit.json()) == ("hit", {"tag": tag, "run": 2})
+    assert runs(store, tag) == 2
+
+
+def test_a_gateway_answers_hits_from_its_copy_for_at_most_local_ttl_s(farm: Farm, store: redis.Redis, tag: str) -> None:
+    """A hit read from Redis is kept by the gateway for local_ttl_s (1 s by default): an entry deleted from Redis by
+    hand is still served from that copy, then no more. Hits from the copy are counted all the same."""
+    body = {"tag": tag}
+    assert post(farm.base_url, "/cached", body, None).headers["x-cache"] == "miss"
+    before = cache_counts(farm, "cached")
+    assert post(farm.base_url, "/cached", body, None).headers["x-cache"] == "hit"  # read from Redis, and kept
+    [entry] = [
+        key for key in store.scan_iter(match="streamserve:{cached}:cache:*") if tag in str(store.hget(key, "body"))
+    ]
+    store.delete(entry)
+    copy = post(farm.base_url, "/cached", body, None)
+    assert (copy.headers["x-cache"], copy.json()) == ("hit", {"tag": tag, "run": 1})
+    wait_for(
+        lambda: cache_counts(farm, "cached")["hit"] - before["hit"] == 2,
+        WAIT_S,
+        lambda: f"hits counted: {cache_counts(farm, 'cached')['hit'] - before['hit']}, not 2",
+    )
+    wait_for(lambda: post(farm.base_url, "/cached", body, None).headers["x-cache"] == "miss", 5.0, "the copy lived on")
+    assert runs(store, tag) == 2
+
+
+def test_with_local_ttl_s_0_every_hit_asks_redis(farm: Farm, store: redis.Redis, tag: str) -> None:
+    body = {"tag": tag}
+    assert post(farm.base_url, "/shared-cache", body, None).headers["x-cache"] == "miss"
+    assert post(farm.base_url, "/shared-cache", body, None).headers["x-cache"] == "hit"
+    for key in store.scan_iter(match="streamserve:{shared-cache}:cache:*"):
+        store.delete(key)
+    assert post(farm.base_url, "/shared-cache", body, None).headers["x-cache"] == "miss"
+    assert runs(store, tag) == 2
+
+
+def test_a_gateways_copy_never_outlives_the_entry_in_redis(farm: Farm, store: redis.Redis, tag: str) -> None:
+    """``brief-cache`` keeps entries 2 s and asks for copies of 60 s: a copy lapses with its entry."""
+    body = {"tag": tag}
+    assert post(farm.base_url, "/brief-cache", body, None).headers["x-cache"] == "miss"
+    assert post(farm.base_url, "/brief-cache", body, None).headers["x-cache"] == "hit"  # kept, for the 2 s at most
+    wait_for(lambda: not any(store.scan_iter(match="streamserve:{brief-cache}:cache:*")), WAIT_S, "the entry lived on")
+    assert post(farm.base_url, "/brief-cache", body, None).headers["x-cache"] == "miss"
     assert runs(store, tag) == 2
 
 

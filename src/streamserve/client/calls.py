@@ -41,10 +41,11 @@ from streamserve.wire.idempotency import check_key
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import SHARED_JOINED, Reply, ReplyStatus, Request, now_ms, text
+from streamserve.wire.messages import SHARED_JOINED, SHARED_STORED, Reply, ReplyStatus, Request, now_ms, text
 from streamserve.wire.models import hold_ms, model_id_of, route_spec
 from streamserve.wire.priorities import Priority, parse_priority, queue_full
-from streamserve.wire.shared_runs import new_run_token
+from streamserve.wire.response_cache import cache_digest
+from streamserve.wire.shared_runs import new_run_token, stored_reply
 from streamserve.wire.tenants import DEFAULT_TENANT, tenant_of
 
 logger = logging.getLogger(__name__)
@@ -298,6 +299,13 @@ class Calls(ClientCore):
         cfg = route.deployment
         timeout_s = call_timeout_s(timeout, cfg)
         request_id = request_id or new_request_id()
+        digest = ""
+        if cfg.response_cache is not None and not idempotency_key:
+            digest = cache_digest(cfg, method, body, model_id)
+            if refresh:
+                self._hot.drop(digest)
+            elif (kept := self._hot.get(digest)) is not None:
+                return self._hot_hit(cfg, kept, request_id, tag, body, method)
         replies = self._replies
         assert replies is not None
         tag = tag or replies.new_tag()
@@ -326,7 +334,7 @@ class Calls(ClientCore):
                 sharing = by_key(self._keys, cfg, request)
                 reply, entry_id = await self._run_shared(route, request, fut, sharing, span)
             elif cfg.response_cache is not None:
-                sharing = by_cache(self._keys, cfg, request, refresh)
+                sharing = by_cache(self._keys, cfg, request, refresh, digest)
                 reply, entry_id = await self._run_shared(route, request, fut, sharing, span)
             else:
                 try:
@@ -434,6 +442,10 @@ class Calls(ClientCore):
                 span.end()
                 span = None
             if admission.stored is not None:
+                if sharing.counted and admission.stored.status is ReplyStatus.OK:  # a cache entry
+                    assert cfg.response_cache is not None and admission.fields is not None
+                    for_s = min(cfg.response_cache.local_ttl_s, admission.kept_ms / 1000)
+                    self._hot.keep(request.cache, admission.fields, for_s)
                 return admission.stored, ""
             try:
                 if admission.joined:
@@ -451,6 +463,18 @@ class Calls(ClientCore):
                 return reply, admission.entry_id
             fut = self._replies.expect(request.tag, request.request_id)  # the run it joined never ran: run anew
             sharing = dataclasses.replace(sharing, refresh=False)
+
+    def _hot_hit(
+        self, cfg: DeploymentConfig, kept: list[bytes], request_id: str, tag: str, body: bytes, method: str
+    ) -> Reply:
+        """The reply to a call answered from a kept copy of its cache entry (client/hot_entries.py), counted as a hit;
+        traced as one answered by Redis from the entry would be."""
+        assert self._hits is not None
+        self._hits.add(cfg.name)
+        if self._tracer is not None and (span := self._trace(Request(request_id, "", 0, body, method, tag=tag), cfg)):
+            span.set_attribute(trace_context.SHARED, SHARED_STORED)
+            span.end()
+        return stored_reply(kept, request_id, tag)
 
     def _trace(self, request: Request, cfg: DeploymentConfig) -> Span | None:
         """Start ``request``'s enqueue span, a child of the current span (its context rides in the entry), or None:

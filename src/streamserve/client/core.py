@@ -16,9 +16,11 @@ import redis.asyncio as aioredis
 from opentelemetry.trace import Tracer
 
 from streamserve.client.cancels import Canceller
+from streamserve.client.hot_entries import HitCounts, HotEntries
 from streamserve.client.jobs import JobQueue, jobs_redis_url
 from streamserve.client.reply_stream import ReplyStream
 from streamserve.client.route_table import Route, RouteCache
+from streamserve.metrics.definitions import CACHE_REQUESTS
 from streamserve.runtime import tracing
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import JOB_POOL_SIZE, RedisRefusals, async_redis, sync_redis
@@ -47,6 +49,10 @@ class ClientCore:
         self._jobs: JobQueue | None = None
         self._jobs_redis: redis.Redis | None = None
         self._shadow_tasks: set[asyncio.Task[str]] = set()
+        # Response-cache entries read lately, answering identical calls without Redis, and the hits they answered
+        # (counted in Redis by _hits, made with the pipeliner).
+        self._hot = HotEntries()
+        self._hits: HitCounts | None = None
         self._start_lock: asyncio.Lock | None = None
         # Where its calls' enqueue spans come from (runtime/tracing.py), looked up when it starts: None, no spans.
         self._tracer: Tracer | None = tracing.tracer()
@@ -90,6 +96,7 @@ class ClientCore:
                 raise
             self._pipeliner = Pipeliner(redis)
             self._canceller = Canceller(redis, self._pipeliner, self._keys)
+            self._hits = HitCounts(self._pipeliner, self._keys, CACHE_REQUESTS.field("hit"))
             self._redis, self._routes = redis, routes
 
     def _start_guard(self) -> asyncio.Lock:
@@ -106,6 +113,8 @@ class ClientCore:
             await self._replies.close(UnavailableError("client closed"))
         if self._canceller is not None:
             await self._canceller.aclose()  # the requests its callers stopped waiting for
+        if self._hits is not None:
+            self._hits.close()
         if self._pipeliner is not None:
             await self._pipeliner.aclose()  # shadow copies and sends in flight go out before the pool closes
         if self._redis is not None:

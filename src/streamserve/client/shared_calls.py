@@ -62,9 +62,10 @@ def by_key(keys: Keys, cfg: DeploymentConfig, request: Request) -> Sharing:
     )
 
 
-def by_cache(keys: Keys, cfg: DeploymentConfig, request: Request, refresh: bool) -> Sharing:
-    """The sharing of ``request`` to a deployment with a response cache; sets its ``cache`` digest."""
-    request.cache = response_cache.cache_digest(cfg, request.method, request.body, request.model)
+def by_cache(keys: Keys, cfg: DeploymentConfig, request: Request, refresh: bool, digest: str = "") -> Sharing:
+    """The sharing of ``request`` to a deployment with a response cache; sets its ``cache`` digest (``digest``, when
+    the caller made it already)."""
+    request.cache = digest or response_cache.cache_digest(cfg, request.method, request.body, request.model)
     return Sharing(
         keys.cache_entry(cfg.name, request.cache),
         keys.cache_waiters(cfg.name, request.cache),
@@ -76,11 +77,14 @@ def by_cache(keys: Keys, cfg: DeploymentConfig, request: Request, refresh: bool)
 @dataclass(slots=True)
 class Admission:
     """What ENQUEUE_SHARED did with a call: queued it as the run (``entry_id``), had it join the run on its way
-    (``joined``), or found the run's reply stored (``stored``)."""
+    (``joined``), or found the run's reply stored (``stored``: from the record's ``fields``, which Redis keeps
+    ``kept_ms`` longer)."""
 
     entry_id: str = ""
     joined: bool = False
     stored: Reply | None = None
+    fields: list[bytes] | None = None
+    kept_ms: int = 0
 
 
 async def enqueue_shared(
@@ -108,7 +112,9 @@ async def enqueue_shared(
     if outcome == "waiting":
         return Admission(joined=True)
     if outcome == "stored":
-        return Admission(stored=shared_runs.stored_reply(found[1:], request.request_id, request.tag))
+        fields = found[1:7]
+        reply = shared_runs.stored_reply(fields, request.request_id, request.tag)
+        return Admission(stored=reply, fields=fields, kept_ms=int(found[7]))
     if outcome == "full":
         raise OverloadedError(queue_full(cfg.name, cfg.max_queued_requests, request.priority))
     if outcome in ("rate", "tenant_full"):

@@ -185,6 +185,10 @@ class ResponseCacheConfig(_Strict):
     ttl_s: float = Field(300.0, gt=0)
     # The most replies kept at once; past it, the oldest go first.
     max_entries: int = Field(10_000, ge=1)
+    # How long a gateway or client that read a kept reply answers identical requests from its own copy, without
+    # Redis (never past the reply's ttl_s); 0: every hit asks Redis (client/hot_entries.py). Callers only read it:
+    # changing it restarts no replica.
+    local_ttl_s: float = Field(1.0, ge=0, le=60)
 
     _ttl = field_validator("ttl_s")(_at_most_a_week)
     _entries = field_validator("max_entries")(at_most("cache_entries"))
@@ -335,7 +339,7 @@ class DeploymentConfig(_Strict):
         if not self.resources.is_empty:  # left out when unset, so older deployments keep their digest
             parts.append(self.resources.model_dump(mode="json"))
         if self.response_cache is not None:  # a replica checks at load that its handlers do not stream
-            parts.append({"response_cache": self.response_cache.model_dump(mode="json")})
+            parts.append({"response_cache": self.response_cache.model_dump(mode="json", exclude={"local_ttl_s"})})
         code = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
         return hashlib.sha256(code).hexdigest()[:12]
 

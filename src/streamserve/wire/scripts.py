@@ -240,7 +240,7 @@ ENQUEUE_SHARED = (
 -- ARGV[10] the tenant spec, '' for none: a request that would run is checked (one answered or waiting is not)
 -- ARGV[11..] the request's field/value pairs
 -- Returns {'queued', entry id}, {'full'}, {'mismatch'}, {'waiting'}, the tenant's refusal, or
--- {'stored', status, body, error_type, error_message, replica, too_large}.
+-- {'stored', status, body, error_type, error_message, replica, too_large, ms the record has left}.
 """
     + _PENDING_COUNT
     + _ADMIT
@@ -257,6 +257,7 @@ if state and ARGV[8] ~= '1' then
     local stored = redis.call('HMGET', KEYS[2], 'status', 'body', 'error_type', 'error_message', 'replica', 'too_large')
     local found = {'stored'}
     for i = 1, 6 do found[i + 1] = stored[i] or '' end
+    found[8] = redis.call('PTTL', KEYS[2])
     return found
   end
   if ARGV[6] ~= '' then
