@@ -78,7 +78,9 @@ def run(opts: Options) -> Section:
     section.setup = [
         "One `streamserve up` farm (embedded Redis, 1 gateway process): `noop` (the HTTP bench's deployment) and "
         "`noop-cached`, the same with `response_cache`. Every request of a phase has the same body, so every "
-        "request to `noop-cached` after its first is a hit: answered by the enqueue script, without a replica.",
+        "request to `noop-cached` after its first is a hit: the second answered by the enqueue script from Redis, the "
+        "ones after from the gateway's own copy of that entry (`local_ttl_s`, 1 s by default, read again from "
+        "Redis each time it lapses), without a replica.",
         f"Client path: `AsyncClient.call` of `noop` with {OUTSTANDING} calls outstanding and one at a time, without "
         "a key and with a fresh idempotency key per call (so every call runs: the key's record is made, the reply "
         "stored in it). Each phase in a fresh process (`bench.driver`).",
