@@ -53,7 +53,7 @@ def submit(farm: Farm, body: Any) -> str:
 
 
 def test_a_job_whose_worker_is_killed_fails_at_once_saying_so(farm: Farm) -> None:
-    location = submit(farm, {"sleep": 30})
+    location = submit(farm, {"sleep": JOB_S})  # longer than the wait below; the farm's stop drains it (no longer)
     for pid in job_worker_pids(farm):
         os.kill(pid, signal.SIGKILL)
     wait_for(lambda: job(farm, location)["status"] == "failed", 10, f"still {job(farm, location)}")
