@@ -4,7 +4,9 @@ The replica has a routed stream of its own (wire/models.py), made as it starts a
 A model loaded makes it one of the model's holders (in Redis, renewed every heartbeat interval with the replica's
 own time), so requests for the model are routed to it; a model unloaded undoes that; the replica leaving gives its
 queued routed requests back to the deployment's stream. Loads and hits are counted. The caches tell it from whatever
-thread they run on.
+thread they run on, and ask it which of its models another replica holds too (as of its last renewal): they unload
+those first, so that a model loaded twice (a request that was not routed by its model, a hold that lapsed) does not
+leave another held by nobody for good.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class ModelHolder:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._held: dict[str, None] = {}  # in the order loaded
+        self._shared: frozenset[str] = frozenset()  # held models another replica holds too (replaced, never changed)
         self._ttl_ms = hold_ms(settings.heartbeat_interval_s, settings.heartbeat_timeout_s)
         self._writes = asyncio.Lock()  # holds and unholds reach Redis in the order they happened
         self._tasks: set[asyncio.Task[None]] = set()
@@ -75,6 +78,9 @@ class ModelHolder:
     def used(self, model_id: str, hit: bool) -> None:
         self._on_loop(self._used, model_id, hit)
 
+    def shared(self) -> frozenset[str]:
+        return self._shared
+
     def _on_loop(self, fn: Callable[..., object], *args: object) -> None:
         if threading.get_ident() == self._loop_thread:
             fn(*args)
@@ -93,7 +99,12 @@ class ModelHolder:
     def _hold(self, model_id: str) -> None:
         self._held[model_id] = None
         if not self._leaving:
-            self._write(lambda: self._streams.hold(self._deployment, self._replica_id, [model_id], *self._terms))
+            self._write(lambda: self._hold_in_redis([model_id]))
+
+    async def _hold_in_redis(self, model_ids: list[str]) -> None:
+        shared = await self._streams.hold(self._deployment, self._replica_id, model_ids, *self._terms)
+        held = self._held
+        self._shared = frozenset(m for m in {*self._shared.difference(model_ids), *shared} if m in held)
 
     @property
     def _terms(self) -> tuple[int, int]:
@@ -112,6 +123,7 @@ class ModelHolder:
         self._let_go(model_id)
 
     def _let_go(self, model_id: str) -> None:
+        self._shared = self._shared.difference((model_id,))
         if self._held.pop(model_id, 0) is None and not self._leaving:
             self._write(lambda: self._streams.unhold(self._deployment, self._replica_id, model_id))
 
@@ -133,7 +145,7 @@ class ModelHolder:
         """Renew this replica's holds and its routed stream (making it again if it was given back meanwhile)."""
         async with self._writes:
             if not self._leaving:
-                await self._streams.hold(self._deployment, self._replica_id, self.models, *self._terms)
+                await self._hold_in_redis(self.models)
 
     async def run(self) -> None:
         """Renew every heartbeat interval until cancelled."""

@@ -13,7 +13,9 @@ that one load, and a load that raises fails each of them (the next call tries ag
 ``get_model``; a sync one a sync ``get_model`` (call it from a sync handler: it blocks its thread while it loads).
 
 The replica is told what each cache does (ModelEvents): it holds the models' streams, so that requests for a model
-go to a replica that has it loaded (wire/models.py), and counts loads and hits.
+go to a replica that has it loaded (wire/models.py), and counts loads and hits. To make room, a cache unloads the
+least recently used of the models another replica holds too, when there are any (their requests go there, with no
+load), else the least recently used one.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 from streamserve.runtime.request_scope import current_scope
@@ -50,6 +52,10 @@ class ModelEvents(Protocol):
     def used(self, model_id: str, hit: bool) -> None: ...
 
     def failed(self, model_id: str) -> None: ...
+
+    def shared(self) -> Collection[str]:
+        """The models loaded here that another replica holds too (unloaded first)."""
+        ...
 
 
 _events: ModelEvents | None = None
@@ -113,19 +119,21 @@ class _Models:
         return self._loader(model_id) if self._owner is None else self._loader(self._owner, model_id)
 
     def _over_capacity(self) -> list[tuple[str, Any]]:
-        """The least recently used models past the most kept (loads side by side can overshoot it), unloaded."""
-        unloaded = []
-        while len(self.models) > self._most:
-            unloaded.append(self.models.popitem(last=False))
-        for gone, _ in unloaded:
-            _tell("unloaded", gone)
-        return unloaded
+        """Models past the most kept (loads side by side can overshoot it), unloaded (_unload_some)."""
+        return self._unload_some(lambda: len(self.models) > self._most)
 
     def _room_for_one(self) -> list[tuple[str, Any]]:
-        """Models to unload so that one more fits (loads on their way count), least recently used first."""
+        """Models unloaded so that one more fits (loads on their way count)."""
+        return self._unload_some(lambda: bool(self.models) and len(self.models) + len(self._loading) >= self._most)
+
+    def _unload_some(self, more: Callable[[], bool]) -> list[tuple[str, Any]]:
+        """Models taken out while ``more()``: the least recently used of those another replica holds too first, then
+        the least recently used."""
+        shared = _shared()
         unloaded = []
-        while self.models and len(self.models) + len(self._loading) >= self._most:
-            unloaded.append(self.models.popitem(last=False))
+        while more():
+            gone = next((model_id for model_id in self.models if model_id in shared), None)
+            unloaded.append(self.models.popitem(last=False) if gone is None else (gone, self.models.pop(gone)))
         for gone, _ in unloaded:
             _tell("unloaded", gone)
         return unloaded
@@ -207,6 +215,11 @@ class _Models:
 def _retrieved(load: asyncio.Future[Any]) -> None:
     if not load.cancelled():
         load.exception()
+
+
+def _shared() -> Collection[str]:
+    events = _events
+    return events.shared() if events is not None else ()
 
 
 def _tell(what: str, *args: Any) -> None:

@@ -85,7 +85,7 @@ async def test_a_request_goes_to_the_least_busy_live_holder_of_its_model_while_i
     assert await labels(aredis, general) == ["before", "overflow", "after"]
 
 
-async def test_a_model_nobody_holds_is_given_to_the_replica_with_the_most_room(
+async def test_a_model_nobody_holds_is_given_to_the_replica_with_the_most_room_else_one_holding_a_shared_model(
     aredis: aioredis.Redis, settings: Settings, name: str, models: ModelStreams
 ) -> None:
     keys = settings.keys
@@ -97,7 +97,16 @@ async def test_a_model_nobody_holds_is_given_to_the_replica_with_the_most_room(
     assert await aredis.zrange(keys.model_holders(name, "b"), 0, -1) == [b"r2"]
     assert (await enqueue(aredis, keys, name, "c-1", max_ongoing=4, model="c")).startswith("to:r1/")  # fewer entries
     assert (await enqueue(aredis, keys, name, "d-1", max_ongoing=4, model="d")).startswith("to:r2/")
-    assert "/" not in await enqueue(aredis, keys, name, "e-1", max_ongoing=4, model="e")  # no room anywhere
+    # No room anywhere, and every model held by one replica alone: the deployment's stream, where any replica takes
+    # it (and unloads its least recently used model, which only it knows).
+    assert "/" not in await enqueue(aredis, keys, name, "e-1", max_ongoing=4, model="e")
+    # r3 is idle, but each of its models is held by it alone; r1 and r2 both hold a (either unloads it first, and a
+    # stays held): the less busy of them (r1: 1 entry, r2: 3) is given the next model nobody holds.
+    await models.hold(name, "r3", ["x", "y"], HOLD_MS, 2)
+    await models.hold(name, "r2", ["b", "d", "a"], HOLD_MS, 2)
+    assert (await enqueue(aredis, keys, name, "f-1", max_ongoing=4, model="f")).startswith("to:r1/")
+    # Both saturated (2 entries at max_ongoing_requests 1), r3 full: the deployment's stream.
+    assert "/" not in await enqueue(aredis, keys, name, "g-1", max_ongoing=1, model="g")
 
 
 async def test_a_hold_lapses_unless_renewed(
@@ -120,6 +129,23 @@ async def test_a_hold_lapses_unless_renewed(
     # r1 has fewer entries, but its hold has lapsed.
     assert (await enqueue(aredis, keys, name, "probe", max_ongoing=100)).startswith("to:r2/")
     assert await aredis.zscore(keys.model_holders(name, MODEL), "r1") is None
+
+
+async def test_a_hold_says_which_models_another_live_replica_holds_too(
+    aredis: aioredis.Redis, settings: Settings, name: str, models: ModelStreams
+) -> None:
+    assert await models.hold(name, "r1", ["a", "b"], HOLD_MS, 2) == set()
+    assert await models.hold(name, "r2", ["b", "c"], 300, 2) == {"b"}
+    assert await models.hold(name, "r1", ["a", "b"], HOLD_MS, 2) == {"b"}
+    until = await aredis.zscore(settings.keys.model_holders(name, "b"), "r2")
+    assert until is not None
+
+    async def passed() -> bool:
+        seconds, micros = await aredis.time()
+        return seconds * 1000 + micros // 1000 > until
+
+    await wait_for_async(passed, 5, "r2's hold never passed")
+    assert await models.hold(name, "r1", ["a", "b"], HOLD_MS, 2) == set()  # r2's hold lapsed: it is not live
 
 
 async def test_the_enqueue_sent_again_finds_a_routed_entry(

@@ -25,6 +25,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.events: list[tuple[Any, ...]] = []
+        self.held_elsewhere: set[str] = set()
 
     def loaded(self, model_id: str, seconds: float) -> None:
         self.events.append(("loaded", model_id))
@@ -37,6 +38,9 @@ class Recorder:
 
     def failed(self, model_id: str) -> None:
         self.events.append(("failed", model_id))
+
+    def shared(self) -> set[str]:
+        return self.held_elsewhere
 
 
 @pytest.fixture
@@ -90,6 +94,34 @@ async def test_the_least_recently_used_model_is_closed_to_make_room(told: Record
         ("unloaded", "b"),
         ("loaded", "c"),
     ]
+
+
+async def test_a_model_another_replica_holds_too_is_unloaded_first(told: Recorder) -> None:
+    loader = Loader()
+    await loader.get_model("a")
+    await loader.get_model("b")
+    told.held_elsewhere = {"b", "x"}  # b is the most recently used, but its requests can go to the other holder
+    await loader.get_model("c")
+    assert loader.closed == ["b"]
+    told.held_elsewhere = set()
+    await loader.get_model("d")  # none is: the least recently used goes
+    assert loader.closed == ["b", "a"]
+
+
+def test_a_sync_loader_unloads_a_model_another_replica_holds_too_first(told: Recorder) -> None:
+    closed: list[str] = []
+
+    class SyncLoader:
+        @streamserve.multiplexed(max_models_per_replica=2)
+        def get_model(self, model_id: str) -> Model:
+            return Model(model_id, closed)
+
+    loader = SyncLoader()
+    loader.get_model("a")
+    loader.get_model("b")
+    told.held_elsewhere = {"b"}
+    loader.get_model("c")
+    assert ("unloaded", "b") in told.events and ("unloaded", "a") not in told.events
 
 
 async def test_each_instance_keeps_its_own_models() -> None:

@@ -9,6 +9,7 @@ import redis.asyncio as aioredis
 
 from streamserve.wire import scripts
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
+from streamserve.wire.messages import text
 
 # Keys.model_backlog holds at most this many placeholders: KEDA's count of routed entries tops out there.
 BACKLOG_CAP = 10_000
@@ -39,9 +40,9 @@ class ModelStreams:
 
     async def hold(
         self, deployment: str, replica_id: str, model_ids: Sequence[str], ttl_ms: int, max_models: int
-    ) -> None:
+    ) -> set[str]:
         """``replica_id`` is live, with a routed stream and room for ``max_models``, and holds ``model_ids``, for
-        ``ttl_ms`` more."""
+        ``ttl_ms`` more; those of them another live replica holds too."""
         k = self._keys
         keys = [
             k.routed_requests(deployment, replica_id),
@@ -50,7 +51,8 @@ class ModelStreams:
             k.model_room(deployment),
             *(k.model_holders(deployment, model_id) for model_id in model_ids),
         ]
-        await self._hold(keys=keys, args=[CONSUMER_GROUP, replica_id, ttl_ms, max_models, *model_ids])
+        shared = await self._hold(keys=keys, args=[CONSUMER_GROUP, replica_id, ttl_ms, max_models, *model_ids])
+        return {text(model_id) for model_id in shared}
 
     async def unhold(self, deployment: str, replica_id: str, model_id: str) -> None:
         """``replica_id`` holds ``model_id`` no more (requests already routed to it stay: it loads the model again)."""

@@ -6,8 +6,9 @@ its own for requests routed to it (Keys.routed_requests), read just before the d
 listed among the holders of each model it has loaded (Keys.model_holders: replica -> until when, Redis's clock,
 renewed with its heartbeats). The enqueue script sends a ``normal``-priority request for model M to the live holder
 of M whose stream holds the fewest entries, when it is not saturated (SATURATED_AT); when nobody holds M, to the
-replica with the most room for another model, which is given M to load; otherwise to the deployment's stream, where
-any replica takes it and loads M (scripts._ROUTE). A replica that leaves,
+replica with the most room for another model, or with none, to one holding a model another replica holds too (it
+unloads that one first), which is given M to load; otherwise to the deployment's stream, where any replica takes it
+and loads M (scripts._ROUTE). A replica that leaves,
 or whose holds lapse (it died), gives its routed stream's queued entries back to the deployment's stream
 (scripts.ROUTED_STREAMS), so that no request waits for a replica that is gone.
 

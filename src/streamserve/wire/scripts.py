@@ -72,13 +72,21 @@ _ROUTE = """
 -- Where a request for a model goes (wire/models.py): ``route`` is '' (not routed) or 'capacity ttl_ms prefix model',
 -- with the model's holders, the deployment's routed replicas and their room at KEYS[at], KEYS[at + 1], KEYS[at + 2].
 -- The routed stream of the model's live holder with the fewest entries (queued and running), when that is fewer than
--- ``capacity`` (it is not saturated). When no live replica holds the model, the live replica with the most room for
--- another model (its max_models_per_replica less the models it holds or was given), if it has room and is not
--- saturated: it is given the model (a holder until ttl_ms from now, as it will be once it loads it), so the model's
--- next requests follow this one rather than make another replica load it too. Else nil: the level's stream, where any
--- replica takes it (and loads the model, unloading its least recently used one). A replica's routed stream and its
--- models are named from the prefix (Keys.models_prefix): keys of this deployment's hash slot that no caller could
--- name beforehand.
+-- ``capacity`` (it is not saturated). When no live replica holds the model, a live replica that is not saturated is
+-- given it (a holder until ttl_ms from now, as it will be once it loads it), so that the model's next requests follow
+-- this one rather than make another replica load it too: the one with the most room for another model (its
+-- max_models_per_replica less the models it holds or was given); with none, one that holds a model another replica
+-- holds too (it unloads that one first: multiplexing._Models, so no model is left held by nobody); among those alike,
+-- the least busy (fewest entries). Else nil (its holders all saturated, or every replica full of models only it
+-- holds): the level's stream, where any replica takes it, loads the model and unloads its least recently used one.
+-- A replica's routed stream, its models and their holders are named from the prefix (Keys.models_prefix): keys of
+-- this deployment's hash slot that no caller could name beforehand.
+local function holds_a_shared_model(prefix, models, now)
+  for _, model in ipairs(models) do
+    if redis.call('ZCOUNT', prefix .. 'holders:' .. model, '(' .. now, '+inf') > 1 then return true end
+  end
+  return false
+end
 local function route_to(route, at)
   if route == '' then return nil end
   local capacity, ttl, prefix, model = string.match(route, '^(%d+) (%d+) (%S+) (%S+)$')
@@ -94,15 +102,22 @@ local function route_to(route, at)
     if length < fewest then best, fewest = replica, length end
   end
   if best then return prefix .. 'to:' .. best, 'to:' .. best .. '/' end
-  if #held > 0 then return nil end  -- its holders are saturated: another replica loads it too
-  local most_room = 0
+  if #held > 0 then return nil end
+  -- Its rank: its room when it has some (1 or more), 0 when it holds a model another replica holds too.
+  local best_rank = -1
   for _, replica in ipairs(redis.call('ZRANGEBYSCORE', replicas, '(' .. now, '+inf')) do
-    local of = prefix .. 'of:' .. replica
-    redis.call('ZREMRANGEBYSCORE', of, '-inf', now)
-    local free = tonumber(redis.call('HGET', room, replica) or 0) - redis.call('ZCARD', of)
     local length = redis.call('XLEN', prefix .. 'to:' .. replica)
-    if free > 0 and length < capacity and (free > most_room or (free == most_room and length < fewest)) then
-      best, most_room, fewest = replica, free, length
+    if length < capacity then
+      local of = prefix .. 'of:' .. replica
+      redis.call('ZREMRANGEBYSCORE', of, '-inf', now)
+      local models = redis.call('ZRANGE', of, 0, -1)
+      local rank = tonumber(redis.call('HGET', room, replica) or 0) - #models
+      if rank < 1 then
+        rank = (best_rank <= 0 and holds_a_shared_model(prefix, models, now)) and 0 or -1
+      end
+      if rank >= 0 and (rank > best_rank or (rank == best_rank and length < fewest)) then
+        best, best_rank, fewest = replica, rank, length
+      end
     end
   end
   if not best then return nil end
@@ -547,6 +562,7 @@ HOLD_MODEL = (
 -- ARGV[3]  for how long (ms): a beat less than the heartbeat timeout
 -- ARGV[4]  its max_models_per_replica
 -- ARGV[5..] the models it holds, in KEYS[5..]'s order
+-- Returns those of its models that another live replica holds too (the replica unloads these first: ModelHolder).
 """
     + _NOW_MS
     + """
@@ -554,17 +570,19 @@ local made = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
 if type(made) == 'table' and made.err and not string.find(made.err, 'BUSYGROUP', 1, true) then
   return redis.error_reply(made.err)
 end
-local ttl = tonumber(ARGV[3])
-local expiry = now_ms() + ttl
+local ttl, now = tonumber(ARGV[3]), now_ms()
+local expiry = now + ttl
 redis.call('ZADD', KEYS[2], expiry, ARGV[2])
 redis.call('HSET', KEYS[4], ARGV[2], ARGV[4])
+local shared = {}
 for i = 5, #KEYS do
   redis.call('ZADD', KEYS[i], expiry, ARGV[2])
   if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
   redis.call('ZADD', KEYS[3], expiry, ARGV[i])
+  if redis.call('ZCOUNT', KEYS[i], '(' .. now, '+inf') > 1 then shared[#shared + 1] = ARGV[i] end
 end
 if redis.call('PTTL', KEYS[3]) < ttl then redis.call('PEXPIRE', KEYS[3], ttl) end
-return 1
+return shared
 """
 )
 
