@@ -103,8 +103,7 @@ class ModelHolder:
 
     async def _hold_in_redis(self, model_ids: list[str]) -> None:
         shared = await self._streams.hold(self._deployment, self._replica_id, model_ids, *self._terms)
-        held = self._held
-        self._shared = frozenset(m for m in {*self._shared.difference(model_ids), *shared} if m in held)
+        self._shared = self._shared.difference(model_ids).union(shared)  # (a renewal names all it holds)
 
     @property
     def _terms(self) -> tuple[int, int]:
@@ -123,7 +122,6 @@ class ModelHolder:
         self._let_go(model_id)
 
     def _let_go(self, model_id: str) -> None:
-        self._shared = self._shared.difference((model_id,))
         if self._held.pop(model_id, 0) is None and not self._leaving:
             self._write(lambda: self._streams.unhold(self._deployment, self._replica_id, model_id))
 
