@@ -122,6 +122,7 @@ class ModelHolder:
         self._let_go(model_id)
 
     def _let_go(self, model_id: str) -> None:
+        self._shared = self._shared.difference((model_id,))
         if self._held.pop(model_id, 0) is None and not self._leaving:
             self._write(lambda: self._streams.unhold(self._deployment, self._replica_id, model_id))
 
