@@ -59,7 +59,10 @@ async def burst(farm: Farm) -> tuple[list[httpx.Response], list[tuple[int, int]]
     async def post_all() -> list[httpx.Response]:
         async with contextlib.AsyncExitStack() as stack:
             https = [await stack.enter_async_context(http_client(farm, limits=limits)) for _ in range(CLIENTS)]
-            return list(await asyncio.gather(*(post(https[i % CLIENTS], i) for i in range(BURST))))
+            answers = await asyncio.gather(*(post(https[i % CLIENTS], i) for i in range(BURST)), return_exceptions=True)
+        failed = [(i, repr(a), repr(a.__cause__)) for i, a in enumerate(answers) if isinstance(a, BaseException)]
+        assert not failed, f"{len(failed)} requests got no answer, e.g. {failed[:3]}:\n{farm.log()[-3000:]!r}"
+        return [a for a in answers if isinstance(a, httpx.Response)]
 
     async def sample(r: aioredis.Redis) -> None:
         status = StatusReader(r, KEYS)

@@ -153,14 +153,6 @@ def _read_until_closed(socks: list[socket.socket], within_s: float) -> dict[sock
     return closed
 
 
-def _still_open(socks: list[socket.socket]) -> int:
-    """How many of ``socks`` have neither been answered nor closed."""
-    with selectors.DefaultSelector() as selector:
-        for sock in socks:
-            selector.register(sock, selectors.EVENT_READ)
-        return len(socks) - len(selector.select(timeout=0))
-
-
 def _read_response(sock: socket.socket) -> bytes:
     """One whole response (head and Content-Length body) from a blocking socket; the connection stays open."""
     data = b""
@@ -193,15 +185,15 @@ def test_slow_headers_neither_starve_real_requests_nor_stay_open(gateway: Runnin
             opened[sock] = time.monotonic()
         for _ in range(20):  # real requests, each on a new connection, are served all along
             assert httpx.get(gateway.url + "/-/healthz", timeout=5).status_code == 200
-        held = _still_open(slow)
-        assert held >= _cap() - 40, f"only {held} slow connections were still open"
         closed = _read_until_closed(slow, within_s=HEADER_TIMEOUT_S + 5)
     finally:
         for sock in slow:
             sock.close()
-    # The oldest made room for newer ones (closed without a word); the others were answered at the header timeout.
+    # The oldest made room for newer ones (closed without a word), no more than the cap needed (fewer when opening
+    # them all took longer than the header timeout); the others were answered at the header timeout, never sooner.
+    silent = [sock for sock in slow if not closed[sock].answer]
+    assert len(silent) <= SLOW_CLIENTS - _cap() + 40, f"{len(silent)} slow connections were closed without a word"
     timed_out = [sock for sock in slow if closed[sock].answer]
-    assert len(timed_out) >= _cap() - 40
     for sock in timed_out:
         answer = closed[sock].answer
         assert answer.startswith(b"HTTP/1.1 408 ") and b'"error":"HeaderTimeoutError"' in answer, answer[:300]
