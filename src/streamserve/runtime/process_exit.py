@@ -11,17 +11,16 @@ export; logging's flush; the standard streams) happens here, and the process end
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import sys
 from typing import NoReturn
 
 
 def end_process(code: int) -> NoReturn:
-    """Run the exit handlers, flush logging and the standard streams, and end this process with ``code``."""
+    """Run the exit handlers (logging's flush among them), flush the standard streams, and end this process with
+    ``code``."""
     try:
-        atexit._run_exitfuncs()
-        logging.shutdown()
+        atexit._run_exitfuncs()  # logging's flush is one (logging.shutdown)
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
