@@ -1,3 +1,3 @@
-from streamserve.cli.main import main
+from streamserve.cli.main import run
 
-raise SystemExit(main())
+run()

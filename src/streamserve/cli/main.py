@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import NoReturn
 
 from redis.exceptions import ConnectionError, RedisError
 
@@ -23,9 +24,17 @@ from streamserve.cli.kubernetes import cmd_manifests
 from streamserve.cli.parser import build_parser
 from streamserve.cli.roles import ROLE_COMMANDS, run_role
 from streamserve.cli.writes import cmd_delete, cmd_deploy, cmd_scale, cmd_traffic
+from streamserve.runtime.process_exit import end_process
 from streamserve.runtime.processes import hide_passwords_from_ps
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import ConfigError, StreamServeError
+
+
+def run() -> NoReturn:
+    """The ``streamserve`` command (and ``python -m streamserve``): main's exit code, the process ended as soon as the
+    command is done (runtime/process_exit.py). An exception main does not turn into a code takes Python's own way
+    out, with its traceback."""
+    end_process(main())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,9 +8,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable
-from typing import NoReturn
 
-from streamserve.runtime.process_exit import end_process
 from streamserve.wire.errors import ConfigError
 
 # Command -> the module whose main(argv) runs that role's process.
@@ -22,14 +20,11 @@ ROLE_COMMANDS = {
 }
 
 
-def run_role(command: str, argv: list[str]) -> NoReturn:
-    """Run the role's own ``main`` on the rest of the command line (it parses its own options), and end the process
-    with its exit code (runtime/process_exit.py: a role process ends as soon as its work is done). An exception other
-    than a config error takes Python's own way out, with its traceback."""
+def run_role(command: str, argv: list[str]) -> int:
+    """Run the role's own ``main`` on the rest of the command line (it parses its own options)."""
     role_main: Callable[[list[str]], int] = importlib.import_module(ROLE_COMMANDS[command]).main
     try:
-        code = role_main(argv)
+        return role_main(argv)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        code = 2
-    end_process(code)
+        return 2
