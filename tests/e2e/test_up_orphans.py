@@ -43,7 +43,7 @@ deployments:
   - {name: slow, import_path: 'tests.deployments:SlowStart', init_kwargs: {seconds: 2}, num_replicas: 1}
 """
 MOMENTS = ("before-the-banner", "after-the-banner", "under-traffic")
-ROUNDS = 2  # x 3 moments: 6 kills in a row for each Redis (each ~20 s of the farm worker: the CI run keeps to 30 min)
+ROUNDS = 1  # x 3 moments for each Redis (each kill ~15 s of the farm worker: the CI run keeps to 30 min)
 
 
 @pytest.fixture(scope="module")
