@@ -28,6 +28,7 @@ def job_worker_exit(env: dict[str, str]) -> tuple[float, float]:
         for line in proc.stderr:
             if "serving queue" in line:
                 break
+        time.sleep(1.0)  # RQ sets its signal handlers as its work loop starts, a moment after that line
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         last_line = signalled
