@@ -152,8 +152,9 @@ class Keys:
 
     def model_holders(self, deployment: str, model_id: str) -> str:
         """Sorted set: the replicas that hold one model -> until when (epoch ms, Redis's clock), renewed with their
-        heartbeats; requests are routed only to holders whose time has not passed."""
-        return self._tagged(deployment, f"models:holders:{model_id}")
+        heartbeats; requests are routed only to holders whose time has not passed. Named from models_prefix, as the
+        enqueue script makes it for each model a replica holds (scripts._ROUTE)."""
+        return f"{self.models_prefix(deployment)}holders:{model_id}"
 
     def models_of(self, deployment: str, replica_id: str) -> str:
         """Sorted set: the models one replica holds or was given to load -> until when (epoch ms, Redis's clock): how
