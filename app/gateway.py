@@ -44,7 +44,7 @@ from streamserve.app.errors import (
     json_response,
     redis_error_handler,
 )
-from streamserve.app.http_protocol import ON_DISCONNECT, body_arrived, write_chunk, write_response
+from streamserve.app.http_protocol import body_arrived, start_chunked, when_gone, write_chunk, write_response
 from streamserve.app.observe import CLIENT_CLOSED, RequestObserver
 from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
 from streamserve.app.routing import RouteTable
@@ -228,7 +228,7 @@ class Gateway:
             exchange.reply_headers["X-Deployment"] = exchange.deployment = deployment = route.deployment.name
             timeout = min(route.deployment.request_timeout_s, header_timeout)
             tag = self.client.new_tag()
-            scope[ON_DISCONNECT] = functools.partial(self.client.caller_left, tag, exchange.request_id)
+            when_gone(scope, functools.partial(self.client.caller_left, tag, exchange.request_id))
             reply = await self.client.request(
                 route,
                 body,
@@ -280,6 +280,8 @@ class Gateway:
         """A streaming handler's answer (``first`` its first reply): 200, then its chunks as they come.
         ``shared``: the headers that say how a shared run answered."""
         feed = self.client.follow(first)
+        # Its caller's leaving ends it: told by the server, else by watching ``receive``.
+        told = when_gone(exchange.scope, functools.partial(feed.fail, ClientDisconnected()))
         sse = wants_sse(exchange.headers.getlist(b"accept"))
         headers = stream_headers(sse, exchange.request_id, exchange.deployment, first.replica_id)
         headers += [(name.lower().encode(), value.encode()) for name, value in shared]
@@ -287,12 +289,13 @@ class Gateway:
         try:
             exchange.status = await stream_response(
                 exchange.send,
-                exchange.receive,
+                None if told else exchange.receive,
                 feed,
                 headers,
                 sse,
                 exchange.request_id,
                 functools.partial(write_chunk, exchange.scope),
+                functools.partial(start_chunked, exchange.scope),
             )
         except StreamCut as cut:
             exchange.status = cut.status

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from asyncio import TimerHandle
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -53,6 +53,20 @@ ON_DISCONNECT = "streamserve.on_disconnect"
 CYCLE = "streamserve.cycle"
 
 
+def when_gone(scope: MutableMapping[str, object], callback: Callable[[], None]) -> bool:
+    """Call ``callback`` once the request's client disconnects before its response is complete: at once if it has
+    already (GatewayHttpProtocol.connection_lost calls it later); it replaces an earlier one. False where the
+    request's connection is not one of GatewayHttpProtocol's (an ASGI server of another make): nothing will call it
+    (the app's ``receive`` says ``http.disconnect`` instead)."""
+    scope[ON_DISCONNECT] = callback
+    cycle = scope.get(CYCLE)
+    if not isinstance(cycle, RequestResponseCycle):
+        return False
+    if getattr(cycle, "disconnected", False):
+        callback()
+    return True
+
+
 def write_chunk(scope: Mapping[str, object], body: bytes) -> bool:
     """Write ``body`` as one chunk of the chunked response in progress, on the socket at once, as ASGI's ``send``
     would but without its message and await; False, writing nothing, where ``send`` must do it instead: the response
@@ -74,6 +88,33 @@ def write_chunk(scope: Mapping[str, object], body: bytes) -> bool:
     except AttributeError:  # a uvicorn whose cycle is not the one this knows: its ASGI send does the writing
         return False
     transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+    return True
+
+
+def start_chunked(scope: Mapping[str, object], headers: list[tuple[bytes, bytes]], first: bytes) -> bool:
+    """Begin a 200 chunked response with ``first`` as its first chunk, status line, headers and chunk in one write,
+    as ASGI's two ``send`` calls would write them in two (a stream's first chunk is what its caller waits for); False,
+    writing nothing, where ``send`` must do it instead (as for ``write_response``). ``headers``: as there."""
+    cycle = scope.get(CYCLE)
+    if not isinstance(cycle, RequestResponseCycle) or not first:
+        return False
+    try:
+        if cycle.flow.write_paused or cycle.disconnected or cycle.response_started:
+            return False
+        transport = cycle.transport
+        head = [STATUS_LINE[200]]
+        for name, value in (*cycle.default_headers, *headers):
+            head += (name, b": ", value, b"\r\n")
+        if not cycle.keep_alive:
+            head.append(b"connection: close\r\n")
+        head += (b"transfer-encoding: chunked\r\n\r\n%x\r\n" % len(first), first, b"\r\n")
+        cycle.response_started = True
+        cycle.chunked_encoding = True
+        cycle.expected_content_length = 0
+        cycle.waiting_for_100_continue = False
+    except AttributeError:  # a uvicorn whose cycle is not the one this knows: its ASGI send does the writing
+        return False
+    transport.write(b"".join(head))
     return True
 
 

@@ -74,24 +74,31 @@ def stream_headers(sse: bool, request_id: str, deployment: str, replica_id: str)
 
 async def stream_response(
     send: Send,
-    receive: Receive,
+    receive: Receive | None,
     feed: ChunkFeed,
     headers: list[tuple[bytes, bytes]],
     sse: bool,
     request_id: str,
     write: Callable[[bytes], bool] | None = None,
+    begin: Callable[[list[tuple[bytes, bytes]], bytes], bool] | None = None,
 ) -> int:
     """Answer with ``feed``'s chunks until its end, then close it; the status the request is counted as (200, or
     the error's, or CLIENT_CLOSED). Raises StreamCut where the connection must be cut (see the module).
 
+    ``receive``: watched for the client's leaving, which fails ``feed``; None where the server fails it itself
+    (http_protocol.when_gone: no task per stream).
+
     ``write``: writes one body chunk on the socket at once, or says False (http_protocol.write_chunk); given, the
-    chunks that come while this waits for them are written by the reply reader itself (ChunkFeed.sink)."""
+    chunks that come while this waits for them are written by the reply reader itself (ChunkFeed.sink). ``begin``:
+    starts the response with the chunks that came with the first reply, in one write, or says False
+    (http_protocol.start_chunked)."""
     frame = _sse_frame if sse else _ndjson_frame
-    watcher = asyncio.create_task(_watch_disconnect(receive, feed))
+    watcher = None if receive is None else asyncio.create_task(_watch_disconnect(receive, feed))
     stuck_at = None if math.isinf(feed.deadline) else feed.deadline + STUCK_WRITE_GRACE_S
     try:
         async with asyncio.timeout_at(stuck_at):
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            if begin is None or not feed.write_now(lambda batch: begin(headers, frame(batch))):
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
             if write is not None:
                 feed.sink = lambda batch: write(frame(batch))
             while True:
@@ -110,7 +117,8 @@ async def stream_response(
         raise StreamCut(status_for(error), str(error)) from None
     finally:
         feed.sink = None
-        watcher.cancel()
+        if watcher is not None:
+            watcher.cancel()
         feed.close()
 
 

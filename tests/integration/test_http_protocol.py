@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -14,10 +14,18 @@ import uvicorn
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.server import ServerState
 
-from streamserve.app.http_protocol import ConnectionLimits, GatewayHttpProtocol, write_response
+from streamserve.app.http_protocol import (
+    ConnectionLimits,
+    GatewayHttpProtocol,
+    start_chunked,
+    when_gone,
+    write_chunk,
+    write_response,
+)
 from tests.harness.waiting import wait_for_async
 
 GET = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+App = Callable[[Scope, ASGIReceiveCallable, ASGISendCallable], Awaitable[None]]
 
 
 @dataclass
@@ -38,12 +46,13 @@ class Served:
 
 
 @asynccontextmanager
-async def serving(max_connections: int, written: bool = False) -> AsyncIterator[Served]:
+async def serving(max_connections: int, written: bool = False, app: App | None = None) -> AsyncIterator[Served]:
     """GatewayHttpProtocol on a free port of this event loop, for an app that answers ``ok``, or (``/hold``) waits
-    for ``release`` first; ``written``: the answer written by ``write_response`` (the gateway's unary replies)."""
+    for ``release`` first; ``written``: the answer written by ``write_response`` (the gateway's unary replies).
+    ``app``: another app instead."""
     release = asyncio.Event()
 
-    async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+    async def ok_app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         assert scope["type"] == "http"
         if scope["path"] == "/hold":
             await release.wait()
@@ -53,7 +62,7 @@ async def serving(max_connections: int, written: bool = False) -> AsyncIterator[
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok", "more_body": False})
 
-    config = uvicorn.Config(app, http=GatewayHttpProtocol, lifespan="off", log_config=None)
+    config = uvicorn.Config(app or ok_app, http=GatewayHttpProtocol, lifespan="off", log_config=None)
     config.load()
     GatewayHttpProtocol.configure(ConnectionLimits(header_timeout_s=10.0, max_connections=max_connections))
     state = ServerState()
@@ -162,3 +171,63 @@ async def test_a_written_response_to_connection_close_says_so_and_closes() -> No
         client.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         (head,) = _responses(await asyncio.to_thread(_read_until_closed, client))
         assert b"\r\nconnection: close" in head.lower(), head
+
+
+async def test_a_stream_begun_with_its_first_chunk_is_a_whole_chunked_response_on_a_kept_connection() -> None:
+    """start_chunked (a stream's head and first chunk in one write), write_chunk, then ASGI's end."""
+
+    async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        assert start_chunked(scope, [(b"x-first", b"yes")], b'{"n":1}')
+        assert not start_chunked(scope, [], b"again")  # begun already: nothing written
+        assert write_chunk(scope, b'{"n":2}')
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async with serving(max_connections=4, app=app) as served:
+        client = served.connect()
+        client.sendall(GET * 2)  # the second is answered after the first completed: kept alive
+        data = await asyncio.to_thread(_read_until_count, client, b"\r\n0\r\n\r\n", 2)
+    for answer in data.split(b"\r\n0\r\n\r\n")[:2]:
+        head, _, body = answer.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        assert lines[0] == b"HTTP/1.1 200 OK", head
+        fields = dict(line.lower().split(b": ", 1) for line in lines[1:])
+        assert fields[b"transfer-encoding"] == b"chunked" and fields[b"x-first"] == b"yes", head
+        assert b"connection" not in fields and b"content-length" not in fields, head
+        assert body == b'7\r\n{"n":1}\r\n7\r\n{"n":2}', answer
+
+
+async def test_when_gone_tells_of_a_client_leaving_mid_answer_and_at_once_of_one_gone_before() -> None:
+    left: list[str] = []
+    hooked = asyncio.Event()
+    release = asyncio.Event()
+
+    async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        if scope["path"] == "/late":
+            await release.wait()  # its client is gone by now
+            assert when_gone(scope, lambda: left.append("late"))
+            return
+        assert when_gone(scope, lambda: left.append("mid"))
+        assert start_chunked(scope, [], b"1")
+        hooked.set()
+        await release.wait()
+
+    async with serving(max_connections=4, app=app) as served:
+        client = served.connect()
+        client.sendall(GET)
+        await asyncio.wait_for(hooked.wait(), 5)
+        client.close()
+        await wait_for_async(lambda: left == ["mid"], 5, f"the leaving was not told: {left}")
+        late = served.connect()
+        late.sendall(b"GET /late HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        await served.accepted(1)
+        late.close()
+        await served.accepted(0)
+        release.set()
+        await wait_for_async(lambda: left == ["mid", "late"], 5, f"a leaving before the hook was not told: {left}")
+
+
+def _read_until_count(sock: socket.socket, end: bytes, count: int) -> bytes:
+    data = b""
+    while data.count(end) < count:
+        data += sock.recv(65536) or pytest.fail(f"closed after {data!r}")
+    return data

@@ -152,6 +152,19 @@ class ChunkFeed:
         else:
             self._wake()
 
+    def write_now(self, write: Callable[[bytes], bool]) -> bool:
+        """Give every chunk held to ``write`` in one piece, if there are some and it takes them (True); else keep
+        them for ``next_batch``."""
+        if self._failed is not None or not self._batches:
+            return False
+        body, count = self._joined()
+        if not write(body):
+            return False
+        self._batches.clear()
+        self._offset = 0
+        self._took(count)
+        return True
+
     def fail(self, exc: BaseException) -> None:
         """End the stream at once with ``exc`` (the chunks still held are dropped): its deadline passed, Redis was
         lost, the client closed, or the consumer went away."""
