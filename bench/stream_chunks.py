@@ -30,8 +30,9 @@ async def chunks(body: Any) -> AsyncIterator[dict[str, Any]]:
     """Body ``{"n": N}``: N chunks (``chunk(i)``), yielded as fast as the generator can.
 
     Body ``{"n": N, "per_s": R}``: N chunks at R a second, on a fixed schedule from the first (a late one does not
-    push the others back); each is ``{"index": i, "t": <time.time() at its yield>}``, so that whoever receives it
-    can tell how long it took from ``yield`` to there (the bench runs on one machine: one clock).
+    push the others back); each is ``{"index": i, "t": <time.time() at its yield>, "due": <when it was due>}``, so
+    that whoever receives it can tell how long it took from ``yield`` to there, and from when it was due (a
+    generator that its process runs late yields late: the bench runs on one machine, one clock).
     """
     body = body if isinstance(body, dict) else {}
     n = int(body.get("n", CHUNKS_PER_STREAM))
@@ -41,9 +42,9 @@ async def chunks(body: Any) -> AsyncIterator[dict[str, Any]]:
             yield chunk(index)
         return
     period = 1 / per_s
-    start = time.monotonic()
+    start, wall_start = time.monotonic(), time.time()
     for index in range(n):
         wait = start + index * period - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
-        yield {"index": index, "t": time.time()}
+        yield {"index": index, "t": time.time(), "due": wall_start + index * period}

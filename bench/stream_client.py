@@ -252,11 +252,13 @@ async def stream_probe(port: int, path: str, body: bytes) -> tuple[int, list[Any
 
 @dataclass
 class TimedLines:
-    """Every line of the timed streams: when the server yielded it (``t``, its wall clock) and how long it took to
-    arrive here."""
+    """Every line of the timed streams: when the server yielded it (``t``, its wall clock), how long it took to
+    arrive here, and how long after it was due (``due``: its schedule's time) it arrived."""
 
     yielded: list[float] = field(default_factory=list)
     delays: list[float] = field(default_factory=list)
+    due: list[float] = field(default_factory=list)
+    lateness: list[float] = field(default_factory=list)
     streams: int = 0
     errors: int = 0
     first_error: str = ""
@@ -275,15 +277,22 @@ class TimedLines:
             nonlocal carry
             *lines, carry = (carry + data).split(b"\n") if carry else data.split(b"\n")
             for line in lines:
-                t = orjson.loads(line)["t"]
+                value = orjson.loads(line)
+                t, due = value["t"], value["due"]
                 self.yielded.append(t)
                 self.delays.append(now - t)
+                self.due.append(due)
+                self.lateness.append(now - due)
 
         return take
 
     def window(self, start: float, end: float) -> list[float]:
         """The delays of the lines yielded in [start, end) (wall clock), ascending."""
         return sorted(d for t, d in zip(self.yielded, self.delays, strict=True) if start <= t < end)
+
+    def late_window(self, start: float, end: float) -> list[float]:
+        """How late the lines due in [start, end) (wall clock) arrived after they were due, ascending."""
+        return sorted(late for due, late in zip(self.due, self.lateness, strict=True) if start <= due < end)
 
 
 async def timed_streams(port: int, path: str, streams: int, per_s: float, ramp_s: float, hold_s: float) -> TimedLines:

@@ -4,6 +4,7 @@ long and how often each phase runs, and what it reduces to over the repetitions.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,10 +27,13 @@ REPLICAS = 2
 # The token-rate phase: streams, chunks per second each.
 TICK_STREAMS = 1000
 TICK_PER_S = 50.0
-# The token-rate loads measured: the goal's, and one a quarter of it (where a machine that the goal's load saturates,
-# the bare ceiling included, still shows each system's own delay).
-TICK_LEVELS = (TICK_STREAMS, TICK_STREAMS // 4)
+# The token-rate loads measured: the goal's, a half and a quarter of it (where a machine that the goal's load
+# saturates, the bare ceiling included, still shows each system's own delay: where the delay starts to grow).
+TICK_LEVELS = (TICK_STREAMS, TICK_STREAMS // 2, TICK_STREAMS // 4)
 SETTLE_S = 0.5  # measured from this long after the last stream started
+# Spaced requests: a unary call and a stream in turn, each this long after the last answer, so that each finds the
+# farm idle (as a chat's first token usually does), unlike the back-to-back phases.
+SPACED_GAP_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class StreamRun:
     tick_ramp_s: float
     tick_hold_s: float
     disconnects: int
+    spaced: int  # spaced requests of each kind per repetition
     ray_python: str
     replicas: int = REPLICAS
 
@@ -55,6 +60,7 @@ class StreamRun:
             tick_ramp_s=0.5 if opts.quick else 1.0,
             tick_hold_s=2.5 if opts.quick else 6.0,
             disconnects=20 if opts.quick else 50,
+            spaced=50 if opts.quick else 300,
             ray_python=opts.ray_python,
         )
 
@@ -92,6 +98,7 @@ class DelayRow:
     first_error: str = ""
     rate: Spread | None = None  # timed streams: lines delivered per second in the window
     client_cores: Spread | None = None  # timed streams: the CPU the client used, in cores
+    late_p99_ms: Spread | None = None  # timed streams: from when a line was due (its schedule) to this client, p99
 
 
 async def measure_streams(target: str, port: int, run: StreamRun) -> dict[int, StreamRow]:
@@ -114,6 +121,57 @@ async def measure_streams(target: str, port: int, run: StreamRun) -> dict[int, S
     return found
 
 
+@dataclass(frozen=True)
+class SpacedRow:
+    """Requests that each find the farm idle: a unary answer's p50 and a 200-chunk stream's first line's p50."""
+
+    unary_p50_ms: Spread
+    first_chunk_p50_ms: Spread
+    count: int  # requests of each kind over all repetitions
+
+    @property
+    def difference_ms(self) -> float:
+        return self.first_chunk_p50_ms.median - self.unary_p50_ms.median
+
+
+async def measure_spaced(port: int, run: StreamRun) -> SpacedRow:
+    """A unary call (examples.functions:noop) and a stream in turn, SPACED_GAP_S after each answer, on a keep-alive
+    connection each (new ones per repetition: an idle one would outlive uvicorn's keep-alive)."""
+    unary_request = post_request(port, "/noop", orjson.dumps(NOOP_BODY))
+    stream_request = post_request(port, PATH, BODY)
+    unary_p50s, first_p50s = [], []
+    for rep in range(run.reps):
+        unary_conn, stream_conn = await StreamConnection.open(port), await StreamConnection.open(port)
+        try:
+            await unary_conn.stream(unary_request)
+            await stream_conn.stream(stream_request)
+            unary, first = [], []
+            for _ in range(run.spaced):
+                await asyncio.sleep(SPACED_GAP_S)
+                started = time.perf_counter()
+                answer = await unary_conn.stream(unary_request)
+                if answer.status == 200:
+                    unary.append(time.perf_counter() - started)
+                await asyncio.sleep(SPACED_GAP_S)
+                answer = await stream_conn.stream(stream_request)
+                if answer.status == 200 and answer.complete:
+                    first.append(answer.first_line_s)
+        finally:
+            unary_conn.close()
+            stream_conn.close()
+        unary_p50 = ms_percentiles(sorted(unary))[0] if unary else math.nan
+        first_p50 = ms_percentiles(sorted(first))[0] if first else math.nan
+        print(
+            f"  spaced      {SPACED_GAP_S * 1000:g} ms apart rep {rep + 1}: unary p50 {unary_p50:.3f} ms, first chunk "
+            f"p50 {first_p50:.3f} ms ({first_p50 - unary_p50:+.3f}), {run.spaced - len(unary)} + "
+            f"{run.spaced - len(first)} failed",
+            flush=True,
+        )
+        unary_p50s.append(unary_p50)
+        first_p50s.append(first_p50)
+    return SpacedRow(Spread.of(unary_p50s), Spread.of(first_p50s), run.spaced * run.reps)
+
+
 async def measure_unary(port: int, run: StreamRun) -> Summary:
     """A unary call one at a time through the same gateway (examples.functions:noop)."""
     samples = []
@@ -132,7 +190,7 @@ async def measure_ticks(target: str, port: int, run: StreamRun) -> dict[int, Del
 async def measure_tick_level(target: str, port: int, run: StreamRun, streams: int) -> DelayRow:
     """``streams`` streams at TICK_PER_S: each line's delay from its yield to this client, in the window where all
     of them run."""
-    p50s, p99s, rates, cores = [], [], [], []
+    p50s, p99s, rates, cores, late_p99s = [], [], [], [], []
     count = errors = 0
     first_error = ""
     for rep in range(run.reps):
@@ -140,10 +198,12 @@ async def measure_tick_level(target: str, port: int, run: StreamRun, streams: in
         start, end = lines.started + run.tick_ramp_s + SETTLE_S, lines.started + run.tick_hold_s
         window = lines.window(start, end)
         p50, p99 = ms_percentiles(window)
+        _late_p50, late_p99 = ms_percentiles(lines.late_window(start, end))
         rate = len(window) / (end - start)
         print(
             f"  ticks  {target:<11} {streams} streams rep {rep + 1}: yield -> client p50 {p50:.2f} ms "
-            f"p99 {p99:.2f} ms, {rate:.0f} chunks/s in the window, client {lines.client_cores:.2f} cores, "
+            f"p99 {p99:.2f} ms, due -> client p99 {late_p99:.2f} ms, {rate:.0f} chunks/s in the window, "
+            f"client {lines.client_cores:.2f} cores, "
             f"errors {lines.errors} {lines.first_error}",
             flush=True,
         )
@@ -151,10 +211,20 @@ async def measure_tick_level(target: str, port: int, run: StreamRun, streams: in
         p99s.append(p99)
         rates.append(rate)
         cores.append(lines.client_cores)
+        late_p99s.append(late_p99)
         count += len(window)
         errors += lines.errors
         first_error = first_error or lines.first_error
-    return DelayRow(Spread.of(p50s), Spread.of(p99s), count, errors, first_error, Spread.of(rates), Spread.of(cores))
+    return DelayRow(
+        Spread.of(p50s),
+        Spread.of(p99s),
+        count,
+        errors,
+        first_error,
+        Spread.of(rates),
+        Spread.of(cores),
+        Spread.of(late_p99s),
+    )
 
 
 async def disconnect_delays(
