@@ -102,11 +102,7 @@ def start_chunked(scope: Mapping[str, object], headers: list[tuple[bytes, bytes]
         if cycle.flow.write_paused or cycle.disconnected or cycle.response_started:
             return False
         transport = cycle.transport
-        head = [STATUS_LINE[200]]
-        for name, value in (*cycle.default_headers, *headers):
-            head += (name, b": ", value, b"\r\n")
-        if not cycle.keep_alive:
-            head.append(b"connection: close\r\n")
+        head = _head(cycle, 200, headers)
         head += (b"transfer-encoding: chunked\r\n\r\n%x\r\n" % len(first), first, b"\r\n")
         cycle.response_started = True
         cycle.chunked_encoding = True
@@ -131,11 +127,7 @@ def write_response(scope: Mapping[str, object], status: int, headers: list[tuple
         if cycle.flow.write_paused or cycle.disconnected or cycle.response_started:
             return False
         transport, keep_alive = cycle.transport, cycle.keep_alive
-        head = [STATUS_LINE[status]]
-        for name, value in (*cycle.default_headers, *headers, (b"content-length", b"%d" % len(body))):
-            head += (name, b": ", value, b"\r\n")
-        if not keep_alive:
-            head.append(b"connection: close\r\n")
+        head = _head(cycle, status, [*headers, (b"content-length", b"%d" % len(body))])
         head += (b"\r\n", body)
         cycle.response_started = cycle.response_complete = True
         cycle.waiting_for_100_continue = False
@@ -147,6 +139,17 @@ def write_response(scope: Mapping[str, object], status: int, headers: list[tuple
         transport.close()
     cycle.on_response()
     return True
+
+
+def _head(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """A response's status line and header lines as uvicorn writes them (its default headers first; ``connection:
+    close`` when the connection ends after it), without the blank line that ends them."""
+    head = [STATUS_LINE[status]]
+    for name, value in (*cycle.default_headers, *headers):
+        head += (name, b": ", value, b"\r\n")
+    if not cycle.keep_alive:
+        head.append(b"connection: close\r\n")
+    return head
 
 
 def body_arrived(scope: Mapping[str, object]) -> bool:
