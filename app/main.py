@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         if inherited(settings.lifeline_fd) is not None
         else GRACEFUL_SHUTDOWN_S,
         "log_config": None,  # uvicorn's own records go through streamserve's handler (and its format) too
+        "timeout_keep_alive": settings.keep_alive_s,
         **UVICORN_OPTIONS,
         "http": GatewayHttpProtocol,
     }

@@ -42,7 +42,8 @@ def test_a_cap_the_open_file_limit_cannot_hold_is_lowered_saying_so(caplog: pyte
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("STREAMSERVE_MAX_CONNECTIONS", "0"), ("STREAMSERVE_HEADER_TIMEOUT_S", "0")]
+    ("name", "value"),
+    [("STREAMSERVE_MAX_CONNECTIONS", "0"), ("STREAMSERVE_HEADER_TIMEOUT_S", "0"), ("STREAMSERVE_KEEP_ALIVE_S", "-1")],
 )
 def test_bad_limits_are_refused_naming_the_setting(name: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(name, value)
@@ -53,8 +54,10 @@ def test_bad_limits_are_refused_naming_the_setting(name: str, value: str, monkey
 def test_the_limits_reach_the_gateway_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STREAMSERVE_MAX_CONNECTIONS", "300")
     monkeypatch.setenv("STREAMSERVE_HEADER_TIMEOUT_S", "4")
+    monkeypatch.setenv("STREAMSERVE_KEEP_ALIVE_S", "30")
     env = Settings().to_env()
     assert env["STREAMSERVE_MAX_CONNECTIONS"] == "300" and env["STREAMSERVE_HEADER_TIMEOUT_S"] == "4.0"
+    assert env["STREAMSERVE_KEEP_ALIVE_S"] == "30.0"
     assert "STREAMSERVE_MAX_CONNECTIONS" not in Settings(max_connections=None).to_env()
 
 

@@ -162,6 +162,11 @@ class Settings(BaseSettings):
     # connection, after the request's first byte) is closed, with a 408 if part of a request came.
     header_timeout_s: float = Field(10.0, gt=0)
 
+    # A kept-alive gateway connection with no request for this long is closed. Longer than HTTP clients keep an idle
+    # connection in their pools (httpx 5 s, aiohttp 15 s, load balancers 60 s): a client that reuses one just as the
+    # server closes it gets its request reset (uvicorn's 5 s, the same as httpx's, did that now and then).
+    keep_alive_s: float = Field(75.0, gt=0)
+
     # The most client connections one gateway process holds; beyond, the one waiting longest without a request in
     # progress is closed, or (all busy) the new one gets 503. Unset: 10000, within what the open-file limit allows.
     max_connections: int | None = Field(None, ge=1)
@@ -267,6 +272,7 @@ class Settings(BaseSettings):
             "STREAMSERVE_ACCESS_LOG": "1" if self.access_log else "0",
             "STREAMSERVE_METRICS": "1" if self.metrics else "0",
             "STREAMSERVE_HEADER_TIMEOUT_S": str(self.header_timeout_s),
+            "STREAMSERVE_KEEP_ALIVE_S": str(self.keep_alive_s),
         }
         if self.max_connections is not None:
             env["STREAMSERVE_MAX_CONNECTIONS"] = str(self.max_connections)
