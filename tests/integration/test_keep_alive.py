@@ -1,7 +1,7 @@
 """How long a gateway keeps an idle kept-alive connection (STREAMSERVE_KEEP_ALIVE_S): longer than HTTP clients keep
 one in their pools, so that a client reusing an idle connection never has its request reset by the server closing
-it at that moment (uvicorn's own 5 s equals httpx's pool expiry: about one request in six sent 5 s after the last
-was reset)."""
+it at that moment (uvicorn's own 5 s equals httpx's pool expiry: 2 of 12 requests sent within 10 ms of 5 s after
+the last were reset)."""
 
 from __future__ import annotations
 
