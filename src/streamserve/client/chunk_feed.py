@@ -142,14 +142,8 @@ class ChunkFeed:
     def flush(self) -> None:
         """Give what came to ``sink`` in one piece, or wake the consumer if it cannot take it now."""
         self._flush_due = False
-        if not self._batches or not self._waiting() or self.sink is None:
-            return  # taken meanwhile, or its consumer is busy (it takes them when it is done)
-        body, count = self._joined()
-        if self.sink(body):
-            self._batches.clear()
-            self._offset = 0
-            self._took(count)
-        else:
+        # (nothing held: taken meanwhile; not waiting: its consumer is busy and takes them when it is done)
+        if self._batches and self._waiting() and self.sink is not None and not self.write_now(self.sink):
             self._wake()
 
     def write_now(self, write: Callable[[bytes], bool]) -> bool:
