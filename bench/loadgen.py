@@ -11,6 +11,7 @@ measured, which matters on a 2-core machine where the load generator shares the 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 import threading
 import time
@@ -63,11 +64,19 @@ class Connection:
         self.writer.close()
 
 
-def post_request(port: int, path: str, body: bytes) -> bytes:
+def post_request(port: int, path: str, body: bytes, headers: str = "") -> bytes:
+    """A POST of ``body``; ``headers``: more header lines, each ending in CRLF."""
     return (
-        f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n{headers}"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
+
+
+def keyed_requests(port: int, path: str, body: bytes) -> Callable[[], bytes]:
+    """POSTs of ``body``, each with an ``Idempotency-Key`` of its own (every one runs: a key's cost, not a replay)."""
+    prefix = f"{time.time_ns():x}-"
+    count = itertools.count()
+    return lambda: post_request(port, path, body, f"Idempotency-Key: {prefix}{next(count)}\r\n")
 
 
 _NETWORK_ERRORS = (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError)
@@ -84,9 +93,16 @@ async def http_probe(port: int, path: str, body: bytes) -> tuple[int, bytes]:
 
 
 async def http_phase(
-    port: int, path: str, body: bytes, conns: list[Connection | None], seconds: float, max_requests: int
+    port: int,
+    path: str,
+    body: bytes,
+    conns: list[Connection | None],
+    seconds: float,
+    max_requests: int,
+    requests: Callable[[], bytes] | None = None,
 ) -> Sample:
-    """One timed phase on ``len(conns)`` keep-alive connections (reopened when a server closes one)."""
+    """One timed phase on ``len(conns)`` keep-alive connections (reopened when a server closes one); ``requests``
+    makes each request (by default all are one POST of ``body`` to ``path``)."""
     request = post_request(port, path, body)
     sample = Sample()
     started = 0
@@ -102,7 +118,7 @@ async def http_phase(
                 if conn is None:
                     conn = conns[i] = await Connection.open(port)
                 t0 = perf()
-                status, _answer, close = await conn.send(request)
+                status, _answer, close = await conn.send(request if requests is None else requests())
                 elapsed = perf() - t0
             except _NETWORK_ERRORS as exc:
                 sample.error(exc)
@@ -125,13 +141,20 @@ async def http_phase(
 
 
 async def http_measure(
-    port: int, path: str, body: bytes, concurrency: int, warmup_s: float, duration_s: float, max_requests: int
+    port: int,
+    path: str,
+    body: bytes,
+    concurrency: int,
+    warmup_s: float,
+    duration_s: float,
+    max_requests: int,
+    requests: Callable[[], bytes] | None = None,
 ) -> Sample:
-    """Warm up, then measure, on the same ``concurrency`` keep-alive connections."""
+    """Warm up, then measure, on the same ``concurrency`` keep-alive connections (``requests``: as http_phase's)."""
     conns: list[Connection | None] = [None] * concurrency
     try:
-        await http_phase(port, path, body, conns, warmup_s, max_requests)
-        return await http_phase(port, path, body, conns, duration_s, max_requests)
+        await http_phase(port, path, body, conns, warmup_s, max_requests, requests)
+        return await http_phase(port, path, body, conns, duration_s, max_requests, requests)
     finally:
         for conn in conns:
             if conn is not None:
