@@ -5,8 +5,10 @@ ENQUEUE_SHARED chooses, in one step, between those three. A call that joined
 a run waits for the copy of its reply that whoever settles the run sends;
 should that copy be lost (the replica died between settling and answering),
 it looks at the record itself now and then: done, it takes the stored reply;
-gone, it sends the call again. A RETRY reply (the run ended without running)
-sends it again too, as a new run.
+gone at two looks in a row, it sends the call again (gone at one look, the run
+may just have ended without keeping its reply, a failed run of identical
+requests: its copy is on its way). A RETRY reply (the run ended without
+running) sends it again too, as a new run.
 """
 
 from __future__ import annotations
@@ -150,6 +152,7 @@ async def wait_joined(
     """The reply of the run ``request`` joined: its copy (``fut``), or what the record says once that is slow.
     NotFoundError once ``deleted()`` says ``deployment`` is gone (its run will never end)."""
     delay = JOINED_CHECK_FIRST_S
+    gone_before = False
     while True:
         done, _ = await asyncio.wait([fut], timeout=delay)
         if done:
@@ -160,6 +163,8 @@ async def wait_joined(
                 "request (or one with its idempotency key)"
             )
         found = await look_at_record(redis, sharing, request)
-        if found is not None:
+        gone = found is not None and found.status is ReplyStatus.RETRY
+        if found is not None and (gone_before or not gone):
             return found
+        gone_before = gone
         delay = min(delay * 2, JOINED_CHECK_MAX_S)
