@@ -20,7 +20,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import Any
 
 import orjson
@@ -211,9 +211,7 @@ class Gateway:
             except ValueError as exc:
                 raise BadRequestError(f"request body: {exc}") from None
             header_timeout = _header_timeout(headers.get(b"x-request-timeout"))
-            idempotency_key = headers.get(b"idempotency-key")
-            if idempotency_key is not None:
-                check_key(idempotency_key)
+            idempotency_key = _idempotency_key(headers.getlist(b"idempotency-key"))
             priority = _priority(headers.get(b"x-priority"))
             exchange.tenant = tenant = self.tenant_of(headers)
             model = _model_id(headers.get(b"x-model-id"))
@@ -437,6 +435,20 @@ def _methods_answered(routes: list[BaseRoute], path: str) -> tuple[str, ...]:
     """The methods some route answers at ``path`` (asked the way Starlette's router asks)."""
     scope: dict[str, Any] = {"type": "http", "path": path, "root_path": "", "headers": []}
     return tuple(m for m in HTTP_METHODS if any(r.matches({**scope, "method": m})[0] is Match.FULL for r in routes))
+
+
+def _idempotency_key(given: list[str]) -> str | None:
+    """The request's Idempotency-Key (None without one). Whitespace around it is no part of it (RFC 9110: a proxy may
+    drop it, and a retry must still name the same key); two of them are a 400, as is a key that is no key (named as
+    the client sent it: header values arrive as latin-1, a UTF-8 key is shown as UTF-8)."""
+    if not given:
+        return None
+    if len(given) > 1:
+        raise BadRequestError(f"a request takes one Idempotency-Key header, got {len(given)}")
+    key = given[0].strip(" \t")
+    with suppress(UnicodeError):
+        key = key.encode("latin-1").decode()  # no longer ASCII either way: refused below, as sent
+    return check_key(key)
 
 
 def _header_timeout(raw: str | None) -> float:

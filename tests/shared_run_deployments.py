@@ -14,6 +14,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import redis
+
 from tests.farm_redis import farm_redis
 
 # How often a held run looks at its hold key again.
@@ -52,3 +54,29 @@ async def counted_stream(body: dict[str, Any]) -> AsyncIterator[dict[str, int]]:
         yield {"i": i}
         while hold and await farm_redis().exists(hold) and time.monotonic() < until:
             await asyncio.sleep(POLL_S)
+
+
+class Configured:
+    """Answers with the ``v`` of the user_config it was last reconfigured with. A reconfigure whose config names a
+    ``hold`` key says it has begun (the key ``<hold>:begun``), then waits while ``hold`` exists: a test holds it to
+    send requests while the replica has the new config but its state is still the old one."""
+
+    def __init__(self) -> None:
+        self.v: Any = None
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        hold = config.get("hold")
+        if hold:
+            store = redis.Redis.from_url(os.environ["REDIS_URL"])
+            try:
+                store.set(f"{hold}:begun", 1, ex=60)
+                until = time.monotonic() + HOLD_MAX_S
+                while store.exists(hold) and time.monotonic() < until:
+                    time.sleep(POLL_S)
+            finally:
+                store.close()
+        self.v = config["v"]
+
+    async def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
+        await farm_redis().rpush(runs_key(body["tag"]), os.getpid())
+        return {"tag": body["tag"], "v": self.v}

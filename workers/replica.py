@@ -249,7 +249,7 @@ class Replica:
                     stopping=self._stopping,
                     figures=self._figures,
                 )
-                await serving.reconfigure(cfg.user_config)
+                await serving.reconfigure(cfg)
                 if self._after_load is not None:
                     self._after_load()
             except BaseException:
@@ -315,7 +315,7 @@ class Replica:
         if new.user_config != old.user_config:
             logger.info("replica %s: reconfiguring with new user_config", self.replica_id)
             try:
-                await serving.reconfigure(new.user_config)
+                await serving.reconfigure(new)
             except Exception as exc:
                 logger.error("replica %s: reconfigure failed: %s: %s", self.replica_id, type(exc).__name__, exc)
         if new.max_ongoing_requests != old.max_ongoing_requests:

@@ -136,6 +136,12 @@ class Serving:
         self._filled = False
         # The deployment's config as of now: the replica replaces it when it changes (its limits apply at once).
         self.config = config
+        # The config whose user_config the deployment's state reflects (its reconfigure has returned; the config a
+        # departing replica of an older version was loaded with): a reply is kept as a response-cache entry only for
+        # the config it was made under, which ``config`` may be ahead of. By entry id, for requests with a cache
+        # digest, the one each started under.
+        self.applied = config
+        self._made_under: dict[bytes, DeploymentConfig] = {}
         self.deployment = deployment
         self._threads = threads
         self._slots = slots
@@ -190,12 +196,13 @@ class Serving:
             stream = self._lane_streams[lane] = self._keys.lane_stream(self._name, lane)
         return stream
 
-    async def reconfigure(self, user_config: Any) -> None:
-        """Call the deployment's ``reconfigure(user_config)``, if it has one and there is a user_config."""
+    async def reconfigure(self, config: DeploymentConfig) -> None:
+        """Call the deployment's ``reconfigure(config.user_config)``, if it has one and there is a user_config; once
+        it has returned, replies are made under ``config`` (``applied``)."""
         fn = self.deployment.reconfigure
-        if fn is None or user_config is None:
-            return
-        await self._threads.run(fn, user_config)
+        if fn is not None and config.user_config is not None:
+            await self._threads.run(fn, config.user_config)
+        self.applied = config
 
     def resize(self, max_ongoing_requests: int) -> None:
         """Hold up to ``max_ongoing_requests`` from now on (``config`` says so already)."""
@@ -416,6 +423,8 @@ class Serving:
             self._finisher.finish(entry_id)
             return
         started_at = time.perf_counter()
+        if request.cache:
+            self._made_under[entry_id] = self.applied
         scope = RequestScope(request.request_id, request.deadline_ms, request.priority, request.tenant, request.model)
         if self._spans is not None:
             self._spans.started(entry_id, request, scope)
@@ -533,6 +542,7 @@ class Serving:
 
     def _leave_pending(self, entry_id: bytes) -> None:
         """Give up a request unanswered (the replica stops): its entry stays pending, to be claimed again."""
+        self._made_under.pop(entry_id, None)
         self._slots.handler_returned()
         self._slots.finished([entry_id])
 
@@ -568,7 +578,8 @@ class Serving:
             self._spans.ended(entry_id, request, scope, reply, answered, error)
         settlement = None
         if request.run:  # a shared run ends (an idempotency key's, identical requests'): kept, or freed
-            settlement = settling.settle(self._keys, self.config, request, kept or reply)
+            made_under = self._made_under.pop(entry_id, self.config) if request.cache else self.config
+            settlement = settling.settle(self._keys, made_under, request, kept or reply)
         release: Command | None = None
         if request.held:  # its tenant's count of held requests is bounded: it no longer counts
             release = ("ZREM", self._keys.tenant_held(self._name, request.tenant), request.held)

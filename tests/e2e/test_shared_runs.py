@@ -7,6 +7,7 @@ How often a handler really ran is what it recorded on a Redis list (tests/shared
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import os
 import signal
 import socket
@@ -83,6 +84,12 @@ deployments:
     user_config: {v: 1}
     response_cache: {}
     graceful_shutdown_timeout_s: 2
+  - name: slow-config
+    import_path: tests.shared_run_deployments:Configured
+    num_replicas: 1
+    user_config: {v: 1}
+    response_cache: {}
+    graceful_shutdown_timeout_s: 2
   - name: streamed
     import_path: tests.shared_run_deployments:counted_stream
     num_replicas: 1
@@ -118,6 +125,11 @@ def post(url: str, path: str, body: Any, key: str | None, **headers: str) -> htt
 
 def record_exists(store: redis.Redis, deployment: str, key: str) -> bool:
     return bool(store.exists(KEYS.idempotency(deployment, key)))
+
+
+def cache_waiting(store: redis.Redis) -> int:
+    """How many requests to ``cached`` wait for a run of an identical one (its waiters lists, gone once it ends)."""
+    return sum(int(store.llen(key)) for key in store.scan_iter(match=KEYS.cache_waiters("cached", "*")))
 
 
 def run_with_a_waiter(
@@ -192,8 +204,31 @@ def test_a_malformed_key_is_400_and_runs_nothing(farm: Farm, store: redis.Redis,
         headers=[("Idempotency-Key", key.encode("utf-8"))],
     )
     assert answer.status_code == 400
-    assert "idempotency key must be 1-255 printable ASCII characters" in answer.json()["message"]
+    message = answer.json()["message"]
+    assert "idempotency key must be 1-255 printable ASCII characters" in message
+    assert repr(key) in message  # as the client sent it (a UTF-8 key not shown as latin-1)
     assert runs(store, tag) == 0
+
+
+def test_two_keys_on_one_request_are_400_and_run_nothing(farm: Farm, store: redis.Redis, tag: str) -> None:
+    answer = httpx.post(
+        farm.base_url + "/counted", json={"tag": tag}, headers=[("Idempotency-Key", tag), ("Idempotency-Key", "b")]
+    )
+    assert (answer.status_code, answer.json()["message"]) == (400, "a request takes one Idempotency-Key header, got 2")
+    assert runs(store, tag) == 0
+
+
+def test_whitespace_around_a_key_is_no_part_of_it(farm: Farm, store: redis.Redis, tag: str) -> None:
+    """A proxy may drop it (RFC 9110): the retry must find the same key."""
+    connection = http.client.HTTPConnection("127.0.0.1", farm.port, timeout=30)  # (httpx refuses to send it)
+    try:
+        connection.request("POST", "/counted", orjson.dumps({"tag": tag}), {"Idempotency-Key": f"{tag} \t "})
+        first = connection.getresponse().status
+    finally:
+        connection.close()
+    retry = post(farm.base_url, "/counted", {"tag": tag}, tag)
+    assert (first, retry.status_code, retry.headers.get("idempotent-replayed")) == (200, 200, "true")
+    assert runs(store, tag) == 1
 
 
 def test_a_handler_error_is_kept_for_the_retries(farm: Farm, store: redis.Redis, tag: str) -> None:
@@ -275,6 +310,92 @@ def test_a_stream_sent_again_while_the_first_runs_gets_its_chunks_once_it_ends(
         store.delete(hold)
     for answer in (first.result(timeout=WAIT_S), retry.result(timeout=WAIT_S)):
         assert (answer.status_code, lines(answer)) == (200, [{"i": 0}, {"i": 1}, {"i": 2}])
+    assert runs(store, tag) == 1
+
+
+# -- a caller who leaves once the run goes on does not stop it ---------------------------------------------------
+
+
+def hang_up_while_it_runs(farm: Farm, store: redis.Redis, path: str, body: dict[str, Any], key: str | None) -> None:
+    """POST ``body`` (with Idempotency-Key ``key``) on a raw socket, wait until its handler runs (for a stream, until
+    its first chunk came), hang up, and wait until the gateway has seen the caller go (its 499 access line)."""
+    request_id = f"{body['tag']}-gone"
+    payload = orjson.dumps(body)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nX-Request-ID: {request_id}\r\n"
+    )
+    if key is not None:
+        head += f"Idempotency-Key: {key}\r\n"
+    with socket.create_connection(("127.0.0.1", farm.port), timeout=30) as sock:
+        sock.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        wait_for(lambda: runs(store, body["tag"]) == 1, WAIT_S, "the request did not start")
+        if path == "/streamed":
+            received = b""
+            while b'{"i":0}' not in received:
+                received += sock.recv(65536)
+    left = b" 499 "
+    wait_for(
+        lambda: any(left in line and request_id.encode() in line for line in farm.log().splitlines()),
+        WAIT_S,
+        "the gateway did not log the caller gone",
+    )
+
+
+def test_a_keyed_request_whose_caller_hangs_up_while_it_runs_runs_on_for_the_retry(
+    farm: Farm, store: redis.Redis, tag: str
+) -> None:
+    """The phone that lost its connection mid-request: its retry gets the one run's answer."""
+    hold = f"hold:{tag}"
+    store.set(hold, 1)
+    body = {"tag": tag, "hold": hold}
+    try:
+        hang_up_while_it_runs(farm, store, "/counted", body, tag)
+    finally:
+        store.delete(hold)
+    record = KEYS.idempotency("counted", tag)
+    wait_for(lambda: store.hget(record, "state") == b"done", WAIT_S, "the run did not go on to its end")
+    retry = post(farm.base_url, "/counted", body, tag)
+    assert (retry.status_code, retry.headers.get("idempotent-replayed")) == (200, "true")
+    assert retry.json() == {"tag": tag, "run": 1}
+    assert runs(store, tag) == 1
+
+
+def test_a_keyed_stream_whose_caller_hangs_up_runs_to_its_end_without_a_reader(
+    farm: Farm, store: redis.Redis, tag: str
+) -> None:
+    """More chunks than its window (max_unread_chunks, 64): nobody reading them does not hold the generator back."""
+    hold = f"hold:{tag}"
+    store.set(hold, 1)
+    body = {"tag": tag, "n": 100, "hold": hold}
+    try:
+        hang_up_while_it_runs(farm, store, "/streamed", body, tag)
+    finally:
+        store.delete(hold)
+    record = KEYS.idempotency("streamed", tag)
+    wait_for(lambda: store.hget(record, "state") == b"done", WAIT_S, "the stream did not go on to its end")
+    retry = post(farm.base_url, "/streamed", body, tag)
+    assert (retry.status_code, retry.headers.get("idempotent-replayed")) == (200, "true")
+    assert lines(retry) == [{"i": i} for i in range(100)]
+    assert runs(store, tag) == 1
+
+
+def test_identical_requests_keep_their_run_when_the_first_caller_hangs_up(
+    farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    hold = f"hold:{tag}"
+    store.set(hold, 1)
+    body = {"tag": tag, "hold": hold}
+    try:
+        first_gone = pool.submit(hang_up_while_it_runs, farm, store, "/cached", body, None)
+        wait_for(lambda: runs(store, tag) == 1, WAIT_S, "the first request did not start")
+        joined = pool.submit(post, farm.base_url, "/cached", body, None)
+        wait_for(lambda: cache_waiting(store) == 1, WAIT_S, "the second request did not join the run")
+        first_gone.result(timeout=WAIT_S)
+    finally:
+        store.delete(hold)
+    answer = joined.result(timeout=WAIT_S)
+    assert (answer.status_code, answer.headers.get("x-cache")) == (200, "coalesced")
+    assert answer.json() == {"tag": tag, "run": 1}
     assert runs(store, tag) == 1
 
 
@@ -536,13 +657,11 @@ def test_fifty_identical_requests_in_flight_through_two_gateways_run_once(
         urls = [farm.base_url, processes.start_gateway().url]
         with concurrent.futures.ThreadPoolExecutor(50) as pool:
             calls = [pool.submit(post, urls[i % 2], "/cached", body, None) for i in range(50)]
-
-            def waiting() -> int:
-                return sum(
-                    int(store.llen(key)) for key in store.scan_iter(match="streamserve:{cached}:cache_waiters:*")
-                )
-
-            wait_for(lambda: waiting() == 49, WAIT_S, lambda: f"{waiting()} requests joined the run, not 49")
+            wait_for(
+                lambda: cache_waiting(store) == 49,
+                WAIT_S,
+                lambda: f"{cache_waiting(store)} requests joined the run, not 49",
+            )
             store.delete(hold)
             answers = [call.result(timeout=WAIT_S) for call in calls]
     finally:
@@ -584,6 +703,45 @@ def test_a_deploy_that_changes_user_config_never_serves_an_old_entry(farm: Farm,
 
     wait_for(missed, WAIT_S, "the new user_config was never a miss")
     assert runs(store, tag) == 2
+
+
+def test_a_reply_made_before_the_new_user_config_took_effect_is_not_kept_for_it(
+    farm: Farm, store: redis.Redis, tag: str
+) -> None:
+    """The replica has the new config while its reconfigure still runs: what it answers meanwhile is the old state's,
+    and must not become the new config's cache entry."""
+    body = {"tag": tag}
+    assert post(farm.base_url, "/slow-config", body, None).json() == {"tag": tag, "v": 1}
+    hold = f"hold:{tag}"
+    store.set(hold, 1)
+    try:
+        changed = DeploymentConfig(
+            name="slow-config",
+            import_path="tests.shared_run_deployments:Configured",
+            num_replicas=1,
+            user_config={"v": 2, "hold": hold},
+            response_cache=ResponseCacheConfig(),
+            graceful_shutdown_timeout_s=2,
+        )
+        with Client(farm.effective_redis_url) as client:
+            client.deploy(AppConfig(deployments=[changed]))
+        wait_for(lambda: store.exists(f"{hold}:begun"), WAIT_S, "the replica did not begin to reconfigure")
+
+        def missed() -> bool:  # hits until the gateway has the new config (long-polled), then a miss
+            return bool(post(farm.base_url, "/slow-config", body, None).headers["x-cache"] == "miss")
+
+        wait_for(missed, WAIT_S, "the new user_config was never a miss")
+        meanwhile = post(farm.base_url, "/slow-config", body, None)
+        assert (meanwhile.headers["x-cache"], meanwhile.json()) == ("miss", {"tag": tag, "v": 1})
+    finally:
+        store.delete(hold)
+
+    def new_state() -> bool:
+        return bool(post(farm.base_url, "/slow-config", body, None).json()["v"] == 2)
+
+    wait_for(new_state, WAIT_S, "the new user_config never took effect")
+    kept = post(farm.base_url, "/slow-config", body, None)
+    assert (kept.headers["x-cache"], kept.json()) == ("hit", {"tag": tag, "v": 2})
 
 
 def test_a_streaming_deployment_with_response_cache_is_a_config_error(farm: Farm) -> None:

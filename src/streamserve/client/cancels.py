@@ -5,6 +5,13 @@ is deleted there and never runs. Held by a replica, it is marked (so that the
 reclaimer drops it should that replica die) and a CancelRequest goes to that
 replica's control stream, which stops its handler. Finished, nothing happens.
 
+A shared run (an idempotency key's, or identical requests' of a response cache:
+wire/shared_runs.py) is cancelled only while queued, when its key is freed and
+its retry runs. Once it runs it belongs to the key, not to the caller who
+left: its reply is what the retry of a caller who lost the connection comes
+for, and what the requests that joined it wait for. So it runs to its end, a
+stream without waiting for a reader (told that everything was read).
+
 A cancellation is sent in the background: whoever stops waiting (a cancelled
 task, a closed stream, an HTTP caller gone) does not wait for it. One that
 fails is logged; the request then runs to its end, unanswered, as before.
@@ -23,7 +30,7 @@ from streamserve.transport.pipelining import Pipeliner, Script
 from streamserve.transport.streams import control_command
 from streamserve.wire import scripts
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
-from streamserve.wire.messages import CancelRequest, Request, now_ms, text
+from streamserve.wire.messages import CancelRequest, ReadProgress, Request, now_ms, text
 from streamserve.wire.priorities import lane_ref, priority_lane, split_ref
 
 logger = logging.getLogger(__name__)
@@ -31,6 +38,8 @@ logger = logging.getLogger(__name__)
 _CANCEL = Script(scripts.CANCEL)
 # How long a request cancelled while a replica held it stays marked (the reclaimer drops marked entries).
 CANCEL_MARK_KEEP_MS = 24 * 3600 * 1000
+# What a shared run's stream is told its caller has read once the caller left: no end of reading holds it back.
+READ_ALL = 2**62
 
 
 class Canceller:
@@ -54,19 +63,28 @@ class Canceller:
 
     async def cancel(self, deployment: str, entry_id: str, request_id: str, request: Request | None = None) -> str:
         """Cancel request ``request_id`` (entry ``entry_id`` of ``deployment``'s stream); where it was: "queued",
-        "running" or "finished". A queued ``request``'s shared run is freed (its replica frees it when it was
-        running)."""
+        "running", "finished", or for ``request``'s shared run, "runs_on" (it ran, and runs to its end). A queued
+        shared run is freed."""
         keys = self._keys
         lane, entry = split_ref(entry_id.encode())  # a routed entry comes as its ref (Calls._add)
         if not lane and request is not None:
             lane = priority_lane(request.priority)
         ref = lane_ref(lane, entry).decode()
+        shared = request is not None and bool(request.run)
         where = await self._pipeliner.run_script(
             _CANCEL,
             [keys.lane_stream(deployment, lane), keys.cancelled(deployment), keys.metrics(deployment)],
-            [CONSUMER_GROUP, entry, now_ms(), CANCEL_MARK_KEEP_MS, CANCELLED.field(QUEUED_STAGE), ref],
+            [CONSUMER_GROUP, entry, now_ms(), CANCEL_MARK_KEEP_MS, CANCELLED.field(QUEUED_STAGE), ref, int(shared)],
         )
         stage = text(where[0])
+        if stage == "runs_on" and request is not None and request.stream:
+            # Nobody reads it any more: it must not wait at its window (flow control) until its deadline. (Should
+            # this reach the replica before it has started the stream, it is dropped, and the stream waits.)
+            control = keys.replica_control(deployment, text(where[1]))
+            progress = ReadProgress(request_id, READ_ALL, request.tag)
+            [added] = await self._pipeliner.execute(control_command(control, progress))
+            if isinstance(added, Exception):
+                raise added
         if stage == "queued" and request is not None and request.run:
             await settling.release(self._redis, keys, deployment, request.idem, request.cache, request.run)
         if stage == "queued" and request is not None and request.held:  # it no longer counts for its tenant

@@ -471,7 +471,8 @@ return dead
 CANCEL = """
 -- Cancel one request wherever it is now: still queued (no replica has read it), it is deleted and never runs;
 -- held by a replica, it is marked cancelled (so that the reclaimer drops it should that replica die) and the
--- caller tells that replica on its control stream; finished (acknowledged and deleted), nothing happens.
+-- caller tells that replica on its control stream, unless it is a shared run (ARGV[7]), which runs on unmarked;
+-- finished (acknowledged and deleted), nothing happens.
 -- KEYS[1]  the request stream of the request's priority
 -- KEYS[2]  the deployment's cancelled-entries sorted set (entry ref -> when cancelled, epoch ms)
 -- KEYS[3]  the deployment's metrics hash
@@ -481,9 +482,11 @@ CANCEL = """
 -- ARGV[4]  how long a mark is kept (ms): marks older than that are trimmed
 -- ARGV[5]  the metrics field that counts requests cancelled while queued
 -- ARGV[6]  the entry's ref (wire/priorities.py: its id, prefixed by its level unless normal)
--- Returns {'queued'}, {'running', replica id} or {'finished'}.
+-- ARGV[7]  '1' for a shared run (wire/shared_runs.py): cancelled only while queued
+-- Returns {'queued'}, {'running', replica id}, {'runs_on', replica id} (a shared run) or {'finished'}.
 local held = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if type(held) == 'table' and held[1] then
+  if ARGV[7] == '1' then return {'runs_on', held[1][2]} end
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[6])
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (tonumber(ARGV[3]) - tonumber(ARGV[4])))
   return {'running', held[1][2]}
