@@ -531,7 +531,7 @@ def test_the_python_client_takes_idempotency_keys(farm: Farm, store: redis.Redis
         assert client.call("counted", {"tag": tag}, idempotency_key=tag) == {"tag": tag, "run": 1}
         with pytest.raises(IdempotencyKeyMismatchError):
             client.call("counted", {"tag": tag, "other": True}, idempotency_key=tag)
-        for bad in ("", "k" * 256, "caf\u00e9", 17):
+        for bad in ("", "k" * 256, "caf\u00e9", 17, f"{tag} ", f" {tag}"):  # (spaces: HTTP would drop them)
             with pytest.raises(BadRequestError, match="1-255 printable ASCII characters"):
                 client.call("counted", {"tag": tag}, idempotency_key=bad)  # type: ignore[arg-type]
             with pytest.raises(BadRequestError, match="1-255 printable ASCII characters"):

@@ -19,7 +19,9 @@ from streamserve.wire.messages import Reply, ReplyStatus, now_ms
 from streamserve.wire.shared_runs import RELEASE, STORE, canonical_body, stored_fields
 
 # An idempotency key: 1-255 printable ASCII characters (spaces too).
-KEY_RE = re.compile(r"[\x20-\x7e]{1,255}\Z")
+# Printable ASCII, not beginning or ending with a space: HTTP drops spaces around a header's value (RFC 9110), so such a
+# key would name another key over HTTP than from Python.
+KEY_RE = re.compile(r"(?=[^ ])[\x20-\x7e]{1,255}(?<=[^ ])\Z")
 
 # The replies whose handler ran to its end: kept for the retries (a stream's with its chunks as the body). Every other
 # end frees the key.
@@ -29,7 +31,10 @@ _STORED_STATUSES = frozenset({ReplyStatus.OK, ReplyStatus.USER_ERROR, ReplyStatu
 def check_key(key: str) -> str:
     """``key`` when it is a valid idempotency key; BadRequestError saying what one must be otherwise."""
     if not isinstance(key, str) or not KEY_RE.match(key):
-        raise BadRequestError(f"an idempotency key must be 1-255 printable ASCII characters, got {key!r}")
+        raise BadRequestError(
+            f"an idempotency key must be 1-255 printable ASCII characters, not beginning or ending with a space, "
+            f"got {key!r}"
+        )
     return key
 
 
