@@ -4,7 +4,9 @@ whole stream, and a slow reader that holds the generator back."""
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -206,6 +208,35 @@ def test_a_slow_reader_holds_the_generator_back(farm: Farm, tmp_path: Path) -> N
                 break
             received, tail = received + len(data), (tail + data)[-5:]
     assert int(progress.read_text()) == 499 and received > 500 * 65536
+
+
+def cancelled_while_running(farm: Farm, deployment: str) -> float:
+    line = f'streamserve_cancelled_requests_total{{deployment="{deployment}",stage="running"}} '
+    text = httpx.get(f"{farm.base_url}/metrics", timeout=10).text
+    return next((float(x.split()[-1]) for x in text.splitlines() if x.startswith(line)), 0.0)
+
+
+def test_ctrl_c_on_streamserve_call_cancels_the_stream(farm: Farm) -> None:
+    """SIGINT to `streamserve call` in the middle of a stream: it exits 130, and the generator is closed in the
+    replica (not left to run to its end or its deadline)."""
+    before = cancelled_while_running(farm, "slow")
+    env = {**farm.env(), "REDIS_URL": farm.effective_redis_url}
+    argv = [farm.command, "call", "slow", "0.2"]
+    with subprocess.Popen(argv, cwd=farm.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as cli:
+        try:
+            assert cli.stdout is not None and cli.stdout.readline() == b"0\n"  # the stream runs
+            cli.send_signal(signal.SIGINT)
+            assert cli.wait(timeout=30) == 130
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+                cli.wait()
+        assert cli.stderr is not None and b"interrupted" in cli.stderr.read()
+    wait_for(
+        lambda: cancelled_while_running(farm, "slow") == before + 1,
+        10,
+        lambda: f"cancelled while running: {cancelled_while_running(farm, 'slow')}, was {before}",
+    )
 
 
 def test_streamserve_call_prints_each_chunk_as_a_line(farm: Farm) -> None:

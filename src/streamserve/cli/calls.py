@@ -1,14 +1,19 @@
 """``call``: one request to a deployment or endpoint through the Python client, its JSON result printed.
 
 A streaming deployment's chunks are printed as they come, one JSON value per line (a unary deployment's result is
-its one line); Ctrl-C cancels the request.
+its one line). Ctrl-C cancels the request: the call's task is cancelled, so that leaving the stream sends the
+cancel and closing the client waits for it to go out (the CLI's own Ctrl-C handler would exit before); a second
+Ctrl-C exits at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 import sys
+import threading
 
 import orjson
 
@@ -39,5 +44,34 @@ def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
                     sys.stdout.write(orjson.dumps(chunk).decode() + "\n")
                     sys.stdout.flush()
 
-    asyncio.run(call())
-    return 0
+    async def until_done_or_interrupted() -> int:
+        task = asyncio.ensure_future(call())
+        interrupted = False
+
+        def interrupt() -> None:
+            nonlocal interrupted
+            if interrupted:
+                _exit_now()
+            interrupted = True
+            task.cancel()
+
+        loop = asyncio.get_running_loop()
+        if threading.current_thread() is threading.main_thread():
+            loop.add_signal_handler(signal.SIGINT, interrupt)
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not interrupted:
+                raise
+            print("interrupted", file=sys.stderr, flush=True)
+            return 130
+        return 0
+
+    return asyncio.run(until_done_or_interrupted())
+
+
+def _exit_now() -> None:
+    """A second Ctrl-C: exit without waiting for the cancel to go out."""
+    sys.stdout.flush()
+    print("interrupted", file=sys.stderr, flush=True)
+    os._exit(130)
