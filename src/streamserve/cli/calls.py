@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+from typing import NoReturn
 
 import orjson
 
@@ -51,7 +52,7 @@ def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
         def interrupt() -> None:
             nonlocal interrupted
             if interrupted:
-                _exit_now()
+                exit_interrupted()
             interrupted = True
             task.cancel()
 
@@ -70,8 +71,8 @@ def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
     return asyncio.run(until_done_or_interrupted())
 
 
-def _exit_now() -> None:
-    """A second Ctrl-C: exit without waiting for the cancel to go out."""
+def exit_interrupted() -> NoReturn:
+    """Ctrl-C: exit at once (every command but a call's first Ctrl-C: cli/main.py), saying so."""
     sys.stdout.flush()
     print("interrupted", file=sys.stderr, flush=True)
     os._exit(130)

@@ -7,7 +7,6 @@ else the command's own.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
@@ -17,7 +16,7 @@ from typing import NoReturn
 
 from redis.exceptions import ConnectionError, RedisError
 
-from streamserve.cli.calls import cmd_call
+from streamserve.cli.calls import cmd_call, exit_interrupted
 from streamserve.cli.farm_lookup import beside_running_farm, no_farm_hint
 from streamserve.cli.inspection import cmd_health, cmd_logs, cmd_status
 from streamserve.cli.kubernetes import cmd_manifests
@@ -70,9 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:
     """Ctrl-C: exit at once. Nothing a command does needs undoing: each write is one transaction, waits only read."""
-    sys.stdout.flush()
-    print("interrupted", file=sys.stderr, flush=True)
-    os._exit(130)
+    exit_interrupted()
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
