@@ -44,12 +44,20 @@ from streamserve.app.errors import (
     json_response,
     redis_error_handler,
 )
-from streamserve.app.http_protocol import body_arrived, start_chunked, when_gone, write_chunk, write_response
+from streamserve.app.http_protocol import (
+    body_arrived,
+    end_stuck_stream,
+    start_chunked,
+    when_gone,
+    write_chunk,
+    write_response,
+)
 from streamserve.app.observe import CLIENT_CLOSED, RequestObserver
 from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
 from streamserve.app.routing import RouteTable
 from streamserve.app.server_span import end_server_span, start_server_span
 from streamserve.app.streaming_response import (
+    STUCK_LINGER_S,
     StreamCut,
     quiet_stream_cuts,
     stream_headers,
@@ -294,6 +302,7 @@ class Gateway:
                 exchange.request_id,
                 functools.partial(write_chunk, exchange.scope),
                 functools.partial(start_chunked, exchange.scope),
+                functools.partial(end_stuck_stream, exchange.scope, linger_s=STUCK_LINGER_S),
             )
         except StreamCut as cut:
             exchange.status = cut.status

@@ -114,6 +114,35 @@ def start_chunked(scope: Mapping[str, object], headers: list[tuple[bytes, bytes]
     return True
 
 
+def end_stuck_stream(scope: Mapping[str, object], last: bytes, complete: bool, linger_s: float) -> bool:
+    """End a chunked response whose client stopped reading (``send`` would wait for room for ever): ``last`` as its
+    last chunk, and when ``complete`` the body's end, go into the connection's buffer behind what it holds, without
+    waiting; the connection closes once its client has read them all, and is cut ``linger_s`` from now if it has
+    not. False, writing nothing, where the caller must cut the connection instead: the response is not a chunked one
+    under way, its client is gone, or the cycle is not one this knows."""
+    cycle = scope.get(CYCLE)
+    if not isinstance(cycle, RequestResponseCycle):
+        return False
+    try:
+        if cycle.disconnected or not cycle.response_started or cycle.response_complete or not cycle.chunked_encoding:
+            return False
+        transport = cycle.transport
+        data = b"%x\r\n%b\r\n" % (len(last), last)
+        if complete:
+            data += b"0\r\n\r\n"
+            cycle.keep_alive = False
+            cycle.response_complete = True
+            cycle.message_event.set()
+    except AttributeError:  # a uvicorn whose cycle is not the one this knows
+        return False
+    transport.write(data)
+    transport.close()  # asyncio writes out the buffer first
+    asyncio.get_running_loop().call_later(linger_s, transport.abort)
+    if complete:
+        cycle.on_response()
+    return True
+
+
 def write_response(scope: Mapping[str, object], status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
     """Write a whole response of ``body`` (with a content-length) on the socket in one write and complete the
     request, as ASGI's two ``send`` calls would but without their messages, awaits and per-header checks (a fifth of

@@ -15,7 +15,10 @@ How a stream ends:
   ``data: {"error", "message", "request_id"}`` and ends normally; NDJSON writes that object as its last line and
   then cuts the connection without the chunked body's end, so that an NDJSON client can tell a stream that failed
   from one that ended (its HTTP client reports an incomplete body; the last line says why);
-- the client went away: writing stops and the request is forgotten.
+- the client went away: writing stops and the request is forgotten;
+- the client stopped reading, and a write still waits ``STUCK_WRITE_GRACE_S`` past the deadline: the error (a
+  ``RequestTimeoutError``) is put behind what the connection holds, without waiting, to end the stream as above
+  once the client reads on; one that has not read it all ``STUCK_LINGER_S`` later is cut.
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ from streamserve.wire.errors import RequestTimeoutError, StreamServeError, error
 
 NDJSON = b"application/x-ndjson"
 SSE = b"text/event-stream"
-# A write still waiting this long after the stream's deadline (its client stopped reading) cuts the connection.
+# A write still waiting this long after the stream's deadline (its client stopped reading) ends the stream.
 STUCK_WRITE_GRACE_S = 1.0
+# Such a stream's end waits behind what its connection holds for at most this long; then the connection is cut.
+STUCK_LINGER_S = 10.0
 
 
 class StreamCut(Exception):
@@ -81,6 +86,7 @@ async def stream_response(
     request_id: str,
     write: Callable[[bytes], bool] | None = None,
     begin: Callable[[list[tuple[bytes, bytes]], bytes], bool] | None = None,
+    end_stuck: Callable[[bytes, bool], bool] | None = None,
 ) -> int:
     """Answer with ``feed``'s chunks until its end, then close it; the status the request is counted as (200, or
     the error's, or CLIENT_CLOSED). Raises StreamCut where the connection must be cut (see the module).
@@ -91,7 +97,8 @@ async def stream_response(
     ``write``: writes one body chunk on the socket at once, or says False (http_protocol.write_chunk); given, the
     chunks that come while this waits for them are written by the reply reader itself (ChunkFeed.sink). ``begin``:
     starts the response with the chunks that came with the first reply, in one write, or says False
-    (http_protocol.start_chunked)."""
+    (http_protocol.start_chunked). ``end_stuck``: ends the response whose client stopped reading with a last chunk
+    (and the body's end, when told so) without waiting, or says False (http_protocol.end_stuck_stream)."""
     frame = _sse_frame if sse else _ndjson_frame
     watcher = None if receive is None else asyncio.create_task(_watch_disconnect(receive, feed))
     stuck_at = None if math.isinf(feed.deadline) else feed.deadline + STUCK_WRITE_GRACE_S
@@ -114,6 +121,8 @@ async def stream_response(
                 await send({"type": "http.response.body", "body": frame(batch), "more_body": True})
     except TimeoutError:
         error = RequestTimeoutError(f"the client read too slowly to take the stream before its deadline ({request_id})")
+        if end_stuck is not None and end_stuck(_error_chunk(error, sse, request_id), sse) and sse:
+            return status_for(error)
         raise StreamCut(status_for(error), str(error)) from None
     finally:
         feed.sink = None
@@ -125,12 +134,17 @@ async def stream_response(
 async def _end_with_error(send: Send, exc: StreamServeError, sse: bool, request_id: str) -> int:
     """After chunks, an error: SSE's error event and a normal end, or NDJSON's error line and a cut."""
     status = status_for(exc)
-    error = orjson.dumps({**error_fields(exc), "request_id": request_id})
     if sse:
-        await send({"type": "http.response.body", "body": b"event: error\ndata: " + error + b"\n\n"})
+        await send({"type": "http.response.body", "body": _error_chunk(exc, sse, request_id)})
         return status
-    await send({"type": "http.response.body", "body": error + b"\n", "more_body": True})
+    await send({"type": "http.response.body", "body": _error_chunk(exc, sse, request_id), "more_body": True})
     raise StreamCut(status, f"stream {request_id} ended with {exc!r}")
+
+
+def _error_chunk(exc: StreamServeError, sse: bool, request_id: str) -> bytes:
+    """The error that ends a stream after chunks: SSE's error event, or NDJSON's last line."""
+    error = orjson.dumps({**error_fields(exc), "request_id": request_id})
+    return b"event: error\ndata: " + error + b"\n\n" if sse else error + b"\n"
 
 
 async def _watch_disconnect(receive: Receive, feed: ChunkFeed) -> None:

@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from streamserve import Client
+from streamserve.app.streaming_response import STUCK_LINGER_S, STUCK_WRITE_GRACE_S
 from streamserve.errors import BadRequestError, RemoteError, RequestTimeoutError
 from tests.harness.farm import Farm, running_farm_of
 from tests.harness.waiting import wait_for
@@ -210,10 +211,92 @@ def test_a_slow_reader_holds_the_generator_back(farm: Farm, tmp_path: Path) -> N
     assert int(progress.read_text()) == 499 and received > 500 * 65536
 
 
-def cancelled_while_running(farm: Farm, deployment: str) -> float:
-    line = f'streamserve_cancelled_requests_total{{deployment="{deployment}",stage="running"}} '
+@pytest.mark.parametrize("sse", [True, False], ids=["sse", "ndjson"])
+def test_a_reader_stopped_past_the_deadline_still_learns_why_its_stream_ended(
+    farm: Farm, tmp_path: Path, sse: bool
+) -> None:
+    """A client that stops reading while the gateway's writes wait for it: once the deadline (and a grace) passed,
+    the gateway gives up on its waiting write, and when the client reads on it finds the stream ended as any
+    deadline ends one: SSE's error event and the body's end, or NDJSON's error line and no end."""
+    body = orjson.dumps({"n": 500, "size": 65536, "path": str(tmp_path / "progress")})
+    accept = "text/event-stream" if sse else "application/x-ndjson"
+    port = int(farm.base_url.rpartition(":")[2])
+    timed_out = counted(farm, 'streamserve_requests_total{code="504",deployment="big"}')
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.settimeout(30)
+        sock.connect(("127.0.0.1", port))
+        request = (
+            f"POST /big HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: {accept}\r\n"
+            f"X-Request-Timeout: 2\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        sock.sendall(request + body)
+        received = sock.recv(65536)
+        assert received.startswith(b"HTTP/1.1 200"), received[:200]
+        wait_for(
+            lambda: counted(farm, 'streamserve_requests_total{code="504",deployment="big"}') > timed_out,
+            30,
+            "the gateway never gave up on the stream whose client stopped reading",
+            interval_s=0.5,
+        )
+        while data := sock.recv(1 << 20):  # read on: the gateway closes the connection after the end
+            received += data[-(1 << 16) :] if len(received) > 1 << 20 else data
+            received = received[-(1 << 20) :]
+    if sse:
+        assert received.endswith(b"\n\n\r\n0\r\n\r\n"), received[-300:]  # the error event, then the body's end
+        event = received[: -len(b"\r\n0\r\n\r\n")].rpartition(b"\r\n")[2]
+        assert event.startswith(b"event: error\ndata: "), received[-300:]
+        error = orjson.loads(event.removeprefix(b"event: error\ndata: "))
+    else:
+        assert received.endswith(b"\n\r\n"), received[-300:]  # a line, and no terminating chunk after it
+        error = orjson.loads(received[:-2].rpartition(b"\r\n")[2])
+    assert error["error"] == "RequestTimeoutError" and "too slowly" in error["message"], error
+
+
+def test_a_reader_that_never_reads_on_does_not_hold_the_gateway(farm: Farm, tmp_path: Path) -> None:
+    """The end of a stream whose client stopped reading waits behind what its connection holds only for a while
+    (STUCK_LINGER_S): then the gateway lets go of the connection (what the kernel still holds is the kernel's)."""
+    body = orjson.dumps({"n": 500, "size": 65536, "path": str(tmp_path / "progress")})
+    port = int(farm.base_url.rpartition(":")[2])
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.settimeout(30)
+        sock.connect(("127.0.0.1", port))
+        request = (
+            f"POST /big HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\nX-Request-Timeout: 1\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        sock.sendall(request + body)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        mine = sock.getsockname()[1]
+        assert held_by_a_process(port, mine)
+        wait_for(
+            lambda: not held_by_a_process(port, mine),
+            STUCK_WRITE_GRACE_S + STUCK_LINGER_S + 20,
+            "the gateway held the connection of a client that never read on",
+            interval_s=0.5,
+        )
+
+
+def held_by_a_process(local_port: int, remote_port: int) -> bool:
+    """Whether a process holds the TCP connection from ``local_port`` to ``remote_port`` on 127.0.0.1: the kernel
+    lists a socket no process holds any more (closed with data still to send) with inode 0."""
+    ends = (f"0100007F:{local_port:04X}", f"0100007F:{remote_port:04X}")
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if (fields[1], fields[2]) == ends:
+            return fields[9] != "0"
+    return False
+
+
+def counted(farm: Farm, series: str) -> float:
+    """The value of one series of the farm's /metrics (0 when absent)."""
     text = httpx.get(f"{farm.base_url}/metrics", timeout=10).text
-    return next((float(x.split()[-1]) for x in text.splitlines() if x.startswith(line)), 0.0)
+    return next((float(x.split()[-1]) for x in text.splitlines() if x.startswith(series + " ")), 0.0)
+
+
+def cancelled_while_running(farm: Farm, deployment: str) -> float:
+    return counted(farm, f'streamserve_cancelled_requests_total{{deployment="{deployment}",stage="running"}}')
 
 
 def test_ctrl_c_on_streamserve_call_cancels_the_stream(farm: Farm) -> None:
