@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from rq.job import Job
 from rq.worker import SimpleWorker
 
 from streamserve.client.job_guard import GuardedJob
@@ -34,6 +35,7 @@ from streamserve.client.jobs import JOB_SERIALIZER, JobQueue, job_worker_name, j
 from streamserve.runtime.logging_setup import start_process
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import MemoryRefusals, sync_redis
+from streamserve.wire.errors import RequestCancelledError
 from streamserve.workers import job_function
 
 logger = logging.getLogger(__name__)
@@ -98,6 +100,14 @@ class JobWorker(SimpleWorker):
     """
 
     job_class = GuardedJob
+
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:
+        """A job cancelled on purpose (``DELETE /-/jobs/<id>``) ends as RequestCancelledError: one INFO line for it,
+        not RQ's ERROR with the job function's traceback."""
+        if isinstance(exc_info[1], RequestCancelledError):
+            logger.info("job worker %s: job %s cancelled", self.name, job.id)
+            return
+        super().handle_exception(job, *exc_info)
 
     def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGTERM:

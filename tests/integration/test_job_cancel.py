@@ -179,6 +179,9 @@ async def test_a_running_jobs_call_is_cancelled_in_the_replica(
     await wait_for_job(http, after, "finished", processes)
     assert recorded_error(connection, job_id)["error"] == "RequestCancelledError"
     assert await status_of(http, job_id) == {"job_id": job_id, "status": "canceled"}
+    # A cancel is no error of the worker's: one line, no traceback.
+    log = processes.log("job-worker").read_text()
+    assert f"job {job_id} cancelled" in log and "Traceback" not in log, log
 
 
 async def test_a_result_that_comes_after_the_cancel_is_dropped(
