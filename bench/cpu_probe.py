@@ -16,7 +16,8 @@ after a warm-up; prints one line; stops what it started.
   endpoint, no queue, the gateway's uvicorn settings): the ceiling's CPU per
   request, beside which the gateway's is compared (issue 32: one gateway process
   against one uvicorn worker).
-- ``--keyed``: the client path, each call with an idempotency key of its own.
+- ``--keyed``: the client path, each call with an idempotency key of its own; with ``--http``, the HTTP path,
+  each request with an ``Idempotency-Key`` of its own.
 - ``--async-handler``: the client path to ``bench.deployments:async_noop``, the
   noop as an async handler (no hop to a handler thread).
 - ``--raw``: the client path's load (256 outstanding) on ``bench.compare.raw_streams``
@@ -47,7 +48,7 @@ import redis
 import uvloop
 
 from bench.compare.raw_streams import RawClient
-from bench.loadgen import Connection, http_probe, post_request
+from bench.loadgen import Connection, http_probe, keyed_requests, post_request
 from bench.stats import percentile
 from streamserve.client import AsyncClient
 from streamserve.control.desired_state import DesiredState
@@ -66,7 +67,14 @@ CLIENT = {"name": "noop", "import_path": "examples.functions:noop", "max_ongoing
 HTTP = {"name": "echo", "import_path": "examples.echo:Echo", "max_ongoing_requests": 32, "route_prefix": "/echo"}
 BATCH = {"name": "scale", "import_path": "examples.batched:scale", "max_ongoing_requests": 64}
 ASYNC = {"name": "async-noop", "import_path": "bench.deployments:async_noop", "max_ongoing_requests": 64}
-PATHS: dict[str, dict[str, Any]] = {"client": CLIENT, "http": HTTP, "batch": BATCH, "async": ASYNC, "keyed": CLIENT}
+PATHS: dict[str, dict[str, Any]] = {
+    "client": CLIENT,
+    "http": HTTP,
+    "http-keyed": HTTP,
+    "batch": BATCH,
+    "async": ASYNC,
+    "keyed": CLIENT,
+}
 BODY = b'{"x":[1,2,3]}'
 
 
@@ -159,8 +167,10 @@ async def client_path(
 
 
 async def http_path(
-    port: int, pids: dict[str, int], n: int, redis_url: str | None, path: str = "/echo"
+    port: int, pids: dict[str, int], n: int, redis_url: str | None, path: str = "/echo", keyed: bool = False
 ) -> tuple[Measured, str]:
+    """``keyed``: each request with an ``Idempotency-Key`` of its own."""
+
     async def answers() -> bool:
         try:
             return (await http_probe(port, path, BODY))[0] == 200
@@ -168,7 +178,8 @@ async def http_path(
             return False
 
     await wait_for_async(answers, READY_TIMEOUT_S, f"the server never answered {path}", interval_s=0.05)
-    request = post_request(port, path, BODY)
+    plain = post_request(port, path, BODY)
+    next_request = keyed_requests(port, path, BODY) if keyed else lambda: plain
     latencies: list[float] = []
 
     async def send_on(conns: list[Connection], count: int) -> None:
@@ -179,7 +190,7 @@ async def http_path(
             while left > 0:
                 left -= 1
                 t0 = time.perf_counter()
-                status, answer, _ = await conn.send(request)
+                status, answer, _ = await conn.send(next_request())
                 if status != 200:
                     raise RuntimeError(f"HTTP {status}: {answer!r}")
                 latencies.append(time.perf_counter() - t0)
@@ -262,14 +273,15 @@ async def probe(n: int, path: str) -> tuple[Measured, str]:
             started.append(replica)
             assert server.proc is not None
             pids = {"replica": replica.pid, "redis": server.proc.pid}
-            if path != "http":
+            if path not in ("http", "http-keyed"):
                 measured = await client_path(settings, pids, n, deployment, keyed=path == "keyed")
                 return measured, f"{path} path, 256 outstanding: {measured.line()}"
             port = free_port()
             gateway = subprocess.Popen(role_command("gateway", "--port", str(port)), **_child_options(env))
             started.append(gateway)
-            measured, latency = await http_path(port, {"gateway": gateway.pid, **pids}, n, server.url)
-            return measured, f"HTTP c=32: {measured.line()}\n{latency}"
+            all_pids = {"gateway": gateway.pid, **pids}
+            measured, latency = await http_path(port, all_pids, n, server.url, keyed=path == "http-keyed")
+            return measured, f"{'keyed ' if path == 'http-keyed' else ''}HTTP c=32: {measured.line()}\n{latency}"
         finally:
             for proc in reversed(started):
                 stop_group(proc, 15)
@@ -294,6 +306,8 @@ def main() -> int:
         "keyed": args.keyed,
     }
     path = next((name for name, given in flags.items() if given), "client")
+    if args.http and args.keyed:
+        path = "http-keyed"
     print(uvloop.run(probe(args.n, path))[1], f"  (load average {os.getloadavg()[0]:.1f})")
     return 0
 
