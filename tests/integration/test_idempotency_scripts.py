@@ -78,6 +78,8 @@ async def test_the_first_call_queues_a_run_the_next_join_it_and_later_ones_get_i
     assert fields["body"] == b'{"done":true}'
     assert not await aredis.exists(KEYS.idempotency_waiters(CFG.name, KEY))
     assert 55_000 < await aredis.pttl(KEYS.idempotency(CFG.name, KEY)) <= 60_000
+    stored = await aredis.hgetall(KEYS.idempotency(CFG.name, KEY))
+    assert b"error_type" not in stored and b"error_message" not in stored  # a result keeps no empty error fields
 
     later = await enqueue_keyed(pipeliner, KEYS, CFG, keyed("r3"))
     assert later.stored is not None

@@ -104,6 +104,21 @@ async def test_a_refresh_runs_anew_and_replaces_the_entry(aredis: aioredis.Redis
     assert hit is not None and hit.body == b"2"
 
 
+async def test_the_callers_that_joined_a_replaced_run_are_answered_by_the_new_one(
+    aredis: aioredis.Redis, pipeliner: Pipeliner
+) -> None:
+    """A caller joined run 1; a refresh replaced it with run 2 before it ended. Run 1's end settles nothing (the
+    record names run 2), so run 2's end must answer that caller, though nobody joined run 2 itself."""
+    first = request("r1")
+    await enqueue(pipeliner, first)
+    assert (await enqueue(pipeliner, request("r2"))).joined
+    fresh = request("r3")
+    assert (await enqueue(pipeliner, fresh, refresh=True)).entry_id
+    assert await settle(aredis, first, first.reply(ReplyStatus.OK, "cached#a", body=b"1")) == []
+    answers = answered(await settle(aredis, fresh, fresh.reply(ReplyStatus.OK, "cached#a", body=b"2")))
+    assert [(a["id"], a["body"]) for a in answers] == [("r2", b"2")]
+
+
 async def test_the_oldest_entries_go_past_max_entries(aredis: aioredis.Redis, pipeliner: Pipeliner) -> None:
     calls = [request(f"r{n}", f'{{"n":{n}}}'.encode()) for n in range(5)]
     for call in calls:

@@ -21,9 +21,9 @@ never ran to its end (they then send their calls again).
 A record, as ``redis-cli HGETALL`` shows it: ``state`` (``running`` or
 ``done``), ``digest`` (idempotency keys), ``run``, ``request_id`` and
 ``entry`` (of the request that runs for it); once done also ``status``,
-``body``, ``error_type``, ``error_message``, ``replica``, ``stored_ms``, and
-``too_large`` (the size of a reply too large to keep, which is then not
-stored).
+``body``, ``replica``, ``stored_ms``, ``error_type`` and ``error_message``
+(an error's only), and ``too_large`` (the size of a reply too large to keep,
+which is then not stored).
 """
 
 from __future__ import annotations
@@ -97,21 +97,12 @@ def waiters(raw: list[bytes]) -> list[tuple[str, str, str]]:
 
 
 def stored_fields(reply: Reply) -> list[str | bytes]:
-    """The fields SETTLE_RUN stores for ``reply``."""
-    return [
-        "status",
-        reply.status.value,
-        "replica",
-        reply.replica_id,
-        "stored_ms",
-        str(now_ms()),
-        "body",
-        reply.body,
-        "error_type",
-        reply.error_type,
-        "error_message",
-        reply.error_message,
-    ]
+    """The fields SETTLE_RUN stores for ``reply``: an error's only for an error (a missing one reads as empty)."""
+    fields: list[str | bytes] = ["status", reply.status.value, "replica", reply.replica_id, "stored_ms", str(now_ms())]
+    fields += ["body", reply.body]
+    if reply.error_type or reply.error_message:
+        fields += ["error_type", reply.error_type, "error_message", reply.error_message]
+    return fields
 
 
 def stored_reply(raw: list[bytes], request_id: str, tag: str) -> Reply:
