@@ -24,7 +24,7 @@ after a warm-up; prints one line; stops what it started.
   with the caller's XADDs pipelined: the client path's ceiling, process by
   process (the raw worker beside the replica, the raw caller beside AsyncClient).
 
-    .venv/bin/python -m bench.cpu_probe [N] [--http | --batch | --bare | --raw | --async-handler | --keyed]
+    .venv/bin/python -m bench.cpu_probe [N] [--http | --batch | --bare | --raw | --async-handler] [--keyed]
 
 Each line also gives the Redis commands per request (INFO commandstats).
 """
