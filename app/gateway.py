@@ -100,7 +100,7 @@ _X_CACHE = {SHARED_STORED: "hit", SHARED_JOINED: "coalesced", "": "miss"}
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")  # \Z: "$" would take a trailing newline
 # X-Request-Timeout: plain decimal seconds (float() would also take "1_0", "+2", "1e3" and "inf").
-SECONDS_RE = re.compile(r"^(\d+\.?\d*|\.\d+)$")
+SECONDS_RE = re.compile(r"^(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")  # 2, 2.5, .5, 1e-3: no nan, inf, 0x, _
 _JSON = (b"content-type", b"application/json")
 
 logger = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ class Gateway:
                 raise BadRequestError(f"request body is not valid JSON: {exc}") from None
             except ValueError as exc:
                 raise BadRequestError(f"request body: {exc}") from None
-            header_timeout = _header_timeout(headers.get(b"x-request-timeout"))
+            header_timeout = _header_timeout(headers.getlist(b"x-request-timeout"))
             idempotency_key = _idempotency_key(headers.getlist(b"idempotency-key"))
             priority = _priority(headers.get(b"x-priority"))
             exchange.tenant = tenant = self.tenant_of(headers)
@@ -460,12 +460,19 @@ def _idempotency_key(given: list[str]) -> str | None:
     return check_key(key)
 
 
-def _header_timeout(raw: str | None) -> float:
-    if raw is None:
+def _header_timeout(given: list[str]) -> float:
+    """The request's X-Request-Timeout in seconds (inf without one); two of them are a 400, as is a value that is no
+    positive number."""
+    if not given:
         return float("inf")
+    if len(given) > 1:
+        raise BadRequestError(f"a request takes one X-Request-Timeout header, got {len(given)}")
+    raw = given[0]
     value = float(raw) if SECONDS_RE.match(raw.strip()) else 0.0
     if not 0 < value < float("inf"):
-        raise BadRequestError(f"X-Request-Timeout must be a positive number of seconds, got {raw!r}")
+        raise BadRequestError(
+            f"X-Request-Timeout must be a positive number of seconds, such as 2, 0.5 or 1e-3, got {raw!r}"
+        )
     return value
 
 

@@ -46,7 +46,7 @@ from streamserve.transport.pipelining import BlockingReader, Command, Pipeliner
 from streamserve.transport.streams import Requeuer, ensure_groups
 from streamserve.wire import scripts
 from streamserve.wire.config import DeploymentConfig
-from streamserve.wire.errors import BadRequestError, ProtocolError, ResponseTooLargeError
+from streamserve.wire.errors import BadRequestError, ProtocolError, RequestTimeoutError, ResponseTooLargeError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
@@ -85,6 +85,9 @@ DEADLINE_SWEEP_S = 0.05
 # are remembered this long, and this many at most.
 EARLY_CANCEL_KEEP_S = 60.0
 EARLY_CANCEL_MAX = 10_000
+# A RequestTimeoutError that a handler raises this close to its request's deadline, or past it, is that deadline
+# passing (a call it made through a handle inherits the deadline, and its timer fires as the request's does).
+INHERITED_DEADLINE_SLACK_MS = 50
 
 
 class Serving:
@@ -501,7 +504,8 @@ class Serving:
                 self._consumer,
                 error_message=(
                     f"deployment {self._name!r}{method} streams its answer: call it with Client.stream() or "
-                    "AsyncClient.stream(), or over HTTP"
+                    "AsyncClient.stream() (a handle's stream() or astream()), or over HTTP, not as a job (a job keeps "
+                    "one result)"
                 ),
             )
         stream = self.streams.start(request, handler, body, self.config, scope)
@@ -619,7 +623,12 @@ class Serving:
 
     def _user_error(self, request: Request, exc: BaseException, context: str = "") -> Reply:
         """The reply to a request whose handler raised ``exc``; logged here at ERROR with its traceback (the reply
-        carries the traceback only with STREAMSERVE_DEBUG=1)."""
+        carries the traceback only with STREAMSERVE_DEBUG=1). A RequestTimeoutError at the request's deadline is
+        that deadline passing, not the handler's error: a child call's, whose deadline was the request's. It is
+        counted and answered as the request's own deadline is, without a line."""
+        if isinstance(exc, RequestTimeoutError) and 0 < request.deadline_ms <= now_ms() + INHERITED_DEADLINE_SLACK_MS:
+            self._count_cancelled(RUNNING_STAGE)
+            return request.reply(ReplyStatus.DEADLINE_EXCEEDED, self._consumer)
         logger.error(
             "replica %s: the handler raised on request %s: %s%s: %s",
             self._consumer,

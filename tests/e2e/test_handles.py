@@ -102,16 +102,29 @@ def test_a_parent_returns_its_childs_answer_with_the_childs_id_and_deadline_from
     assert mine["deadline_ms"] - 1000 < child["deadline_ms"] <= mine["deadline_ms"], answer
 
 
+@pytest.mark.parametrize("parent", PARENTS)
 def test_a_parent_past_its_deadline_gets_504_at_once_and_its_child_is_stopped(
-    farm: Farm, notes: tuple[str, redis.Redis]
+    farm: Farm, notes: tuple[str, redis.Redis], parent: str
 ) -> None:
+    """The child's timeout is the parent's deadline: the parent is stopped by its deadline, and counted so (a
+    cancellation while running), not logged as a handler that raised."""
+    cancelled = f'streamserve_cancelled_requests_total{{deployment="{parent}",stage="running"}}'
+    before = _metric(farm, cancelled)
     started = time.monotonic()
     body = {"notes": notes[0], "sleep_s": 5}
-    response = farm.post("/parent-async", body, headers={"X-Request-Timeout": "1"})
+    request_id = f"deadline-{parent}-{uuid.uuid4().hex[:8]}"
+    response = farm.post(f"/{parent}", body, headers={"X-Request-Timeout": "1", "X-Request-ID": request_id})
     took = time.monotonic() - started
     assert response.status_code == 504, response.text
     assert took < 2.5, f"the 504 took {took:.1f}s"
     wait_for(lambda: "child cancelled" in _noted(notes), 3, lambda: f"the child ran on: {_noted(notes)}")
+    wait_for(lambda: _metric(farm, cancelled) > before, 10, f"{parent}'s deadline was not counted: {cancelled}")
+    assert f"the handler raised on request {request_id}".encode() not in farm.log()
+
+
+def _metric(farm: Farm, series: str) -> float:
+    text = httpx.get(f"{farm.base_url}/metrics", timeout=10).text
+    return next((float(x.split()[-1]) for x in text.splitlines() if x.startswith(series + " ")), 0.0)
 
 
 def _hang_up_once_the_child_started(

@@ -41,9 +41,13 @@ async def test_errors(start_replica: StartReplica, http: httpx.AsyncClient, sett
     assert not_found.status_code == 404 and not_found.json()["error"] == "NotFoundError"
     bad_json = await http.post("/rec", content=b"{nope")
     assert bad_json.status_code == 400 and "not valid JSON" in bad_json.json()["message"]
-    for value in ("soon", "0", "-1", "nan", "inf", "1e400", "1_0", "+2", ""):
+    for value in ("soon", "0", "-1", "nan", "inf", "1e400", "1_0", "+2", "", "0e5", "1e", "0x10"):
         bad_timeout = await http.post("/rec", json=1, headers={"X-Request-Timeout": value})
         assert bad_timeout.status_code == 400 and "X-Request-Timeout" in bad_timeout.json()["message"], value
+    for value in ("2", "2.5", ".5", "1e1", "1.5E0"):  # an exponent is a number of seconds too
+        assert (await http.post("/rec", json=1, headers={"X-Request-Timeout": value})).status_code == 200, value
+    two = await http.post("/rec", json=1, headers=[("X-Request-Timeout", "1"), ("X-Request-Timeout", "2")])
+    assert two.status_code == 400 and "one X-Request-Timeout header" in two.json()["message"], two.text
     bad_id = await http.post("/rec", json=1, headers={"X-Request-ID": "a b"})
     assert bad_id.status_code == 400
 

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
+import streamserve
 from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import (
@@ -192,6 +193,11 @@ async def test_bad_input_from_python_is_a_clear_streamserve_error(
             await client.send("rec", 1, timeout=timeout)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="deployment 'rec': num_replicas"):
         await client.scale("rec", -1)
+    for name in (None, 123, b"rec"):  # was redis-py's DataError, outside our errors
+        with pytest.raises(BadRequestError, match="name is a string"):
+            await client.call(name, 1)  # type: ignore[arg-type]
+        with pytest.raises(BadRequestError, match="name is a string"):
+            streamserve.handle(name)  # type: ignore[arg-type]
     async with AsyncClient(settings=settings.model_copy(update={"max_request_bytes": 100})) as small:
         with pytest.raises(PayloadTooLargeError, match="above max_request_bytes"):
             await small.call("rec", "x" * 200)

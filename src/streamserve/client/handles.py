@@ -49,7 +49,7 @@ from streamserve.client.chunk_stream import ChunkStream
 from streamserve.client.outcomes import STREAM_REPLIES, result_of
 from streamserve.runtime.request_scope import RequestScope, current_scope
 from streamserve.runtime.settings import Settings
-from streamserve.wire.errors import RequestCancelledError, RequestTimeoutError, UnavailableError
+from streamserve.wire.errors import BadRequestError, RequestCancelledError, RequestTimeoutError, UnavailableError
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.messages import Reply
 from streamserve.wire.models import model_id_of
@@ -331,7 +331,10 @@ class DeploymentHandle:
 
 def handle(name: str) -> DeploymentHandle:
     """A handle on deployment (or endpoint) ``name``: how a handler calls another deployment, or any Python code
-    calls one with the environment's settings (REDIS_URL). See DeploymentHandle."""
+    calls one with the environment's settings (REDIS_URL). See DeploymentHandle. BadRequestError for a name that is
+    no string."""
+    if not isinstance(name, str):
+        raise BadRequestError(f"a deployment or endpoint name is a string, got {name!r}")
     return DeploymentHandle(name)
 
 
