@@ -129,6 +129,43 @@ async def test_the_oldest_entries_go_past_max_entries(aredis: aioredis.Redis, pi
     assert await aredis.zcard(KEYS.cache_index(CFG.name)) == 2
 
 
+async def test_entries_kept_under_a_longer_ttl_go_once_a_deploy_lowers_it(
+    aredis: aioredis.Redis, pipeliner: Pipeliner
+) -> None:
+    """Kept for 600 s; a deploy lowers ttl_s to 2 (a new config: the old entries are never served again). Once
+    they are older than the new ttl_s, the next kept reply deletes them, not only their index entries: max_entries
+    still bounds what the cache holds."""
+    long_lived = CFG.model_copy(update={"response_cache": ResponseCacheConfig(ttl_s=600, max_entries=2)})
+    short = CFG.model_copy(update={"response_cache": ResponseCacheConfig(ttl_s=2, max_entries=2)})
+    old = [request(f"old{n}", f'{{"n":{n}}}'.encode()) for n in range(2)]
+    for call in old:
+        await enqueue(pipeliner, call, long_lived)
+        await settle(aredis, call, call.reply(ReplyStatus.OK, "cached#a", body=b"1"), long_lived)
+    index = KEYS.cache_index(CFG.name)
+    members = await aredis.zrange(index, 0, -1, withscores=True)
+    await aredis.zadd(index, {member: score - 3_000 for member, score in members})  # kept 3 s ago
+    new = request("new")
+    await enqueue(pipeliner, new, short)
+    await settle(aredis, new, new.reply(ReplyStatus.OK, "cached#a", body=b"2"), short)
+    assert [bool(await aredis.exists(KEYS.cache_entry(CFG.name, call.cache))) for call in old] == [False, False]
+    assert await aredis.zrange(index, 0, -1) == [new.cache.encode()]
+
+
+async def test_a_kept_reply_is_served_while_redis_is_out_of_memory(
+    aredis: aioredis.Redis, pipeliner: Pipeliner
+) -> None:
+    """A hit writes nothing but its count: Redis refusing writes for memory must not refuse the hit."""
+    first = request("r1")
+    await enqueue(pipeliner, first)
+    await settle(aredis, first, first.reply(ReplyStatus.OK, "cached#a", body=b"1"))
+    await aredis.config_set("maxmemory", "1")  # below what it holds: every write that needs memory is refused
+    try:
+        hit = (await enqueue(pipeliner, request("r2"))).stored
+    finally:
+        await aredis.config_set("maxmemory", "0")
+    assert hit is not None and hit.body == b"1"
+
+
 async def test_a_reply_from_another_version_is_shared_but_not_kept(
     aredis: aioredis.Redis, pipeliner: Pipeliner
 ) -> None:

@@ -261,7 +261,8 @@ ENQUEUE_SHARED = (
     + _ADMIT
     + """
 local function count(result)
-  if ARGV[9] ~= '' then redis.call('HINCRBY', KEYS[4], ARGV[9] .. result, 1) end
+  -- pcall: a Redis out of memory refuses the count, and must not refuse the hit with it (a hit needs no memory)
+  if ARGV[9] ~= '' then redis.pcall('HINCRBY', KEYS[4], ARGV[9] .. result, 1) end
 end
 local state, digest, run, entry = unpack(redis.call('HMGET', KEYS[2], 'state', 'digest', 'run', 'entry'))
 if state and run == ARGV[4] then return {'queued', entry} end  -- this call's own enqueue, sent again
@@ -328,7 +329,12 @@ if KEYS[3] and most > 0 then
   local score = now
   if newest[2] and tonumber(newest[2]) >= now then score = tonumber(newest[2]) + 0.001 end
   redis.call('ZADD', KEYS[3], score, ARGV[5])
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - tonumber(ARGV[3])))  -- lapsed by themselves
+  -- Older than ttl_s: lapsed by themselves, or kept under a longer ttl_s before a deploy lowered it (then never
+  -- served again, as the config is in their digest, yet alive for their old ttl: deleted here, or max_entries would
+  -- no longer bound what the cache holds).
+  local lapsed = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - tonumber(ARGV[3])))
+  for _, digest in ipairs(lapsed) do redis.call('DEL', ARGV[6] .. digest) end
+  if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - tonumber(ARGV[3]))) end
   local excess = redis.call('ZCARD', KEYS[3]) - most
   if excess > 0 then
     local oldest = redis.call('ZPOPMIN', KEYS[3], excess)
