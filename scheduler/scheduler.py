@@ -29,6 +29,7 @@ from streamserve.scheduler.heartbeat_reader import Beats, HeartbeatReader
 from streamserve.scheduler.job_pool import JobWorkerPool
 from streamserve.scheduler.key_migration import migrate_farm_keys
 from streamserve.scheduler.leader import LeaderLock
+from streamserve.scheduler.left_requests import answer_left_requests
 from streamserve.scheduler.reclaim import Reclaimer
 from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.scheduler.types import Clock, Launcher, Timeouts
@@ -224,6 +225,9 @@ class Scheduler:
         if cfg is not None:
             await self._reclaim(cfg, set(state.replicas) | beats.heard(), now)
         if cfg is None and state.is_gone:
+            told = await answer_left_requests(self._redis, self._keys, name)
+            if told:
+                logger.info("deployment %s: told the callers of %d request(s) it never ran that it is gone", name, told)
             await self._store.forget_deployment(name)
             self._known_groups.discard(name)
             self._reclaimed.pop(name, None)

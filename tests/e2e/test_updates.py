@@ -1,4 +1,5 @@
-"""Live reconfiguration without restarts, and rolling updates that never drop a request."""
+"""Live reconfiguration without restarts, rolling updates that never drop a request, and a deletion that answers
+the requests it leaves."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from streamserve import Client
+from streamserve import Client, NotFoundError
 from tests.harness.farm import Farm
 from tests.harness.waiting import wait_for
 
@@ -114,3 +116,37 @@ def test_version_change_rolls_replicas_while_traffic_succeeds(farm: Farm, tmp_pa
     new_ids = replica_ids(farm, "roll")
     assert new_ids.isdisjoint(old_ids) and len(new_ids) == 2
     farm.cli("delete", "roll")
+
+
+def test_deleting_a_deployment_answers_the_requests_it_never_ran(farm: Farm, tmp_path: Path) -> None:
+    """One request runs (20 s, longer than the replica's graceful stop), two wait behind it; the deployment is
+    deleted. None of them will ever run: each caller gets 404 NotFoundError once the replica is gone, long before
+    its 60 s timeout, over HTTP and from Python."""
+    cfg = tmp_path / "gone.yaml"
+    cfg.write_text(
+        "deployments:\n"
+        "  - name: gone\n"
+        "    import_path: tests.deployments:Stopwatch\n"
+        "    num_replicas: 1\n"
+        "    max_ongoing_requests: 1\n"
+        "    request_timeout_s: 60\n"
+        "    graceful_shutdown_timeout_s: 1\n"
+    )
+    farm.cli("deploy", str(cfg), "--wait", "--timeout", "60")
+    http_answer: list[httpx.Response] = []
+    with Client(farm.effective_redis_url) as client:
+        running = client.submit("gone", {"sleep": 20})
+        wait_for(lambda: farm.status()["gone"]["in_flight"] == 1, 20, "the first request never started")
+        queued = client.submit("gone", {"sleep": 20})
+        over_http = threading.Thread(target=lambda: http_answer.append(farm.post("/gone", {"sleep": 20})))
+        over_http.start()
+        try:
+            wait_for(lambda: farm.status()["gone"]["queued"] == 2, 20, "the other two were never queued")
+            farm.cli("delete", "gone", "--wait", "--timeout", "60")
+            for call in (running, queued):
+                with pytest.raises(NotFoundError, match="'gone' was deleted before request"):
+                    call.result(timeout=30)
+        finally:
+            over_http.join(timeout=30)
+    assert http_answer and http_answer[0].status_code == 404, http_answer
+    assert http_answer[0].json()["error"] == "NotFoundError"

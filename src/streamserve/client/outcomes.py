@@ -9,6 +9,7 @@ import orjson
 from streamserve.wire.errors import (
     BadRequestError,
     DeadLetterError,
+    NotFoundError,
     ProtocolError,
     RemoteError,
     RequestTimeoutError,
@@ -41,6 +42,8 @@ def error_of(reply: Reply) -> Exception:
         return BadRequestError(reply.error_message)
     if reply.status is ReplyStatus.DEAD_LETTER:
         return DeadLetterError(reply.error_type, reply.error_message, reply.replica_id)
+    if reply.status is ReplyStatus.GONE:
+        return NotFoundError(reply.error_message)
     if reply.status in STREAM_REPLIES:
         return ProtocolError(
             f"request {reply.request_id} got a stream reply ({reply.status.value}) where one answer was expected"

@@ -26,7 +26,9 @@ from streamserve.wire.messages import Reply, ReplyStatus, Request, now_ms
 # a Redis that does not know it (restarted, flushed) is sent the source (Settlement.with_source) and learns it.
 _SETTLE_RUN = Script(scripts.SETTLE_RUN)
 # The ends of a run whose handler never ran to its end: its waiters run their calls anew instead of sharing it.
-_NEVER_RAN = frozenset({ReplyStatus.CANCELLED, ReplyStatus.DEADLINE_EXCEEDED, ReplyStatus.DEAD_LETTER})
+_NEVER_RAN = frozenset(
+    {ReplyStatus.CANCELLED, ReplyStatus.DEADLINE_EXCEEDED, ReplyStatus.DEAD_LETTER, ReplyStatus.GONE}
+)
 
 
 @dataclasses.dataclass(slots=True)

@@ -209,6 +209,9 @@ class ReplyStatus(str, Enum):
     # its end (it was cancelled, its deadline passed first, it was dead-lettered), so the key is free again and the
     # caller sends its call anew. Never seen by users.
     RETRY = "retry"
+    # The request's deployment was deleted before a replica ran it to its end, and no replica ever will: sent by the
+    # scheduler to the callers of what its request streams still held (NotFoundError).
+    GONE = "gone"
 
 
 # The statuses that end a request's replies (every one but CHUNK).
