@@ -30,7 +30,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from streamserve.app.errors import error_response
 from streamserve.runtime.fd_limit import raise_fd_limit
 from streamserve.runtime.settings import Settings
-from streamserve.wire.errors import HeaderTimeoutError, OverloadedError, StreamServeError
+from streamserve.wire.errors import BadRequestError, HeaderTimeoutError, OverloadedError, StreamServeError
 
 logger = logging.getLogger(__name__)
 
@@ -273,6 +273,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[ConnectionLimits]
     timeout_answer: ClassVar[bytes]
     full_answer: ClassVar[bytes]
+    malformed_answer: ClassVar[bytes]
     # Connections without a request in progress (idle, or sending headers), longest waiting first: who makes room.
     waiting: ClassVar[dict[GatewayHttpProtocol, None]] = {}
 
@@ -287,6 +288,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         cls.timeout_answer = raw_response(HeaderTimeoutError(late))
         full = f"the gateway holds max_connections ({limits.max_connections}), each with a request in progress; retry"
         cls.full_answer = raw_response(OverloadedError(full, retry_after_s=1.0))
+        cls.malformed_answer = raw_response(
+            BadRequestError("the request is not valid HTTP/1.1 (a header holds a character HTTP does not allow, say)")
+        )
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes that are no HTTP request (a control character in a header, say): a JSON error
+        body, as every other error the gateway gives (uvicorn's is plain text), and the connection closed."""
+        self.transport.write(self.malformed_answer)
+        self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.limits.max_connections and not self.make_room():

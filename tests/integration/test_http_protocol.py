@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import orjson
 import pytest
 import uvicorn
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
@@ -104,6 +105,16 @@ async def test_a_refused_client_reads_its_whole_503_though_its_request_came_befo
         answer = await asyncio.to_thread(_read_until_closed, late)
     assert answer.startswith(b"HTTP/1.1 503 ") and answer.endswith(b"}"), answer
     assert b'"error":"OverloadedError"' in answer
+
+
+async def test_bytes_that_are_no_http_request_get_a_json_400() -> None:
+    async with serving(max_connections=4) as served:
+        sock = served.connect()
+        sock.sendall(b"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: k\x01z\r\nContent-Length: 0\r\n\r\n")
+        answer = await asyncio.to_thread(_read_until_closed, sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head.lower(), answer
+    assert orjson.loads(body)["error"] == "BadRequestError", answer
 
 
 async def test_at_the_cap_the_connection_waiting_longest_makes_room() -> None:
