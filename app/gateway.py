@@ -328,8 +328,12 @@ class Gateway:
         job_id = await self.client.submit_job(
             name, value, timeout=timeout, idempotency_key=key, priority=priority, tenant=tenant, model_id=model or None
         )
+        status = JobStatus.QUEUED
+        if key is not None:  # the key may name a job queued before, which has gone on since: say where it is
+            with suppress(NotFoundError):  # not yet queued by the request that took the key (or its result expired)
+                status = (await self.client.job(job_id)).status
         headers = {**reply_headers, "Location": f"/-/jobs/{job_id}", "Preference-Applied": "respond-async"}
-        return json_response({"job_id": job_id, "status": JobStatus.QUEUED.value}, status_code=202, headers=headers)
+        return json_response({"job_id": job_id, "status": status.value}, status_code=202, headers=headers)
 
 
 class _Exchange:

@@ -561,6 +561,11 @@ def test_a_job_submitted_again_with_its_key_is_the_same_job(farm: Farm, store: r
     wait_for(finished, WAIT_S, "the job did not finish")
     with Client(farm.effective_redis_url) as client:
         assert client.submit_job("counted", {"tag": tag}, idempotency_key=tag) == job_id
+    # Sent again once its job finished, it names that job as it is now.
+    assert post(farm.base_url, "/counted", {"tag": tag}, tag, **prefer).json() == {
+        "job_id": job_id,
+        "status": "finished",
+    }
     assert runs(store, tag) == 1
 
 
