@@ -24,6 +24,7 @@ How a stream ends:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -121,7 +122,9 @@ async def stream_response(
                 await send({"type": "http.response.body", "body": frame(batch), "more_body": True})
     except TimeoutError:
         error = RequestTimeoutError(f"the client read too slowly to take the stream before its deadline ({request_id})")
-        if end_stuck is not None and end_stuck(_error_chunk(error, sse, request_id), sse) and sse:
+        held: list[bytes] = []  # the chunks that came before the deadline, which the client has not been given
+        feed.write_now(functools.partial(_keep, held, frame))
+        if end_stuck is not None and end_stuck(b"".join(held) + _error_chunk(error, sse, request_id), sse) and sse:
             return status_for(error)
         raise StreamCut(status_for(error), str(error)) from None
     finally:
@@ -139,6 +142,11 @@ async def _end_with_error(send: Send, exc: StreamServeError, sse: bool, request_
         return status
     await send({"type": "http.response.body", "body": _error_chunk(exc, sse, request_id), "more_body": True})
     raise StreamCut(status, f"stream {request_id} ended with {exc!r}")
+
+
+def _keep(into: list[bytes], frame: Callable[[bytes], bytes], batch: bytes) -> bool:
+    into.append(frame(batch))
+    return True
 
 
 def _error_chunk(exc: StreamServeError, sse: bool, request_id: str) -> bytes:

@@ -244,12 +244,12 @@ def test_a_reader_stopped_past_the_deadline_still_learns_why_its_stream_ended(
             received = received[-(1 << 20) :]
     if sse:
         assert received.endswith(b"\n\n\r\n0\r\n\r\n"), received[-300:]  # the error event, then the body's end
-        event = received[: -len(b"\r\n0\r\n\r\n")].rpartition(b"\r\n")[2]
-        assert event.startswith(b"event: error\ndata: "), received[-300:]
-        error = orjson.loads(event.removeprefix(b"event: error\ndata: "))
+        _, found, event = received.rpartition(b"event: error\ndata: ")
+        assert found and event.endswith(b"\n\n\r\n0\r\n\r\n"), received[-300:]  # the last event
+        error = orjson.loads(event.removesuffix(b"\n\n\r\n0\r\n\r\n"))
     else:
         assert received.endswith(b"\n\r\n"), received[-300:]  # a line, and no terminating chunk after it
-        error = orjson.loads(received[:-2].rpartition(b"\r\n")[2])
+        error = orjson.loads(received[: -len(b"\n\r\n")].rpartition(b"\n")[2])
     assert error["error"] == "RequestTimeoutError" and "too slowly" in error["message"], error
 
 

@@ -107,6 +107,24 @@ async def test_an_error_after_chunks_is_raised_after_them_as_call_would_raise_it
     assert feed_count(client) == 0
 
 
+async def test_a_deadline_passing_while_the_consumer_dawdles_raises_after_the_chunks_that_came_before_it(
+    client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    chunks = client.stream("tokens", None, timeout=1.0)
+    first = asyncio.create_task(anext(chunks))
+    request = await fake.next_request()
+    await fake.chunks(request, [1, 2, 3])
+    assert await first == 1
+    feed = chunks._feed
+    assert feed is not None
+    await wait_for_async(lambda: feed.expired or feed.failed, 10, "the deadline never passed")
+    await fake.chunks(request, [4])  # after the deadline: too late
+    got, error = await collect(chunks)
+    assert got == [2, 3]
+    assert isinstance(error, RequestTimeoutError) and "did not end within 1s" in str(error)
+    assert feed_count(client) == 0
+
+
 async def test_an_error_before_any_chunk_is_raised_by_the_first_step(
     client: AsyncClient, fake: FakeStreamReplica
 ) -> None:

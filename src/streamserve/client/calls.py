@@ -550,4 +550,4 @@ class Calls(ClientCore):
         if feed is None:
             replies.fail(tag, RequestTimeoutError(f"no reply within {timeout_s:g}s (request {request_id})"))
         else:
-            feed.fail(RequestTimeoutError(f"the stream did not end within {timeout_s:g}s (request {request_id})"))
+            feed.expire(RequestTimeoutError(f"the stream did not end within {timeout_s:g}s (request {request_id})"))

@@ -37,6 +37,7 @@ class ChunkFeed:
 
     __slots__ = (
         "_batches",
+        "_expired",
         "_failed",
         "_final",
         "_flush_due",
@@ -65,7 +66,8 @@ class ChunkFeed:
         self._window = 0
         self.replica_id = ""
         self._final: Reply | None = None  # the reply that ended the stream, after the chunks still held
-        self._failed: BaseException | None = None  # ends the stream at once (deadline, Redis gone, caller gone)
+        self._failed: BaseException | None = None  # ends the stream at once (Redis gone, caller gone)
+        self._expired: BaseException | None = None  # ends the stream after the chunks held (its deadline passed)
         self._waiter: asyncio.Future[None] | None = None
         # Set by whoever sends the request (the client): where progress goes, what closing does, the deadline
         # (event-loop time) that ``fail`` will be called at.
@@ -93,6 +95,11 @@ class ChunkFeed:
         return self._final is not None
 
     @property
+    def expired(self) -> bool:
+        """Whether the stream's deadline passed (``expire``): it ends once its consumer has taken what it holds."""
+        return self._expired is not None
+
+    @property
     def failed(self) -> bool:
         """Whether the stream was ended at once (``fail``) or closed."""
         return self._failed is not None
@@ -105,8 +112,8 @@ class ChunkFeed:
         if reply.status is ReplyStatus.CHUNK:
             self.add_chunks(reply.replica_id, reply.window, reply.seq, reply.count, reply.body)
             return
-        if self._final is not None or self._failed is not None:
-            return  # a late duplicate (a second replica's end), or nobody reads any more
+        if self._final is not None or self._failed is not None or self._expired is not None:
+            return  # a late duplicate (a second replica's end), nobody reads any more, or too late
         if reply.status is ReplyStatus.END and reply.seq > self.next_index:
             self.fail(ProtocolError(f"stream {self.request_id} ended after {reply.seq} chunks, {self.next_index} came"))
             return
@@ -117,8 +124,8 @@ class ChunkFeed:
         """Take in chunks ``seq`` to ``seq + count - 1`` (``body``: joined by b"\\n") that ``replica_id`` sent, whose
         ``window`` is its max_unread_chunks; those that came already are dropped. True when the reader must
         ``flush`` this feed once it has taken in the rest of its read (see the module)."""
-        if self._final is not None or self._failed is not None:
-            return False  # a late duplicate, or nobody reads any more
+        if self._final is not None or self._failed is not None or self._expired is not None:
+            return False  # a late duplicate, nobody reads any more, or too late
         self._window = window
         if replica_id != self.replica_id:  # the first chunk, or another replica runs the handler again
             self.replica_id, self._reported = replica_id, 0
@@ -159,9 +166,16 @@ class ChunkFeed:
         self._took(count)
         return True
 
+    def expire(self, exc: BaseException) -> None:
+        """End the stream with ``exc`` once its consumer has taken the chunks held now (its deadline passed: what
+        came before is the consumer's, as before an error the handler raised); nothing is taken in after."""
+        if self._failed is None and self._final is None and self._expired is None:
+            self._expired = exc
+            self._wake()
+
     def fail(self, exc: BaseException) -> None:
-        """End the stream at once with ``exc`` (the chunks still held are dropped): its deadline passed, Redis was
-        lost, the client closed, or the consumer went away."""
+        """End the stream at once with ``exc`` (the chunks still held are dropped): Redis was lost, the client
+        closed, or the consumer went away."""
         if self._failed is None:
             self._failed = exc
             self._batches.clear()
@@ -177,6 +191,8 @@ class ChunkFeed:
                 raise self._failed
             if self._batches:
                 return self._take_all()
+            if self._expired is not None:
+                raise self._expired
             if self._final is not None:
                 self._raise_if_failed()
                 return None
@@ -190,6 +206,8 @@ class ChunkFeed:
                 raise self._failed
             if self._batches:
                 return self._take_one()
+            if self._expired is not None:
+                raise self._expired
             if self._final is not None:
                 self._raise_if_failed()
                 return None
