@@ -243,6 +243,22 @@ async def feed_values(feed: ChunkFeed) -> list[Any]:
     return got
 
 
+async def test_closing_the_client_cancels_the_streams_it_has_not_finished(
+    settings: Settings, fake: FakeStreamReplica
+) -> None:
+    """A stream still open when its client closes (an iterator kept after ``break``, a script that ends) is
+    cancelled: its generator would otherwise run on, or wait at its window until its deadline, for nobody."""
+    client = AsyncClient(settings=settings)
+    chunks = client.stream("tokens", None)
+    step = asyncio.create_task(anext(chunks))
+    request = await fake.next_request()
+    await fake.chunks(request, [1, 2])
+    assert await step == 1
+    await client.aclose()
+    told = [fields for _, fields in await fake.redis.xrange(fake.control) if fields.get(b"kind") == b"cancel"]
+    assert [fields[b"id"] for fields in told] == [request.request_id.encode()]
+
+
 async def test_a_call_that_reuses_a_request_id_gets_none_of_an_earlier_calls_chunks(
     client: AsyncClient, fake: FakeStreamReplica
 ) -> None:

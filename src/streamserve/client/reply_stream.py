@@ -136,7 +136,8 @@ class ReplyStream:
             fut.set_exception(exc)
 
     async def close(self, error: StreamServeError) -> None:
-        """Stop reading, fail every request still waiting with ``error``, delete the stream."""
+        """Stop reading, fail every request still waiting with ``error`` (cancelling the streams that have not ended),
+        delete the stream."""
         self._closing = True
         # Cancelling a blocked XREAD inside redis-py can stall; wake the reader with an entry instead.
         with contextlib.suppress(*RETRYABLE_ERRORS):
@@ -152,8 +153,9 @@ class ReplyStream:
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(error)
-        for feed in self._feeds.values():
+        for feed in list(self._feeds.values()):
             feed.fail(error)
+            feed.close()  # a stream not ended is cancelled: nobody will read its chunks
         with contextlib.suppress(*RETRYABLE_ERRORS):
             await self._redis.delete(self.name)
 
