@@ -27,6 +27,7 @@ import asyncio
 import functools
 import logging
 import math
+import re
 from collections.abc import Callable
 
 import orjson
@@ -57,13 +58,18 @@ class StreamCut(Exception):
 
 
 def wants_sse(accept_headers: list[str]) -> bool:
-    """Whether the request's ``Accept`` headers name ``text/event-stream`` (and not with ``q=0``)."""
+    """Whether the request's ``Accept`` headers prefer ``text/event-stream`` to NDJSON: it is named with a weight
+    (``q``, 1 by default) above 0, and ``application/x-ndjson`` is not named with a higher one. A media range with a
+    malformed weight counts as not named."""
+    weights: dict[str, float] = {}
     for header in accept_headers:
         for item in header.split(","):
             media, _, params = item.partition(";")
-            if media.strip().lower() == "text/event-stream":
-                return not _refused(params)
-    return False
+            media = media.strip().lower()
+            if media in _STREAM_MEDIA and media not in weights and (weight := _weight(params)) is not None:
+                weights[media] = weight
+    sse = weights.get("text/event-stream", 0.0)
+    return sse > 0 and sse >= weights.get("application/x-ndjson", 0.0)
 
 
 def stream_headers(sse: bool, request_id: str, deployment: str, replica_id: str) -> list[tuple[bytes, bytes]]:
@@ -170,16 +176,19 @@ def _sse_frame(batch: bytes) -> bytes:
     return b"data: " + batch.replace(b"\n", b"\n\ndata: ") + b"\n\n"
 
 
-def _refused(params: str) -> bool:
-    """Whether media-type parameters say ``q=0`` (not acceptable)."""
+_STREAM_MEDIA = ("text/event-stream", "application/x-ndjson")
+# A weight as RFC 9110 writes it: 0 to 1, at most three decimals.
+_QVALUE_RE = re.compile(r"^(0(\.\d{0,3})?|1(\.0{0,3})?)$")
+
+
+def _weight(params: str) -> float | None:
+    """A media range's weight from its parameters (``q``, 1 without one); None when it is malformed."""
     for param in params.split(";"):
         name, _, value = param.partition("=")
         if name.strip().lower() == "q":
-            try:
-                return float(value) == 0
-            except ValueError:
-                return False
-    return False
+            value = value.strip()
+            return float(value) if _QVALUE_RE.match(value) else None
+    return 1.0
 
 
 class _QuietStreamCuts(logging.Filter):

@@ -504,8 +504,9 @@ class Serving:
                 self._consumer,
                 error_message=(
                     f"deployment {self._name!r}{method} streams its answer: call it with Client.stream() or "
-                    "AsyncClient.stream() (a handle's stream() or astream()), or over HTTP, not as a job (a job keeps "
-                    "one result)"
+                    "AsyncClient.stream() (a handle's stream() or astream())"
+                    + ("" if request.method else ", or over HTTP")
+                    + ", not as a job (a job keeps one result)"
                 ),
             )
         stream = self.streams.start(request, handler, body, self.config, scope)

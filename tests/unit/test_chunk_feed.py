@@ -105,9 +105,19 @@ async def test_a_failure_ends_the_stream_at_once_and_closing_forgets_it() -> Non
         (["application/json, Text/Event-Stream; q=0.5"], True),
         (["text/event-stream;q=0"], False),
         (["*/*"], False),
+        # Weighed against NDJSON: the higher weight wins, SSE on a tie.
+        (["application/x-ndjson, text/event-stream;q=0.1"], False),
+        (["text/event-stream;q=0.1, application/x-ndjson"], False),
+        (["text/event-stream, application/x-ndjson"], True),
+        (["application/x-ndjson;q=0.5", "text/event-stream;q=0.8"], True),
+        # A malformed weight: the range counts as not named.
+        (["text/event-stream; q=abc"], False),
+        (["text/event-stream;q=1.5"], False),
+        (["text/event-stream;q=0.1234"], False),
+        (["text/event-stream;q=1.000"], True),
     ],
 )
-def test_sse_is_chosen_only_when_accept_names_it(accept: list[str], sse: bool) -> None:
+def test_sse_is_chosen_only_when_accept_prefers_it(accept: list[str], sse: bool) -> None:
     assert wants_sse(accept) is sse
 
 
