@@ -141,8 +141,9 @@ class DeploymentState:
 
     async def update(self, target: Target, beats: Beats, now_ms: int, ongoing: int = 0) -> None:
         """One reconcile step; never blocks on a process. ``ongoing``: queued + in-flight requests."""
-        if target.version != self._target_version:
-            # A new version gets a fresh start: earlier crash loops say nothing about it.
+        if target.version != self._target_version or (target.count == 0 and not target.external):
+            # A new version gets a fresh start: earlier crash loops say nothing about it. Nor about a deployment
+            # scaled to 0 (the way to quieten a broken one): it has nothing to start, so nothing failing to.
             self._target_version = target.version
             self._start_backoff.reset()
             self._next_start_ms, self._last_failure = 0, ""

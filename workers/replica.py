@@ -14,7 +14,6 @@ import functools
 import logging
 import math
 import os
-import traceback
 from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
@@ -33,7 +32,7 @@ from streamserve.transport.model_streams import ModelStreams
 from streamserve.transport.pipelining import BlockingReader, Pipeliner
 from streamserve.transport.streams import ensure_groups
 from streamserve.wire.config import DeploymentConfig
-from streamserve.wire.errors import NotFoundError
+from streamserve.wire.errors import NotFoundError, StreamServeError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.wire.states import ReplicaHealth
@@ -258,9 +257,15 @@ class Replica:
             return serving
         except Exception as exc:
             self._heartbeat.message = f"{type(exc).__name__}: {exc}"
-            logger.error("replica %s: failed to start: %s", self.replica_id, self._heartbeat.message)
-            if self._settings.debug:
-                logger.error("%s", traceback.format_exc())
+            # The user's code failed (its import, its __init__): where is in its traceback. Ours (a ConfigError,
+            # say) say all in their message, unless debugging.
+            ours = isinstance(exc, StreamServeError) and not self._settings.debug
+            logger.error(
+                "replica %s: failed to start: %s",
+                self.replica_id,
+                self._heartbeat.message,
+                exc_info=None if ours else exc,
+            )
             await self._heartbeat.set_health(ReplicaHealth.FAILED)
             return None
 

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from streamserve import AsyncClient, Client, RemoteError
+from streamserve.runtime.processes import free_port
 from tests.harness.farm import Farm
 from tests.harness.waiting import wait_for
 
@@ -129,11 +130,36 @@ def test_deploy_wait_reports_success_and_failure(farm: Farm, tmp_path: Path) -> 
     assert again.returncode == 1 and "broken: RuntimeError: weights not found" in again.stderr
     assert "adder: unchanged, 1 replica(s) running" in farm.cli("deploy", str(good), "--wait").stdout
     assert "weights not found" in farm.cli("status").stdout
+    # Its replicas' logs say where in the user's code it failed.
+    logs = farm.cli("logs", "broken").stdout
+    assert "Traceback" in logs and "tests/deployments.py" in logs and "weights not found" in logs, logs
     # No replica and none can start: callers are refused at once instead of waiting for their deadline.
     wait_for(lambda: farm.post("/broken", 1).status_code == 503, 10, "gateway still queues for a broken deployment")
     refused = farm.post("/broken", 1)
     assert refused.json()["error"] == "UnavailableError"
     assert "weights not found" in refused.json()["message"]
+    # Scaled to 0, the way to quieten it: nothing left to fail, so the goal is done and the deployment healthy.
+    assert farm.cli("scale", "broken", "0", "--wait", "--timeout", "60", check=False).returncode == 0
+    assert farm.status()["broken"]["health"] == "HEALTHY"
     farm.cli("delete", "broken")
     farm.cli("delete", "adder")
     wait_for(lambda: not {"broken", "adder"} & set(farm.status()), 20, "deleted deployments still listed")
+
+
+def test_a_second_up_on_a_running_farms_directory_is_refused(farm: Farm) -> None:
+    """Two farms on one data directory would share the embedded Redis's files, and the second one's scheduler would
+    kill the first one's replicas as dead: the second `up` is refused, and the first one goes on untouched."""
+    replicas = set(farm.role_pids().get("worker", []))
+    command = [farm.command, "up", str(farm.config), "--port", str(free_port()), "--data-dir", str(farm.data_dir)]
+    second = subprocess.run(
+        [*command, "--redis-port", str(free_port())],
+        cwd=farm.cwd,
+        env=farm.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "a streamserve up already runs from" in second.stderr and f"gateway {farm.base_url}" in second.stderr
+    assert farm.post("/echo", {"still": "here"}).status_code == 200
+    assert set(farm.role_pids().get("worker", [])) == replicas

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -32,10 +33,12 @@ from streamserve.control.security import check_exposure
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.farm_files import (
     DEFAULT_DATA_DIR,
+    LOCK_FILE,
     FarmRecord,
     api_key_path,
     ensure_api_key,
     remove_farm,
+    running_farm,
     write_farm,
 )
 from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, Lifeline
@@ -135,6 +138,15 @@ class Farm:
 
     def run(self) -> int:
         opts = self.options
+        if not self._take_data_dir():
+            other = running_farm(self.data_dir)
+            running = f" (pid {other.supervisor.partition(':')[0]}, gateway {other.gateway_url})" if other else ""
+            print(
+                f"error: a streamserve up already runs from {self.data_dir}/{running}; stop it first, or run this one "
+                "with its own --data-dir",
+                file=sys.stderr,
+            )
+            return 1
         if not port_is_free(opts.host, opts.port):
             print(f"error: {opts.host}:{opts.port} is in use; pass --port to pick another", file=sys.stderr)
             return 1
@@ -165,6 +177,20 @@ class Farm:
                 self._lifeline.close()  # last: the replicas it ties to this process are stopped by now
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _take_data_dir(self) -> bool:
+        """Hold the data directory for as long as this process lives (a lock the system drops when it ends, even
+        killed with -9); False when another `up` holds it. Two farms on one directory would share the embedded
+        Redis's files and each other's replica records: the second one's scheduler would kill the first one's
+        replicas as dead."""
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._dir_lock = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._dir_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._dir_lock)
+            return False
+        return True
 
     def _run(self) -> int:
         opts = self.options

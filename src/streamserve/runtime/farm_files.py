@@ -26,6 +26,8 @@ from streamserve.wire.errors import ConfigError
 DEFAULT_DATA_DIR = Path(".streamserve")
 TOKEN_FILE = "api_key"
 FARM_FILE = "farm.json"
+# Held (flock) by the `up` that runs from the directory, for as long as it runs.
+LOCK_FILE = "up.lock"
 PRIVATE = 0o600
 
 
