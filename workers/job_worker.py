@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # RQ logs every job at INFO; the farm's terminal gets its warnings only, unless debugging.
         worker.work(logging_level="DEBUG" if settings.debug else "WARNING")
+    except redis.ConnectionError as exc:  # Redis gone for good (RQ's own end, its register_death, needs it too)
+        logger.error("job worker %s: Redis is unreachable: %s; exiting", worker.name, exc)
+        return 1
     finally:
         job_function.close()
         connection.close()

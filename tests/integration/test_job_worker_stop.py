@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import redis
@@ -18,11 +21,14 @@ from rq.job import Job
 from rq.worker import Worker
 
 from streamserve.client.jobs import JOB_SERIALIZER
+from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
 from streamserve.wire.keys import CONSUMER_GROUP
 from tests import deployments
-from tests.harness.farm import Processes
-from tests.harness.waiting import wait_for_async
+from tests.harness.farm import Processes, marked_env
+from tests.harness.paths import ROOT, STREAMSERVE
+from tests.harness.waiting import wait_for, wait_for_async
 from tests.integration.conftest import StartReplica
 from tests.integration.test_gateway_app import wait_for_routes
 from tests.integration.test_job_promises import PREFER_ASYNC, job_body
@@ -73,3 +79,25 @@ async def test_a_second_sigterm_a_while_after_the_first_still_lets_the_job_finis
     await asyncio.to_thread(worker.wait, 20)
     assert await job_body(http, location) == (200, {"job_id": job_id, "status": "finished", "result": "held"})
     assert worker.returncode == 0
+
+
+def test_a_job_worker_whose_redis_is_gone_stops_with_one_line(tmp_path: Path) -> None:
+    """Stopped while its Redis is gone (`up` giving up on an embedded Redis that keeps dying), a job worker says so
+    in one line and exits 1: RQ's own end needs Redis too, and its error was a traceback."""
+    server = EmbeddedRedis(port=free_port()).start()
+    log = tmp_path / "job-worker.log"
+    env = {**marked_env(uuid.uuid4().hex, {}), **Settings(redis_url=server.url).to_env()}
+    with log.open("wb") as out:
+        worker = subprocess.Popen([STREAMSERVE, "job-worker"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: b"serving queue" in log.read_bytes(), 30, "the job worker never started")
+        server.stop()
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(60) == 1
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        server.stop()
+    text = log.read_text()
+    assert "Redis is unreachable" in text and "Traceback" not in text, text
