@@ -6,6 +6,7 @@ import subprocess
 
 import redis.asyncio as aioredis
 
+from streamserve.cli.inspection import NO_LEADER
 from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
 from streamserve.scheduler.leader import LeaderLock
@@ -33,6 +34,18 @@ async def test_no_leading_scheduler_is_unhealthy(settings: Settings, aredis: aio
     result = health(settings.effective_redis_url)
     assert result.returncode == 1
     assert result.stdout.splitlines() == ["no scheduler leads: none is running, or none reaches Redis"]
+
+
+async def test_status_says_when_its_figures_are_nobodys(settings: Settings, aredis: aioredis.Redis) -> None:
+    """Without a leading scheduler, the last verdicts stay in Redis: `status` says they are stale."""
+    await deploy(settings, name="rec")
+    await judge(settings, aredis, "rec", DeploymentHealth.HEALTHY, "")
+    status = [STREAMSERVE, "status", "--redis-url", settings.effective_redis_url]
+    alone = subprocess.run(status, capture_output=True, text=True, timeout=30, check=True).stdout
+    assert NO_LEADER in alone and "HEALTHY" in alone
+    assert await LeaderLock(aredis, settings.keys, ttl_s=30).acquire_or_renew()
+    led = subprocess.run(status, capture_output=True, text=True, timeout=30, check=True).stdout
+    assert NO_LEADER not in led
 
 
 async def test_a_leader_and_healthy_deployments_are_healthy(settings: Settings, aredis: aioredis.Redis) -> None:

@@ -19,6 +19,9 @@ from streamserve.transport.connections import RedisRefusals, async_redis
 from streamserve.wire.errors import ConfigError
 from streamserve.wire.printable import printable
 
+# Said under the status tables when no scheduler leads: what they show is nobody's any more.
+NO_LEADER = "no scheduler leads (none runs, or none reaches Redis): health and replicas are as the last one left them"
+
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     async def report(stores: Stores) -> dict[str, Any]:
@@ -27,7 +30,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     async def tables(stores: Stores) -> str:
         endpoints = await stores.desired.endpoints()
         text = format_status(await stores.status.status())
-        return text + ("\n\n" + format_endpoints([endpoints[n] for n in sorted(endpoints)]) if endpoints else "")
+        text += "\n\n" + format_endpoints([endpoints[n] for n in sorted(endpoints)]) if endpoints else ""
+        if await stores.redis.get(settings.keys.scheduler_lock()) is None:  # the figures above are nobody's now
+            text += "\n\n" + NO_LEADER
+        return text
 
     if args.json:
         sys.stdout.write(orjson.dumps(with_stores(settings, report), option=orjson.OPT_INDENT_2).decode() + "\n")
