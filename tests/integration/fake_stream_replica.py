@@ -85,9 +85,10 @@ class FakeStreamReplica:
         await self._reply(request, ChunkBatch(self.replica_id, [part]))
         self.sent[request.request_id] = first + len(values)
 
-    async def send_forever(self, request: Request, value: Any, interval_s: float = 0.02) -> None:
-        """A generator that never ends: ``value`` every ``interval_s`` (run it as a task; cancel it)."""
-        while True:
+    async def send_forever(self, request: Request, value: Any, interval_s: float = 0.02, most: int = 500) -> None:
+        """A generator that does not end: ``value`` every ``interval_s`` (run it as a task; cancel it), and in any
+        case no more than ``most`` times (a cancel lost in a Redis command must not leave it running for ever)."""
+        for _ in range(most):
             await self.chunks(request, [value])
             await asyncio.sleep(interval_s)
 

@@ -403,6 +403,7 @@ async def test_the_timeout_bounds_the_whole_stream(
         got, error = await asyncio.wait_for(consumer, 5)  # the stream would go on for ever
     finally:
         producer.cancel()
+        await asyncio.wait([producer], timeout=15)  # ended here, not left to the event loop's close
     assert isinstance(error, RequestTimeoutError) and "0.5s" in str(error)
     assert len(got) >= 1 and set(got) == {"tick"}
     assert 0.5 <= time.monotonic() - started < 3
