@@ -4,6 +4,7 @@ whole stream, and a slow reader that holds the generator back."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
@@ -171,21 +172,28 @@ def test_the_deadline_bounds_the_whole_stream(farm: Farm) -> None:
     assert sse.status_code == 200 and "event: error" in sse.text, sse.text[-300:]
 
 
+@contextlib.contextmanager
+def big_stream_to_a_slow_reader(farm: Farm, progress: Path, headers: str = "") -> Iterator[socket.socket]:
+    """A raw socket with a small receive buffer that has sent ``POST /big`` for 500 chunks of 64 KiB (the generator
+    notes how far it got in ``progress``), with more header lines ``headers`` (each ending in CRLF); nothing read."""
+    body = orjson.dumps({"n": 500, "size": 65536, "path": str(progress)})
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.settimeout(30)
+        sock.connect(("127.0.0.1", int(farm.base_url.rpartition(":")[2])))
+        request = (
+            f"POST /big HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{headers}"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        sock.sendall(request + body)
+        yield sock
+
+
 def test_a_slow_reader_holds_the_generator_back(farm: Farm, tmp_path: Path) -> None:
     """500 chunks of 64 KiB (32 MB) to a reader that stops after one line: the generator stops soon after, held by
     max_unread_chunks (8) once the sockets' buffers are full; then the reader takes the rest and all of it comes."""
     progress = tmp_path / "progress"
-    body = orjson.dumps({"n": 500, "size": 65536, "path": str(progress)})
-    port = int(farm.base_url.rpartition(":")[2])
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-        sock.settimeout(30)
-        sock.connect(("127.0.0.1", port))
-        request = (
-            f"POST /big HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        sock.sendall(request + body)
+    with big_stream_to_a_slow_reader(farm, progress) as sock:
         first = sock.recv(65536)
         assert first.startswith(b"HTTP/1.1 200"), first[:200]
 
@@ -218,19 +226,10 @@ def test_a_reader_stopped_past_the_deadline_still_learns_why_its_stream_ended(
     """A client that stops reading while the gateway's writes wait for it: once the deadline (and a grace) passed,
     the gateway gives up on its waiting write, and when the client reads on it finds the stream ended as any
     deadline ends one: SSE's error event and the body's end, or NDJSON's error line and no end."""
-    body = orjson.dumps({"n": 500, "size": 65536, "path": str(tmp_path / "progress")})
     accept = "text/event-stream" if sse else "application/x-ndjson"
-    port = int(farm.base_url.rpartition(":")[2])
     timed_out = counted(farm, 'streamserve_requests_total{code="504",deployment="big"}')
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-        sock.settimeout(30)
-        sock.connect(("127.0.0.1", port))
-        request = (
-            f"POST /big HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: {accept}\r\n"
-            f"X-Request-Timeout: 2\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        sock.sendall(request + body)
+    headers = f"Accept: {accept}\r\nX-Request-Timeout: 2\r\n"
+    with big_stream_to_a_slow_reader(farm, tmp_path / "progress", headers) as sock:
         received = sock.recv(65536)
         assert received.startswith(b"HTTP/1.1 200"), received[:200]
         wait_for(
@@ -256,17 +255,9 @@ def test_a_reader_stopped_past_the_deadline_still_learns_why_its_stream_ended(
 def test_a_reader_that_never_reads_on_does_not_hold_the_gateway(farm: Farm, tmp_path: Path) -> None:
     """The end of a stream whose client stopped reading waits behind what its connection holds only for a while
     (STUCK_LINGER_S): then the gateway lets go of the connection (what the kernel still holds is the kernel's)."""
-    body = orjson.dumps({"n": 500, "size": 65536, "path": str(tmp_path / "progress")})
     port = int(farm.base_url.rpartition(":")[2])
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-        sock.settimeout(30)
-        sock.connect(("127.0.0.1", port))
-        request = (
-            f"POST /big HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\nX-Request-Timeout: 1\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        sock.sendall(request + body)
+    headers = "Accept: text/event-stream\r\nX-Request-Timeout: 1\r\n"
+    with big_stream_to_a_slow_reader(farm, tmp_path / "progress", headers) as sock:
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
         mine = sock.getsockname()[1]
         assert held_by_a_process(port, mine)
