@@ -47,6 +47,13 @@ def test_defaults() -> None:
         ({"request_timeout_s": 1e300}, "request_timeout_s: Input should be less than or equal to 604800"),
         ({"autoscaling_config": {"downscale_delay_s": float("inf")}}, "downscale_delay_s: Input should be a finite"),
         ({"autoscaling_config": {"target_ongoing_requests": float("nan")}}, "target_ongoing_requests: Input should"),
+        # Numbers are strict: YAML's `true`, a quoted "4" or 4.0 deployed as 1, 4 and 4 replicas.
+        ({"num_replicas": True}, "num_replicas: Input should be a valid integer"),
+        ({"num_replicas": "4"}, "num_replicas: Input should be a valid integer"),
+        ({"max_ongoing_requests": 4.0}, "max_ongoing_requests: Input should be a valid integer"),
+        ({"request_timeout_s": "5"}, "request_timeout_s: Input should be a valid number"),
+        ({"autoscaling_config": {"max_replicas": True}}, "max_replicas: Input should be a valid integer"),
+        ({"response_cache": {"max_entries": "10"}}, "max_entries: Input should be a valid integer"),
     ],
 )
 def test_errors_name_the_deployment_and_field(fields: dict[str, object], expected: str) -> None:
@@ -54,6 +61,13 @@ def test_errors_name_the_deployment_and_field(fields: dict[str, object], expecte
         parse_config({"deployments": [dep(**fields)]}, "x.yaml")
     assert expected in str(info.value)
     assert str(info.value).startswith("x.yaml:")
+
+
+def test_a_traffic_weight_is_a_number() -> None:
+    endpoint = {"name": "split", "traffic": {"echo": True}}
+    with pytest.raises(ConfigError, match=r"traffic.echo: Input should be a valid number"):
+        parse_config({"deployments": [dep()], "endpoints": [endpoint]}, "x.yaml")
+    assert parse_config({"deployments": [dep()], "endpoints": [{"name": "split", "traffic": {"echo": 1}}]})
 
 
 def test_duplicate_names_and_routes() -> None:

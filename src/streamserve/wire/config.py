@@ -9,7 +9,7 @@ import secrets
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 import yaml
@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    Strict,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -48,9 +49,14 @@ def _at_most_a_week(value: float, info: ValidationInfo) -> float:
     return value
 
 
+# A traffic or shadow share: a number (a YAML `true` or "0.5" is an error, not 1.0 or 0.5).
+Weight = Annotated[float, Strict()]
+
+
 class _Strict(BaseModel):
     # Infinity and NaN have no JSON form (they would be stored as null and fail to load back).
     # Defaults are validated too: a maximum lowered below a default (limits.ConfigLimits) holds for it as well.
+    # Numbers are strict (each number field says strict=True): `num_replicas: true` or "4" is an error, not 1 or 4.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, validate_default=True)
 
 
@@ -102,11 +108,11 @@ def _default_route_prefix(cls: type[BaseModel], data: Any) -> Any:
 class AutoscalingConfig(_Strict):
     """Queue-based autoscaling: ongoing requests (queued + in flight) per replica."""
 
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(1, ge=1)
-    target_ongoing_requests: float = Field(2.0, gt=0)
-    upscale_delay_s: float = Field(30.0, ge=0)
-    downscale_delay_s: float = Field(600.0, ge=0)
+    min_replicas: int = Field(1, ge=0, strict=True)
+    max_replicas: int = Field(1, ge=1, strict=True)
+    target_ongoing_requests: float = Field(2.0, gt=0, strict=True)
+    upscale_delay_s: float = Field(30.0, ge=0, strict=True)
+    downscale_delay_s: float = Field(600.0, ge=0, strict=True)
 
     _replicas = field_validator("min_replicas", "max_replicas")(at_most("num_replicas"))
     _target = field_validator("target_ongoing_requests")(at_most("max_ongoing_requests"))
@@ -182,13 +188,13 @@ class ResponseCacheConfig(_Strict):
     """Keep successful replies for identical requests (docs/retries-and-caching.md)."""
 
     # How long a reply is kept.
-    ttl_s: float = Field(300.0, gt=0)
+    ttl_s: float = Field(300.0, gt=0, strict=True)
     # The most replies kept at once; past it, the oldest go first.
-    max_entries: int = Field(10_000, ge=1)
+    max_entries: int = Field(10_000, ge=1, strict=True)
     # How long a gateway or client that read a kept reply answers identical requests from its own copy, without
     # Redis (never past the reply's ttl_s); 0: every hit asks Redis (client/hot_entries.py). Callers only read it:
     # changing it restarts no replica.
-    local_ttl_s: float = Field(1.0, ge=0, le=60)
+    local_ttl_s: float = Field(1.0, ge=0, le=60, strict=True)
 
     _ttl = field_validator("ttl_s")(_at_most_a_week)
     _entries = field_validator("max_entries")(at_most("cache_entries"))
@@ -198,11 +204,11 @@ class TenantLimitConfig(_Strict):
     """One tenant's limits on a deployment (docs/tenants.md); each is off when unset."""
 
     # A token bucket: this many requests a second on average...
-    requests_per_s: float | None = Field(None, gt=0, le=1_000_000)
+    requests_per_s: float | None = Field(None, gt=0, le=1_000_000, strict=True)
     # ...and this many at once after a quiet spell (default: requests_per_s, at least 1).
-    burst: int | None = Field(None, ge=1, le=1_000_000)
+    burst: int | None = Field(None, ge=1, le=1_000_000, strict=True)
     # The most requests of the tenant the deployment holds at once, queued or running.
-    max_queued: int | None = Field(None, ge=1)
+    max_queued: int | None = Field(None, ge=1, strict=True)
 
     _held = field_validator("max_queued")(at_most("max_queued_requests"))
 
@@ -236,27 +242,27 @@ class DeploymentConfig(_Strict):
     import_path: str
     init_args: list[Any] = Field(default_factory=list)
     init_kwargs: dict[str, Any] = Field(default_factory=dict)
-    num_replicas: int | None = Field(None, ge=0)
+    num_replicas: int | None = Field(None, ge=0, strict=True)
     autoscaling_config: AutoscalingConfig | None = None
-    max_ongoing_requests: int = Field(8, ge=1)
-    max_queued_requests: int = Field(1000, ge=1)
+    max_ongoing_requests: int = Field(8, ge=1, strict=True)
+    max_queued_requests: int = Field(1000, ge=1, strict=True)
     # Asynchronous jobs of this deployment accepted and not finished (queued or running); past it, 503 at once.
-    max_queued_jobs: int = Field(1000, ge=1)
-    max_delivery_attempts: int = Field(3, ge=1)
+    max_queued_jobs: int = Field(1000, ge=1, strict=True)
+    max_delivery_attempts: int = Field(3, ge=1, strict=True)
     user_config: Any = None
     version: str | None = None
     route_prefix: str | None = None
-    request_timeout_s: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S)
-    graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
+    request_timeout_s: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S, strict=True)
+    graceful_shutdown_timeout_s: float = Field(20.0, ge=0, strict=True)
     # How often a replica calls the deployment's check_health() (when it has one), and how long one call may take
     # before the replica counts it as failed; a replica whose check fails is replaced.
-    health_check_period_s: float = Field(10.0, gt=0)
-    health_check_timeout_s: float = Field(30.0, gt=0)
-    max_response_bytes: int = Field(16 * 1024 * 1024, ge=1)
+    health_check_period_s: float = Field(10.0, gt=0, strict=True)
+    health_check_timeout_s: float = Field(30.0, gt=0, strict=True)
+    max_response_bytes: int = Field(16 * 1024 * 1024, ge=1, strict=True)
     # A streaming handler is paused once this many of its chunks are ahead of what its caller has taken.
-    max_unread_chunks: int = Field(64, ge=1)
+    max_unread_chunks: int = Field(64, ge=1, strict=True)
     # How long the reply to a request with an idempotency key is kept for the retries that send the key again.
-    idempotency_ttl_s: float = Field(86_400.0, gt=0)
+    idempotency_ttl_s: float = Field(86_400.0, gt=0, strict=True)
     # Answer identical requests from a kept reply, and run identical requests in flight at once only once.
     response_cache: ResponseCacheConfig | None = None
     # Limits per tenant, by tenant name; ``default`` applies to every tenant not named (docs/tenants.md).
@@ -365,8 +371,8 @@ class EndpointConfig(_Strict):
 
     name: str
     route_prefix: str | None = None
-    traffic: dict[str, float]
-    shadow: dict[str, float] = Field(default_factory=dict)
+    traffic: dict[str, Weight]
+    shadow: dict[str, Weight] = Field(default_factory=dict)
 
     _default_route = model_validator(mode="before")(_default_route_prefix)
     _name = field_validator("name")(_check_name)
