@@ -528,6 +528,10 @@ class Serving:
             reply = request.reply(ReplyStatus.DEADLINE_EXCEEDED, self._consumer)
         else:
             reply = self._reply_for(request, done)
+            if reply.status is not ReplyStatus.DEADLINE_EXCEEDED and 0 < request.deadline_ms <= now_ms():
+                # Its deadline passed while it ran (a sync handler: streamserve.cancelled() said so): a cancellation,
+                # whatever it returned (kept as it is: a key's retry must not run it again).
+                self._count_cancelled(RUNNING_STAGE)
         if self._figures is not None:
             self._figures.observe(self._name, HANDLER_DURATION, time.perf_counter() - started_at)
         raised = done.exception() if scope is not None and scope.trace is not None and not done.cancelled() else None

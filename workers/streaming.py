@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from streamserve.metrics.definitions import RUNNING_STAGE, STREAM_CHUNKS, TIME_TO_FIRST_CHUNK
+from streamserve.metrics.definitions import CANCELLED, RUNNING_STAGE, STREAM_CHUNKS, TIME_TO_FIRST_CHUNK
 from streamserve.metrics.figures import Figures
 from streamserve.runtime.request_scope import RequestScope
 from streamserve.runtime.trace_context import chunks_sent
@@ -428,6 +428,8 @@ class Stream:
             reply = self._request.reply(ReplyStatus.CANCELLED, self._who, error_message=RUNNING_STAGE)
         elif self._undeliverable or (ending.stopped and self._deadline_passed):
             reply = self._request.reply(ReplyStatus.DEADLINE_EXCEEDED, self._who)
+            if self._replica.figures is not None:  # its deadline stopped it: a cancellation while it ran
+                self._replica.figures.count(self._replica.deployment, CANCELLED, RUNNING_STAGE)
         elif ending.error is not None:
             reply = self._replica.user_error(self._request, ending.error, ending.context)
         else:

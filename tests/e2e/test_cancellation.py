@@ -23,6 +23,7 @@ import redis
 
 from streamserve import AsyncClient, Client
 from streamserve.client.cancels import Canceller
+from streamserve.errors import RequestTimeoutError
 from streamserve.transport.connections import async_redis
 from streamserve.transport.pipelining import Pipeliner
 from streamserve.transport.streams import control_command
@@ -65,6 +66,14 @@ deployments:
     graceful_shutdown_timeout_s: 2
   - name: gen-async
     import_path: tests.cancel_deployments:gen_async
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 2
+  - name: counted-gen
+    import_path: tests.cancel_deployments:gen_async
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 2
+  - name: counted-loop
+    import_path: tests.cancel_deployments:loop_sync
     num_replicas: 1
     graceful_shutdown_timeout_s: 2
 """
@@ -315,14 +324,37 @@ def test_cancellations_are_counted_by_stage(farm: Farm, store: redis.Redis, tag:
     wait_events(store, f"{tag}-running", "finally")
 
     def counted() -> dict[str, float]:
-        text = httpx.get(f"{farm.base_url}/metrics", timeout=10).text
-        found = {}
-        for stage in ("queued", "running"):
-            line = f'streamserve_cancelled_requests_total{{deployment="counted",stage="{stage}"}} '
-            found[stage] = next((float(x.split()[-1]) for x in text.splitlines() if x.startswith(line)), 0.0)
-        return found
+        return {stage: cancelled_count(farm, "counted", stage) for stage in ("queued", "running")}
 
     wait_for(lambda: counted() == {"queued": 1, "running": 1}, 10, lambda: f"counted {counted()}")
+
+
+@pytest.mark.parametrize("deployment", ["counted-gen", "counted-loop"])
+def test_a_deadline_passing_while_it_runs_is_counted_as_a_cancellation(
+    farm: Farm, store: redis.Redis, tag: str, deployment: str
+) -> None:
+    """The deadline stops an async generator, or a sync handler sees it in cancelled() and returns early: each is
+    counted as cancelled while running, as an async handler stopped by its deadline is (each on a deployment of its
+    own: nothing else counted there)."""
+    with Client(farm.effective_redis_url) as client, pytest.raises(RequestTimeoutError):
+        if deployment == "counted-gen":
+            for _ in client.stream(deployment, {"tag": tag}, timeout=1.0):
+                pass
+        else:
+            client.call(deployment, {"tag": tag}, timeout=1.0)
+    wait_events(store, tag, "finally")
+    wait_for(
+        lambda: cancelled_count(farm, deployment, "running") == 1,
+        10,
+        lambda: f"cancelled while running: {cancelled_count(farm, deployment, 'running')}",
+    )
+
+
+def cancelled_count(farm: Farm, deployment: str, stage: str) -> float:
+    """streamserve_cancelled_requests_total of ``deployment`` and ``stage`` in the farm's /metrics (0 when absent)."""
+    line = f'streamserve_cancelled_requests_total{{deployment="{deployment}",stage="{stage}"}} '
+    text = httpx.get(f"{farm.base_url}/metrics", timeout=10).text
+    return next((float(x.split()[-1]) for x in text.splitlines() if x.startswith(line)), 0.0)
 
 
 # -- never run again ---------------------------------------------------------------------------------------------------
