@@ -85,6 +85,7 @@ from streamserve.wire.errors import (
     StreamServeError,
     UnauthorizedError,
     UnavailableError,
+    shown,
 )
 from streamserve.wire.idempotency import check_key
 from streamserve.wire.ids import new_request_id
@@ -475,7 +476,7 @@ def _header_timeout(given: list[str]) -> float:
     value = float(raw) if SECONDS_RE.match(raw.strip()) else 0.0
     if not 0 < value < float("inf"):
         raise BadRequestError(
-            f"X-Request-Timeout must be a positive number of seconds, such as 2, 0.5 or 1e-3, got {raw!r}"
+            f"X-Request-Timeout must be a positive number of seconds, such as 2, 0.5 or 1e-3, got {shown(raw)}"
         )
     return value
 

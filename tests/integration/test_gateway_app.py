@@ -50,6 +50,14 @@ async def test_errors(start_replica: StartReplica, http: httpx.AsyncClient, sett
     assert two.status_code == 400 and "one X-Request-Timeout header" in two.json()["message"], two.text
     bad_id = await http.post("/rec", json=1, headers={"X-Request-ID": "a b"})
     assert bad_id.status_code == 400
+    # A long bad value is named by its start and its length, not repeated whole (headers may hold 64 KiB).
+    long = "1" + "0" * 30_000 + "x"
+    for header in ("X-Request-Timeout", "Idempotency-Key", "X-Tenant", "X-Model-Id", "X-Priority"):
+        refused = await http.post("/rec", json=1, headers={header: long})
+        message = refused.json()["message"]
+        assert refused.status_code == 400 and len(refused.content) < 1000, (header, len(refused.content))
+        assert header in message or header.lower().removeprefix("x-").replace("-", " ") in message, message
+        assert "100000" in message and "(30002 characters)" in message, message
 
 
 async def test_routes_and_health(start_replica: StartReplica, http: httpx.AsyncClient) -> None:

@@ -49,7 +49,7 @@ from streamserve.client.chunk_stream import ChunkStream
 from streamserve.client.outcomes import STREAM_REPLIES, result_of
 from streamserve.runtime.request_scope import RequestScope, current_scope
 from streamserve.runtime.settings import Settings
-from streamserve.wire.errors import BadRequestError, RequestCancelledError, RequestTimeoutError, UnavailableError
+from streamserve.wire.errors import BadRequestError, RequestCancelledError, RequestTimeoutError, UnavailableError, shown
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.messages import Reply
 from streamserve.wire.models import model_id_of
@@ -334,7 +334,7 @@ def handle(name: str) -> DeploymentHandle:
     calls one with the environment's settings (REDIS_URL). See DeploymentHandle. BadRequestError for a name that is
     no string."""
     if not isinstance(name, str):
-        raise BadRequestError(f"a deployment or endpoint name is a string, got {name!r}")
+        raise BadRequestError(f"a deployment or endpoint name is a string, got {shown(name)}")
     return DeploymentHandle(name)
 
 

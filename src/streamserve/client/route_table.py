@@ -12,7 +12,7 @@ from streamserve.control.desired_state import DesiredState
 from streamserve.control.long_poll import EVERYTHING, LongPollSubscriber
 from streamserve.control.status import StatusReader
 from streamserve.wire.config import DeploymentConfig, EndpointConfig
-from streamserve.wire.errors import BadRequestError, NotFoundError, UnavailableError
+from streamserve.wire.errors import BadRequestError, NotFoundError, UnavailableError, shown
 from streamserve.wire.keys import ConfigKey, Keys
 from streamserve.wire.messages import DeploymentHealthRecord
 from streamserve.wire.states import DeploymentHealth
@@ -71,7 +71,7 @@ class RouteCache:
         policy = self._endpoints.get(name)
         if policy is None and name not in self._deployments:
             if not isinstance(name, str):  # (only a name not known yet is looked at: no cost on the hot path)
-                raise BadRequestError(f"a deployment or endpoint name is a string, got {name!r}")
+                raise BadRequestError(f"a deployment or endpoint name is a string, got {shown(name)}")
             policy = await self._fetch(name)
         if policy is None:
             return Route(self._serviceable(name))

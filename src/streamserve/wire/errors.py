@@ -2,6 +2,18 @@
 
 from __future__ import annotations
 
+# The most characters of a caller's value that an error message repeats (a header may be 64 KiB).
+SHOWN_MAX_CHARS = 100
+
+
+def shown(value: object) -> str:
+    """``value`` as an error message names it: its repr, cut after SHOWN_MAX_CHARS characters with how long it is."""
+    text = repr(value)
+    if len(text) <= SHOWN_MAX_CHARS:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters as written"
+    return f"{text[:SHOWN_MAX_CHARS]}... ({size})"
+
 
 class StreamServeError(Exception):
     """Root of every error streamserve raises on purpose."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from streamserve.wire.errors import BadRequestError, ResponseTooLargeError
+from streamserve.wire.errors import BadRequestError, ResponseTooLargeError, shown
 from streamserve.wire.messages import Reply, ReplyStatus, now_ms
 from streamserve.wire.shared_runs import RELEASE, STORE, canonical_body, stored_fields
 
@@ -33,7 +33,7 @@ def check_key(key: str) -> str:
     if not isinstance(key, str) or not KEY_RE.match(key):
         raise BadRequestError(
             f"an idempotency key must be 1-255 printable ASCII characters, not beginning or ending with a space, "
-            f"got {key!r}"
+            f"got {shown(key)}"
         )
     return key
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from streamserve.wire.errors import BadRequestError
+from streamserve.wire.errors import BadRequestError, shown
 
 # The HTTP header a request names its model in.
 MODEL_HEADER = "X-Model-Id"
@@ -39,7 +39,7 @@ SATURATED_AT = 2
 def check_model_id(model_id: str) -> str:
     """``model_id`` if it is a model id, else BadRequestError saying what one is."""
     if not isinstance(model_id, str) or not MODEL_ID_RE.match(model_id):
-        raise BadRequestError(f"model id {model_id!r} is not a model id: {MODEL_ID_RULE}")
+        raise BadRequestError(f"model id {shown(model_id)} is not a model id: {MODEL_ID_RULE}")
     return model_id
 
 

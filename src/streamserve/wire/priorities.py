@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import Enum
 
-from streamserve.wire.errors import BadRequestError
+from streamserve.wire.errors import BadRequestError, shown
 
 
 class Priority(str, Enum):
@@ -58,7 +58,7 @@ def parse_priority(value: str | Priority | None) -> Priority:
         return value
     found = _BY_NAME.get(value.strip().lower()) if isinstance(value, str) else None
     if found is None:
-        raise BadRequestError(f"unknown priority {value!r}: use one of high, normal, low")
+        raise BadRequestError(f"unknown priority {shown(value)}: use one of high, normal, low")
     return found
 
 

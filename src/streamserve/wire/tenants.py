@@ -16,7 +16,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from streamserve.wire.errors import BadRequestError, ConfigError
+from streamserve.wire.errors import BadRequestError, ConfigError, shown
 
 # The tenant of a request that names none.
 DEFAULT_TENANT = "default"
@@ -34,7 +34,7 @@ LIMITED_SHOWN_MS = 60_000
 def check_tenant(name: str) -> str:
     """``name`` if it is a tenant name, else BadRequestError saying what one is."""
     if not TENANT_RE.match(name):
-        raise BadRequestError(f"tenant {name!r} is not a tenant name: {TENANT_RULE}")
+        raise BadRequestError(f"tenant {shown(name)} is not a tenant name: {TENANT_RULE}")
     return name
 
 
