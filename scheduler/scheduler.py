@@ -19,6 +19,7 @@ from collections.abc import Mapping
 import redis.asyncio as aioredis
 from redis.exceptions import OutOfMemoryError
 
+from streamserve.client.jobs import jobs_redis_url
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.resources import GpuAllocator, host_gpus, host_memory_bytes, overcommit
 from streamserve.metrics.history import MetricsHistory
@@ -33,10 +34,11 @@ from streamserve.scheduler.left_requests import answer_left_requests
 from streamserve.scheduler.reclaim import Reclaimer
 from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.scheduler.types import Clock, Launcher, Timeouts
-from streamserve.transport.connections import RETRYABLE_ERRORS, MemoryRefusals
+from streamserve.transport.connections import RETRYABLE_ERRORS, MemoryRefusals, async_redis
 from streamserve.transport.model_streams import ModelStreams, RoutedBacklog
 from streamserve.transport.streams import ensure_groups
 from streamserve.wire.config import DeploymentConfig
+from streamserve.wire.errors import ConfigError
 from streamserve.wire.messages import now_ms
 
 logger = logging.getLogger(__name__)
@@ -229,6 +231,7 @@ class Scheduler:
             if told:
                 logger.info("deployment %s: told the callers of %d request(s) it never ran that it is gone", name, told)
             await self._store.forget_deployment(name)
+            await self._forget_jobs(name)
             self._known_groups.discard(name)
             self._reclaimed.pop(name, None)
             del self._states[name]
@@ -261,6 +264,21 @@ class Scheduler:
                     backlog.given_back,
                 )
         return swept
+
+    async def _forget_jobs(self, deployment: str) -> None:
+        """A deleted deployment's job idempotency keys, in the jobs' Redis (a Redis Cluster without one has no jobs)."""
+        try:
+            url = jobs_redis_url(self._settings)
+        except ConfigError:
+            return
+        if url == self._settings.effective_redis_url:
+            await self._store.forget_jobs(self._redis, deployment)
+            return
+        jobs = async_redis(url)
+        try:
+            await self._store.forget_jobs(jobs, deployment)
+        finally:
+            await jobs.aclose()
 
     async def _reclaim(self, cfg: DeploymentConfig, live: set[str], now: int) -> None:
         """Free what dead consumers hold: at once when the live set changed (a replica was written off), and every

@@ -102,6 +102,12 @@ class RedisReplicaStore:
             found[name] = [ReplicaRecord.decode(v) for v in raw.values()]
         return found
 
+    async def forget_jobs(self, jobs: aioredis.Redis, deployment: str) -> None:
+        """Drop a deleted deployment's job idempotency keys from the jobs' Redis (``jobs``): the same name deployed
+        again would otherwise answer them with the old deployment's jobs, never running them."""
+        async for key in jobs.scan_iter(match=self._keys.job_idempotency_pattern(deployment), count=500):
+            await jobs.delete(key)
+
     async def forget_deployment(self, deployment: str) -> None:
         """Drop every key of a deleted deployment whose replicas are all gone.
 

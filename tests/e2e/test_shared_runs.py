@@ -569,6 +569,43 @@ def test_a_job_submitted_again_with_its_key_is_the_same_job(farm: Farm, store: r
     assert runs(store, tag) == 1
 
 
+def test_a_deployment_deleted_and_made_again_runs_its_keyed_jobs_again(
+    farm: Farm, store: redis.Redis, tag: str
+) -> None:
+    """Deleting a deployment forgets its jobs' idempotency keys (they live with the jobs, outside its own keys): the
+    same name deployed again runs a job sent with an old key, instead of answering with the deleted one's job."""
+    reborn = DeploymentConfig(
+        name="reborn", import_path="tests.shared_run_deployments:counted", num_replicas=1, graceful_shutdown_timeout_s=1
+    )
+    prefer = {"Prefer": "respond-async"}
+    with Client(farm.effective_redis_url) as client:
+
+        def finished(job_id: str) -> bool:
+            return httpx.get(f"{farm.base_url}/-/jobs/{job_id}").json()["status"] == "finished"
+
+        job_ids = []
+        try:
+            for _ in range(2):
+                [goal] = client.deploy(AppConfig(deployments=[reborn])).values()
+                client.wait_for_goal(goal, timeout=60)
+                wait_for(lambda: post(farm.base_url, "/reborn", {"tag": "ready"}, None).status_code == 200, WAIT_S)
+                sent = post(farm.base_url, "/reborn", {"tag": tag}, tag, **prefer)
+                assert sent.status_code == 202, sent.text
+                job_ids.append(sent.json()["job_id"])
+                wait_for(lambda: finished(job_ids[-1]), WAIT_S, "the job did not finish")
+                client.wait_for_goal(client.delete("reborn"), timeout=60)
+                wait_for(
+                    lambda: not store.exists(KEYS.job_idempotency("reborn", tag)),
+                    WAIT_S,
+                    "the deleted deployment's job key is still there",
+                )
+        finally:
+            if "reborn" in client.deployments():
+                client.wait_for_goal(client.delete("reborn"), timeout=60)
+    assert job_ids[0] != job_ids[1]
+    assert runs(store, tag) == 2
+
+
 # -- the response cache ----------------------------------------------------------------------------------------------
 
 

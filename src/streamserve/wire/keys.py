@@ -123,6 +123,10 @@ class Keys:
         the jobs' Redis."""
         return f"{self.prefix}:jobs:idem:{name}:{key}"
 
+    def job_idempotency_pattern(self, name: str) -> str:
+        """SCAN pattern matching every job idempotency key of one deployment or endpoint (to delete)."""
+        return f"{self.prefix}:jobs:idem:{name}:*"
+
     # -- per-deployment keys (all share the {name} hash tag) -----------------
 
     def _tagged(self, deployment: str, suffix: str) -> str:
