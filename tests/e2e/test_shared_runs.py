@@ -799,6 +799,42 @@ def test_a_streaming_deployment_with_response_cache_is_a_config_error(farm: Farm
             client.wait_for_goal(client.delete("cached-stream"), timeout=WAIT_S)
 
 
+def test_identical_streams_after_a_failed_cache_update_each_get_every_chunk(
+    farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    """response_cache added to a running streaming deployment: the update fails (new replicas refuse it) and the old
+    replica serves on, while the gateway takes its requests as cacheable. Identical streams that joined one run get
+    no copy of it (its chunks went to its own caller only): they run anew, and every caller gets every chunk."""
+    fields: dict[str, Any] = {"import_path": "tests.shared_run_deployments:counted_stream", "num_replicas": 1}
+    plain = DeploymentConfig(name="later-cached", graceful_shutdown_timeout_s=1, **fields)
+    cached = DeploymentConfig(name="later-cached", graceful_shutdown_timeout_s=1, response_cache={}, **fields)
+    hold = f"hold:{tag}"
+    with Client(farm.effective_redis_url) as client:
+        try:
+            client.wait_for_goal(*client.deploy(AppConfig(deployments=[plain])).values(), timeout=60)
+            with pytest.raises(GoalFailedError, match="is a generator"):
+                client.wait_for_goal(*client.deploy(AppConfig(deployments=[cached])).values(), timeout=60)
+            probe = {"tag": f"{tag}-probe", "n": 1}
+            wait_for(lambda: "x-cache" in post(farm.base_url, "/later-cached", probe, None).headers, WAIT_S)
+            store.set(hold, 1)
+            body = {"tag": tag, "hold": hold}
+            first = pool.submit(post, farm.base_url, "/later-cached", body, None)
+            wait_for(lambda: runs(store, tag) == 1, WAIT_S, "the first stream did not start")
+            joined = [pool.submit(post, farm.base_url, "/later-cached", body, None) for _ in range(2)]
+            waiters = KEYS.cache_waiters("later-cached", "*")
+            wait_for(lambda: sum(int(store.llen(k)) for k in store.scan_iter(match=waiters)) == 2, WAIT_S)
+            store.delete(hold)
+            answers = [answer.result(timeout=WAIT_S) for answer in (first, *joined)]
+        finally:
+            store.delete(hold)
+            client.wait_for_goal(client.delete("later-cached"), timeout=60)
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        assert [orjson.loads(line) for line in answer.text.splitlines()] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert [answer.headers["x-cache"] for answer in answers] == ["miss", "miss", "miss"]  # each its own run
+    assert runs(store, tag) == 3
+
+
 def test_a_caller_waiting_on_a_deleted_deployment_gets_an_error_not_a_hang(
     farm: Farm, store: redis.Redis, tag: str, pool: concurrent.futures.ThreadPoolExecutor
 ) -> None:

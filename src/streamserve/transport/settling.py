@@ -71,7 +71,10 @@ def settle(keys: Keys, cfg: DeploymentConfig, request: Request, reply: Reply) ->
         run_keys.append(keys.cache_index(name))
         ttl_s = cache.ttl_s if cache is not None else 0
         cache_args = [cache.max_entries if cache is not None else 0, request.cache, keys.cache_entry(name, "")]
-        shared = reply.status not in _NEVER_RAN  # a run that failed failed for all of them
+        # A run that failed failed for all of them. One that streamed sent its chunks to its own caller only (a
+        # streaming handler has no cache, but old replicas serve on when an update that adds one fails): they run
+        # anew, as for a run that never ran.
+        shared = reply.status not in _NEVER_RAN and reply.status is not ReplyStatus.END
     command: Command = (
         "EVALSHA",
         _SETTLE_RUN.sha,
