@@ -141,12 +141,9 @@ class DeploymentState:
 
     async def update(self, target: Target, beats: Beats, now_ms: int, ongoing: int = 0) -> None:
         """One reconcile step; never blocks on a process. ``ongoing``: queued + in-flight requests."""
-        if target.version != self._target_version or (target.count == 0 and not target.external):
-            # A new version gets a fresh start: earlier crash loops say nothing about it. Nor about a deployment
-            # scaled to 0 (the way to quieten a broken one): it has nothing to start, so nothing failing to.
+        if target.version != self._target_version:  # a fresh start: earlier crash loops say nothing about it
             self._target_version = target.version
-            self._start_backoff.reset()
-            self._next_start_ms, self._last_failure = 0, ""
+            self._reset_start_backoff()
         if target.cfg is not None:
             await self._observe_unrecorded(target, beats, now_ms)
         await self._observe_starting(beats, now_ms)
@@ -154,10 +151,19 @@ class DeploymentState:
         await self._observe_stopping(beats, now_ms)
         await self._drop_stopped()
         target = await self._autoscale(target, ongoing, now_ms)
+        if target.count == 0 and not target.external:
+            # Scaled to 0 (the way to quieten a broken deployment), by hand or by its autoscaler: it has nothing to
+            # start, so nothing failing to. (Asked before autoscaling, an autoscaled one's count is its minimum: its
+            # failed starts were forgotten at every tick, and it never turned UNHEALTHY.)
+            self._reset_start_backoff()
         await self._scale_and_roll(target, now_ms)
         await self._start_pending(target, now_ms)
         await self._stop_pending(target, now_ms)
         await self._record_health(target, now_ms)
+
+    def _reset_start_backoff(self) -> None:
+        self._start_backoff.reset()
+        self._next_start_ms, self._last_failure = 0, ""
 
     # 0. A live replica with no record joins: an externally scaled deployment's replicas are whatever workers
     #    heartbeat; any other deployment's strays (started by hand, or left by a killed farm) are adopted as

@@ -8,12 +8,12 @@ import pytest
 from fakeredis import FakeAsyncRedis
 
 from streamserve.control.desired_state import DesiredState
-from streamserve.scheduler.deployment_state import DeploymentState, Target
+from streamserve.scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, DeploymentState, Target
 from streamserve.scheduler.goals import GoalTracker
 from streamserve.scheduler.types import Timeouts
 from streamserve.wire.config import AppConfig, DeploymentConfig
 from streamserve.wire.keys import Keys
-from streamserve.wire.states import DeploymentHealth, GoalStatus, ReplicaState
+from streamserve.wire.states import DeploymentHealth, GoalStatus, ReplicaHealth, ReplicaState
 from tests.unit.test_deployment_state import Harness
 
 AUTO = {
@@ -92,6 +92,24 @@ async def test_scales_up_under_load_and_back_to_zero_when_idle(h: Harness) -> No
     await tick(h, t)
     assert h.state.replicas == {}
     assert h.store.autoscale is not None and h.store.autoscale.replicas == 0
+
+
+async def test_a_broken_deployment_autoscaled_from_zero_backs_off_and_turns_unhealthy(h: Harness) -> None:
+    """A request waits, so the autoscaler keeps one replica wanted, and each start fails: as with a fixed count, the
+    starts back off and the deployment turns UNHEALTHY (its new callers get 503), though its minimum is 0."""
+    t = autoscaled()
+    for _ in range(UNHEALTHY_AFTER_FAILURES):
+        for _ in range(400):  # wait out the backoff until a new process is started, then make it fail
+            h.now += 200
+            await h.state.update(t, h.view(), h.now, 1)
+            if h.counts().get(ReplicaState.STARTING):
+                break
+        h.beat_all(ReplicaHealth.FAILED, "ModuleNotFoundError: No module named 'examples.nothere'")
+        h.now += 200
+        await h.state.update(t, h.view(), h.now, 1)
+    assert h.state.consecutive_failures == UNHEALTHY_AFTER_FAILURES
+    assert h.store.health is not None and h.store.health.health is DeploymentHealth.UNHEALTHY
+    assert "nothere" in h.store.health.message
 
 
 async def test_persisted_count_is_resumed_by_a_new_state(h: Harness) -> None:
