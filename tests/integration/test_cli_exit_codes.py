@@ -44,3 +44,17 @@ def test_ctrl_c_is_130_without_a_traceback(redis_url: str, tmp_path: Path) -> No
             proc.wait(5)
     assert proc.returncode == 130
     assert "interrupted" in err and "Traceback" not in err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`streamserve manifests ... | head -1`: the reader closes the pipe while the command still writes (24 KB here).
+    The command ends with 141, as a shell reports a process ended by SIGPIPE, and prints no traceback."""
+    config = tmp_path / "farm.yaml"
+    config.write_text("deployments:\n  - name: echo\n    import_path: examples.echo:Echo\n    num_replicas: 40\n")
+    argv = [STREAMSERVE, "manifests", str(config), "--image", "example/streamserve:1"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as command:
+        assert command.stdout is not None and command.stderr is not None
+        command.stdout.close()  # before it wrote anything: its writes all find the pipe closed
+        errors = command.stderr.read().decode()
+        assert command.wait(timeout=60) == 141, errors
+    assert errors == ""

@@ -1,12 +1,14 @@
 """The ``streamserve`` command line's entry point: pick the command, run it, turn its error into an exit code.
 
 Exit codes: 2 for a usage or config error, 1 for any other error (streamserve's or Redis's), 130 for Ctrl-C,
-else the command's own.
+141 when the reader of its output went away (`streamserve status | head`, as a shell's SIGPIPE), else the command's
+own.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -62,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         hint = no_farm_hint(args, settings) if isinstance(exc, ConnectionError) and settings is not None else ""
         print(f"error: Redis: {exc}{hint}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader of its output is gone: nothing more to say, to it or about it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (what is still buffered goes nowhere)
+        return 128 + signal.SIGPIPE
     finally:
         if restore is not None:
             signal.signal(signal.SIGINT, restore)
