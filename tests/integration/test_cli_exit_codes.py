@@ -19,6 +19,8 @@ def test_bad_usage_is_2_and_a_failure_is_1(redis_url: str, tmp_path: Path) -> No
     bad_config = tmp_path / "bad.yaml"
     bad_config.write_text("deployments:\n  - name: Bad Name\n    import_path: x:y\n")
     assert run("deploy", str(bad_config), "--redis-url", redis_url).returncode == 2
+    not_json = run("call", "echo", "{bad", "--redis-url", redis_url)
+    assert not_json.returncode == 2 and "error: body is not valid JSON" in not_json.stderr, not_json.stderr
     missing = run("scale", "nothing-here", "2", "--redis-url", redis_url)
     assert missing.returncode == 1 and "no deployment named 'nothing-here'" in missing.stderr
 

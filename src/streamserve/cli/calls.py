@@ -20,14 +20,14 @@ import orjson
 
 from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
-from streamserve.wire.errors import BadRequestError
 
 
 def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
     try:
         body = orjson.loads(args.body)
     except orjson.JSONDecodeError as exc:
-        raise BadRequestError(f"body is not valid JSON: {exc}") from None
+        print(f"error: body is not valid JSON: {exc}", file=sys.stderr)
+        return 2  # bad usage, as a bad config is
 
     async def call() -> None:
         async with AsyncClient(settings=settings) as client:

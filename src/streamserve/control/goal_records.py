@@ -99,5 +99,7 @@ class GoalStore:
             if on_progress is not None:
                 await on_progress(goal)
             if deadline is not None and time.monotonic() > deadline:
-                raise RequestTimeoutError(f"goal {goal_id} ({goal.kind} {goal.deployment}) not reached in {timeout}s")
+                raise RequestTimeoutError(
+                    f"goal {goal_id} ({goal.kind} {goal.deployment}) not reached in {round(timeout, 2):g}s"
+                )
             await asyncio.sleep(GOAL_POLL_S)
