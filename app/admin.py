@@ -23,6 +23,7 @@ from streamserve.wire.errors import (
     GoalFailedError,
     RequestTimeoutError,
 )
+from streamserve.wire.json_values import decode_error
 from streamserve.wire.states import FINAL_GOAL_STATUSES
 
 MAX_GOAL_WAIT_S = 60.0
@@ -115,4 +116,4 @@ async def _json_body(request: Request, settings: Settings) -> Any:
     try:
         return orjson.loads(body or b"null")
     except orjson.JSONDecodeError as exc:
-        raise BadRequestError(f"request body is not valid JSON: {exc}") from None
+        raise BadRequestError(f"request body is {decode_error(body or b'null', exc)}") from None

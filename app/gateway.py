@@ -89,7 +89,7 @@ from streamserve.wire.errors import (
 )
 from streamserve.wire.idempotency import check_key
 from streamserve.wire.ids import new_request_id
-from streamserve.wire.json_values import check_decoded
+from streamserve.wire.json_values import check_decoded, decode_error
 from streamserve.wire.messages import SHARED_JOINED, SHARED_STORED, Reply, ReplyStatus
 from streamserve.wire.models import MODEL_HEADER, check_model_id
 from streamserve.wire.priorities import Priority, parse_priority
@@ -216,7 +216,7 @@ class Gateway:
                 value = orjson.loads(body)
                 check_decoded(body, value)
             except orjson.JSONDecodeError as exc:
-                raise BadRequestError(f"request body is not valid JSON: {exc}") from None
+                raise BadRequestError(f"request body is {decode_error(body, exc)}") from None
             except ValueError as exc:
                 raise BadRequestError(f"request body: {exc}") from None
             header_timeout = _header_timeout(headers.getlist(b"x-request-timeout"))

@@ -41,6 +41,9 @@ async def test_errors(start_replica: StartReplica, http: httpx.AsyncClient, sett
     assert not_found.status_code == 404 and not_found.json()["error"] == "NotFoundError"
     bad_json = await http.post("/rec", content=b"{nope")
     assert bad_json.status_code == 400 and "not valid JSON" in bad_json.json()["message"]
+    latin1 = await http.post("/rec", content='{"name": "Zoë"}'.encode("latin-1"))
+    assert latin1.status_code == 400
+    assert latin1.json()["message"] == "request body is not UTF-8 (JSON text is): byte 0xeb at offset 12"
     for value in ("soon", "0", "-1", "nan", "inf", "1e400", "1_0", "+2", "", "0e5", "1e", "0x10"):
         bad_timeout = await http.post("/rec", json=1, headers={"X-Request-Timeout": value})
         assert bad_timeout.status_code == 400 and "X-Request-Timeout" in bad_timeout.json()["message"], value

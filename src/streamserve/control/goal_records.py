@@ -100,6 +100,6 @@ class GoalStore:
                 await on_progress(goal)
             if deadline is not None and time.monotonic() > deadline:
                 raise RequestTimeoutError(
-                    f"goal {goal_id} ({goal.kind} {goal.deployment}) not reached in {round(timeout, 2):g}s"
+                    f"goal {goal_id} ({goal.kind} {goal.deployment}) not reached in {round(timeout or 0, 2):g}s"
                 )
             await asyncio.sleep(GOAL_POLL_S)

@@ -35,6 +35,16 @@ def dumps(value: Any) -> bytes:
     return encoded
 
 
+def decode_error(body: bytes, error: orjson.JSONDecodeError) -> str:
+    """Why ``body`` is no JSON, as an error message says it: orjson's words, or, for bytes that are not UTF-8 (which
+    orjson calls "str is not valid UTF-8: surrogates not allowed"), where the first bad byte is."""
+    try:
+        body.decode()
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 (JSON text is): byte 0x{body[exc.start]:02x} at offset {exc.start}"
+    return f"not valid JSON: {error}"
+
+
 def check_decoded(body: bytes, value: Any) -> None:
     """For a body orjson.loads read as ``value``: ValueError unless ``value`` is exactly what the body says."""
     if _LONG_DIGITS.search(body) and _has_big_int(json.loads(body)):
