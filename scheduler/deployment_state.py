@@ -102,6 +102,7 @@ class DeploymentState:
         self._replaced: tuple[int, str] = (0, "")
         # Why the target can never be met on this host as it is (more GPUs than it has), "" when it can.
         self.unschedulable = ""
+        self._fits_none = False  # no replica fits this host's GPUs: UNHEALTHY, its callers get 503 at once
         self._health: DeploymentHealthRecord | None = None
         self._target_version: str | None = None
         self._autoscaler = AutoscalePolicy()
@@ -343,11 +344,12 @@ class DeploymentState:
         pending = self._in(ReplicaState.SHOULD_START)
         need = target.cfg.resources.gpus if target.cfg is not None else 0
         devices = len(self._gpus.devices)
-        self._waiting, self.unschedulable = "", ""
+        self._waiting, self.unschedulable, self._fits_none = "", "", False
         if need and target.count * need > devices:
             self.unschedulable = (
                 f"{target.count} replica(s) x {need} GPU(s) do not fit the {devices} GPU(s) of this host"
             )
+            self._fits_none = need > devices  # not even one: nothing will ever serve it here
         if not pending or now_ms < self._next_start_ms:
             return
         for r in pending:
@@ -370,8 +372,8 @@ class DeploymentState:
 
     # 9. The verdict, written only when it changes.
     async def _record_health(self, target: Target, now_ms: int) -> None:
-        if self.unhealthy:
-            health, message = DeploymentHealth.UNHEALTHY, self._last_failure
+        if self.unhealthy or self._fits_none:
+            health, message = DeploymentHealth.UNHEALTHY, self._last_failure or self.unschedulable
         elif self.settled(target):
             health, message = DeploymentHealth.HEALTHY, self._recent_replacement(now_ms)
         else:

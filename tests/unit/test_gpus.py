@@ -10,7 +10,7 @@ from streamserve.scheduler.types import Timeouts
 from streamserve.wire.config import DeploymentConfig, parse_config
 from streamserve.wire.errors import ConfigError
 from streamserve.wire.messages import ReplicaRecord
-from streamserve.wire.states import ReplicaState
+from streamserve.wire.states import DeploymentHealth, ReplicaState
 from tests.unit.test_deployment_state import Harness, bring_up, target
 
 S = ReplicaState
@@ -33,6 +33,21 @@ async def test_each_replica_gets_devices_of_its_own() -> None:
     given = [h.launcher.gpus[r.pid] for r in h.by_state(S.RUNNING)]
     assert sorted(given) == [("0", "1"), ("2", "3")]
     assert sorted(tuple(r.gpus) for r in h.store.records.values()) == sorted(given)  # status shows them
+
+
+async def test_a_deployment_no_replica_of_which_fits_the_host_is_unhealthy() -> None:
+    """More GPUs a replica than the host has: nothing will ever serve it here, so it is UNHEALTHY (its callers get
+    503 at once) with the reason, not UPDATING for ever (callers waiting out their deadlines). One that some of its
+    replicas fit serves with those."""
+    h = with_gpus(())
+    await h.tick(target(1, resources={"gpus": 1}))
+    await h.tick(target(1, resources={"gpus": 1}))
+    assert h.store.health is not None and h.store.health.health is DeploymentHealth.UNHEALTHY
+    assert h.store.health.message == "1 replica(s) x 1 GPU(s) do not fit the 0 GPU(s) of this host"
+    some = with_gpus(("0",))
+    await bring_up(some, target(2, resources={"gpus": 1}))
+    assert some.store.health is not None and some.store.health.health is DeploymentHealth.UPDATING
+    assert some.counts() == {S.RUNNING: 1, S.SHOULD_START: 1}
 
 
 async def test_a_replica_without_free_gpus_waits_and_says_why() -> None:
