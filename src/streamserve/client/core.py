@@ -22,6 +22,7 @@ from streamserve.client.reply_stream import ReplyStream
 from streamserve.client.route_table import Route, RouteCache
 from streamserve.metrics.definitions import CACHE_REQUESTS
 from streamserve.runtime import tracing
+from streamserve.runtime.farm_files import running_farm
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import JOB_POOL_SIZE, RedisRefusals, async_redis, sync_redis
 from streamserve.transport.pipelining import Pipeliner
@@ -33,7 +34,11 @@ class ClientCore:
     """One client's settings and connections: the Redis pool, its reply stream, its routes, its jobs connection."""
 
     def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
+        """``redis_url``, else the settings' (``REDIS_URL``), else that of the farm `streamserve up` runs from
+        ``.streamserve`` here (as the CLI finds it), else redis://127.0.0.1:6379."""
         settings = settings or Settings()
+        if redis_url is None and settings.redis_url is None and (farm := running_farm(None)) is not None:
+            redis_url = farm.redis_url
         if redis_url is not None:
             settings = settings.model_copy(update={"redis_url": redis_url})
         self._settings = settings

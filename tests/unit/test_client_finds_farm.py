@@ -1,0 +1,45 @@
+"""Which Redis a client made without a URL uses: ``REDIS_URL``, else the farm `up` runs from ``.streamserve`` here (as
+the CLI finds it), else the default. The README's `Client()` beside `streamserve up` must reach that farm, whose Redis
+took another port when 6379 was taken."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from streamserve.client.core import ClientCore
+from streamserve.runtime.farm_files import DEFAULT_DATA_DIR, FarmRecord, write_farm
+from streamserve.runtime.processes import process_ref
+
+FARM_URL = "redis://127.0.0.1:48889/0"
+
+
+@pytest.fixture
+def beside_a_farm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This test runs in a directory `up` runs from (its farm file names this process as its `up`), without a
+    REDIS_URL."""
+    for name in ("REDIS_URL", "STREAMSERVE_REDIS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    me = process_ref(os.getpid())
+    assert me is not None
+    write_farm(tmp_path / DEFAULT_DATA_DIR, FarmRecord(me, FARM_URL, "http://127.0.0.1:8000"))
+
+
+def test_a_client_without_a_url_uses_the_farm_that_runs_from_here(beside_a_farm: None) -> None:
+    assert ClientCore()._settings.effective_redis_url == FARM_URL
+
+
+def test_a_url_given_or_in_the_environment_wins(beside_a_farm: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ClientCore("redis://127.0.0.1:7000/0")._settings.effective_redis_url == "redis://127.0.0.1:7000/0"
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:7001/0")
+    assert ClientCore()._settings.effective_redis_url == "redis://127.0.0.1:7001/0"
+
+
+def test_without_a_farm_here_the_default_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("REDIS_URL", "STREAMSERVE_REDIS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert ClientCore()._settings.effective_redis_url.startswith("redis://127.0.0.1:6379")
