@@ -60,3 +60,12 @@ def test_the_lifecycle_table_is_the_code() -> None:
     rows = set(re.findall(r"^\| `([A-Z_]+)` \| `([A-Z_]+)` \|", page, re.M))
     allowed = {(old.value, new.value) for old, moves in REPLICA_TRANSITIONS.items() for new in moves}
     assert rows == allowed
+
+
+def test_the_streaming_example_in_the_api_page_is_the_examples_code() -> None:
+    """docs/api.md shows examples/tokens.py's generate as it is (the page's copy once required a "text" the example
+    does not, and slept before the first token)."""
+    source = (ROOT / "examples" / "tokens.py").read_text()
+    shown = re.search(r"```python\n(async def generate\(.*?)```", (ROOT / "docs" / "api.md").read_text(), re.S)
+    assert shown is not None, "docs/api.md shows no generate"
+    assert shown.group(1) in source
