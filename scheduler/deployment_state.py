@@ -266,8 +266,7 @@ class DeploymentState:
         if self.autoscaled is None:
             # New, or autoscaling just turned on: start from what runs, so nothing is stopped or started for it.
             active = self.count(*ACTIVE_REPLICA_STATES)
-            start = min(max(active, auto.min_replicas), auto.max_replicas)
-            await self._set_autoscaled(start, f"autoscaling on, {active} replica(s) running", now_ms)
+            await self._set_autoscaled(auto.first_count(active), f"autoscaling on, {active} replica(s) running", now_ms)
         assert self.autoscaled is not None
         decision = self._autoscaler.decide(auto, ongoing, self.autoscaled, now_ms)
         if decision is not None:

@@ -7,11 +7,14 @@ import asyncio
 import redis.asyncio as aioredis
 
 from streamserve.client import AsyncClient
+from streamserve.control.desired_state import DesiredState
+from streamserve.control.goal_records import GoalStore
 from streamserve.control.status import StatusReader
 from streamserve.runtime.settings import Settings
 from streamserve.scheduler.scheduler import Scheduler
+from streamserve.wire.config import AppConfig, DeploymentConfig
 from streamserve.wire.messages import ReplicaRecord, Request, now_ms
-from streamserve.wire.states import ACTIVE_REPLICA_STATES
+from streamserve.wire.states import ACTIVE_REPLICA_STATES, ReplicaState
 from tests.harness.fake_launcher import FakeLauncher
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
@@ -68,3 +71,25 @@ async def test_a_new_scheduler_resumes_the_autoscaled_count(settings: Settings, 
     assert sum(r.state in ACTIVE_REPLICA_STATES for r in records) == 3  # the dead one replaced, not dropped
     status = {s.name: s for s in await StatusReader(aredis, settings.keys).status()}["rec"]
     assert status.target == 3
+
+
+async def test_the_progress_of_turning_autoscaling_on_counts_from_what_runs(
+    settings: Settings, aredis: aioredis.Redis
+) -> None:
+    """`scale echo 2`, then a deploy with autoscaling back on: until the scheduler writes its first count (what
+    runs, within the bounds), the progress line counts from what runs too; it said "scaling down to 0"."""
+    cfg = await deploy(settings, num_replicas=2)
+    for i in range(2):
+        record = ReplicaRecord(
+            replica_id=f"rec#{i:08x}",
+            state=ReplicaState.RUNNING,
+            version=cfg.code_version(),
+            created_ms=1,
+            updated_ms=1,
+        )
+        await aredis.hset(settings.keys.replicas("rec"), record.replica_id, record.encode())
+    auto = DeploymentConfig.model_validate({**cfg.model_dump(), "num_replicas": None, "autoscaling_config": MIN_ZERO})
+    applied = await DesiredState(aredis, settings.keys).apply(AppConfig(deployments=[auto]))
+    goal = await GoalStore(aredis, settings.keys).get(applied.goals["rec"])
+    line = await StatusReader(aredis, settings.keys).progress(goal)
+    assert line == f"rec: 2/2 replica(s) of version {goal.version} running", line

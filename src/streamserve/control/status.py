@@ -131,7 +131,10 @@ class StatusReader:
         if cfg.external_scaler_enabled:
             line = f"{goal.deployment}: {ready}/{len(records)} live worker(s) run version {goal.version}"
             return line + " (externally scaled: workers on the old code start again on the new one)"
-        wanted = cfg.wanted_replicas(_autoscaled(autoscaled_raw))
+        autoscaled, auto = _autoscaled(autoscaled_raw), cfg.autoscaling_config
+        if autoscaled is None and auto is not None:  # turned on just now: the scheduler starts from what runs
+            autoscaled = auto.first_count(sum(1 for r in records if r.state in ACTIVE_REPLICA_STATES))
+        wanted = cfg.wanted_replicas(autoscaled)
         if ready > wanted:  # scaling down: what counts is how many are still to stop
             return f"{goal.deployment}: {ready} replica(s) running, scaling down to {wanted}"
         line = f"{goal.deployment}: {ready}/{wanted} replica(s) of version {goal.version} running"

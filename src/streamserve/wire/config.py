@@ -118,6 +118,11 @@ class AutoscalingConfig(_Strict):
     _target = field_validator("target_ongoing_requests")(at_most("max_ongoing_requests"))
     _delays = field_validator("upscale_delay_s", "downscale_delay_s")(_at_most_a_week)
 
+    def first_count(self, active: int) -> int:
+        """The count autoscaling starts from, turned on with ``active`` replicas: what runs, within the bounds (so
+        nothing is stopped or started for turning it on)."""
+        return min(max(active, self.min_replicas), self.max_replicas)
+
     @model_validator(mode="after")
     def _min_le_max(self) -> AutoscalingConfig:
         if self.min_replicas > self.max_replicas:
