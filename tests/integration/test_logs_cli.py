@@ -79,6 +79,8 @@ def test_logs_show_prints_and_tracebacks_prefixed_with_the_replica(
 
     only_a = logs(processes, "chatty", "--replica", "aaaa0001").stdout.splitlines()
     assert only_a and all(line.startswith("chatty#aaaa0001 | ") for line in only_a)
+    no_such = logs(processes, "chatty", "--replica", "nosuch")
+    assert no_such.returncode == 1 and "no output from a replica 'nosuch' of 'chatty'" in no_such.stderr
     assert logs(processes, "chatty", "-n", "3").stdout.count("\n") == 3
     assert logs(processes, "chatty", "--since", "10m").stdout == out
     assert logs(processes, "chatty", "--since", "1s").stdout.count("\n") <= len(lines)

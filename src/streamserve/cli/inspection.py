@@ -16,7 +16,8 @@ from streamserve.cli.stores import Stores, with_stores
 from streamserve.cli.tables import format_endpoints, format_status
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RedisRefusals, async_redis
-from streamserve.wire.errors import ConfigError
+from streamserve.wire.errors import ConfigError, NotFoundError
+from streamserve.wire.messages import text
 from streamserve.wire.printable import printable
 
 # Said under the status tables when no scheduler leads: what they show is nobody's any more.
@@ -79,6 +80,13 @@ def cmd_logs(args: argparse.Namespace, settings: Settings) -> int:
         for line in lines:
             print(line.format(args.raw))
         sys.stdout.flush()
+        if args.replica and not lines and not args.follow:
+            replicas = sorted(text(r) for r in await stores.redis.hkeys(settings.keys.replicas(args.name)))
+            if not any(r == args.replica or r.partition("#")[2] == args.replica for r in replicas):
+                shown = ", ".join(replicas) or "none now"
+                raise NotFoundError(
+                    f"no output from a replica {args.replica!r} of {args.name!r} (its replicas: {shown})"
+                )
         if args.follow:
             async for line in reader.follow(after, args.replica):
                 print(line.format(args.raw), flush=True)
