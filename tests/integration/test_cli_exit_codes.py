@@ -23,6 +23,8 @@ def test_bad_usage_is_2_and_a_failure_is_1(redis_url: str, tmp_path: Path) -> No
     assert not_json.returncode == 2 and "error: body is not valid JSON" in not_json.stderr, not_json.stderr
     missing = run("scale", "nothing-here", "2", "--redis-url", redis_url)
     assert missing.returncode == 1 and "no deployment named 'nothing-here'" in missing.stderr
+    not_there = run("delete", "nothing-here", "--redis-url", redis_url)  # (delete takes an endpoint too)
+    assert not_there.returncode == 1 and "no deployment or endpoint named 'nothing-here'" in not_there.stderr
 
 
 def test_ctrl_c_is_130_without_a_traceback(redis_url: str, tmp_path: Path) -> None:

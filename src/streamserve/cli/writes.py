@@ -11,7 +11,7 @@ from streamserve.cli.tables import format_endpoints
 from streamserve.control.goal_records import GOAL_POLL_S
 from streamserve.runtime.settings import Settings
 from streamserve.wire.config import EndpointConfig, load_config
-from streamserve.wire.errors import ConfigError, GoalFailedError, RequestTimeoutError
+from streamserve.wire.errors import ConfigError, GoalFailedError, NotFoundError, RequestTimeoutError
 from streamserve.wire.messages import GoalRecord
 from streamserve.wire.states import DeploymentHealth
 
@@ -94,7 +94,10 @@ def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
             await stores.desired.delete_endpoint(args.name)
             print(f"{args.name}: endpoint deleted")
             return
-        goal_id = await stores.desired.delete(args.name)
+        try:
+            goal_id = await stores.desired.delete(args.name)
+        except NotFoundError:  # neither an endpoint nor a deployment: say so of both
+            raise NotFoundError(f"no deployment or endpoint named {args.name!r}") from None
         print(f"{args.name}: deleting (goal {goal_id})")
         if args.wait:
             await _wait_for_goals(stores, [goal_id], args.timeout)
