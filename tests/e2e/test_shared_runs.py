@@ -537,8 +537,8 @@ def test_the_python_client_takes_idempotency_keys(farm: Farm, store: redis.Redis
             with pytest.raises(BadRequestError, match="1-255 printable ASCII characters"):
                 client.stream("counted", {"tag": tag}, idempotency_key=bad)  # type: ignore[arg-type]
         sent = f"{tag}-sent"
-        client.send("counted", {"tag": sent}, idempotency_key=sent)
-        client.send("counted", {"tag": sent}, idempotency_key=sent)
+        sent_as = client.send("counted", {"tag": sent}, idempotency_key=sent)
+        assert client.send("counted", {"tag": sent}, idempotency_key=sent) == sent_as  # the request that runs for it
         assert client.submit("counted", {"tag": sent}, idempotency_key=sent).result() == {"tag": sent, "run": 1}
     assert runs(store, tag) == 1
     assert runs(store, sent) == 1

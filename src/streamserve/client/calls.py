@@ -218,8 +218,8 @@ class Calls(ClientCore):
     ) -> str:
         """Enqueue without waiting for (or receiving) the result; return the request id.
 
-        ``idempotency_key``: nothing is queued when a call with this key has run or is on its way; a later ``call``
-        with the key gets its stored result."""
+        ``idempotency_key``: nothing is queued when a call with this key has run or is on its way, and the id returned
+        is that call's; a later ``call`` with the key gets its stored result."""
         encoded = encode_body(body)
         self._check_size(encoded)
         level = parse_priority(priority)
@@ -248,8 +248,8 @@ class Calls(ClientCore):
                 assert self._pipeliner is not None
                 with self._refusals:
                     admission = await enqueue_shared(self._pipeliner, self._keys, cfg, request, sharing)
-                if not admission.entry_id:
-                    return request.request_id  # it has run (its reply is kept), or its run is on its way
+                if not admission.entry_id:  # it has run (its reply is kept), or its run is on its way
+                    return admission.runs_for or request.request_id
         self._mirror(route, request)
         return request.request_id
 

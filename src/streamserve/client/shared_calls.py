@@ -80,13 +80,15 @@ def by_cache(keys: Keys, cfg: DeploymentConfig, request: Request, refresh: bool,
 class Admission:
     """What ENQUEUE_SHARED did with a call: queued it as the run (``entry_id``), had it join the run on its way
     (``joined``), or found the run's reply stored (``stored``: from the record's ``fields``, which Redis keeps
-    ``kept_ms`` longer)."""
+    ``kept_ms`` longer); ``runs_for`` the request that runs or ran for the run it found."""
 
     entry_id: str = ""
     joined: bool = False
     stored: Reply | None = None
     fields: list[bytes] | None = None
     kept_ms: int = 0
+    # The id of the request that runs, or ran, for the call it joined or whose reply it took.
+    runs_for: str = ""
 
 
 async def enqueue_shared(
@@ -112,11 +114,11 @@ async def enqueue_shared(
     if outcome == "queued":
         return Admission(entry_id=text(found[1]))
     if outcome == "waiting":
-        return Admission(joined=True)
+        return Admission(joined=True, runs_for=text(found[1]))
     if outcome == "stored":
         fields = found[1:7]
         reply = shared_runs.stored_reply(fields, request.request_id, request.tag)
-        return Admission(stored=reply, fields=fields, kept_ms=int(found[7]))
+        return Admission(stored=reply, fields=fields, kept_ms=int(found[7]), runs_for=text(found[8]))
     if outcome == "full":
         raise OverloadedError(queue_full(cfg.name, cfg.max_queued_requests, request.priority))
     if outcome in ("rate", "tenant_full"):

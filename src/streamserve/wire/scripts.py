@@ -254,8 +254,9 @@ ENQUEUE_SHARED = (
 -- ARGV[9]  the metrics field that results are counted under, less the result ('' to count nothing)
 -- ARGV[10] the tenant spec, '' for none: a request that would run is checked (one answered or waiting is not)
 -- ARGV[11..] the request's field/value pairs
--- Returns {'queued', entry id}, {'full'}, {'mismatch'}, {'waiting'}, the tenant's refusal, or
--- {'stored', status, body, error_type, error_message, replica, too_large, ms the record has left}.
+-- Returns {'queued', entry id}, {'full'}, {'mismatch'}, {'waiting', the id of the request that runs}, the tenant's
+-- refusal, or {'stored', status, body, error_type, error_message, replica, too_large, ms the record has left, the id
+-- of the request that ran}.
 """
     + _PENDING_COUNT
     + _ADMIT
@@ -264,7 +265,8 @@ local function count(result)
   -- pcall: a Redis out of memory refuses the count, and must not refuse the hit with it (a hit needs no memory)
   if ARGV[9] ~= '' then redis.pcall('HINCRBY', KEYS[4], ARGV[9] .. result, 1) end
 end
-local state, digest, run, entry = unpack(redis.call('HMGET', KEYS[2], 'state', 'digest', 'run', 'entry'))
+local state, digest, run, entry, runs_for = unpack(
+  redis.call('HMGET', KEYS[2], 'state', 'digest', 'run', 'entry', 'request_id'))
 if state and run == ARGV[4] then return {'queued', entry} end  -- this call's own enqueue, sent again
 if state and ARGV[8] ~= '1' then
   if ARGV[3] ~= '' and digest ~= ARGV[3] then return {'mismatch'} end
@@ -274,6 +276,7 @@ if state and ARGV[8] ~= '1' then
     local found = {'stored'}
     for i = 1, 6 do found[i + 1] = stored[i] or '' end
     found[8] = redis.call('PTTL', KEYS[2])
+    found[9] = runs_for or ''
     return found
   end
   if ARGV[6] ~= '' then
@@ -281,7 +284,7 @@ if state and ARGV[8] ~= '1' then
     redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[2]), 1000))
   end
   count('coalesced')
-  return {'waiting'}
+  return {'waiting', runs_for or ''}
 end
 local id = admit(tonumber(ARGV[1]), ARGV[2], 11, ARGV[10], 5)
 if id == 0 then return {'full'} end
