@@ -163,7 +163,7 @@ class Gateway:
                     "'Authorization: Bearer <key>'"
                 )
             return tenant
-        named = headers.get(b"x-tenant")
+        named = headers.one(b"x-tenant", "X-Tenant")
         if named is None:
             return DEFAULT_TENANT
         try:
@@ -221,9 +221,9 @@ class Gateway:
                 raise BadRequestError(f"request body: {exc}") from None
             header_timeout = _header_timeout(headers.getlist(b"x-request-timeout"))
             idempotency_key = _idempotency_key(headers.getlist(b"idempotency-key"))
-            priority = _priority(headers.get(b"x-priority"))
-            exchange.tenant = tenant = self.tenant_of(headers)
-            model = _model_id(headers.get(b"x-model-id"))
+            exchange.tenant = tenant = self.tenant_of(headers)  # first: a 400 below is counted under its tenant
+            priority = _priority(headers.one(b"x-priority", "X-Priority"))
+            model = _model_id(headers.one(b"x-model-id", MODEL_HEADER))
             if _prefers_async(headers.getlist(b"prefer")):
                 response = await self._submit_job(
                     name, value, header_timeout, exchange.reply_headers, idempotency_key, (priority, tenant, model)
@@ -389,6 +389,22 @@ class _Headers:
 
     def getlist(self, name: bytes) -> list[str]:
         return [value.decode("latin-1") for key, value in self._raw if key == name]
+
+    def one(self, name: bytes, header: str) -> str | None:
+        """The value of header ``name`` (``header`` as error messages name it), as the client wrote it (UTF-8, else
+        latin-1); None without one, BadRequestError (400) for two or more."""
+        found = None
+        for key, value in self._raw:
+            if key == name:
+                if found is not None:
+                    raise BadRequestError(f"a request takes one {header} header")
+                found = value
+        if found is None:
+            return None
+        try:
+            return found.decode()
+        except UnicodeDecodeError:
+            return found.decode("latin-1")
 
 
 def _request_id(given: str | None) -> tuple[str | None, str]:

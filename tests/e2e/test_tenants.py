@@ -16,6 +16,7 @@ import redis
 
 from streamserve import BadRequestError, Client, RateLimitedError
 from streamserve.wire.keys import Keys
+from streamserve.wire.tenants import OTHER_TENANTS
 from tests.harness.farm import Farm, Processes, running_farm_of
 from tests.harness.paths import ROOT, STREAMSERVE
 from tests.harness.waiting import wait_for
@@ -205,9 +206,25 @@ def test_requests_are_counted_by_tenant_and_code_with_at_most_100_tenants_labell
 
     wait_for(all_counted, WAIT_S, "the requests were not counted")
     labelled = {line.split('tenant="', 1)[1].split('"', 1)[0] for line in metric_lines(farm, "counted")}
-    assert len(labelled) == 101 and "other" in labelled  # 100 tenants, and the rest together
+    assert len(labelled) == 101 and OTHER_TENANTS in labelled  # 100 tenants, and the rest together
     refused = [line for line in metric_lines(farm, "metered") if 'code="429"' in line]
     assert refused, "the 429s of the rate test were not counted"
+
+
+def test_a_refused_header_is_counted_under_its_tenant_and_other_is_a_tenant_of_its_own(farm: Farm, tag: str) -> None:
+    """A 400 for a bad X-Priority counts under the request's tenant (its tenant is read first), and a tenant named
+    `other` gets its own label, apart from the overflow of unlabelled tenants."""
+    for tenant, priority in ((f"bad-{tag}", "urgent"), ("other", "normal")):
+        headers = {"X-Tenant": tenant, "X-Priority": priority}
+        answer = httpx.post(farm.base_url + "/metered", json={"tag": tag, "label": "h"}, headers=headers, timeout=30)
+        assert answer.status_code == (400 if priority == "urgent" else 200), answer.text
+
+    def counted() -> bool:
+        lines = metric_lines(farm, "metered")
+        bad = any(f'tenant="bad-{tag}"' in line and 'code="400"' in line for line in lines)
+        return bad and any('tenant="other"' in line and 'code="200"' in line for line in lines)
+
+    wait_for(counted, WAIT_S, lambda: f"not counted as expected: {metric_lines(farm, 'metered')}")
 
 
 KEY_ACME = "acme-" + "k" * 27

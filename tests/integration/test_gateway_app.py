@@ -53,6 +53,11 @@ async def test_errors(start_replica: StartReplica, http: httpx.AsyncClient, sett
     assert two.status_code == 400 and "one X-Request-Timeout header" in two.json()["message"], two.text
     bad_id = await http.post("/rec", json=1, headers={"X-Request-ID": "a b"})
     assert bad_id.status_code == 400
+    for header in ("X-Priority", "X-Tenant", "X-Model-Id"):  # one value or none: two are no answer to pick from
+        twice = await http.post("/rec", json=1, headers=[(header, "high"), (header, "low")])
+        assert twice.status_code == 400 and f"one {header} header" in twice.json()["message"], twice.text
+    accented = await http.post("/rec", json=1, headers=[("X-Priority", "lów".encode())])
+    assert accented.status_code == 400 and "'lów'" in accented.json()["message"], accented.text  # as sent (UTF-8)
     # A long bad value is named by its start and its length, not repeated whole (headers may hold 64 KiB).
     long = "1" + "0" * 30_000 + "x"
     for header in ("X-Request-Timeout", "Idempotency-Key", "X-Tenant", "X-Model-Id", "X-Priority"):

@@ -165,7 +165,7 @@ class TenantCounter:
 TENANT_REQUESTS = TenantCounter(
     "tenant_requests_total",
     "HTTP requests to deployment routes by tenant and the status code answered (429: over the tenant's limits); "
-    'past 100 tenants per deployment the rest count as tenant="other".',
+    'past 100 tenants per deployment the rest count as tenant="_other".',
 )
 
 COUNTERS = (REQUESTS, HANDLED, STREAM_CHUNKS, CANCELLED, CACHE_REQUESTS, MODEL_LOADS, MODEL_REQUESTS)

@@ -533,7 +533,7 @@ return taken
 
 TENANT_LABELS = """
 -- Which tenants get a label of their own in a deployment's metrics: those that have one, and new ones while fewer
--- than the cap have (wire/tenants.py); the flusher counts the rest as "other".
+-- than the cap have (wire/tenants.py); the flusher counts the rest as "_other".
 -- KEYS[1]  the deployment's labelled tenants (set)
 -- ARGV[1]  the cap
 -- ARGV[2..] tenants counted in this flush

@@ -24,9 +24,9 @@ DEFAULT_TENANT = "default"
 TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 TENANT_RULE = "1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit"
 # Per deployment, this many tenants get a label of their own in streamserve_tenant_requests_total; the rest count
-# as OTHER_TENANTS.
+# as OTHER_TENANTS, which no tenant can be called (a tenant name starts with a letter or digit).
 TENANT_LABEL_CAP = 100
-OTHER_TENANTS = "other"
+OTHER_TENANTS = "_other"
 # How long a tenant refused by its limits is shown as limited (status, dashboard).
 LIMITED_SHOWN_MS = 60_000
 
