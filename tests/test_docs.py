@@ -7,6 +7,7 @@ links are checked here against the tree.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
@@ -69,3 +70,16 @@ def test_the_streaming_example_in_the_api_page_is_the_examples_code() -> None:
     shown = re.search(r"```python\n(async def generate\(.*?)```", (ROOT / "docs" / "api.md").read_text(), re.S)
     assert shown is not None, "docs/api.md shows no generate"
     assert shown.group(1) in source
+
+
+def test_every_example_the_docs_name_exists() -> None:
+    """Each `examples.MODULE:NAME` the README and the docs name can be imported (tenants.md once deployed
+    examples.functions:echo, which is no function there: its replicas could not start)."""
+    named = set()
+    for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        named |= set(re.findall(r"\b(examples(?:\.[a-z_]+)+):([A-Za-z_]\w*)", page.read_text()))
+    assert named, "the docs name no example"
+    missing = [
+        f"{module}:{name}" for module, name in sorted(named) if not hasattr(importlib.import_module(module), name)
+    ]
+    assert missing == []
