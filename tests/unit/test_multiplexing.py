@@ -17,6 +17,7 @@ from streamserve.runtime.request_scope import RequestScope
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import BadRequestError, ConfigError
 from streamserve.wire.idempotency import request_digest
+from streamserve.wire.models import no_model_message
 from streamserve.wire.response_cache import cache_digest
 
 
@@ -231,3 +232,9 @@ def test_one_body_for_two_models_is_two_requests_to_keys_and_the_cache() -> None
     assert request_digest("", b'{"a":1}', "m1") != request_digest("", b'{"a":1}', "m2")
     assert request_digest("", b'{"a":1}', "") == request_digest("", b'{"a": 1}')  # without a model: as before
     assert cache_digest(cfg, "", b"1", "m1") != cache_digest(cfg, "", b"1", "m2") != cache_digest(cfg, "", b"1")
+
+
+def test_a_request_without_a_model_id_is_told_how_each_caller_names_one() -> None:
+    message = no_model_message("forecast")
+    assert "'forecast' serves many models" in message
+    assert all(way in message for way in ("X-Model-Id header", "model_id=", "--model-id"))

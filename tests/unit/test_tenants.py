@@ -29,7 +29,7 @@ def test_no_tenant_is_the_default_one() -> None:
 
 
 def test_the_keys_file_maps_keys_to_tenants_and_keeps_only_digests() -> None:
-    keys = TenantKeys.parse(f"# who may call\n{KEY_A} acme\n\n  {KEY_B}   globex  \n", "keys.txt")
+    keys = TenantKeys.parse(f"# who may call\n{KEY_A} acme\n\n  {KEY_B}   globex  # since May\n", "keys.txt")
     assert keys.tenant_of(KEY_A) == "acme"
     assert keys.tenant_of(KEY_B) == "globex"
     assert keys.tenant_of("a" * 31) is None

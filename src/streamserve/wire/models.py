@@ -74,5 +74,6 @@ def hold_ms(heartbeat_interval_s: float, heartbeat_timeout_s: float) -> int:
 def no_model_message(deployment: str) -> str:
     """What a request without a model id gets from a deployment that multiplexes models."""
     return (
-        f"deployment {deployment!r} serves many models: name one with the {MODEL_HEADER} header (model_id= from Python)"
+        f"deployment {deployment!r} serves many models: name one with the {MODEL_HEADER} header (model_id= from "
+        "Python, --model-id with streamserve call)"
     )

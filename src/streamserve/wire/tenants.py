@@ -84,6 +84,8 @@ class TenantKeys:
             if not line or line.startswith("#"):
                 continue
             parts = line.split()
+            if len(parts) > 2 and parts[2].startswith("#"):  # a comment after the key and tenant
+                parts = parts[:2]
             if len(parts) != 2:
                 raise ConfigError(f"{source}, line {number}: expected 'KEY TENANT', got {len(parts)} field(s)")
             key, tenant = parts
