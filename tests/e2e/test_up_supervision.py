@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -109,6 +110,77 @@ def test_up_restarts_an_embedded_redis_that_dies_before_the_banner(tmp_path: Pat
         assert "the embedded redis-server died; restarting it on its data" in log, log[-3000:]
         assert "NOT RUNNING" not in log, log[-3000:]
         wait_for(lambda: serves(farm), 30, "the farm does not serve after its Redis came back")
+        assert farm.stop() == 0
+    finally:
+        farm.stop()
+
+
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def next_redis_server(up_pid: int, old: int) -> int:
+    """The redis-server `up` starts in place of ``old``, as soon as it exists (polled without pause, 10 s at most)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for pid in children_of(up_pid):
+            if pid != old and Path(f"/proc/{pid}/comm").read_text(errors="replace").startswith("redis-server"):
+                return pid
+    raise AssertionError("up started no new redis-server")
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_each_child_of_up_is_replaced_on_a_restart_budget_of_its_own(tmp_path: Path) -> None:
+    """With --gateway-workers 2, a gateway killed -9 is replaced and its workers ended (they held its port: every new
+    gateway failed to bind, and up stopped the farm); three gateway and three scheduler deaths are no child that
+    keeps dying (they shared one budget of five); a redis-server killed again while up restarts it is restarted
+    again (up stopped the farm)."""
+    config = tmp_path / "noop.yaml"
+    config.write_text(CONFIG)
+    farm = Farm(config, tmp_path / "up.log")
+    farm.extra_args = ["--gateway-workers", "2"]
+    farm.start()
+    try:
+        assert farm.proc is not None and serves(farm)
+
+        def replaced(role: str, old: int) -> int:
+            def new() -> list[int]:
+                return [pid for pid in farm.role_pids().get(role, []) if pid != old]
+
+            wait_for(lambda: bool(new()) or farm.proc.poll() is not None, 30, f"no new {role}")  # type: ignore[union-attr]
+            assert farm.proc is not None and farm.proc.poll() is None, farm.fail(f"up exited instead of a new {role}")
+            return new()[0]
+
+        for role in ("gateway", "scheduler") * 3:
+            [old] = farm.role_pids()[role]
+            workers = children_of(old) if role == "gateway" else []
+            os.kill(old, signal.SIGKILL)
+            replaced(role, old)
+            wait_for(lambda: serves(farm), 30, f"HTTP did not come back after the {role} was killed")
+            assert not any(alive(pid) for pid in workers), "the killed gateway's workers were left running"
+
+        [redis_pid] = farm.role_pids()["redis-server"]
+        os.kill(redis_pid, signal.SIGKILL)
+        again = next_redis_server(farm.proc.pid, redis_pid)
+        os.kill(again, signal.SIGKILL)  # as it starts, before it answers: what up waits for
+        replaced("redis-server", again)
+        wait_for(lambda: serves(farm), 30, lambda: farm.fail("the farm does not serve after Redis came back").args[0])
         assert farm.stop() == 0
     finally:
         farm.stop()

@@ -56,7 +56,7 @@ from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, async_redis, redacted, sync_redis
 from streamserve.transport.redis_checks import full_memory_warning, redis_problems, warning_text
 from streamserve.wire.config import AppConfig, load_config
-from streamserve.wire.errors import OverloadedError, StreamServeError
+from streamserve.wire.errors import OverloadedError, RedisUnavailableError, StreamServeError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import GoalRecord, ReplicaRecord
 from streamserve.wire.states import FINAL_GOAL_STATUSES, GoalStatus
@@ -128,7 +128,7 @@ class Farm:
         self.data_dir = options.data_dir or DEFAULT_DATA_DIR
         self._token_file: Path | None = None  # where the admin token is, when `up` made or kept it
         self._env: dict[str, str] = {}
-        self._restarts: list[float] = []  # when a child of the farm was last started again
+        self._restarts: dict[str, list[float]] = {}  # when each child of the farm was last started again
         self._signals = 0
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -244,25 +244,34 @@ class Farm:
 
     def _supervise(self, *children: str) -> None:
         """Start again what died: the embedded Redis (from the moment it was started, banner or not) and the named
-        children. Raises FarmDown when one keeps dying."""
+        children. Raises FarmDown when one of them keeps dying."""
         if self.redis is not None and not self.redis.running:
             # Same port, same data: processes reconnect and the long poll catches up by itself.
-            self._count_restart("the embedded redis-server keeps dying")
+            self._count_restart("redis-server", "the embedded redis-server keeps dying")
             print("streamserve: the embedded redis-server died; restarting it on its data", file=sys.stderr)
-            self.redis.start()
+            try:
+                self.redis.start()
+            except RedisUnavailableError as exc:  # it died again as it started (killed, say): the next look restarts it
+                print(f"streamserve: {exc}", file=sys.stderr)
         for name in children:
             proc: subprocess.Popen[bytes] | None = getattr(self, name)
             if proc is None or proc.poll() is None:
                 continue
             # Replicas keep serving meanwhile; a restarted scheduler adopts them.
-            self._count_restart(f"the {name} keeps exiting (code {proc.returncode})")
+            self._count_restart(name, f"the {name} keeps exiting (code {proc.returncode})")
             print(f"streamserve: the {name} exited with code {proc.returncode}; restarting it", file=sys.stderr)
+            if name == "gateway":  # its worker processes (--gateway-workers) outlive it, holding its port: end them
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
             setattr(self, name, self._spawn(proc.args))  # type: ignore[arg-type]
 
-    def _count_restart(self, why: str) -> None:
+    def _count_restart(self, child: str, why: str) -> None:
+        """Count a restart of ``child``; FarmDown (saying ``why``) past MAX_RESTARTS of it within RESTART_WINDOW_S
+        (each child its own: a gateway and a scheduler killed three times each are no child that keeps dying)."""
         now = time.monotonic()
-        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW_S] + [now]
-        if len(self._restarts) > MAX_RESTARTS:
+        times = [t for t in self._restarts.get(child, []) if now - t < RESTART_WINDOW_S] + [now]
+        self._restarts[child] = times
+        if len(times) > MAX_RESTARTS:
             raise FarmDown(why)
 
     async def _apply(self, url: str) -> Applied:
