@@ -31,6 +31,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 # How long a gateway answers what it holds after SIGTERM.
 GRACEFUL_SHUTDOWN_S = 30
+# How long one of --workers N may leave uvicorn's health check unanswered before it is killed and replaced (uvicorn's
+# 5 s killed workers, and the requests they held, on a host starved of CPU for a few seconds).
+WORKER_HEALTHCHECK_S = 60
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         # uvicorn's supervisor holds the socket and runs (and restarts) the workers; it serves nothing itself.
         os.environ.update(settings.to_env())
         raise_fd_limit()  # the workers inherit it (and hold their connections to the limits in worker_app)
-        uvicorn.run(f"{__name__}:worker_app", factory=True, workers=args.gateway_workers, **server)
+        uvicorn.run(
+            f"{__name__}:worker_app",
+            factory=True,
+            workers=args.gateway_workers,
+            timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
+            **server,
+        )
         return 0
     use_connection_limits(settings)
     app = create_app(settings)

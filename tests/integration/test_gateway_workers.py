@@ -4,6 +4,7 @@ that dies is started again; a bad N is a usage error."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -20,6 +21,8 @@ from tests.harness.paths import STREAMSERVE
 from tests.harness.waiting import Message, wait_for, wait_for_async
 from tests.integration.conftest import StartReplica
 
+# Longer than uvicorn's own worker health-check timeout (5 s) and its check's interval together.
+PAUSE_S = 7.0
 ACCESS_PID = re.compile(rb"\[streamserve\.access (\d+)\]")
 
 
@@ -79,6 +82,18 @@ async def test_two_workers_share_the_port_each_with_its_reply_stream(
         await asyncio.gather(*(post_each_on_a_new_connection(25) for _ in range(8)))
         log = b"".join(p.read_bytes() for p in tmp_path.glob("gateway-*.log"))
         assert {int(pid) for pid in ACCESS_PID.findall(log)} == workers  # both served
+
+        # A worker that answers nothing for longer than uvicorn's 5 s health check (a host starved of CPU, a long
+        # pause) is not killed with what it holds: it serves on once it runs again.
+        paused = max(workers)
+        os.kill(paused, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(PAUSE_S)  # the fault itself lasts this long
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # killed meanwhile: the assertion below says so
+                os.kill(paused, signal.SIGCONT)
+        await post_each_on_a_new_connection(10)
+        assert workers_of(supervisor) == workers, "a paused worker was killed and replaced"
 
         # A worker that dies is started again by the supervisor, and the port keeps answering meanwhile.
         victim = min(workers)
