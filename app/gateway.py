@@ -101,7 +101,9 @@ _X_CACHE = {SHARED_STORED: "hit", SHARED_JOINED: "coalesced", "": "miss"}
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")  # \Z: "$" would take a trailing newline
 # X-Request-Timeout: plain decimal seconds (float() would also take "1_0", "+2", "1e3" and "inf").
-SECONDS_RE = re.compile(r"^(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")  # 2, 2.5, .5, 1e-3: no nan, inf, 0x, _
+# 2, 2.5, .5, 1e-3: no nan, inf, 0x, _. Each digit can belong to one part only: a pattern with two ways to split a
+# run of digits backtracks over it (a 64 KiB value held the event loop for minutes).
+SECONDS_RE = re.compile(r"(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 _JSON = (b"content-type", b"application/json")
 
 logger = logging.getLogger(__name__)
@@ -489,7 +491,7 @@ def _header_timeout(given: list[str]) -> float:
     if len(given) > 1:
         raise BadRequestError(f"a request takes one X-Request-Timeout header, got {len(given)}")
     raw = given[0]
-    value = float(raw) if SECONDS_RE.match(raw.strip()) else 0.0
+    value = float(raw) if SECONDS_RE.fullmatch(raw.strip()) else 0.0
     if not 0 < value < float("inf"):
         raise BadRequestError(
             f"X-Request-Timeout must be a positive number of seconds, such as 2, 0.5 or 1e-3, got {shown(raw)}"
