@@ -52,7 +52,7 @@ class JobWorkerPool:
 
     def __init__(self, settings: Settings) -> None:
         self.size = settings.job_workers
-        self._env = {**os.environ, **settings.to_env()}
+        self._env = settings.user_code_env(os.environ)  # job workers need no gateway secret
         self._procs: list[subprocess.Popen[bytes]] = []
         self._signalled: set[int] = set()
         self._backoff = Backoff(FIRST_BACKOFF_S, MAX_BACKOFF_S)

@@ -33,6 +33,7 @@ from rq.worker import SimpleWorker
 from streamserve.client.job_guard import GuardedJob
 from streamserve.client.jobs import JOB_SERIALIZER, JobQueue, job_worker_name, jobs_redis_url
 from streamserve.runtime.logging_setup import start_process
+from streamserve.runtime.settings import forget_gateway_secrets
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import MemoryRefusals, sync_redis
 from streamserve.wire.errors import RequestCancelledError
@@ -118,6 +119,7 @@ class JobWorker(SimpleWorker):
 
 def main(argv: list[str] | None = None) -> int:
     _args, settings = start_process(build_parser(), argv)
+    forget_gateway_secrets()  # it needs none, and passes its environment on to nothing that should have them
     connection = sync_redis(jobs_redis_url(settings))
     policy = connection.get_retry()
     assert policy is not None  # sync_redis gives every connection the shared policy

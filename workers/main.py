@@ -15,7 +15,7 @@ from streamserve.runtime import tracing
 from streamserve.runtime.gc_freeze import freeze_startup_objects
 from streamserve.runtime.logging_setup import start_process
 from streamserve.runtime.processes import on_stop_signals, role_command
-from streamserve.runtime.settings import Settings
+from streamserve.runtime.settings import Settings, forget_gateway_secrets
 from streamserve.transport.connections import async_redis
 from streamserve.wire.ids import ReplicaID
 from streamserve.workers.output_shipper import OutputShipper
@@ -68,6 +68,7 @@ def restart_command(worker_args: list[str], replica_id: ReplicaID) -> list[str]:
 def main(argv: list[str]) -> int:
     """``argv``: the arguments after ``streamserve worker``."""
     args, settings = start_process(build_parser(), argv)
+    forget_gateway_secrets()  # before any user code is imported
     replica_id = ReplicaID.from_str(args.replica_id) if args.replica_id else ReplicaID.new(args.deployment)
     if replica_id.deployment != args.deployment:
         print(f"replica id {replica_id} does not belong to deployment {args.deployment!r}", file=sys.stderr)

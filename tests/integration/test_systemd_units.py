@@ -67,3 +67,17 @@ def test_the_worker_template_serves_the_deployment_before_the_dot(instance: str,
         [*argv[:2], argv[2].replace("exec ", "exec echo ", 1), *argv[3:]], capture_output=True, text=True, timeout=10
     )
     assert shown.stdout.split() == [STREAMSERVE, "worker", deployment]
+
+
+def environment_files(unit: str) -> list[str]:
+    return [line.partition("=")[2] for line in (UNITS / unit).read_text().splitlines() if line.startswith("Environ")]
+
+
+def test_only_the_gateways_unit_reads_the_api_key() -> None:
+    """The shared environment file is read by every unit, the workers (your code) too: the key is not in it."""
+    shared, gateway_only = "/etc/streamserve/streamserve.env", "/etc/streamserve/gateway.env"
+    assert environment_files("streamserve-gateway.service") == [shared, gateway_only]
+    assert environment_files("streamserve-scheduler.service") == [shared]
+    assert environment_files("streamserve-worker@.service") == [shared]
+    assert "STREAMSERVE_API_KEY=" not in (UNITS / "streamserve.env.example").read_text()
+    assert "STREAMSERVE_API_KEY=" in (UNITS / "gateway.env.example").read_text()

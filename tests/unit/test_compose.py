@@ -21,12 +21,16 @@ def test_redis_is_not_published() -> None:
     assert "ports" not in services()["redis"]
 
 
-def test_every_streamserve_service_requires_the_api_key_and_limits_imports() -> None:
+def test_the_gateway_requires_the_api_key_and_every_streamserve_service_limits_imports() -> None:
     for name in ("deploy", "scheduler", "gateway"):
         env = services()[name]["environment"]
-        # ${VAR:?message}: compose refuses to start while the key is unset or empty.
-        assert env["STREAMSERVE_API_KEY"].startswith("${STREAMSERVE_API_KEY:?"), name
+        assert env["REDIS_URL"] == "redis://redis:6379/0", name
         assert env["STREAMSERVE_IMPORT_ALLOW"] == "${STREAMSERVE_IMPORT_ALLOW:-examples}", name
+    # ${VAR:?message}: compose refuses to start while the key is unset or empty.
+    assert services()["gateway"]["environment"]["STREAMSERVE_API_KEY"].startswith("${STREAMSERVE_API_KEY:?")
+    # The scheduler runs user code (the replicas): it never has the key to pass on.
+    assert "STREAMSERVE_API_KEY" not in services()["scheduler"]["environment"]
+    assert "STREAMSERVE_API_KEY" not in services()["deploy"]["environment"]
 
 
 def test_only_the_gateway_publishes_a_port() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -21,6 +22,8 @@ from streamserve.wire.tenants import TenantKeys
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 API_KEY_ENV = "STREAMSERVE_API_KEY"
 TENANT_KEYS_ENV = "STREAMSERVE_TENANT_KEYS"
+# What only a gateway needs, and user code must not be able to read.
+GATEWAY_SECRETS_ENV = (API_KEY_ENV, TENANT_KEYS_ENV)
 
 
 def add_redis_url_option(parser: argparse.ArgumentParser) -> None:
@@ -300,12 +303,19 @@ class Settings(BaseSettings):
         return env
 
     def user_code_env(self, inherited: Mapping[str, str]) -> dict[str, str]:
-        """The environment of a process that runs user code (a replica): ``inherited`` and ``to_env()`` without the
-        API key, which only a gateway needs, and which user code must not be able to read."""
+        """The environment of a process that is no gateway (a replica, a job worker): ``inherited`` and ``to_env()``
+        without the gateway's secrets, which user code must not be able to read."""
         env = {**inherited, **self.to_env()}
-        env.pop(API_KEY_ENV, None)
-        env.pop(TENANT_KEYS_ENV, None)
+        for name in GATEWAY_SECRETS_ENV:
+            env.pop(name, None)
         return env
+
+
+def forget_gateway_secrets() -> None:
+    """Take the gateway's secrets out of this process's own environment: a process that runs user code and was
+    started with them (a systemd unit or a compose service sharing the gateway's environment) must not pass them on."""
+    for name in GATEWAY_SECRETS_ENV:
+        os.environ.pop(name, None)
 
 
 def _with_query(url: str, name: str, secret: SecretStr) -> str:
