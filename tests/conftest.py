@@ -24,12 +24,21 @@ from tests.harness.redis_cluster import LocalRedisCluster
 
 # The tests that run whole farms: one xdist worker runs them in turn...
 FARM_TESTS = ("tests/e2e/", "tests/soak/")
-# ...but for these, run by the other worker once it has run the rest (the farm tests alone take 26 minutes, the
-# others 10): the package built and pip-installed into fresh virtualenvs (a minute), and eight Ctrl-C and `up` again
-# of a job farm (two minutes). What else ran beside the farm worker's farms saw timing-bound tests fail in CI runs (a
-# Redis Cluster farm's status lagging); those two no longer have a cause to (job workers used to take seconds to exit
-# on a busy host: runtime/process_exit.py).
-LATE_FARM_TESTS = ("tests/e2e/test_install.py", "tests/e2e/test_job_restarts.py")
+# ...but for these, run by the other worker once it has run the rest (in a CI run of 2026-11-29 the farm worker ran
+# 21.5 minutes, the other 13 with the first two of these): the package built and pip-installed into fresh virtualenvs
+# (a minute), eight Ctrl-C and `up` again of a job farm (two minutes), and farms whose tests bound no answer's time
+# tightly (4 minutes: durable Redis, job floods and job workers' stops, a scheduler's failover, the short soak). What
+# else ran beside the farm worker's farms saw timing-bound tests fail in CI runs (a Redis Cluster farm's status
+# lagging): those stay on the farm worker.
+LATE_FARM_TESTS = (
+    "tests/e2e/test_install.py",
+    "tests/e2e/test_job_restarts.py",
+    "tests/e2e/test_durable_redis.py",
+    "tests/e2e/test_job_flood.py",
+    "tests/e2e/test_job_workers_stop.py",
+    "tests/e2e/test_scheduler_failover.py",
+    "tests/soak/",
+)
 
 
 def _lane(nodeid: str) -> int:
