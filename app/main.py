@@ -16,6 +16,7 @@ from streamserve.runtime.fd_limit import raise_fd_limit
 from streamserve.runtime.gc_freeze import freeze_startup_objects
 from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, inherited
 from streamserve.runtime.logging_setup import setup_logging, start_process
+from streamserve.runtime.processes import end_with_spawning_process
 from streamserve.runtime.settings import Settings, add_gateway_workers_option, add_no_admin_option
 
 # The server settings of the gateway (the benchmark's bare app uses the same); the gateway's own connections are
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 def worker_app() -> GatewayApp:
     """One of ``--workers N`` gateway processes (uvicorn imports this in each): settings from the environment the
     first process wrote (Settings.to_env), its own logging, its own client and reply stream."""
+    end_with_spawning_process()
     settings = Settings()
     setup_logging(settings.debug, settings.log_format, role="gateway")
     tracing.start("gateway")

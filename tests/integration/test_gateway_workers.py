@@ -16,6 +16,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from streamserve.runtime.processes import port_is_free
 from tests.harness.farm import descendants, gateway_process
 from tests.harness.paths import STREAMSERVE
 from tests.harness.waiting import Message, wait_for, wait_for_async
@@ -107,6 +108,25 @@ async def test_two_workers_share_the_port_each_with_its_reply_stream(
         os.kill(supervisor, signal.SIGTERM)
         gone = "the workers outlived the gateway"
         await until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), 15, gone)
+
+
+async def test_a_gateway_killed_9_takes_its_workers_with_it(
+    start_replica: StartReplica, redis_url: str, tmp_path: Path
+) -> None:
+    """uvicorn's supervisor cannot stop its workers when it is killed -9: they end by themselves, and the port is free
+    for the next gateway (they kept serving it for ever)."""
+    await start_replica(route_prefix="/rec")
+    with gateway_process(redis_url, tmp_path, "--workers", "2") as port:
+        supervisor = gateway_pid(port)
+        await until(lambda: len(workers_of(supervisor)) == 2, 20, lambda: f"not two workers: {descendants(supervisor)}")
+        workers = workers_of(supervisor)
+        os.kill(supervisor, signal.SIGKILL)
+
+        def alive() -> list[int]:
+            return [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+        await until(lambda: not alive(), 30, lambda: f"workers outlived their killed gateway: {alive()}")
+        assert port_is_free("127.0.0.1", port)
 
 
 @pytest.mark.parametrize("bad", ["0", "-1", "two"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import multiprocessing
 import os
 import signal
 import socket
@@ -29,6 +30,16 @@ def die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def end_with_spawning_process() -> None:
+    """In a process multiprocessing spawned (one of a gateway's --workers): SIGTERM once the process that spawned it
+    dies, killed -9 too (its workers kept serving its port for ever, and a new gateway could not bind it); at once
+    when it died before the kernel was asked."""
+    die_with_parent()
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @contextlib.contextmanager
