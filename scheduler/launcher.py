@@ -48,7 +48,7 @@ class ProcessLauncher:
         """True while the process runs and still is this replica (guards against pid reuse)."""
         child = self._children.get(pid)
         if child is not None:
-            return child.poll() is None
+            return not _ended(child)
         return runs_replica(pid, replica_id)
 
     def find(self, replica_id: ReplicaID) -> int | None:
@@ -66,7 +66,7 @@ class ProcessLauncher:
     def exit_code(self, pid: int) -> int | None:
         """The exit code of a child that has ended, if we started it."""
         child = self._children.get(pid)
-        return None if child is None else child.poll()
+        return child.returncode if child is not None and _ended(child) else None
 
     def terminate(self, pid: int, replica_id: ReplicaID) -> None:
         """Ask the replica to drain and exit."""
@@ -85,4 +85,22 @@ class ProcessLauncher:
         """Drop a reaped child."""
         child = self._children.pop(pid, None)
         if child is not None:
-            child.poll()
+            _ended(child)
+
+
+def _ended(child: subprocess.Popen[bytes]) -> bool:
+    """Whether a replica we started has ended. When it has, what it left in its process group (processes its user
+    code started: a model server, a pool) is killed before the replica is reaped: they would run on for ever, and
+    until the reaping the replica's pid, which names the group, cannot be another process's."""
+    if child.returncode is not None:
+        return True
+    try:
+        if os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return False
+    except ChildProcessError:  # reaped already
+        child.poll()
+        return True
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.poll()
+    return True

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -332,3 +333,9 @@ def sized(body: dict[str, Any]) -> str:
 def streamserve_environment(body: Any) -> list[str]:
     """The names of the streamserve settings this replica's environment holds (what user code could read)."""
     return sorted(name for name in os.environ if name.startswith("STREAMSERVE_") or name == "REDIS_URL")
+
+
+def start_sleeper(body: Any) -> int:
+    """Starts a process that outlives the call, as a model server a handler starts would (in the replica's process
+    group); returns its pid."""
+    return subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL).pid
