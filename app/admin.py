@@ -23,7 +23,7 @@ from streamserve.wire.errors import (
     GoalFailedError,
     RequestTimeoutError,
 )
-from streamserve.wire.json_values import decode_error
+from streamserve.wire.json_values import check_decoded, decode_error
 from streamserve.wire.states import FINAL_GOAL_STATUSES
 
 MAX_GOAL_WAIT_S = 60.0
@@ -113,7 +113,12 @@ def _add_goal_read(router: APIRouter, settings: Settings, client: AsyncClient) -
 async def _json_body(request: Request, settings: Settings) -> Any:
     length = request.headers.get("content-length")
     body = await read_body(request.receive, length, settings.max_request_bytes, settings.body_timeout_s)
+    body = body or b"null"
     try:
-        return orjson.loads(body or b"null")
+        value = orjson.loads(body)
+        check_decoded(body, value)  # as a deployment's body: a config's numbers arrive as written, or not at all
     except orjson.JSONDecodeError as exc:
-        raise BadRequestError(f"request body is {decode_error(body or b'null', exc)}") from None
+        raise BadRequestError(f"request body is {decode_error(body, exc)}") from None
+    except ValueError as exc:
+        raise BadRequestError(f"request body: {exc}") from None
+    return value

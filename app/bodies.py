@@ -20,8 +20,10 @@ async def read_body(
     408 if it has not all arrived within ``timeout_s`` (a slow client must not hold a connection forever).
     ``arrived``: the server has it all already (http_protocol.body_arrived), so nothing waits and no timer is set
     (the timer cost a small request a few percent of the gateway's CPU)."""
-    if content_length is not None and content_length.isdigit() and int(content_length) > limit:
-        raise PayloadTooLargeError(f"request body of {content_length} bytes is above max_request_bytes ({limit})")
+    declared = _declared_size(content_length)
+    if declared is not None and declared > limit:
+        shown_size = declared if declared < 2**64 else f"more than {limit}"
+        raise PayloadTooLargeError(f"request body of {shown_size} bytes is above max_request_bytes ({limit})")
     if arrived:
         return await _read(receive, limit)
     try:
@@ -29,6 +31,15 @@ async def read_body(
             return await _read(receive, limit)
     except TimeoutError:
         raise BodyTimeoutError(f"the request body did not arrive within {timeout_s:g}s (body_timeout_s)") from None
+
+
+def _declared_size(content_length: str | None) -> int | None:
+    """Content-Length as a number (None when absent or no number); leading zeros are allowed, and a value of
+    thousands of digits (int() refuses those) is read as what it is: more than any limit."""
+    if content_length is None or not (content_length.isascii() and content_length.isdigit()):
+        return None
+    digits = content_length.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 20 else 2**64
 
 
 async def _read(receive: Receive, limit: int) -> bytes:

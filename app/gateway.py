@@ -89,7 +89,7 @@ from streamserve.wire.errors import (
 )
 from streamserve.wire.idempotency import check_key
 from streamserve.wire.ids import new_request_id
-from streamserve.wire.json_values import check_decoded, decode_error
+from streamserve.wire.json_values import check_body, decode_error
 from streamserve.wire.messages import SHARED_JOINED, SHARED_STORED, Reply, ReplyStatus
 from streamserve.wire.models import MODEL_HEADER, check_model_id
 from streamserve.wire.priorities import Priority, parse_priority
@@ -215,8 +215,7 @@ class Gateway:
             body = await read_body(receive, length, limit, timeout_s, body_arrived(scope))
             body = body or b"null"
             try:
-                value = orjson.loads(body)
-                check_decoded(body, value)
+                check_body(body)  # the body goes on as it came; a job's value is read again
             except orjson.JSONDecodeError as exc:
                 raise BadRequestError(f"request body is {decode_error(body, exc)}") from None
             except ValueError as exc:
@@ -228,7 +227,12 @@ class Gateway:
             model = _model_id(headers.one(b"x-model-id", MODEL_HEADER))
             if _prefers_async(headers.getlist(b"prefer")):
                 response = await self._submit_job(
-                    name, value, header_timeout, exchange.reply_headers, idempotency_key, (priority, tenant, model)
+                    name,
+                    orjson.loads(body),
+                    header_timeout,
+                    exchange.reply_headers,
+                    idempotency_key,
+                    (priority, tenant, model),
                 )
                 exchange.status = response.status_code
                 await response(scope, receive, send)
