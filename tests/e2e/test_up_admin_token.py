@@ -69,8 +69,8 @@ def test_commands_run_beside_up_find_the_farm(farm: Farm, tmp_path: Path) -> Non
     lost = run_command([STREAMSERVE, "status"], elsewhere, {**env, "REDIS_URL": "redis://127.0.0.1:1/0"})
     assert lost.returncode == 1 and "127.0.0.1:1" in lost.stderr  # REDIS_URL wins over any data directory
     nowhere = run_command([STREAMSERVE, "status", "--data-dir", str(elsewhere)], elsewhere, env)
-    if nowhere.returncode != 0:  # nothing on the default port: the error says why that one was tried
-        assert f"no `streamserve up` runs from {elsewhere}/" in nowhere.stderr
+    # A data directory named that no farm runs from is an error, not the default Redis (another farm's, maybe).
+    assert nowhere.returncode == 1 and f"no `streamserve up` runs from {elsewhere}/ (--data-dir)" in nowhere.stderr
 
 
 def run_command(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -4,14 +4,19 @@ took another port when 6379 was taken."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
 import pytest
 
+from streamserve.cli.farm_lookup import beside_running_farm
+from streamserve.cli.parser import build_parser
 from streamserve.client.core import ClientCore
 from streamserve.runtime.farm_files import DEFAULT_DATA_DIR, FarmRecord, write_farm
 from streamserve.runtime.processes import process_ref
+from streamserve.runtime.settings import Settings
+from streamserve.wire.errors import NotFoundError
 
 FARM_URL = "redis://127.0.0.1:48889/0"
 
@@ -43,3 +48,22 @@ def test_without_a_farm_here_the_default_is_used(tmp_path: Path, monkeypatch: py
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     assert ClientCore()._settings.effective_redis_url.startswith("redis://127.0.0.1:6379")
+
+
+def test_an_empty_redis_url_is_no_url(beside_a_farm: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``REDIS_URL=`` (a script's way of clearing it) meant 127.0.0.1:6379, whichever farm that was."""
+    monkeypatch.setenv("REDIS_URL", "")
+    assert ClientCore()._settings.effective_redis_url == FARM_URL
+    assert beside_running_farm(parse(["status"]), Settings()).effective_redis_url == FARM_URL
+
+
+def test_a_data_dir_no_farm_runs_from_is_an_error_not_the_default_redis(beside_a_farm: None, tmp_path: Path) -> None:
+    """Else `delete NAME --data-dir WRONG` deleted NAME from whatever farm's Redis was on 6379."""
+    with pytest.raises(NotFoundError, match=f"no `streamserve up` runs from {tmp_path}/nowhere/"):
+        beside_running_farm(parse(["delete", "echo", "--data-dir", str(tmp_path / "nowhere")]), Settings())
+    found = beside_running_farm(parse(["status", "--data-dir", str(tmp_path / DEFAULT_DATA_DIR)]), Settings())
+    assert found.effective_redis_url == FARM_URL
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(argv)

@@ -186,6 +186,13 @@ class Settings(BaseSettings):
             raise ValueError("STREAMSERVE_API_KEY is set but empty; set a secret, or unset it for no key")
         return value
 
+    @field_validator("redis_url", mode="before")
+    @classmethod
+    def _blank_url_is_none(cls, value: object) -> object:
+        """``REDIS_URL=`` (set, but empty) names no Redis: the farm `up` runs here is found as when it is unset (it
+        meant the default, 127.0.0.1:6379, whichever farm that is)."""
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("import_allow")
     @classmethod
     def _allow_list_parses(cls, value: str | None) -> str | None:
