@@ -14,6 +14,9 @@ a connection never reaches. Here:
   request in progress (idle between requests, or still sending its headers), oldest first; when every connection has
   a request in progress, the new one gets 503 (``OverloadedError``) instead. A slowloris thus takes the place of other
   slow connections, never of requests being served.
+- A request head (request line and headers as sent) longer than ``max_head_bytes`` is answered 431 as soon as that
+  many bytes of it are in, not once it ends: httptools and uvicorn join a long header value or URL piece by piece,
+  in time that grows with the square of its length (50 MB held the gateway 8 s). One counter add per read.
 """
 
 from __future__ import annotations
@@ -30,7 +33,13 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from streamserve.app.errors import error_response
 from streamserve.runtime.fd_limit import raise_fd_limit
 from streamserve.runtime.settings import Settings
-from streamserve.wire.errors import BadRequestError, HeaderTimeoutError, OverloadedError, StreamServeError
+from streamserve.wire.errors import (
+    BadRequestError,
+    HeadersTooLargeError,
+    HeaderTimeoutError,
+    OverloadedError,
+    StreamServeError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +52,10 @@ FD_HEADROOM = 256
 CLOSING_GRACE_S = 1.0
 # At most this many connections wait out CLOSING_GRACE_S at once; beyond, they are closed at once.
 CLOSING_MAX = 64
+# A request head may take this many times max_header_bytes as sent: that limit counts header names and values, and
+# each header adds ": " and CRLF (a head of many short headers is up to three times its count), beside the request
+# line.
+HEAD_BYTES_PER_HEADER_BYTE = 4
 
 
 # The ASGI scope key of what to call when the connection is lost before the response is complete. uvicorn tells an
@@ -199,6 +212,7 @@ class ConnectionLimits:
 
     header_timeout_s: float
     max_connections: int
+    max_head_bytes: int
 
     @classmethod
     def for_process(cls, settings: Settings, fd_limit: int) -> ConnectionLimits:
@@ -217,7 +231,8 @@ class ConnectionLimits:
                 room,
             )
             cap = room
-        return cls(header_timeout_s=settings.header_timeout_s, max_connections=cap)
+        head = HEAD_BYTES_PER_HEADER_BYTE * settings.max_header_bytes
+        return cls(header_timeout_s=settings.header_timeout_s, max_connections=cap, max_head_bytes=head)
 
 
 def raw_response(exc: StreamServeError) -> bytes:
@@ -273,12 +288,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[ConnectionLimits]
     timeout_answer: ClassVar[bytes]
     full_answer: ClassVar[bytes]
+    head_answer: ClassVar[bytes]
     malformed_answer: ClassVar[bytes]
     # Connections without a request in progress (idle, or sending headers), longest waiting first: who makes room.
     waiting: ClassVar[dict[GatewayHttpProtocol, None]] = {}
 
     header_timer: TimerHandle | None = None
     header_deadline: float = 0.0
+    # Whether the parser is inside a request's head, and how many bytes it was fed since (reads that began in it).
+    in_head: bool = True
+    head_bytes: int = 0
 
     @classmethod
     def configure(cls, limits: ConnectionLimits) -> None:
@@ -288,6 +307,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         cls.timeout_answer = raw_response(HeaderTimeoutError(late))
         full = f"the gateway holds max_connections ({limits.max_connections}), each with a request in progress; retry"
         cls.full_answer = raw_response(OverloadedError(full, retry_after_s=1.0))
+        long_head = (
+            f"the request's line and headers passed {limits.max_head_bytes} bytes"
+            f" ({HEAD_BYTES_PER_HEADER_BYTE} x max_header_bytes)"
+        )
+        cls.head_answer = raw_response(HeadersTooLargeError(long_head))
         cls.malformed_answer = raw_response(
             BadRequestError("the request is not valid HTTP/1.1 (a header holds a character HTTP does not allow, say)")
         )
@@ -320,7 +344,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             if on_disconnect is not None:
                 on_disconnect()  # the app waits for something other than the body (a reply): it is told now
 
+    def data_received(self, data: bytes) -> None:
+        if self.in_head:
+            self.head_bytes += len(data)
+        super().data_received(data)
+        if self.in_head and self.head_bytes > self.limits.max_head_bytes and not self.transport.is_closing():
+            self.leave_uvicorn()
+            LastAnswer.take_over(self.transport, self.head_answer)
+
     def on_message_begin(self) -> None:
+        self.in_head, self.head_bytes = True, 0
         super().on_message_begin()
         if self.cycle is not None:  # a later request on this connection: its headers have their own time
             self.header_deadline = self.loop.time() + self.limits.header_timeout_s
@@ -328,6 +361,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 self.header_timer = self.loop.call_later(self.limits.header_timeout_s, self.check_headers)
 
     def on_headers_complete(self) -> None:
+        self.in_head = False
         self.waiting.pop(self, None)
         super().on_headers_complete()
         cycle = self.cycle

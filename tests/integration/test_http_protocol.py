@@ -26,6 +26,7 @@ from streamserve.app.http_protocol import (
 from tests.harness.waiting import wait_for_async
 
 GET = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+MAX_HEAD_BYTES = 256 * 1024
 App = Callable[[Scope, ASGIReceiveCallable, ASGISendCallable], Awaitable[None]]
 
 
@@ -65,7 +66,8 @@ async def serving(max_connections: int, written: bool = False, app: App | None =
 
     config = uvicorn.Config(app or ok_app, http=GatewayHttpProtocol, lifespan="off", log_config=None)
     config.load()
-    GatewayHttpProtocol.configure(ConnectionLimits(header_timeout_s=10.0, max_connections=max_connections))
+    limits = ConnectionLimits(header_timeout_s=10.0, max_connections=max_connections, max_head_bytes=MAX_HEAD_BYTES)
+    GatewayHttpProtocol.configure(limits)
     state = ServerState()
     server = await asyncio.get_running_loop().create_server(
         lambda: GatewayHttpProtocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0
@@ -105,6 +107,40 @@ async def test_a_refused_client_reads_its_whole_503_though_its_request_came_befo
         answer = await asyncio.to_thread(_read_until_closed, late)
     assert answer.startswith(b"HTTP/1.1 503 ") and answer.endswith(b"}"), answer
     assert b'"error":"OverloadedError"' in answer
+
+
+@pytest.mark.parametrize("where", ["header value", "url"])
+async def test_a_head_past_its_limit_is_answered_431_before_it_ends(where: str) -> None:
+    """httptools and uvicorn join a long header value or URL in time that grows with the square of its length: the
+    answer comes once MAX_HEAD_BYTES are in, and the rest of the head is never read."""
+    async with serving(max_connections=4) as served:
+        sock = served.connect()
+        start = b"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " if where == "header value" else b"POST /x?q="
+        sock.sendall(start)
+        for _ in range(MAX_HEAD_BYTES // 65536 + 2):  # just past the limit; the head never ends
+            sock.sendall(b"a" * 65536)
+        answer = await asyncio.to_thread(_read_until_closed, sock)
+        ok = served.connect()  # the gateway serves on
+        ok.sendall(GET)
+        assert (await asyncio.to_thread(_read_until, ok, b"ok")).startswith(b"HTTP/1.1 200 ")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert orjson.loads(body)["message"] == (
+        f"the request's line and headers passed {MAX_HEAD_BYTES} bytes (4 x max_header_bytes)"
+    )
+
+
+async def test_a_head_within_its_limit_is_served_however_it_arrives() -> None:
+    """Many short headers, a byte at a time at first: a head near the limit is served (its count is not a header's)."""
+    async with serving(max_connections=4) as served:
+        sock = served.connect()
+        headers = b"".join(b"X-%d: v\r\n" % i for i in range(20_000))  # 200 KB as sent, 120 KB of names and values
+        request = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers + b"\r\n"
+        for byte in request[:100]:
+            sock.sendall(bytes([byte]))
+        sock.sendall(request[100:])
+        answer = await asyncio.to_thread(_read_until, sock, b"ok")
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
 
 
 async def test_bytes_that_are_no_http_request_get_a_json_400() -> None:

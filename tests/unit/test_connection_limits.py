@@ -30,7 +30,7 @@ def test_the_cap_is_the_setting_or_the_default_within_the_open_file_limit(
     max_connections: int | None, files: int, cap: int
 ) -> None:
     limits = ConnectionLimits.for_process(Settings(max_connections=max_connections, header_timeout_s=2.5), files)
-    assert limits == ConnectionLimits(header_timeout_s=2.5, max_connections=cap)
+    assert limits == ConnectionLimits(header_timeout_s=2.5, max_connections=cap, max_head_bytes=4 * 64 * 1024)
 
 
 def test_a_cap_the_open_file_limit_cannot_hold_is_lowered_saying_so(caplog: pytest.LogCaptureFixture) -> None:
