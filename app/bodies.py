@@ -6,7 +6,7 @@ import asyncio
 
 from starlette.types import Receive
 
-from streamserve.wire.errors import BodyTimeoutError, PayloadTooLargeError
+from streamserve.wire.errors import BadRequestError, BodyTimeoutError, PayloadTooLargeError
 
 
 class ClientDisconnected(Exception):
@@ -25,12 +25,21 @@ async def read_body(
         shown_size = declared if declared < 2**64 else f"more than {limit}"
         raise PayloadTooLargeError(f"request body of {shown_size} bytes is above max_request_bytes ({limit})")
     if arrived:
-        return await _read(receive, limit)
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await _read(receive, limit)
-    except TimeoutError:
-        raise BodyTimeoutError(f"the request body did not arrive within {timeout_s:g}s (body_timeout_s)") from None
+        body = await _read(receive, limit)
+    else:
+        try:
+            async with asyncio.timeout(timeout_s):
+                body = await _read(receive, limit)
+        except TimeoutError:
+            raise BodyTimeoutError(f"the request body did not arrive within {timeout_s:g}s (body_timeout_s)") from None
+    if declared is not None and len(body) != declared:
+        # uvicorn stops reading a request at an Upgrade it does not take (curl --http2 sends "Upgrade: h2c"), and
+        # hands over no body: it would have run as null.
+        raise BadRequestError(
+            f"the request body ended after {len(body)} of the {declared} bytes its Content-Length announced (a "
+            "request with an Upgrade header, as curl --http2 sends, loses its body: send plain HTTP/1.1)"
+        )
+    return body
 
 
 def _declared_size(content_length: str | None) -> int | None:
