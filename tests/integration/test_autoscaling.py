@@ -93,3 +93,10 @@ async def test_the_progress_of_turning_autoscaling_on_counts_from_what_runs(
     goal = await GoalStore(aredis, settings.keys).get(applied.goals["rec"])
     line = await StatusReader(aredis, settings.keys).progress(goal)
     assert line == f"rec: 2/2 replica(s) of version {goal.version} running", line
+    # A replica of another version (an older one, or one of a failed update that this deploy undoes) still up.
+    other = ReplicaRecord(
+        replica_id="rec#000000ff", state=ReplicaState.STOPPING, version="f00d", created_ms=1, updated_ms=1
+    )
+    await aredis.hset(settings.keys.replicas("rec"), other.replica_id, other.encode())
+    line = await StatusReader(aredis, settings.keys).progress(goal)
+    assert line == f"rec: 2/2 replica(s) of version {goal.version} running, 1 of another version still up", line

@@ -138,7 +138,7 @@ class StatusReader:
         if ready > wanted:  # scaling down: what counts is how many are still to stop
             return f"{goal.deployment}: {ready} replica(s) running, scaling down to {wanted}"
         line = f"{goal.deployment}: {ready}/{wanted} replica(s) of version {goal.version} running"
-        return line + (f", {others} of an older version still up" if others else "")
+        return line + (f", {others} of another version still up" if others else "")  # older, or a failed newer
 
     async def health_of_all(self) -> dict[str, DeploymentHealthRecord]:
         """The scheduler's last verdict on every deployment it has judged."""
