@@ -15,6 +15,7 @@ import dataclasses
 import gc
 import json
 import math
+import re
 from typing import Any
 
 import orjson
@@ -28,6 +29,9 @@ _DIGITS_AND_MINUS = bytes(b if b in b"0123456789-" else 32 for b in range(256)).
     bytes.maketrans(b"0123456789", b"9999999999")
 )
 _LONG_POSITIVE, _LONG_NEGATIVE = b"9" * 20, b"-" + b"9" * 19
+_NINETEEN_DIGITS = re.compile(rb"\d{19}")  # the first look, cheaper than the translation for a small body
+# A body at least this long is read with the garbage collector paused (check_body).
+_GC_PAUSE_BYTES = 64 * 1024
 
 
 def dumps(value: Any) -> bytes:
@@ -56,13 +60,14 @@ def check_body(body: bytes) -> None:
     a caller that only forwards the body. The value read is dropped before the garbage collector may look at it:
     traversing the millions of containers a large body can hold took it seconds, and ran again and again while the
     value lived."""
-    collecting = gc.isenabled()
+    if len(body) < _GC_PAUSE_BYTES or not gc.isenabled():
+        check_decoded(body, orjson.loads(body))
+        return
     gc.disable()
     try:
         check_decoded(body, orjson.loads(body))
     finally:
-        if collecting:
-            gc.enable()
+        gc.enable()
 
 
 def check_decoded(body: bytes, value: Any) -> None:
@@ -77,14 +82,17 @@ def check_decoded(body: bytes, value: Any) -> None:
             orjson.dumps(value)
         except orjson.JSONEncodeError:  # a decoded value fails to encode for its depth alone
             raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
-    digits = body.translate(_DIGITS_AND_MINUS)
-    if _LONG_POSITIVE in digits or _LONG_NEGATIVE in digits:
+    if _NINETEEN_DIGITS.search(body) and _may_not_fit(body.translate(_DIGITS_AND_MINUS)):
         try:
             json.loads(body, parse_int=_exact_int)
         except _InexactInteger:
             raise ValueError(
                 f"an integer outside [{_INT64_MIN}, {_UINT64_MAX}] cannot be carried exactly; send it as a string"
             ) from None
+
+
+def _may_not_fit(digits: bytes) -> bool:
+    return _LONG_POSITIVE in digits or _LONG_NEGATIVE in digits
 
 
 class _InexactInteger(Exception):
