@@ -129,7 +129,7 @@ async def test_admin_api_validates_input(http: httpx.AsyncClient) -> None:
     assert (await http.post("/-/deploy", content=b"{")).status_code == 400
     # A number a config cannot hold exactly is refused, as the CLI refuses it (it was deployed as a float).
     big = b'{"deployments": [{"name": "adm", "import_path": "examples.functions:noop", "user_config": {"n": '
-    inexact = await http.post("/-/deploy", content=big + b'123456789012345678901234567890}}]}')
+    inexact = await http.post("/-/deploy", content=big + b"123456789012345678901234567890}}]}")
     assert inexact.status_code == 400 and "cannot be carried exactly" in inexact.json()["message"], inexact.text
     assert (await http.post("/-/deploy", json=CONFIG)).status_code == 200  # no key configured: open
     assert (await http.post("/-/deployments/adm/scale", json={"num_replicas": -1})).status_code == 400
