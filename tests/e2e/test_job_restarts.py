@@ -81,7 +81,10 @@ def test_jobs_accepted_before_ctrl_c_all_finish_after_up_again(tmp_path: Path) -
             bodies = [{"sleep": JOB_S, "round": round_, "n": n} for n in range(3)]
             before = {submit(farm, body): body for body in bodies}
             first_two = list(before)[:2]
-            wait_for(partial(started, farm, first_two), 20, "the job workers never took the first two jobs")
+            # Bound: job workers that `up` (in round 0) started a moment ago, importing RQ and streamserve on a host
+            # that runs the farm tests beside this one (20 s was once too short in CI).
+            took = f"round {round_}: the job workers never took the first two jobs"
+            wait_for(partial(started, farm, first_two), 45, took)
             assert farm.stop(timeout_s=60) == 0  # Ctrl-C
             if b"did not stop in time" in farm.log():
                 raise farm.fail(f"round {round_}: a job worker was killed at the end of the drain, its job unfinished")
