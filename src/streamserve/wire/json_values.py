@@ -103,10 +103,12 @@ _MAX_INT_DIGITS = len(str(_UINT64_MAX))
 
 
 def _exact_int(digits: str) -> int:
-    # int() of thousands of digits raises, and takes its time before that.
-    if len(digits) > _MAX_INT_DIGITS + 1 or not _INT64_MIN <= int(digits) <= _UINT64_MAX:
+    if len(digits) > _MAX_INT_DIGITS + 1:  # int() of thousands of digits raises, and takes its time before that
         raise _InexactInteger
-    return int(digits)
+    number = int(digits)
+    if not _INT64_MIN <= number <= _UINT64_MAX:
+        raise _InexactInteger
+    return number
 
 
 def _children(value: Any) -> list[Any]:
