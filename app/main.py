@@ -33,8 +33,10 @@ DEFAULT_PORT = 8000
 # How long a gateway answers what it holds after SIGTERM.
 GRACEFUL_SHUTDOWN_S = 30
 # How long one of --workers N may leave uvicorn's health check unanswered before it is killed and replaced (uvicorn's
-# 5 s killed workers, and the requests they held, on a host starved of CPU for a few seconds).
-WORKER_HEALTHCHECK_S = 60
+# 5 s killed workers, and the requests they held, on a host starved of CPU for a few seconds). It also bounds how long
+# a worker that dies while the supervisor awaits its answer goes unnoticed: the supervisor holds both ends of that
+# pipe, so the death does not end its wait.
+WORKER_HEALTHCHECK_S = 30
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,13 +16,14 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from app.main import WORKER_HEALTHCHECK_S
 from streamserve.runtime.processes import port_is_free
 from tests.harness.farm import descendants, gateway_process
 from tests.harness.paths import STREAMSERVE
 from tests.harness.waiting import Message, wait_for, wait_for_async
 from tests.integration.conftest import StartReplica
 
-# Longer than uvicorn's own worker health-check timeout (5 s) and its check's interval together.
+# Longer than uvicorn's own default worker health-check timeout (5 s) and its check's interval together.
 PAUSE_S = 7.0
 ACCESS_PID = re.compile(rb"\[streamserve\.access (\d+)\]")
 
@@ -96,11 +97,15 @@ async def test_two_workers_share_the_port_each_with_its_reply_stream(
         await post_each_on_a_new_connection(10)
         assert workers_of(supervisor) == workers, "a paused worker was killed and replaced"
 
-        # A worker that dies is started again by the supervisor, and the port keeps answering meanwhile.
+        # A worker that dies is started again by the supervisor, and the port keeps answering meanwhile. Dead while the
+        # supervisor awaits its health-check answer, it is seen only when that wait times out.
         victim = min(workers)
         os.kill(victim, signal.SIGKILL)
         replaced = "the dead worker was not started again"
-        await until(lambda: len(workers_of(supervisor)) == 2 and victim not in workers_of(supervisor), 30, replaced)
+        within_s = WORKER_HEALTHCHECK_S + 30
+        await until(
+            lambda: len(workers_of(supervisor)) == 2 and victim not in workers_of(supervisor), within_s, replaced
+        )
         await post_each_on_a_new_connection(10)
         workers = workers_of(supervisor)
         # Stopping the gateway (SIGTERM to its first process) stops every worker: seen here, before the block's end
