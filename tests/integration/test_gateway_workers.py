@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from app.main import WORKER_HEALTHCHECK_S
+from streamserve.app.main import WORKER_HEALTHCHECK_S
 from streamserve.runtime.processes import port_is_free
 from tests.harness.farm import descendants, gateway_process
 from tests.harness.paths import STREAMSERVE
