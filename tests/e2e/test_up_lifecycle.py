@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -17,6 +20,13 @@ from tests.harness.paths import ROOT, STREAMSERVE
 from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
+
+PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def readme_python() -> str:
+    """The README's Python blocks, in order, as one script: what a user pastes into a file and runs."""
+    return "\n".join(PYTHON_BLOCK.findall((ROOT / "README.md").read_text()))
 
 
 def test_up_serves_the_example_and_ctrl_c_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -40,6 +50,21 @@ def test_up_serves_the_example_and_ctrl_c_leaves_nothing_behind(tmp_path: Path) 
         # up, scheduler, gateway, 2 job workers and 8 replicas; redis-server overwrites its environ with its
         # process title, so it is checked by its port below.
         assert len(started) == 1 + 2 + 2 + 8
+        # The README's Python, pasted as it stands, runs against this farm from the checkout (it deploys the
+        # example's file by its relative path).
+        script = subprocess.run(
+            [sys.executable, "-c", readme_python()],
+            cwd=ROOT,
+            env={**os.environ, "REDIS_URL": farm.effective_redis_url},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert script.returncode == 0, script.stderr[-3000:]
+        printed = script.stdout.splitlines()
+        assert "asked to fail with 1" in printed[0] and printed[1:4] == ["one", "at", "a"], script.stdout
+        assert "sleepy" not in farm.status()
         assert farm.proc is not None
         farm.proc.send_signal(2)  # Ctrl-C
         assert farm.proc.wait(40) == 0
