@@ -88,7 +88,7 @@ class Reclaimer:
             for letter in dead:
                 await self._tell_caller(cfg, letter, reason)
                 if letter.run:  # it never ran to its end: a retry with its key (or an identical request) runs
-                    await settling.release(self._redis, self._keys, cfg.name, letter.idem, letter.cache, letter.run)
+                    await settling.release(self._redis, self._keys, cfg.name, letter)
             logger.warning(
                 "deployment %s: freed %d request(s) of dead replica %s (%d to the dead-letter stream)",
                 cfg.name,

@@ -125,8 +125,19 @@ async def test_a_run_that_never_ran_frees_the_key_and_tells_its_waiters_to_retry
     # A cancelled run too, released by whoever cancelled it.
     again = keyed("r3")
     assert (await enqueue_keyed(pipeliner, KEYS, CFG, again)).entry_id
-    await settling.release(aredis, KEYS, CFG.name, again.idem, "", again.run)
+    await settling.release(aredis, KEYS, CFG.name, again)
     assert not await aredis.exists(KEYS.idempotency(CFG.name, KEY))
+
+
+async def test_each_tenant_has_a_record_of_its_own_for_a_key(aredis: aioredis.Redis, pipeliner: Pipeliner) -> None:
+    mine, theirs = keyed("r1"), keyed("r2", body=b'{"x":2}')
+    theirs.tenant = "acme"
+    assert (await enqueue_keyed(pipeliner, KEYS, CFG, mine)).entry_id
+    assert (await enqueue_keyed(pipeliner, KEYS, CFG, theirs)).entry_id  # queued: no mismatch, no joining
+    assert await aredis.hget(KEYS.idempotency(CFG.name, KEY, "acme"), "run") == theirs.run.encode()
+    await settling.release(aredis, KEYS, CFG.name, theirs)
+    assert not await aredis.exists(KEYS.idempotency(CFG.name, KEY, "acme"))
+    assert await aredis.hget(KEYS.idempotency(CFG.name, KEY), "run") == mine.run.encode()
 
 
 async def test_a_handler_error_is_stored_and_a_too_large_reply_is_not(

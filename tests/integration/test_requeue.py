@@ -12,6 +12,7 @@ from streamserve.runtime.settings import Settings
 from streamserve.transport.streams import DeadLetter, Requeuer, ensure_group
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import Request, now_ms
+from streamserve.wire.tenants import DEFAULT_TENANT
 
 REASON = "replica rec#dead died holding it"
 Entry = tuple[bytes, dict[bytes, bytes]]
@@ -26,8 +27,9 @@ class Queue:
         self.dead = settings.keys.dead_letters("rec")
         self.requeuer = Requeuer(redis, settings.keys)
 
-    async def add(self, request_id: str, attempts: int = 0) -> bytes:
+    async def add(self, request_id: str, attempts: int = 0, tenant: str = DEFAULT_TENANT) -> bytes:
         request = Request(request_id, "streamserve:replies:caller1", now_ms() + 60_000, b'{"x":1}', "m", attempts)
+        request.tenant = tenant
         return cast(bytes, await self.redis.xadd(self.stream, dict(request.encode())))
 
     async def take(self, count: int = 100) -> list[bytes]:
@@ -101,15 +103,19 @@ async def test_an_uncharged_requeue_counts_nothing(queue: Queue) -> None:
 
 async def test_with_one_attempt_allowed_a_charged_entry_goes_straight_to_the_dead_letters(queue: Queue) -> None:
     await queue.add("poison")
-    [(_, original)] = await queue.entries()
+    await queue.add("theirs", tenant="acme")  # (a dead letter names its tenant: its key's record is the tenant's)
+    [(_, original), _] = await queue.entries()
     taken = await queue.take()
 
     dead = await queue.requeue(taken, charge=True, max_attempts=1)
 
-    assert dead == [DeadLetter(request_id="poison", reply_to="streamserve:replies:caller1", deliveries=1)]
+    assert dead == [
+        DeadLetter(request_id="poison", reply_to="streamserve:replies:caller1", deliveries=1),
+        DeadLetter(request_id="theirs", reply_to="streamserve:replies:caller1", deliveries=1, tenant="acme"),
+    ]
     assert await queue.entries() == []
     assert await queue.pending() == 0
-    [(_, lettered)] = await queue.dead_letters()
+    [(_, lettered), _] = await queue.dead_letters()
     assert lettered[b"reason"] == REASON.encode()
     assert lettered[b"attempts"] == b"1"
     assert {k: v for k, v in lettered.items() if k not in (b"attempts", b"reason")} == original

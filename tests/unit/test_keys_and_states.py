@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fnmatch
 import re
 
 import pytest
@@ -33,6 +34,30 @@ def test_each_deployment_is_one_cluster_slot_and_the_farm_wide_keys_another() ->
     # Deployments, and callers' reply streams, spread over the slots by name.
     assert len({key_slot(keys.requests(f"d{i}").encode()) for i in range(20)}) == 20
     assert len({key_slot(keys.reply_stream(f"caller{i}").encode()) for i in range(20)}) == 20
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [(("default", "acme:k1"), ("acme", "k1")), (("a.b", "c:d"), ("a", "b.c:d")), (("default", "x"), ("acme", "x"))],
+)
+def test_no_two_tenants_keys_share_a_record(first: tuple[str, str], second: tuple[str, str]) -> None:
+    keys = Keys()
+    (tenant_a, key_a), (tenant_b, key_b) = first, second
+    for name in (keys.idempotency, keys.idempotency_waiters, keys.job_idempotency):
+        assert name("echo", key_a, tenant_a) != name("echo", key_b, tenant_b)
+    assert keys.idempotency("echo", "k", "default") == "streamserve:{echo}:idem:k"  # as before tenants had keys
+
+
+def test_a_deployments_job_keys_pattern_matches_every_tenants_keys_and_no_other_deployments() -> None:
+    keys = Keys()
+    pattern = keys.job_idempotency_pattern("echo")
+    ours = [keys.job_idempotency("echo", "k:1"), keys.job_idempotency("echo", "k", "acme")]
+    others = [
+        keys.job_idempotency("echo-2", "k"),
+        keys.job_idempotency("echo-2", "k", "acme"),
+        keys.job_idempotency("ech", "o:k"),
+    ]
+    assert [fnmatch.fnmatchcase(k, pattern) for k in ours + others] == [True, True, False, False, False]
 
 
 def test_only_keys_module_spells_the_prefix() -> None:

@@ -301,7 +301,7 @@ class Calls(ClientCore):
         request_id = request_id or new_request_id()
         digest = ""
         if cfg.response_cache is not None and not idempotency_key:
-            digest = cache_digest(cfg, method, body, model_id)
+            digest = cache_digest(cfg, method, body, model_id, tenant)
             if refresh:
                 self._hot.drop(digest)
             elif (kept := self._hot.get(digest)) is not None:

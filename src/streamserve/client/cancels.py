@@ -86,7 +86,7 @@ class Canceller:
             if isinstance(added, Exception):
                 raise added
         if stage == "queued" and request is not None and request.run:
-            await settling.release(self._redis, keys, deployment, request.idem, request.cache, request.run)
+            await settling.release(self._redis, keys, deployment, request)
         if stage == "queued" and request is not None and request.held:  # it no longer counts for its tenant
             await self._redis.zrem(keys.tenant_held(deployment, request.tenant), request.held)
         if stage == "running":

@@ -197,7 +197,7 @@ class JobQueue:
         job_id = str(uuid.uuid4())
         claim = ""
         if idempotency_key is not None:
-            claim = self._keys.job_idempotency(name, idempotency_key)
+            claim = self._keys.job_idempotency(name, idempotency_key, tenant)
             digest = request_digest(method, orjson.dumps(body), model)
             earlier = self._claim(claim, idempotency_key, job_id, digest, counted_in.idempotency_ttl_s)
             if earlier is not None:

@@ -58,8 +58,8 @@ class Sharing:
 def by_key(keys: Keys, cfg: DeploymentConfig, request: Request) -> Sharing:
     """The sharing of ``request``, which has an idempotency key (``idem``)."""
     return Sharing(
-        keys.idempotency(cfg.name, request.idem),
-        keys.idempotency_waiters(cfg.name, request.idem),
+        keys.idempotency(cfg.name, request.idem, request.tenant),
+        keys.idempotency_waiters(cfg.name, request.idem, request.tenant),
         digest=idempotency.request_digest(request.method, request.body, request.model),
     )
 
@@ -67,7 +67,9 @@ def by_key(keys: Keys, cfg: DeploymentConfig, request: Request) -> Sharing:
 def by_cache(keys: Keys, cfg: DeploymentConfig, request: Request, refresh: bool, digest: str = "") -> Sharing:
     """The sharing of ``request`` to a deployment with a response cache; sets its ``cache`` digest (``digest``, when
     the caller made it already)."""
-    request.cache = digest or response_cache.cache_digest(cfg, request.method, request.body, request.model)
+    request.cache = digest or response_cache.cache_digest(
+        cfg, request.method, request.body, request.model, request.tenant
+    )
     return Sharing(
         keys.cache_entry(cfg.name, request.cache),
         keys.cache_waiters(cfg.name, request.cache),

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
 from streamserve.transport.pipelining import Command, Script
-from streamserve.transport.streams import reply_command
+from streamserve.transport.streams import DeadLetter, reply_command
 from streamserve.wire import idempotency, response_cache, scripts, shared_runs
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.keys import Keys
@@ -59,12 +59,13 @@ def settle(keys: Keys, cfg: DeploymentConfig, request: Request, reply: Reply) ->
     cache_args: list[EncodableT]
     if request.idem:
         outcome, fields = idempotency.settlement(reply)
-        run_keys = [keys.idempotency(name, request.idem), keys.idempotency_waiters(name, request.idem)]
+        idem, tenant = request.idem, request.tenant
+        run_keys = [keys.idempotency(name, idem, tenant), keys.idempotency_waiters(name, idem, tenant)]
         ttl_s, cache_args = cfg.idempotency_ttl_s, [0, "", ""]
         shared = outcome == shared_runs.STORE
     else:
         cache = cfg.response_cache
-        digest = response_cache.cache_digest(cfg, request.method, request.body, request.model)
+        digest = response_cache.cache_digest(cfg, request.method, request.body, request.model, request.tenant)
         kept = cache is not None and digest == request.cache
         outcome, fields = response_cache.settlement(reply, kept)
         run_keys = [keys.cache_entry(name, request.cache), keys.cache_waiters(name, request.cache)]
@@ -90,14 +91,15 @@ def settle(keys: Keys, cfg: DeploymentConfig, request: Request, reply: Reply) ->
     return Settlement(command, reply if shared else Reply(reply.request_id, ReplyStatus.RETRY, reply.replica_id))
 
 
-async def release(redis: aioredis.Redis, keys: Keys, deployment: str, idem: str, cache: str, run: str) -> None:
-    """Free the shared run ``run`` (of idempotency key ``idem``, or of cache digest ``cache``) that never ran
-    (cancelled while queued, dead-lettered), and tell its waiters to send their calls again."""
+async def release(redis: aioredis.Redis, keys: Keys, deployment: str, request: Request | DeadLetter) -> None:
+    """Free ``request``'s shared run (of its idempotency key, or of its cache digest) that never ran (cancelled while
+    queued, dead-lettered), and tell its waiters to send their calls again."""
+    idem, cache, tenant = request.idem, request.cache, request.tenant
     if idem:
-        run_keys = [keys.idempotency(deployment, idem), keys.idempotency_waiters(deployment, idem)]
+        run_keys = [keys.idempotency(deployment, idem, tenant), keys.idempotency_waiters(deployment, idem, tenant)]
     else:
         run_keys = [keys.cache_entry(deployment, cache), keys.cache_waiters(deployment, cache)]
-    release_args = (run, shared_runs.RELEASE, 0, 0, "", "", now_ms())
+    release_args = (request.run, shared_runs.RELEASE, 0, 0, "", "", now_ms())
     command: Command = ("EVALSHA", _SETTLE_RUN.sha, len(run_keys), *run_keys, *release_args)
     settlement = Settlement(command, Reply("", ReplyStatus.RETRY, ""))
     result = await redis.execute_command(*settlement.with_source())  # type: ignore[no-untyped-call]  # (rare)

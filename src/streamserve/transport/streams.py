@@ -22,6 +22,7 @@ from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from streamserve.wire.messages import CancelRequest, ChunkBatch, ReadProgress, Reply, text
 from streamserve.wire.models import replica_of_lane
 from streamserve.wire.priorities import lane_ref
+from streamserve.wire.tenants import DEFAULT_TENANT
 
 # Approximate cap on a caller's reply stream; its reader drains and trims it continuously.
 REPLY_STREAM_MAXLEN = 100_000
@@ -76,6 +77,7 @@ class DeadLetter:
     idem: str = ""  # its idempotency key (Request.idem), its cache digest (Request.cache), its run (Request.run)
     cache: str = ""
     run: str = ""
+    tenant: str = DEFAULT_TENANT  # whom it was for (Request.tenant)
 
 
 class Requeuer:
@@ -125,6 +127,6 @@ class Requeuer:
         )
         fields = [text(value) for value in dead]
         return [
-            DeadLetter(fields[i], fields[i + 1], int(fields[i + 2]), *fields[i + 3 : i + 7])
-            for i in range(0, len(fields), 7)
+            DeadLetter(request_id, reply_to, int(deliveries), tag, idem, cache, run, tenant or DEFAULT_TENANT)
+            for request_id, reply_to, deliveries, tag, idem, cache, run, tenant in zip(*[iter(fields)] * 8, strict=True)
         ]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from streamserve.wire.models import replica_of_lane
 from streamserve.wire.priorities import PRIORITIES, Priority, lane_priority
+from streamserve.wire.tenants import DEFAULT_TENANT
 
 _NORMAL = Priority.NORMAL
 
@@ -22,6 +23,13 @@ DEFAULT_PREFIX = "streamserve"
 
 # The one consumer group on every request stream; its consumers are replica ids.
 CONSUMER_GROUP = "replicas"
+
+
+def _of_tenant(tenant: str) -> str:
+    """What sets one tenant's idempotency keys apart from another's in a key name, before the ``:`` that precedes the
+    key: nothing for the default tenant, else ``.TENANT``. A tenant name holds no ``:``, so no two (tenant, key)
+    pairs share a name."""
+    return "" if tenant == DEFAULT_TENANT else f".{tenant}"
 
 
 class ConfigKey:
@@ -117,15 +125,16 @@ class Keys:
         the job function's ``finished`` or ``failed``. Lives with RQ's keys, in the jobs' Redis."""
         return f"{self.prefix}:jobs:cancel:{job_id}"
 
-    def job_idempotency(self, name: str, key: str) -> str:
-        """String with expiry (idempotency_ttl_s): the job that idempotency key ``key`` of deployment or endpoint
-        ``name`` queued, as JSON ``[job id, digest of method and body]``, set once (SET NX). Lives with RQ's keys, in
-        the jobs' Redis."""
-        return f"{self.prefix}:jobs:idem:{name}:{key}"
+    def job_idempotency(self, name: str, key: str, tenant: str = DEFAULT_TENANT) -> str:
+        """String with expiry (idempotency_ttl_s): the job that idempotency key ``key`` of ``tenant`` for deployment
+        or endpoint ``name`` queued, as JSON ``[job id, digest of method and body]``, set once (SET NX). Lives with
+        RQ's keys, in the jobs' Redis."""
+        return f"{self.prefix}:jobs:idem:{name}{_of_tenant(tenant)}:{key}"
 
     def job_idempotency_pattern(self, name: str) -> str:
-        """SCAN pattern matching every job idempotency key of one deployment or endpoint (to delete)."""
-        return f"{self.prefix}:jobs:idem:{name}:*"
+        """SCAN pattern matching every job idempotency key of one deployment or endpoint, every tenant's (to
+        delete). (A deployment name holds no ``.`` or ``:``.)"""
+        return f"{self.prefix}:jobs:idem:{name}[.:]*"
 
     # -- per-deployment keys (all share the {name} hash tag) -----------------
 
@@ -242,15 +251,16 @@ class Keys:
         the reclaimer drops them instead of running them again if that replica dies. Trimmed by age (scripts.CANCEL)."""
         return self._tagged(deployment, "cancelled")
 
-    def idempotency(self, deployment: str, key: str) -> str:
-        """Hash, with expiry: the run of one idempotency key of the deployment (wire/idempotency.py says its
-        fields): which request runs for it, and once it has run, its stored reply. Kept idempotency_ttl_s."""
-        return self._tagged(deployment, f"idem:{key}")
+    def idempotency(self, deployment: str, key: str, tenant: str = DEFAULT_TENANT) -> str:
+        """Hash, with expiry: the run of one idempotency key of one tenant of the deployment (wire/idempotency.py
+        says its fields): which request runs for it, and once it has run, its stored reply. Kept idempotency_ttl_s.
+        Each tenant's keys are its own: another's same key names another record."""
+        return self._tagged(deployment, f"idem{_of_tenant(tenant)}:{key}")
 
-    def idempotency_waiters(self, deployment: str, key: str) -> str:
-        """List, with the record's expiry: the callers waiting for the running request of one idempotency key, each
-        a JSON ``[reply_to, tag, request id]``; whoever settles the run answers them."""
-        return self._tagged(deployment, f"idem_waiters:{key}")
+    def idempotency_waiters(self, deployment: str, key: str, tenant: str = DEFAULT_TENANT) -> str:
+        """List, with the record's expiry: the callers waiting for the running request of one idempotency key (of
+        one tenant), each a JSON ``[reply_to, tag, request id]``; whoever settles the run answers them."""
+        return self._tagged(deployment, f"idem_waiters{_of_tenant(tenant)}:{key}")
 
     def idempotency_pattern(self, deployment: str) -> str:
         """SCAN pattern matching every idempotency record and waiters list of one deployment (for deletion)."""

@@ -22,6 +22,7 @@ import orjson
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.messages import Reply, ReplyStatus
 from streamserve.wire.shared_runs import RELEASE, STORE, canonical_body, stored_fields
+from streamserve.wire.tenants import DEFAULT_TENANT
 
 # The last scope digest made for each deployment, with the config it was made of: a config stays the same object
 # until a deploy changes it, and hashing it again cost a cache hit a tenth of the gateway's time per request.
@@ -39,9 +40,12 @@ def scope_digest(cfg: DeploymentConfig) -> bytes:
     return scope
 
 
-def cache_digest(cfg: DeploymentConfig, method: str, body: bytes, model: str = "") -> str:
-    """The digest that identical requests to ``cfg`` share (for one model: wire/models.py)."""
+def cache_digest(cfg: DeploymentConfig, method: str, body: bytes, model: str = "", tenant: str = DEFAULT_TENANT) -> str:
+    """The digest that identical requests to ``cfg`` share (for one model: wire/models.py; of one tenant: a tenant
+    never gets a reply kept for another, nor learns that another asked)."""
     scope = scope_digest(cfg) + (b"\0model\0" + model.encode() if model else b"")
+    if tenant != DEFAULT_TENANT:
+        scope += b"\0tenant\0" + tenant.encode()
     return hashlib.sha256(scope + b"\0" + method.encode() + b"\0" + canonical_body(body)).hexdigest()[:32]
 
 

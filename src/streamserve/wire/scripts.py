@@ -426,8 +426,8 @@ REQUEUE = """
 -- ARGV[5]  attempts to add: 1 when the replica died holding them, 0 when handed back
 -- ARGV[6]  how KEYS[3] names this stream's entries: the prefix of an entry id (wire/priorities.py, entry_ref)
 -- ARGV[7..] ids of pending entries to move
--- Returns {request_id, reply_to, deliveries, tag, idem, cache, run, ...} for every entry sent to the dead-letter
--- stream.
+-- Returns {request_id, reply_to, deliveries, tag, idem, cache, run, tenant, ...} for every entry sent to the
+-- dead-letter stream (tenant '' for the default tenant).
 local dead = {}
 local into = KEYS[4] or KEYS[1]
 local max_deliveries = tonumber(ARGV[2])
@@ -440,7 +440,7 @@ for i = 7, #ARGV do
   end
   if #entries > 0 then
     local fields = entries[1][2]
-    local kept, attempts, request_id, reply_to, tag, idem, cache, run = {}, 0, '', '', '', '', '', ''
+    local kept, attempts, request_id, reply_to, tag, idem, cache, run, tenant = {}, 0, '', '', '', '', '', '', ''
     for j = 1, #fields, 2 do
       local name, value = fields[j], fields[j + 1]
       if name == 'attempts' then
@@ -452,6 +452,7 @@ for i = 7, #ARGV do
       if name == 'id' then request_id = value elseif name == 'reply_to' then reply_to = value end
       if name == 'tag' then tag = value elseif name == 'idem' then idem = value end
       if name == 'cache' then cache = value elseif name == 'run' then run = value end
+      if name == 'tenant' then tenant = value end
     end
     local deliveries = attempts + increment
     kept[#kept + 1] = 'attempts'
@@ -467,6 +468,7 @@ for i = 7, #ARGV do
       dead[#dead + 1] = idem
       dead[#dead + 1] = cache
       dead[#dead + 1] = run
+      dead[#dead + 1] = tenant
     else
       redis.call('XADD', into, '*', unpack(kept))
     end
