@@ -208,6 +208,9 @@ class Gateway:
         """Answer the request; ``exchange`` learns what was answered, by whom."""
         scope, receive, send, headers = exchange.scope, exchange.receive, exchange.send, exchange.headers
         try:
+            # First: with tenant keys, nothing else of a request without a known key is looked at (its path, its
+            # body); a 400 below is counted under its tenant.
+            exchange.tenant = tenant = self.tenant_of(headers)
             _check_request_id(exchange.given_id, exchange.request_id)
             exchange.deployment = name = self.match(scope["path"])
             limit = self.settings.max_request_bytes
@@ -222,7 +225,6 @@ class Gateway:
                 raise BadRequestError(f"request body: {exc}") from None
             header_timeout = _header_timeout(headers.getlist(b"x-request-timeout"))
             idempotency_key = _idempotency_key(headers.getlist(b"idempotency-key"))
-            exchange.tenant = tenant = self.tenant_of(headers)  # first: a 400 below is counted under its tenant
             priority = _priority(headers.one(b"x-priority", "X-Priority"))
             model = _model_id(headers.one(b"x-model-id", MODEL_HEADER))
             if _prefers_async(headers.getlist(b"prefer")):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import Any
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 
 from streamserve.app.gateway import GatewayApp, create_app
 from streamserve.app.http_protocol import GatewayHttpProtocol, use_connection_limits
@@ -18,6 +20,9 @@ from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, inherited
 from streamserve.runtime.logging_setup import setup_logging, start_process
 from streamserve.runtime.processes import end_with_spawning_process
 from streamserve.runtime.settings import Settings, add_gateway_workers_option, add_no_admin_option
+from streamserve.wire.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 # The server settings of the gateway (the benchmark's bare app uses the same); the gateway's own connections are
 # uvicorn's httptools protocol with a header timeout and a connection cap (app/http_protocol.py).
@@ -56,7 +61,12 @@ def worker_app() -> GatewayApp:
     setup_logging(settings.debug, settings.log_format, role="gateway")
     tracing.start("gateway")
     use_connection_limits(settings)
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except ConfigError as exc:  # (the tenant keys file changed since the first process read it, say)
+        logger.error("gateway: %s", exc)
+        # uvicorn's supervisor ends at this exit code; at any other it starts the worker again, for ever.
+        raise SystemExit(STARTUP_FAILURE) from None
     freeze_startup_objects()
     return app
 
@@ -79,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.gateway_workers > 1:
         # uvicorn's supervisor holds the socket and runs (and restarts) the workers; it serves nothing itself.
+        settings.tenant_key_map()  # a keys file that cannot be read stops the gateway here, as without workers
         os.environ.update(settings.to_env())
         raise_fd_limit()  # the workers inherit it (and hold their connections to the limits in worker_app)
         uvicorn.run(

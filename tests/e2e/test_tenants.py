@@ -50,6 +50,12 @@ CONFIG = (
     num_replicas: 1
     max_ongoing_requests: 16
     graceful_shutdown_timeout_s: 2
+  - name: cached
+    import_path: tests.priority_deployments:ordered
+    num_replicas: 1
+    max_ongoing_requests: 16
+    graceful_shutdown_timeout_s: 2
+    response_cache: {}
 """
 )
 KEYS = Keys()
@@ -227,6 +233,33 @@ def test_a_refused_header_is_counted_under_its_tenant_and_other_is_a_tenant_of_i
     wait_for(counted, WAIT_S, lambda: f"not counted as expected: {metric_lines(farm, 'metered')}")
 
 
+def test_idempotency_keys_and_kept_replies_are_each_tenants_own(farm: Farm, store: redis.Redis, tag: str) -> None:
+    """Another tenant's same key (or same request to a cached deployment) runs for that tenant: it never gets a
+    reply kept for another tenant, nor a 422 that tells it another tenant used the key."""
+    acme, globex, initech = (f"{name}-{tag}" for name in ("acme", "globex", "initech"))
+    key = f"order-{tag}"
+
+    def send(path: str, tenant: str, label: str = "same", **headers: str) -> httpx.Response:
+        headers = {"X-Tenant": tenant, **headers}
+        return httpx.post(farm.base_url + path, json={"tag": tag, "label": label}, headers=headers, timeout=60)
+
+    assert send("/counted", acme, **{"Idempotency-Key": key}).status_code == 200
+    replayed = send("/counted", acme, **{"Idempotency-Key": key})
+    assert replayed.headers.get("idempotent-replayed") == "true"
+    theirs = send("/counted", globex, **{"Idempotency-Key": key})
+    assert theirs.status_code == 200 and "idempotent-replayed" not in theirs.headers
+    other_body = send("/counted", initech, "other", **{"Idempotency-Key": key})
+    assert other_body.status_code == 200, other_body.text  # not 422: initech never sent this key
+    assert ran(store, tag) == ["same", "same", "other"]
+
+    assert [send("/cached", tenant).headers["x-cache"] for tenant in (acme, acme, globex)] == ["miss", "hit", "miss"]
+    assert ran(store, tag)[3:] == ["same", "same"]
+
+    async_key = {"Idempotency-Key": f"job-{tag}", "Prefer": "respond-async"}
+    jobs = [send("/counted", tenant, "job", **async_key).json()["job_id"] for tenant in (acme, globex, acme)]
+    assert jobs[0] == jobs[2] != jobs[1]
+
+
 KEY_ACME = "acme-" + "k" * 27
 KEY_GLOBEX = "globex-" + "k" * 25
 
@@ -244,6 +277,10 @@ def test_with_tenant_keys_a_request_needs_a_known_key_which_decides_its_tenant(
         assert missing.status_code == 401
         assert missing.headers["www-authenticate"] == "Bearer"
         assert "known API keys only" in missing.json()["message"]
+        # Without a key, nothing else of the request is looked at: not its body, nor its path.
+        not_json = httpx.post(url + "/counted", content=b"{", headers={"X-Request-Timeout": "x"}, timeout=30)
+        assert not_json.status_code == 401
+        assert httpx.post(url + "/no-such-route", json=body, timeout=30).status_code == 401
         wrong = httpx.post(url + "/counted", json=body, headers={"Authorization": "Bearer " + "x" * 32}, timeout=30)
         assert wrong.status_code == 401
         # The key decides: its X-Tenant is not looked at.
@@ -261,7 +298,11 @@ def test_with_tenant_keys_a_request_needs_a_known_key_which_decides_its_tenant(
 def test_a_tenant_keys_file_that_cannot_be_read_stops_the_gateway_at_start(farm: Farm, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-file"
     env = Processes(farm.effective_redis_url, tmp_path, {"STREAMSERVE_TENANT_KEYS": str(missing)}).env()
-    for command in (["gateway", "--port", "0"], ["up", str(tmp_path / "none.yaml")]):
+    for command in (
+        ["gateway", "--port", "0"],
+        ["gateway", "--port", "0", "--workers", "2"],
+        ["up", str(tmp_path / "none.yaml")],
+    ):
         result = subprocess.run(
             [STREAMSERVE, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
         )
