@@ -37,8 +37,17 @@ def test_tracing_is_on_when_the_environment_names_an_otlp_endpoint(environ: dict
 
 
 def test_grpc_is_refused_with_the_reason() -> None:
-    _, why = wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"})
-    assert "http/protobuf" in why and "4318" in why
+    _, why, warn = wanted(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}
+    )
+    assert "http/protobuf" in why and "4318" in why and warn
+
+
+@pytest.mark.parametrize(("exporter", "warn"), [("console", True), ("jaeger,zipkin", True), ("none", False)])
+def test_an_exporter_other_than_otlp_is_said_at_start_and_none_is_not(exporter: str, warn: bool) -> None:
+    said = wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": exporter})
+    assert not said.on and said.warn is warn
+    assert f"OTEL_TRACES_EXPORTER={exporter}" in said.why
 
 
 def test_a_requests_trace_fields_travel_in_its_entry_and_only_when_set() -> None:

@@ -21,6 +21,7 @@ import atexit
 import logging
 import os
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.trace import ProxyTracerProvider, Tracer
@@ -40,23 +41,35 @@ _stop: Callable[[], None] | None = None  # what ends it: flushes the queue (boun
 _user_tracers: dict[int, Tracer] = {}  # a user's own provider's tracer, by the provider's id
 
 
-def wanted(environ: Mapping[str, str] = os.environ) -> tuple[bool, str]:
-    """Whether the environment asks for traces, and why not (or where they go)."""
+class Wanted(NamedTuple):
+    """Whether the environment asks for traces; why not, or where they go; and whether it asks for what streamserve
+    cannot do (said once at start: the user meant to trace)."""
+
+    on: bool
+    why: str
+    warn: bool = False
+
+
+def wanted(environ: Mapping[str, str] = os.environ) -> Wanted:
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False, "OTEL_SDK_DISABLED=true"
-    exporters = {name.strip().lower() for name in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")}
+        return Wanted(False, "OTEL_SDK_DISABLED=true")
+    named = environ.get("OTEL_TRACES_EXPORTER", "otlp")
+    exporters = {name.strip().lower() for name in named.split(",")}
     if "otlp" not in exporters:
-        return False, f"OTEL_TRACES_EXPORTER={environ.get('OTEL_TRACES_EXPORTER')}"
+        if exporters <= {"none", ""}:
+            return Wanted(False, f"OTEL_TRACES_EXPORTER={named}")
+        return Wanted(False, f"OTEL_TRACES_EXPORTER={named}: streamserve exports spans by OTLP only (otlp)", True)
     endpoint = next((environ[var] for var in _ENDPOINT_VARS if environ.get(var, "").strip()), "")
     if not endpoint:
-        return False, "no OTEL_EXPORTER_OTLP_ENDPOINT"
+        return Wanted(False, "no OTEL_EXPORTER_OTLP_ENDPOINT")
     protocol = next((environ[var] for var in _PROTOCOL_VARS if environ.get(var, "").strip()), _HTTP_PROTOCOL)
     if protocol.strip().lower() != _HTTP_PROTOCOL:
-        return False, (
+        why = (
             f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol.strip()}: streamserve exports OTLP over HTTP ({_HTTP_PROTOCOL}) "
             "only; point OTEL_EXPORTER_OTLP_ENDPOINT at the collector's HTTP port (4318) and unset the protocol"
         )
-    return True, endpoint.strip()
+        return Wanted(False, why, True)
+    return Wanted(True, endpoint.strip())
 
 
 def start(role: str, attributes: Mapping[str, str] | None = None) -> bool:
@@ -64,9 +77,9 @@ def start(role: str, attributes: Mapping[str, str] | None = None) -> bool:
     whether it does. Its spans' resource names the role and, unless ``OTEL_SERVICE_NAME`` (or ``service.name`` in
     ``OTEL_RESOURCE_ATTRIBUTES``) names the service, calls it ``streamserve-<role>``."""
     global _tracer, _stop
-    on, why = wanted()
+    on, why, warn = wanted()
     if not on:
-        if why.startswith("OTEL_EXPORTER_OTLP_PROTOCOL"):
+        if warn:
             logger.warning("tracing is off: %s", why)
         return False
     if _tracer is not None:
