@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -78,9 +79,13 @@ class DeploymentState:
         store: ReplicaStore,
         timeouts: Timeouts,
         gpus: GpuAllocator | None = None,
+        cut_short: Callable[[], bool] = lambda: False,
     ) -> None:
-        """``gpus``: the host's devices, shared by every deployment's replicas (none when not given)."""
+        """``gpus``: the host's devices, shared by every deployment's replicas (none when not given). ``cut_short``:
+        whether the scheduler is asked to stop, so that adding and starting a large deployment's replicas stops
+        between two of them (what is left waits for the next scheduler, as recorded intent)."""
         self.name = name
+        self._cut_short = cut_short
         self._launcher = launcher
         self._gpus = gpus if gpus is not None else GpuAllocator()
         self._store = store
@@ -287,7 +292,7 @@ class DeploymentState:
         if inputs == self._idle_roll:
             return
         await self._scale_and_roll_now(target, now_ms)
-        self._idle_roll = inputs if self._generation == inputs[0] else None
+        self._idle_roll = inputs if self._generation == inputs[0] and not self._cut_short() else None
 
     async def _scale_and_roll_now(self, target: Target, now_ms: int) -> None:
         current: list[ReplicaWrapper] = []
@@ -302,6 +307,8 @@ class DeploymentState:
 
         missing = target.count - len(current)
         for _ in range(missing):
+            if self._cut_short():
+                return
             await self._add_replica(target, now_ms)
         # Too many of the current version: retire those that serve nothing first, newest first.
         for r in sorted(current, key=_retire_order)[:-missing] if missing < 0 else ():
@@ -352,6 +359,8 @@ class DeploymentState:
         if not pending or now_ms < self._next_start_ms:
             return
         for r in pending:
+            if self._cut_short():
+                return
             gpus = self._gpus.take(r.record.replica_id, need) if need else ()
             if gpus is None:  # never started without its GPUs: it waits for some to be freed
                 self._waiting = self._gpus.shortage(need)

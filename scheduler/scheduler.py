@@ -176,8 +176,14 @@ class Scheduler:
     def _state(self, name: str) -> DeploymentState:
         state = self._states.get(name)
         if state is None:
-            state = self._states[name] = DeploymentState(name, self._launcher, self._store, self._timeouts, self._gpus)
+            state = self._states[name] = DeploymentState(
+                name, self._launcher, self._store, self._timeouts, self._gpus, self._cut_short
+            )
         return state
+
+    def _cut_short(self) -> bool:
+        """Asked to stop, and not stopping the replicas: the rest of a tick waits for the next scheduler."""
+        return self.should_exit.is_set() and not self._stopping_replicas
 
     async def tick(self) -> None:
         """One reconcile pass over every deployment, desired or still winding down."""
@@ -196,7 +202,7 @@ class Scheduler:
             if name in ongoing:
                 ongoing[name] += backlog.length
         for name in names:
-            if self.should_exit.is_set() and not self._stopping_replicas:
+            if self._cut_short():
                 # Asked to stop: the rest waits for the next scheduler (or, stopping replicas, the ticks of
                 # _shutdown), rather than holding off the stop for as long as a large farm's tick takes.
                 logger.info("scheduler: tick %d cut short to stop", self.ticks)
