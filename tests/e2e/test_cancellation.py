@@ -288,6 +288,39 @@ async def test_cancelling_the_task_awaiting_a_call_cancels_the_handler(
     assert events(store, tag) == ["start", "cancelled", "finally"]
 
 
+async def test_a_call_cancelled_while_its_enqueue_is_on_its_way_never_runs(
+    farm: Farm, store: redis.Redis, tag: str
+) -> None:
+    """Behind a request that holds the only slot, calls are cancelled at every moment from before their enqueue is
+    sent to after it is answered: none stays queued, none runs, and the keyed ones' keys are free again (an enqueue
+    whose answer the cancelled caller never read stayed queued, and ran)."""
+    tags = [f"{tag}-{n}" for n in range(36)]
+    keyed = {each: f"key-{each}" for each in tags[1::2]}  # a keyed call's enqueue is another script
+    with Client(farm.effective_redis_url) as holder, holding_the_only_slot(holder, store, "one-at-a-time", tag) as busy:
+        async with AsyncClient(farm.effective_redis_url) as client:
+            await client.route("one-at-a-time")  # its routes are loaded: no round trip before the enqueue
+            for n, each in enumerate(tags):
+                if n % 3 == 0:  # its enqueue finds its script gone (a restarted Redis), and loads it first
+                    store.script_flush()
+                body = {"tag": each, "sleep_s": 0}
+                call = asyncio.create_task(client.call("one-at-a-time", body, idempotency_key=keyed.get(each)))
+                for _ in range(n % 18):  # its enqueue queued, sent, or answered, by the loop turns it had
+                    await asyncio.sleep(0)
+                if n >= 18:
+                    await asyncio.sleep(0.0002 * (n - 18))
+                call.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+
+            def left() -> str:
+                return f"cancelled calls stayed queued: {store.xrange(KEYS.requests('one-at-a-time'))}"
+
+            await wait_for_async(lambda: queued_entries(store, "one-at-a-time") == 1, REACH_S, left)
+        assert busy.finish() == "done"
+    assert {each: events(store, each) for each in tags} == {each: [] for each in tags}
+    assert not any(store.exists(KEYS.idempotency("one-at-a-time", key)) for key in keyed.values())
+
+
 def test_cancelling_a_submitted_future_cancels_the_handler(farm: Farm, store: redis.Redis, tag: str) -> None:
     with Client(farm.effective_redis_url) as client:
         future = client.submit("await", {"tag": tag}, timeout=60)

@@ -33,7 +33,7 @@ from streamserve.client.shared_calls import Sharing, by_cache, by_key, enqueue_s
 from streamserve.client.tenant_limits import refusal, tenant_terms
 from streamserve.runtime import trace_context
 from streamserve.transport.connections import is_cluster_client
-from streamserve.transport.pipelining import Command, Script
+from streamserve.transport.pipelining import Abandoned, Command, Script
 from streamserve.wire import scripts
 from streamserve.wire.config import MAX_TIMEOUT_S, DeploymentConfig
 from streamserve.wire.errors import BadRequestError, OverloadedError, RequestCancelledError, RequestTimeoutError
@@ -338,7 +338,10 @@ class Calls(ClientCore):
                 reply, entry_id = await self._run_shared(route, request, fut, sharing, span)
             else:
                 try:
-                    entry_id = await self._add(cfg, request)
+                    # Cancelled while the enqueue is on its way, the request is cancelled once it is queued.
+                    entry_id = await self._add(
+                        cfg, request, functools.partial(self._queued_unwaited, cfg.name, request)
+                    )
                 except BaseException as exc:
                     _abandon(fut)
                     if span is not None:
@@ -427,8 +430,9 @@ class Calls(ClientCore):
         while True:
             request.run = new_run_token()
             try:
+                abandoned = functools.partial(self._queued_unwaited, cfg.name, request)
                 with self._refusals:
-                    admission = await enqueue_shared(self._pipeliner, self._keys, cfg, request, sharing)
+                    admission = await enqueue_shared(self._pipeliner, self._keys, cfg, request, sharing, abandoned)
             except BaseException as exc:
                 _abandon(fut)
                 if span is not None:
@@ -507,9 +511,10 @@ class Calls(ClientCore):
             # A shadow must never hurt live traffic: a full or missing shadow queue only costs its copy.
             logger.debug("shadow copy not sent: %s", task.exception())
 
-    async def _add(self, cfg: DeploymentConfig, request: Request) -> str:
+    async def _add(self, cfg: DeploymentConfig, request: Request, abandoned: Abandoned | None = None) -> str:
         """Queue ``request`` on ``cfg``'s stream (if it has room), or on that of a replica holding its model
-        (wire/models.py); its entry id, or for a routed stream its ref (``to:<replica id>/<entry id>``)."""
+        (wire/models.py); its entry id, or for a routed stream its ref (``to:<replica id>/<entry id>``).
+        ``abandoned``: as for Pipeliner.execute."""
         assert self._pipeliner is not None
         stream = self._keys.requests(cfg.name, request.priority)
         spec, keys = tenant_terms(self._keys, cfg, request) if cfg.tenant_limits else ("", [])
@@ -535,12 +540,22 @@ class Calls(ClientCore):
             return [("EVAL", _ENQUEUE_AGAIN, len(sent_keys), *sent_keys, *args[:2], request.request_id, *args[2:])]
 
         with self._refusals:
-            entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream, *keys], args, again)
+            entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream, *keys], args, again, abandoned)
         if entry_id == 0:
             raise OverloadedError(queue_full(cfg.name, cfg.max_queued_requests, request.priority))
         if isinstance(entry_id, list):
             raise refusal(entry_id, cfg, request)
         return text(entry_id)
+
+    def _queued_unwaited(self, deployment: str, request: Request, replies: list[Any]) -> None:
+        """The caller stopped waiting (its task was cancelled) while ``request``'s enqueue was on its way, and
+        ``replies`` say it was queued all the same (as an entry id, or a shared run's "queued"): it is cancelled, so
+        that it never runs (or, taken already, is stopped)."""
+        [queued] = replies
+        if isinstance(queued, list) and queued and queued[0] == b"queued":  # ENQUEUE_SHARED's answer
+            queued = queued[1]
+        if isinstance(queued, bytes):
+            self._cancel_soon(deployment, text(queued), request)
 
     def _expire(self, tag: str, request_id: str, timeout_s: float) -> None:
         replies = self._replies

@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 
 from streamserve.client.tenant_limits import refusal, tenant_terms
 from streamserve.metrics.definitions import CACHE_REQUESTS
-from streamserve.transport.pipelining import Pipeliner, Script
+from streamserve.transport.pipelining import Abandoned, Pipeliner, Script
 from streamserve.wire import idempotency, response_cache, scripts, shared_runs
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import IdempotencyKeyMismatchError, NotFoundError, OverloadedError, ProtocolError
@@ -94,12 +94,18 @@ class Admission:
 
 
 async def enqueue_shared(
-    pipeliner: Pipeliner, keys: Keys, cfg: DeploymentConfig, request: Request, sharing: Sharing
+    pipeliner: Pipeliner,
+    keys: Keys,
+    cfg: DeploymentConfig,
+    request: Request,
+    sharing: Sharing,
+    abandoned: Abandoned | None = None,
 ) -> Admission:
     """Queue ``request`` (with a fresh ``run``) as its shared run, or join that run or take its stored reply.
 
     OverloadedError when the queue is full, IdempotencyKeyMismatchError when an idempotency key ran for another
-    method or body, ReplyNotStoredError when its reply was too large to keep."""
+    method or body, ReplyNotStoredError when its reply was too large to keep. ``abandoned``: what to do with the
+    script's answer should the caller be cancelled before it comes (Pipeliner.execute)."""
     hold_ms = max(request.deadline_ms - now_ms(), 0) + shared_runs.RUNNING_RECORD_GRACE_MS
     joiner = shared_runs.waiter(request.reply_to, request.tag, request.request_id) if request.reply_to else b""
     counter = _CACHE_RESULTS if sharing.counted else ""
@@ -111,7 +117,7 @@ async def enqueue_shared(
     run_keys = [keys.requests(cfg.name, request.priority), sharing.record, sharing.waiters, keys.metrics(cfg.name)]
     run_keys += tenant_keys
     # Sent again after a lost answer, the same script is safe: the record names this call's run, or holds its reply.
-    found = await pipeliner.run_script(_ENQUEUE_SHARED, run_keys, args)
+    found = await pipeliner.run_script(_ENQUEUE_SHARED, run_keys, args, abandoned=abandoned)
     outcome = text(found[0])
     if outcome == "queued":
         return Admission(entry_id=text(found[1]))

@@ -36,6 +36,9 @@ Command = tuple[EncodableT, ...]
 # What to send instead of some commands when their round trip is tried again after a lost connection: the
 # commands may have run already, their answer lost with the connection (same count, replies alike).
 Again = Callable[[], Sequence[Command]]
+# Called with a turn's replies to commands whose caller stopped waiting (was cancelled) once they were queued: they
+# were sent, and may have done what the caller no longer wants (queued a request, say).
+Abandoned = Callable[[list[Any]], None]
 
 
 class Pipeliner:
@@ -51,7 +54,7 @@ class Pipeliner:
 
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
-        self._queued: list[tuple[Sequence[Command], Again | None, asyncio.Future[list[Any]]]] = []
+        self._queued: list[tuple[Sequence[Command], Again | None, asyncio.Future[list[Any]], Abandoned | None]] = []
         self._sending: set[asyncio.Task[None]] = set()
         # A connection between round trips, kept out of the pool: checking one out and back costs redis-py a lock, a
         # timeout context and its metrics hooks each time. A round trip that starts while another holds it takes one
@@ -62,29 +65,41 @@ class Pipeliner:
             ClusterRoundTrip(redis) if is_cluster_client(redis) else self._round_trip  # type: ignore[arg-type]
         )
 
-    def execute(self, *commands: Command, again: Again | None = None) -> asyncio.Future[list[Any]]:
+    def execute(
+        self, *commands: Command, again: Again | None = None, abandoned: Abandoned | None = None
+    ) -> asyncio.Future[list[Any]]:
         """Queue ``commands`` for this turn's round trip; the future holds their replies.
 
         ``again``: called if the round trip is sent again after losing its connection, for what to send instead
-        of ``commands`` (which may have run: say, an enqueue that must not add its request twice).
+        of ``commands`` (which may have run: say, an enqueue that must not add its request twice). ``abandoned``:
+        called with their replies instead, should the future be cancelled before they come (they were sent all the
+        same).
         """
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         if not self._queued:
             task = asyncio.create_task(self._send())  # runs after this turn: the batch is what queued by then
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
-        self._queued.append((commands, again, future))
+        self._queued.append((commands, again, future, abandoned))
         return future
 
     async def run_script(
-        self, script: Script, keys: Sequence[EncodableT], args: Sequence[EncodableT], again: Again | None = None
+        self,
+        script: Script,
+        keys: Sequence[EncodableT],
+        args: Sequence[EncodableT],
+        again: Again | None = None,
+        abandoned: Abandoned | None = None,
     ) -> Any:
-        """EVALSHA ``script`` in this turn's round trip (loading it once if Redis does not know it); ``again`` as
-        for ``execute``."""
-        [reply] = await self.execute(("EVALSHA", script.sha, len(keys), *keys, *args), again=again)
-        if isinstance(reply, NoScriptError):  # a restarted or flushed Redis: load it, then run it alone
-            await self._redis.script_load(script.source)
-            [reply] = await self.execute(("EVALSHA", script.sha, len(keys), *keys, *args), again=again)
+        """EVALSHA ``script`` in this turn's round trip (loading it once if Redis does not know it); ``again`` and
+        ``abandoned`` (its list holds the script's one reply) as for ``execute``."""
+        command: Command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        [reply] = await _replies(self.execute(command, again=again, abandoned=abandoned), abandoned)
+        if isinstance(reply, NoScriptError):
+            # A restarted or flushed Redis: sent whole, which loads it too (in one step: a flush in between cannot
+            # make it miss again; and not by redis-py's script_load, which may swallow a cancellation of its caller).
+            command = ("EVAL", script.source, len(keys), *keys, *args)
+            [reply] = await _replies(self.execute(command, again=again, abandoned=abandoned), abandoned)
         if isinstance(reply, Exception):
             raise reply
         return reply
@@ -93,21 +108,24 @@ class Pipeliner:
         batch, self._queued = self._queued, []
 
         def again() -> list[Command]:
-            return [command for commands, resend, _ in batch for command in (resend() if resend else commands)]
+            return [command for commands, resend, _, _ in batch for command in (resend() if resend else commands)]
 
         try:
-            replies = await self._send_commands([command for commands, _, _ in batch for command in commands], again)
+            sent = [command for commands, _, _, _ in batch for command in commands]
+            replies = await self._send_commands(sent, again)
         except BaseException as exc:
-            for _, _, future in batch:
+            for _, _, future, _ in batch:
                 if not future.done():
                     future.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
             return
         start = 0
-        for commands, _, future in batch:
-            if not future.done():  # a caller that was cancelled no longer wants its replies
+        for commands, _, future, abandoned in batch:
+            if not future.done():
                 future.set_result(replies[start : start + len(commands)])
+            elif abandoned is not None and future.cancelled():  # its caller no longer wants its replies
+                abandoned(replies[start : start + len(commands)])
             start += len(commands)
 
     async def _round_trip(self, commands: list[Command], again: Callable[[], list[Command]]) -> list[Any]:
@@ -158,6 +176,17 @@ class Pipeliner:
         connection, self._kept = self._kept, None
         if connection is not None:
             await self._redis.connection_pool.release(connection)
+
+
+async def _replies(future: asyncio.Future[list[Any]], abandoned: Abandoned | None) -> list[Any]:
+    """``future``'s replies. A caller cancelled after they came, but before it resumed, never sees them: they go to
+    ``abandoned`` instead (those that come after it was cancelled go there from ``_send``)."""
+    try:
+        return await future
+    except asyncio.CancelledError:
+        if abandoned is not None and future.done() and not future.cancelled():
+            abandoned(future.result())
+        raise
 
 
 class BlockingReader:
