@@ -157,7 +157,8 @@ class Gateway:
         known key; ``X-Tenant`` is not looked at); else ``X-Tenant``, trusted as sent (400 for one that is not a
         tenant name), or DEFAULT_TENANT."""
         if self.tenant_keys is not None:
-            scheme, _, key = (headers.get(b"authorization") or "").partition(" ")
+            # Two keys are a 400, not the first one's tenant (a proxy that adds its own must not decide by order).
+            scheme, _, key = (headers.one(b"authorization", "Authorization") or "").partition(" ")
             tenant = self.tenant_keys.tenant_of(key.strip()) if scheme.lower() == "bearer" else None
             if tenant is None:
                 raise UnauthorizedError(

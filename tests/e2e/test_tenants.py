@@ -283,6 +283,9 @@ def test_with_tenant_keys_a_request_needs_a_known_key_which_decides_its_tenant(
         assert httpx.post(url + "/no-such-route", json=body, timeout=30).status_code == 401
         wrong = httpx.post(url + "/counted", json=body, headers={"Authorization": "Bearer " + "x" * 32}, timeout=30)
         assert wrong.status_code == 401
+        two = [("Authorization", f"Bearer {KEY_ACME}"), ("Authorization", f"Bearer {KEY_GLOBEX}")]
+        both = httpx.post(url + "/counted", json=body, headers=httpx.Headers(two), timeout=30)
+        assert both.status_code == 400 and "one Authorization header" in both.json()["message"]
         # The key decides: its X-Tenant is not looked at.
         for _ in range(4):
             headers = {"Authorization": f"Bearer {KEY_ACME}", "X-Tenant": "gold"}

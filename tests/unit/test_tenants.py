@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
+from streamserve.runtime.settings import Settings
 from streamserve.wire.config import DeploymentConfig, TenantLimitConfig, parse_config
 from streamserve.wire.errors import BadRequestError, ConfigError
 from streamserve.wire.tenants import DEFAULT_TENANT, TenantKeys, check_tenant, tenant_of
@@ -45,11 +48,25 @@ def test_the_keys_file_maps_keys_to_tenants_and_keeps_only_digests() -> None:
         ("short acme\n", "line 1: a key must be at least 16 characters"),
         (f"{KEY_A} acme\n{KEY_A} other\n", "line 2: this key is given twice"),
         ("# nothing\n\n", "no 'KEY TENANT' line: every traffic request would be refused"),
+        ("3f9c2a7d5e8b41c6a0d2f7e9b3c5é1d8 acme\n", "line 1: a key is ASCII letters, digits and"),
+        ("3f9c2a7d5e8b41c6\x00a0d2f7e9b3c5a1d8 acme\n", "line 1: a key is ASCII letters"),
     ],
 )
 def test_a_keys_file_that_is_not_right_is_a_config_error_naming_the_line(text: str, problem: str) -> None:
     with pytest.raises(ConfigError, match=problem.replace("(", r"\(").replace(")", r"\)")):
         TenantKeys.parse(text, "keys.txt")
+
+
+def test_a_keys_file_saved_with_a_bom_and_crlf_lines_reads_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_bytes(f"\ufeff{KEY_A} acme\r\n{KEY_B}\tglobex\r\n".encode())
+    keys = Settings(tenant_keys=str(path)).tenant_key_map()
+    assert keys is not None and keys.tenant_of(KEY_A) == "acme" and keys.tenant_of(KEY_B) == "globex"
+
+
+def test_a_tenant_keys_variable_set_empty_is_an_error_not_no_keys() -> None:
+    with pytest.raises(ConfigError, match="STREAMSERVE_TENANT_KEYS is set but empty"):
+        Settings(tenant_keys=" ").tenant_key_map()
 
 
 def test_limits_fall_back_to_default_and_the_bucket_to_the_rate() -> None:

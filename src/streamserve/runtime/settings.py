@@ -229,8 +229,10 @@ class Settings(BaseSettings):
         cannot be read or parsed: a gateway never starts admitting everyone instead."""
         if self.tenant_keys is None:
             return None
+        if not self.tenant_keys.strip():  # (a variable meant to be filled in that was not: never "no keys")
+            raise ConfigError("STREAMSERVE_TENANT_KEYS is set but empty: name the tenant keys file, or unset it")
         try:
-            text = Path(self.tenant_keys).read_text()
+            text = Path(self.tenant_keys).read_text(encoding="utf-8-sig")  # a BOM (Notepad's) is no part of a key
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"STREAMSERVE_TENANT_KEYS: cannot read {self.tenant_keys}: {exc}") from None
         return TenantKeys.parse(text, f"STREAMSERVE_TENANT_KEYS ({self.tenant_keys})")

@@ -23,6 +23,9 @@ DEFAULT_TENANT = "default"
 # A tenant name: a short identifier (it is part of Redis keys and metric labels).
 TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 TENANT_RULE = "1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit"
+# An API key in the tenant keys file: what an ``Authorization: Bearer`` token may hold (RFC 6750's b64token), so that
+# the key a client sends can match it byte for byte.
+API_KEY_RE = re.compile(r"^[A-Za-z0-9._~+/-]+=*\Z")
 # Per deployment, this many tenants get a label of their own in streamserve_tenant_requests_total; the rest count
 # as OTHER_TENANTS, which no tenant can be called (a tenant name starts with a letter or digit).
 TENANT_LABEL_CAP = 100
@@ -95,6 +98,11 @@ class TenantKeys:
                 )
             if len(key) < 16:
                 raise ConfigError(f"{source}, line {number}: a key must be at least 16 characters")
+            if not API_KEY_RE.match(key):
+                raise ConfigError(
+                    f"{source}, line {number}: a key is ASCII letters, digits and - . _ ~ + / (then = only), as a "
+                    "bearer token is: no other character could ever match what a client sends"
+                )
             digest = _digest(key)
             if digest in found:
                 raise ConfigError(f"{source}, line {number}: this key is given twice")
