@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from streamserve.cli.parser import build_parser
 from streamserve.wire.errors import BadRequestError, ProtocolError
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import Request
@@ -29,6 +30,12 @@ from streamserve.wire.priorities import (
 )
 def test_a_priority_is_one_of_three_names_in_any_case(given: str | None, level: str) -> None:
     assert parse_priority(given) is Priority(level)
+
+
+def test_the_cli_takes_a_level_in_any_case_too() -> None:
+    assert build_parser().parse_args(["call", "echo", "--priority", "HIGH"]).priority == "high"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["call", "echo", "--priority", "urgent"])
 
 
 @pytest.mark.parametrize("given", ["", "urgent", "0", "high,low", "highest"])

@@ -158,7 +158,11 @@ def _add_call(sub: Subcommands) -> None:
     p.add_argument("--timeout", type=float, help="seconds (default: the deployment's request_timeout_s)")
     p.add_argument("--method", default="", help="a method of the deployment's class")
     p.add_argument(
-        "--priority", choices=("high", "normal", "low"), default="normal", help="its priority level (default normal)"
+        "--priority",
+        type=str.lower,  # in any case, as over HTTP and from Python
+        choices=("high", "normal", "low"),
+        default="normal",
+        help="its priority level (default normal)",
     )
     p.add_argument("--tenant", help="whom it is for (default: the tenant 'default')")
     p.add_argument("--model-id", help="the model it runs with, for a deployment that multiplexes models")
