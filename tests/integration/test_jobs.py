@@ -152,6 +152,11 @@ async def test_submit_job_checks_its_input_like_a_call(start_replica: StartRepli
         await client.job("no-such-job")
     with pytest.raises(NotFoundError):
         await client.job("../../etc")
+    for not_an_id in (None, 7):
+        with pytest.raises(BadRequestError, match="a job id is a string"):
+            await client.job(not_an_id)  # type: ignore[arg-type]
+        with pytest.raises(BadRequestError, match="a job id is a string"):
+            await client.cancel_job(not_an_id)  # type: ignore[arg-type]
 
 
 async def test_gateway_answers_prefer_respond_async_with_202_and_the_job_url(

@@ -51,6 +51,7 @@ from streamserve.transport.connections import is_cluster, redacted
 from streamserve.wire import scripts
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import (
+    BadRequestError,
     ConfigError,
     ConflictError,
     IdempotencyKeyMismatchError,
@@ -58,6 +59,7 @@ from streamserve.wire.errors import (
     OverloadedError,
     ProtocolError,
     RequestCancelledError,
+    shown,
 )
 from streamserve.wire.idempotency import request_digest
 from streamserve.wire.keys import Keys
@@ -306,7 +308,10 @@ class JobQueue:
         return JobInfo(job_id, JobStatus.CANCELED)
 
     def _fetch(self, job_id: str) -> Job:
-        """Job ``job_id`` of this queue; NotFoundError for a malformed id, one unknown or past its TTL."""
+        """Job ``job_id`` of this queue; NotFoundError for a malformed id, one unknown or past its TTL (BadRequestError
+        for one that is not a string)."""
+        if not isinstance(job_id, str):
+            raise BadRequestError(f"a job id is a string, got {shown(job_id)}")
         if not _JOB_ID_RE.match(job_id):
             raise NotFoundError(f"no job {job_id!r}")
         try:
