@@ -29,7 +29,7 @@ from streamserve.client.outcomes import STREAM_REPLIES, kept_stream, result_of
 from streamserve.client.read_progress import progress_reporter
 from streamserve.client.reply_stream import ReplyStream
 from streamserve.client.route_table import Route
-from streamserve.client.shared_calls import Sharing, by_cache, by_key, enqueue_shared, wait_joined
+from streamserve.client.shared_calls import Sharing, by_cache, by_key, enqueue_shared, queued_entry, wait_joined
 from streamserve.client.tenant_limits import refusal, tenant_terms
 from streamserve.runtime import trace_context
 from streamserve.transport.connections import is_cluster_client
@@ -427,10 +427,10 @@ class Calls(ClientCore):
         ended here once the request is queued, joined to another run, or answered from a stored reply."""
         assert self._pipeliner is not None and self._replies is not None
         cfg = route.deployment
+        abandoned = functools.partial(self._queued_unwaited, cfg.name, request)
         while True:
             request.run = new_run_token()
             try:
-                abandoned = functools.partial(self._queued_unwaited, cfg.name, request)
                 with self._refusals:
                     admission = await enqueue_shared(self._pipeliner, self._keys, cfg, request, sharing, abandoned)
             except BaseException as exc:
@@ -552,8 +552,8 @@ class Calls(ClientCore):
         ``replies`` say it was queued all the same (as an entry id, or a shared run's "queued"): it is cancelled, so
         that it never runs (or, taken already, is stopped)."""
         [queued] = replies
-        if isinstance(queued, list) and queued and queued[0] == b"queued":  # ENQUEUE_SHARED's answer
-            queued = queued[1]
+        if isinstance(queued, list):  # ENQUEUE_SHARED's answer
+            queued = queued_entry(queued)
         if isinstance(queued, bytes):
             self._cancel_soon(deployment, text(queued), request)
 

@@ -139,6 +139,12 @@ async def enqueue_shared(
     raise ProtocolError(f"unexpected answer from the shared enqueue: {outcome!r}")
 
 
+def queued_entry(answer: Any) -> bytes | None:
+    """The entry id ENQUEUE_SHARED's ``answer`` says it queued the call as; None when it queued nothing (the call
+    joined a run, took a stored reply, or was refused)."""
+    return answer[1] if isinstance(answer, list) and answer and answer[0] == b"queued" else None
+
+
 async def look_at_record(redis: aioredis.Redis, sharing: Sharing, request: Request) -> Reply | None:
     """For a call that joined a run and has waited long: the run's stored reply once it is done, RETRY when the
     record is gone (or names another request: the call sent again says so), None while it still runs."""
