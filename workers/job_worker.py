@@ -27,8 +27,10 @@ from typing import Any, TypeVar
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from rq.exceptions import DequeueTimeout
 from rq.job import Job
-from rq.worker import SimpleWorker
+from rq.queue import Queue
+from rq.worker import SimpleWorker, WorkerStatus
 
 from streamserve.client.job_guard import GuardedJob
 from streamserve.client.jobs import JOB_SERIALIZER, JobQueue, job_worker_name, jobs_redis_url
@@ -42,6 +44,9 @@ from streamserve.workers import job_function
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# An idle job worker waits for a job this long at a time: a stop asked meanwhile is taken between two waits.
+IDLE_WAIT_S = 1
 
 # A command Redis refused for memory is sent again after these delays, doubling.
 FULL_RETRY_FIRST_S = 0.1
@@ -109,6 +114,60 @@ class JobWorker(SimpleWorker):
             logger.info("job worker %s: job %s cancelled", self.name, job.id)
             return
         super().handle_exception(job, *exc_info)
+
+    def _shutdown(self) -> None:
+        """A stop asked while no job runs is taken at the end of the worker's current wait for a job.
+
+        RQ raises StopRequested from the signal handler then, wherever the worker is: after Redis moved a job to it
+        (BLMOVE, to RQ's intermediate list) and before it ran it, the job was lost, 'queued' and in no queue, until
+        RQ's own cleanup failed it minutes later. The job taken in that moment is run now, then the worker stops.
+        """
+        if self.get_state() == WorkerStatus.BUSY:
+            super()._shutdown()  # type: ignore[no-untyped-call]
+            return
+        self._stop_requested = True
+
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        """The next job, waiting IDLE_WAIT_S at a time until one comes or a stop is asked (then None: the worker ends);
+        with ``timeout`` None (RQ's burst mode), None at once when no job is queued.
+
+        RQ's own loop, but for the stop: RQ's waits are long and end only by StopRequested, and so would its retries
+        while Redis is away.
+        """
+        self.set_state(WorkerStatus.IDLE)
+        unreachable = Backoff(FULL_RETRY_FIRST_S, IDLE_WAIT_S)
+        while not self._stop_requested:
+            try:
+                self.heartbeat()
+                if self.should_run_maintenance_tasks:
+                    self.run_maintenance_tasks()  # type: ignore[no-untyped-call]
+                taken = self.queue_class.dequeue_any(
+                    self._ordered_queues,
+                    None if timeout is None else IDLE_WAIT_S,
+                    connection=self.connection,
+                    job_class=self.job_class,
+                    serializer=self.serializer,
+                    death_penalty_class=self.death_penalty_class,
+                )
+            except DequeueTimeout:
+                continue
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if not unreachable.failures:
+                    logger.error("job worker %s: cannot reach Redis: %s; retrying", self.name, exc)
+                time.sleep(unreachable.next())
+                continue
+            if taken is None:
+                if timeout is None:
+                    return None
+                continue
+            job, queue = taken
+            self.reorder_queues(reference_queue=queue)
+            job.redis_server_version = self.get_redis_server_version()  # type: ignore[no-untyped-call]
+            self.heartbeat()
+            return taken
+        return None
 
     def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGTERM:

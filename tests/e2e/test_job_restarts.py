@@ -65,7 +65,10 @@ def wait_until_finished(farm: Farm, jobs: dict[str, Any]) -> None:
         seen.update({location: job(farm, location) for location in jobs})
         return all(body["status"] in ("finished", "failed") for body in seen.values())
 
-    wait_for(all_ended, 30, lambda: f"jobs still not ended after `up` again: {seen}")
+    try:
+        wait_for(all_ended, 30, lambda: f"jobs still not ended after `up` again: {seen}")
+    except AssertionError as exc:
+        raise farm.fail(str(exc)) from None
     unfinished = {location: body for location, body in seen.items() if body["status"] != "finished"}
     assert not unfinished, f"jobs accepted before Ctrl-C that did not finish: {unfinished}"
     assert {location: body["result"] for location, body in seen.items()} == jobs

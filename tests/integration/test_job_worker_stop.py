@@ -1,4 +1,5 @@
-"""A job worker asked to stop finishes the job it runs, however many SIGTERMs follow the first.
+"""A job worker asked to stop finishes the job it runs, however many SIGTERMs follow the first, and the job it took
+in the moment the stop came.
 
 Under `up`, a job worker gets SIGTERM twice: from `up`, to the scheduler's process group, and from the job pool once
 the scheduler's loop gets there. RQ makes a second one that comes more than a second after the first a cold
@@ -27,7 +28,7 @@ from streamserve.runtime.settings import Settings
 from streamserve.wire.keys import CONSUMER_GROUP
 from tests import deployments
 from tests.harness.farm import Processes, marked_env
-from tests.harness.paths import ROOT, STREAMSERVE
+from tests.harness.paths import ROOT, STREAMSERVE, python_path
 from tests.harness.waiting import wait_for, wait_for_async
 from tests.integration.conftest import StartReplica
 from tests.integration.test_gateway_app import wait_for_routes
@@ -79,6 +80,31 @@ async def test_a_second_sigterm_a_while_after_the_first_still_lets_the_job_finis
     await asyncio.to_thread(worker.wait, 20)
     assert await job_body(http, location) == (200, {"job_id": job_id, "status": "finished", "result": "held"})
     assert worker.returncode == 0
+
+
+async def test_a_sigterm_the_moment_an_idle_job_worker_takes_a_job_lets_that_job_run(
+    start_replica: StartReplica, http: httpx.AsyncClient, processes: Processes, tmp_path: Path
+) -> None:
+    """RQ raises StopRequested from the signal handler of an idle worker, wherever it is: after Redis had moved the
+    job to the worker, the job stayed 'queued', in no queue (a Ctrl-C under `up` lost one so, in CI)."""
+    await start_replica(import_path="tests.deployments:crash_on", route_prefix="/echo")
+    await wait_for_routes(http)
+    log = tmp_path / "signalled-job-worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [".venv/bin/python", "-m", "tests.integration.signalled_job_worker"],
+            cwd=ROOT,
+            env={**processes.env(), "PYTHONPATH": python_path()},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    processes.started["signalled-job-worker"] = worker  # killed at the end by the fixture, whatever happens
+    wait_for(lambda: b"serving queue" in log.read_bytes() or worker.poll() is not None, 30, log.read_text)
+    resp = await http.post("/echo", json={"n": 1}, headers=PREFER_ASYNC)  # taken by a worker already waiting
+    assert resp.status_code == 202, resp.text
+    assert await asyncio.to_thread(worker.wait, 30) == 0, log.read_text()
+    _code, body = await job_body(http, resp.headers["location"])
+    assert body["status"] == "finished" and body["result"] == {"n": 1}, (body, log.read_text())
 
 
 def test_a_job_worker_whose_redis_is_gone_stops_with_one_line(tmp_path: Path) -> None:
