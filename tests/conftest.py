@@ -25,11 +25,11 @@ from tests.harness.redis_cluster import LocalRedisCluster
 # The tests that run whole farms: one xdist worker runs them in turn...
 FARM_TESTS = ("tests/e2e/", "tests/soak/")
 # ...but for these, run by the other worker once it has run the rest (in a CI run of 2026-11-29 the farm worker ran
-# 22 minutes, the other 16.6 with the first seven; the last four were moved after that): the package built and
-# pip-installed into fresh virtualenvs (a minute), Ctrl-C and `up` again of a job farm, and farms whose tests bound no
-# time tighter than their own start. What else ran beside the farm worker's farms saw timing-bound tests fail in CI
-# runs (a Redis Cluster farm's status lagging; a job flood accepting two jobs past its bound, and job workers slow to
-# take their first jobs, when more farm modules ran here): those stay on the farm worker.
+# 22 minutes, the other 16.6 with these): the package built and pip-installed into fresh virtualenvs (a minute),
+# Ctrl-C and `up` again of a job farm, and farms whose tests bound no time tighter than their own start. Farms side by
+# side share the two cores: each runs about half as fast (four more modules moved here made the run no shorter), and
+# timing-bound tests failed in CI runs (a Redis Cluster farm's status lagging; a job flood accepting two jobs past its
+# bound, and job workers slow to take their first jobs, when more farm modules ran here): those stay on the farm worker.
 LATE_FARM_TESTS = (
     "tests/e2e/test_install.py",
     "tests/e2e/test_job_restarts.py",
@@ -38,10 +38,6 @@ LATE_FARM_TESTS = (
     "tests/e2e/test_key_prefix_farm.py",
     "tests/e2e/test_gpus.py",
     "tests/e2e/test_external_scaling.py",
-    "tests/e2e/test_up_lifecycle.py",
-    "tests/e2e/test_import_allow.py",
-    "tests/e2e/test_gateway_workers_up.py",
-    "tests/e2e/test_up_admin_token.py",
 )
 
 
