@@ -52,11 +52,11 @@ def submit(farm: Farm, body: Any) -> str:
     return location
 
 
-def started(farm: Farm, locations: list[str]) -> bool:
-    """Whether the job workers took every job of ``locations`` (the first may have finished already, on a slow
-    host), with one still running."""
-    statuses = [job(farm, location)["status"] for location in locations]
-    return set(statuses) <= {"started", "finished"} and "started" in statuses
+def started(farm: Farm, locations: list[str], seen: dict[str, str]) -> bool:
+    """Whether the job workers took every job of ``locations`` (running, or already finished on a slow host whose
+    polls came late); ``seen`` gets their statuses."""
+    seen.update({location: job(farm, location)["status"] for location in locations})
+    return set(seen.values()) <= {"started", "finished"}
 
 
 def wait_until_finished(farm: Farm, jobs: dict[str, Any]) -> None:
@@ -88,8 +88,11 @@ def test_jobs_accepted_before_ctrl_c_all_finish_after_up_again(tmp_path: Path) -
             first_two = list(before)[:2]
             # Bound: job workers that `up` (in round 0) started a moment ago, importing RQ and streamserve on a host
             # that runs the farm tests beside this one (20 s was once too short in CI).
-            took = f"round {round_}: the job workers never took the first two jobs"
-            wait_for(partial(started, farm, first_two), 45, took)
+            seen: dict[str, str] = {}
+            try:
+                wait_for(partial(started, farm, first_two, seen), 45)
+            except AssertionError:
+                raise farm.fail(f"round {round_}: the job workers never took the first two jobs: {seen}") from None
             assert farm.stop(timeout_s=60) == 0  # Ctrl-C
             if b"did not stop in time" in farm.log():
                 raise farm.fail(f"round {round_}: a job worker was killed at the end of the drain, its job unfinished")
