@@ -152,6 +152,7 @@ class JobWorker(SimpleWorker):
                     death_penalty_class=self.death_penalty_class,
                 )
             except DequeueTimeout:
+                unreachable.reset()  # Redis answered: the next time it is away is said again
                 continue
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if not unreachable.failures:
