@@ -4,7 +4,8 @@ Unlike replicas, job workers are plain children in the scheduler's own process
 group, because they hold no state worth outliving the scheduler for: whatever
 stops the scheduler's group (``streamserve up`` on Ctrl-C, or its SIGKILL)
 stops them too, and the kernel sends them SIGTERM if the scheduler dies
-(``die_with_parent``). A job whose worker was killed fails at once with
+(``die_with_parent``); they hold `up`'s lifeline too, and leave within
+FARM_GONE_DRAIN_S when it is cut (``up`` killed -9). A job whose worker was killed fails at once with
 JobAbandoned (the call it made may or may not have run, so it is not run
 again): the pool looks for such jobs whenever one of its workers ends, when
 it starts, and every SWEEP_EVERY_S for workers of this host that died while
@@ -31,6 +32,7 @@ import time
 import redis
 
 from streamserve.client.jobs import JobQueue, jobs_redis_url, local_worker_gone
+from streamserve.runtime.lifeline import inherited
 from streamserve.runtime.processes import die_with_parent, role_command
 from streamserve.runtime.settings import Settings
 from streamserve.transport.backoff import Backoff
@@ -62,6 +64,8 @@ class JobWorkerPool:
         self._jobs: JobQueue | None = None
         self._sweep_at = 0.0  # at once, on the first tick
         self._refusals = MemoryRefusals(logger, "job workers' sweep")
+        lifeline = inherited(settings.lifeline_fd)  # `up`'s, handed on as the launcher does to replicas
+        self._pass_fds = () if lifeline is None else (lifeline,)
 
     @property
     def pids(self) -> list[int]:
@@ -81,7 +85,9 @@ class JobWorkerPool:
             return
         while len(self._procs) - len(self._signalled) < self.size:
             cmd = role_command("job-worker")
-            proc = subprocess.Popen(cmd, env=self._env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+            proc = subprocess.Popen(
+                cmd, env=self._env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent, pass_fds=self._pass_fds
+            )
             self._procs.append(proc)
             logger.info("job worker started (pid %d)", proc.pid)
 

@@ -23,6 +23,7 @@ from streamserve.client.jobs import jobs_redis_url
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.resources import GpuAllocator, host_gpus, host_memory_bytes, overcommit
 from streamserve.metrics.history import MetricsHistory
+from streamserve.runtime.lifeline import FARM_GONE_DRAIN_S, FARM_GONE_WIND_DOWN_S, inherited, is_cut
 from streamserve.runtime.settings import Settings
 from streamserve.scheduler.deployment_state import DeploymentState, Target
 from streamserve.scheduler.goals import GoalTracker
@@ -34,7 +35,7 @@ from streamserve.scheduler.left_requests import answer_left_requests
 from streamserve.scheduler.reclaim import Reclaimer
 from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.scheduler.types import Clock, Launcher, Timeouts
-from streamserve.transport.connections import RETRYABLE_ERRORS, MemoryRefusals, async_redis
+from streamserve.transport.connections import RETRYABLE_ERRORS, MemoryRefusals, async_redis, stop_retrying
 from streamserve.transport.model_streams import ModelStreams, RoutedBacklog
 from streamserve.transport.streams import ensure_groups
 from streamserve.wire.config import DeploymentConfig
@@ -308,8 +309,9 @@ class Scheduler:
         self._known_groups.add(cfg.name)
 
     async def _shutdown(self) -> None:
-        await self._stop_job_workers()  # first, so that the jobs they run still find live replicas
-        if self._lock.held and self._stop_replicas_on_exit:
+        farm_gone = self._farm_gone()
+        await self._stop_job_workers(farm_gone)  # first, so that the jobs they run still find live replicas
+        if self._lock.held and self._stop_replicas_on_exit and not farm_gone:
             logger.info("scheduler: stopping all replicas before exit")
             self._stopping_replicas = True
             try:
@@ -323,14 +325,29 @@ class Scheduler:
         with contextlib.suppress(*RETRYABLE_ERRORS):
             await self._lock.release()
 
-    async def _stop_job_workers(self) -> None:
-        """Let job workers finish their calls for as long as the deployments they call may drain, then kill them."""
+    def _farm_gone(self) -> bool:
+        """Whether the `streamserve up` that started this scheduler died (its lifeline is cut): then nobody will
+        restart its Redis, most likely gone with it, and its replicas and job workers leave by themselves, briefly.
+        Its way out tries each write once."""
+        lifeline = inherited(self._settings.lifeline_fd)
+        if lifeline is None or not is_cut(lifeline):
+            return False
+        logger.warning("scheduler: the `streamserve up` that started it is gone; replicas and job workers leave too")
+        stop_retrying()
+        return True
+
+    async def _stop_job_workers(self, farm_gone: bool) -> None:
+        """Let job workers finish their calls for as long as the deployments they call may drain, then kill them
+        (when the farm is gone, for as long as they give themselves: job_worker.JobWorker.farm_gone)."""
         if self._job_pool is None:
             return
         self._job_pool.stop()
         try:
-            desired = await self._desired.deployments()
-            drain_s = max((cfg.graceful_shutdown_timeout_s for cfg in desired.values()), default=JOB_WORKERS_STOP_S)
+            if farm_gone:
+                drain_s = FARM_GONE_DRAIN_S + FARM_GONE_WIND_DOWN_S
+            else:
+                desired = await self._desired.deployments()
+                drain_s = max((c.graceful_shutdown_timeout_s for c in desired.values()), default=JOB_WORKERS_STOP_S)
         except RETRYABLE_ERRORS:
             drain_s = JOB_WORKERS_STOP_S
         deadline = asyncio.get_running_loop().time() + drain_s

@@ -26,6 +26,8 @@ class Departure:
     restart_reason: str = ""
     # The longest its drain may take (shortened when nobody is left to answer the requests it holds).
     drain_limit_s: float = math.inf
+    # Its `streamserve up` died: its Redis most likely too, so its way out tries Redis once per step, briefly.
+    farm_gone: bool = False
 
 
 class DepartureRules:

@@ -111,7 +111,7 @@ class ReplicaHeartbeat:
         nobody will stop it, and its Redis is likely gone with it, so it leaves at once."""
         pid = (self._settings.supervisor or "?").partition(":")[0]
         why = f"the `streamserve up` that started it (pid {pid}) is gone"
-        self._leave(Departure(1, why, drain_limit_s=FARM_GONE_DRAIN_S))
+        self._leave(Departure(1, why, drain_limit_s=FARM_GONE_DRAIN_S, farm_gone=True))
 
     async def set_health(self, health: ReplicaHealth) -> None:
         """Report a change of health at once (or with the loop's next beat, if Redis cannot take this one)."""

@@ -10,6 +10,11 @@ job, recording a result). RQ would give up and exit, to be started again and
 exit again; instead every command of the worker waits while Redis refuses it
 for memory, said once in the log, and goes on when Redis has room: no job is
 taken meanwhile, and a result is kept until it can be recorded.
+
+A job worker of ``streamserve up`` holds its lifeline (runtime/lifeline.py). When ``up`` dies (kill -9), nobody
+will stop the worker, and the embedded Redis is gone with ``up``: the worker stops taking jobs, gives the job it
+runs FARM_GONE_DRAIN_S, and ends then if RQ has not (RQ's own retries of a Redis that is gone take far longer).
+The job it ran is failed as abandoned by the next farm's job pool, like that of any killed worker.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import copy
 import logging
 import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from types import FrameType
@@ -34,10 +41,11 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from streamserve.client.job_guard import GuardedJob
 from streamserve.client.jobs import JOB_SERIALIZER, JobQueue, job_worker_name, jobs_redis_url
+from streamserve.runtime.lifeline import FARM_GONE_DRAIN_S, FARM_GONE_WIND_DOWN_S, inherited, watch_from_thread
 from streamserve.runtime.logging_setup import start_process
-from streamserve.runtime.settings import forget_gateway_secrets
+from streamserve.runtime.settings import Settings, forget_gateway_secrets
 from streamserve.transport.backoff import Backoff
-from streamserve.transport.connections import MemoryRefusals, sync_redis
+from streamserve.transport.connections import MemoryRefusals, stop_retrying, sync_redis
 from streamserve.wire.errors import RequestCancelledError
 from streamserve.workers import job_function
 
@@ -170,11 +178,41 @@ class JobWorker(SimpleWorker):
             return taken
         return None
 
+    def farm_gone(self, why: str) -> None:
+        """Its `streamserve up` died (called on the lifeline's thread): stop taking jobs, and end the process
+        FARM_GONE_DRAIN_S from now if the job it runs (or RQ's retries of a Redis gone with `up`) is not over."""
+        logger.warning("job worker %s: %s; stopping", self.name, why)
+        stop_retrying()
+        self._stop_requested = True  # what RQ's warm shutdown sets; its own would first write to Redis
+        deadline = threading.Timer(FARM_GONE_DRAIN_S + FARM_GONE_WIND_DOWN_S, self._end_now)
+        deadline.daemon = True
+        deadline.start()
+
+    def _end_now(self) -> None:
+        job = self.get_current_job_id()
+        logger.warning(
+            "job worker %s: still running %gs after its farm went; exiting (job %s unfinished)",
+            self.name,
+            FARM_GONE_DRAIN_S + FARM_GONE_WIND_DOWN_S,
+            job or "none",
+        )
+        sys.stderr.flush()
+        os._exit(1)
+
     def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGTERM:
             logger.info("job worker %s: SIGTERM again; still finishing its job first", self.name)
             return
         super().request_force_stop(signum, frame)
+
+
+def leave_with_the_farm(worker: JobWorker, settings: Settings) -> None:
+    """Under ``streamserve up``: stop the worker when `up` dies, told by the lifeline it handed down."""
+    lifeline = inherited(settings.lifeline_fd)
+    if lifeline is not None:
+        pid = (settings.supervisor or "?").partition(":")[0]
+        why = f"the `streamserve up` that started it (pid {pid}) is gone"
+        watch_from_thread(lifeline, lambda: worker.farm_gone(why))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         name=job_worker_name(os.getpid()),
     )
     logger.info("job worker %s: serving queue %s", worker.name, queue.name)
+    leave_with_the_farm(worker, settings)
     try:
         # RQ logs every job at INFO; the farm's terminal gets its warnings only, unless debugging.
         worker.work(logging_level="DEBUG" if settings.debug else "WARNING")

@@ -26,8 +26,9 @@ from streamserve.control.heartbeats import queue_removal
 from streamserve.control.long_poll import LongPollSubscriber
 from streamserve.metrics.figures import Figures
 from streamserve.metrics.flusher import MetricsFlusher
+from streamserve.runtime.lifeline import FARM_GONE_WIND_DOWN_S
 from streamserve.runtime.settings import Settings
-from streamserve.transport.connections import RETRYABLE_ERRORS, redacted
+from streamserve.transport.connections import RETRYABLE_ERRORS, redacted, stop_retrying
 from streamserve.transport.model_streams import ModelStreams
 from streamserve.transport.pipelining import BlockingReader, Pipeliner
 from streamserve.transport.streams import ensure_groups
@@ -86,6 +87,8 @@ class Replica:
         self._stopping = asyncio.Event()
         self._exit_code = 0
         self._drain_limit_s = math.inf  # shortened when the farm is gone: nobody is left to answer
+        self._farm_gone = False  # its `up` died: after the drain, its exit is brief (_wind_down)
+        self._wind_down_until = math.inf  # the loop time by which its exit's steps end (set after a farm-gone drain)
         # Set when an externally started worker should run again as a new process on the deployment's new code.
         self.restart_reason = ""
         self._figures = Figures() if settings.metrics else None
@@ -114,6 +117,11 @@ class Replica:
         if departure.restart_reason:
             self.restart_reason = departure.restart_reason
         self._drain_limit_s = min(self._drain_limit_s, departure.drain_limit_s)
+        if departure.farm_gone:
+            # Nobody is left to restart it or its Redis: every write from here on (the drain's replies, heartbeats,
+            # the last writes) is tried once, and the exit's steps all end within FARM_GONE_WIND_DOWN_S.
+            stop_retrying()
+            self._farm_gone = True
         self._exit_code = departure.exit_code
         self.request_stop()
 
@@ -172,6 +180,8 @@ class Replica:
             await self._drain(serving)
             return self._exit_code
         finally:
+            if self._farm_gone:
+                self._wind_down_until = asyncio.get_running_loop().time() + FARM_GONE_WIND_DOWN_S
             if longpoll is not None:
                 await self._wind_down("the config subscription", longpoll.close())
             if holding is not None:
@@ -197,17 +207,16 @@ class Replica:
 
     async def _wind_down(self, what: str, step: Awaitable[object]) -> None:
         """One step of the exit, bounded: a replica that drained must exit, even if a step hangs (it is named)."""
+        limit_s = max(0.0, min(WIND_DOWN_STEP_S, self._wind_down_until - asyncio.get_running_loop().time()))
         try:
-            async with asyncio.timeout(WIND_DOWN_STEP_S):
+            async with asyncio.timeout(limit_s):
                 await step
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # the exit itself was cancelled (a cancelled step, such as the heartbeat task, is not)
         except TimeoutError:
-            logger.warning(
-                "replica %s: %s did not finish within %gs; exiting anyway", self.replica_id, what, WIND_DOWN_STEP_S
-            )
+            logger.warning("replica %s: %s did not finish within %.3gs; exiting anyway", self.replica_id, what, limit_s)
         except Exception as exc:  # e.g. Redis gone for good: the exit goes on
             logger.warning(
                 "replica %s: %s failed on the way out: %s: %s", self.replica_id, what, type(exc).__name__, exc

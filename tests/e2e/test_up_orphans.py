@@ -9,12 +9,14 @@ import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import httpx
 import pytest
 
 from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.lifeline import FARM_GONE_DRAIN_S, FARM_GONE_WIND_DOWN_S
 from streamserve.runtime.processes import free_port, port_is_free
 from streamserve.transport.connections import sync_redis
 from tests.harness.farm import Farm, farm_on, pids_with_marker
@@ -41,8 +43,10 @@ SLOW_START = """
 deployments:
   - {name: echo, import_path: 'examples.echo:Echo', num_replicas: 2}
   - {name: slow, import_path: 'tests.deployments:SlowStart', init_kwargs: {seconds: 2}, num_replicas: 1}
+  - {name: sleepy, import_path: 'examples.sleepy:Sleepy', num_replicas: 1}
 """
-MOMENTS = ("before-the-banner", "after-the-banner", "under-traffic")
+# "with-a-job-running" is after the banner too: a job worker runs a 60 s call, and the replica serving it holds it.
+MOMENTS = ("before-the-banner", "with-a-job-running", "under-traffic")
 ROUNDS = 1  # x 3 moments for each Redis (each kill ~15 s of the farm worker: the CI run keeps to 30 min)
 
 
@@ -61,8 +65,8 @@ def kill_up_at(farm: Farm, moment: str) -> subprocess.Popen[bytes]:
     """Launch `up` unreaped, as a program that supervises several things does, and kill -9 it at ``moment``."""
     proc = farm.launch()
     if moment == "before-the-banner":
-        # The echo replicas are up; the slow one is still in its constructor, so the banner is not out yet.
-        wait_for(lambda: len(replicas(farm)) == 3, 30, lambda: f"replicas did not start: {farm.processes()}")
+        # The echo and sleepy replicas are up; the slow one is still in its constructor: the banner is not out yet.
+        wait_for(lambda: len(replicas(farm)) == 4, 30, lambda: f"replicas did not start: {farm.processes()}")
         assert b"streamserve is up" not in farm.log()
     else:
         wait_for(lambda: b"streamserve is up" in farm.log(), 60, lambda: farm.fail("not up").args[0])
@@ -73,8 +77,36 @@ def kill_up_at(farm: Farm, moment: str) -> subprocess.Popen[bytes]:
             wait_for(lambda: len(answered) >= 40, 20, lambda: f"too few answers: {[c.exception() for c in callers]}")
             os.kill(proc.pid, signal.SIGKILL)
     else:
+        if moment == "with-a-job-running":
+            job_started(farm)
         os.kill(proc.pid, signal.SIGKILL)
     return proc
+
+
+def exit_took_s(log: bytes, who: str, told: str) -> float:
+    """From the line where ``who`` says ``told`` to its "exited" line, by the clock of its own log lines."""
+    stamps = {}
+    for line in log.decode().splitlines():
+        for mark in (told, " exited "):
+            if f"] {who}" in line and mark in line:
+                stamps[mark] = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    return (stamps[" exited "] - stamps[told]).total_seconds()
+
+
+def job_started(farm: Farm) -> None:
+    """Queue a job of 60 s and wait until a job worker runs it."""
+    queued = httpx.post(
+        farm.base_url + "/sleepy", json={"seconds": 60}, headers={"Prefer": "respond-async"}, timeout=10
+    )
+    assert queued.status_code == 202, queued.text
+    job = farm.base_url + "/-/jobs/" + queued.json()["job_id"]
+    seen: list[str] = []
+
+    def running() -> bool:
+        seen.append(httpx.get(job, timeout=10).json()["status"])
+        return seen[-1] == "started"
+
+    wait_for(running, 30, lambda: farm.fail(f"the job never started: {seen[-3:]}").args[0])
 
 
 def post_until_gone(farm: Farm, answered: list[int]) -> None:
@@ -93,7 +125,8 @@ def post_until_gone(farm: Farm, answered: list[int]) -> None:
 def test_kill_9_of_an_unreaped_up_leaves_nothing_within_15_s(
     tmp_path: Path, redis: str, moment: str, request: pytest.FixtureRequest
 ) -> None:
-    """Whoever started `up` has not reaped it (it stays a zombie in /proc): its replicas still leave, at once."""
+    """Whoever started `up` has not reaped it (it stays a zombie in /proc): its replicas and job workers still leave,
+    at once (a job's call that runs is given FARM_GONE_DRAIN_S)."""
     config = tmp_path / "farm.yaml"
     config.write_text(SLOW_START)
     url = None
@@ -106,8 +139,36 @@ def test_kill_9_of_an_unreaped_up_leaves_nothing_within_15_s(
         proc = kill_up_at(farm, moment)
         wait_for(lambda: pids_with_marker(farm.token) == [], 15, lambda: f"left behind: {farm.processes()}")
         assert proc.poll() == -signal.SIGKILL  # reaped only now, by the test
+        if moment == "with-a-job-running":
+            # The replica that held the job's call drained for FARM_GONE_DRAIN_S, then tried each last write once;
+            # the scheduler gave the job workers as long, and stopped no replica through a Redis gone with `up`.
+            log, bound_s = farm.log(), FARM_GONE_DRAIN_S + FARM_GONE_WIND_DOWN_S + 1
+            assert exit_took_s(log, "replica sleepy#", "is gone") <= bound_s, log
+            assert exit_took_s(log, "scheduler", "SIGTERM: stopping") <= bound_s, log
         if farm.redis_port is not None:
             assert port_is_free("127.0.0.1", farm.redis_port)
+    finally:
+        farm.stop()
+
+
+def test_kill_9_of_up_and_its_scheduler_leaves_no_job_worker_running_its_job(
+    tmp_path: Path, external_redis: EmbeddedRedis
+) -> None:
+    """With its scheduler killed too, nobody is left to end a job worker's drain: it ends it itself, within
+    FARM_GONE_DRAIN_S and its wind-down, though its job has 60 s to go and its (external) Redis is still there."""
+    config = tmp_path / "farm.yaml"
+    config.write_text(SLOW_START)
+    sync_redis(external_redis.url).flushall()
+    farm = Farm(config, tmp_path / "up.log", redis_url=external_redis.url)
+    try:
+        proc = farm.launch()
+        wait_for(lambda: b"streamserve is up" in farm.log(), 60, lambda: farm.fail("not up").args[0])
+        job_started(farm)
+        [scheduler] = farm.role_pids()["scheduler"]
+        os.kill(scheduler, signal.SIGKILL)
+        os.kill(proc.pid, signal.SIGKILL)
+        wait_for(lambda: pids_with_marker(farm.token) == [], 15, lambda: f"left behind: {farm.processes()}")
+        assert b"is gone; stopping" in farm.log()  # the job worker's own words: it left by itself
     finally:
         farm.stop()
 

@@ -15,11 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import stat
+import threading
 from collections.abc import Callable
 
-# How long a replica whose `up` died drains: its Redis is likely gone with it, and nobody will stop it.
+# How long a replica or job worker whose `up` died drains: its Redis is likely gone with it, and nobody will stop it.
 FARM_GONE_DRAIN_S = 5.0
+# How long all of such a process's exit after that drain may take (its last writes, to a Redis likely gone too).
+FARM_GONE_WIND_DOWN_S = 2.0
 # How long a gateway of `up` answers what it holds once told to stop: `up` waits this long for it on Ctrl-C, and a
 # gateway whose `up` died (the kernel sends it SIGTERM) takes no longer either.
 UP_GATEWAY_DRAIN_S = 10.0
@@ -72,3 +76,30 @@ def watch(fd: int, on_cut: Callable[[], None]) -> Callable[[], None]:
 
     loop.add_reader(fd, readable)
     return unwatch
+
+
+def is_cut(fd: int) -> bool:
+    """Whether the lifeline's write end is closed now (``up`` is gone), without waiting."""
+    try:
+        readable, _, _ = select.select([fd], [], [], 0)
+        return bool(readable) and os.read(fd, 1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def watch_from_thread(fd: int, on_cut: Callable[[], None]) -> threading.Thread:
+    """Call ``on_cut`` once, on a daemon thread of its own, when the lifeline's write end is closed: for a process
+    whose main thread is not an event loop (a job worker, inside RQ)."""
+
+    def wait() -> None:
+        while True:
+            select.select([fd], [], [])  # the descriptor may be non-blocking: it is shared with the scheduler's
+            if is_cut(fd):
+                on_cut()
+                return
+
+    thread = threading.Thread(target=wait, name="lifeline", daemon=True)
+    thread.start()
+    return thread

@@ -51,6 +51,18 @@ T = TypeVar("T")
 # Who runs the retry loop under way (an asyncio task, or a thread's id): a loop that it starts inside it tries once.
 _NOBODY = object()
 _RETRYING: ContextVar[object] = ContextVar("streamserve_retrying", default=_NOBODY)
+# Set once the farm this process belongs to is gone (stop_retrying): from then on every operation tries once.
+_GIVEN_UP = threading.Event()
+
+
+def stop_retrying() -> None:
+    """Make every Redis operation of this process, from now on, a single attempt.
+
+    For a process whose `streamserve up` died: its Redis has most likely gone with it, nobody will restart either,
+    and each operation of its way out (the last replies, heartbeats, goodbyes) would otherwise spend the retry
+    policy's 1-2 s on a Redis that is not coming back. A Redis that is still there (not `up`'s own) answers as before.
+    """
+    _GIVEN_UP.set()
 
 
 class OutermostRetry(Retry):
@@ -58,7 +70,7 @@ class OutermostRetry(Retry):
 
     def call_with_retry(self, do: Callable[[], T], fail: Callable[..., Any], *args: Any, **kwargs: Any) -> T:
         owner = threading.get_ident()
-        if _RETRYING.get() == owner:
+        if _RETRYING.get() == owner or _GIVEN_UP.is_set():
             return Retry(NoBackoff(), 0, _errors(self)).call_with_retry(do, fail, *args, **kwargs)
         token = _RETRYING.set(owner)
         try:
@@ -80,7 +92,7 @@ class OutermostAsyncRetry(AsyncRetry):
         self, do: Callable[[], Awaitable[T]], fail: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> T:
         owner = asyncio.current_task()
-        if _RETRYING.get() is owner:
+        if _RETRYING.get() is owner or _GIVEN_UP.is_set():
             return await AsyncRetry(NoBackoff(), 0, _errors(self)).call_with_retry(do, fail, *args, **kwargs)
         token = _RETRYING.set(owner)
         try:
