@@ -122,6 +122,8 @@ class Gateway:
         self._routes_generation = -1
         self._routes = RouteTable({})
         self.tracer = tracing.tracer()  # None: tracing is off (runtime/tracing.py)
+        # Why its startup failed, when that is a StreamServeError (Redis unreachable, say): said in one line.
+        self.startup_error: StreamServeError | None = None
 
     def routes(self) -> RouteTable:
         if self.client.generation != self._routes_generation:
@@ -515,13 +517,25 @@ class GatewayApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.api(scope, receive, send)  # lifespan
+            await self.api(scope, receive, self._plain_startup_failure(send))  # lifespan
             return
         deployment_post = scope["method"] == "POST" and not scope["path"].startswith(GATEWAY_PREFIX)
         if deployment_post and self._headers_fit(scope):
             await self.gateway.serve(scope, receive, send)
             return
         await self._other(scope, receive, send)
+
+    def _plain_startup_failure(self, send: Send) -> Send:
+        """``send``, except that a startup that failed for a known reason says that reason, not Starlette's traceback
+        of it (which uvicorn logs as the failure's message)."""
+
+        async def send_plainly(message: Message) -> None:
+            error = self.gateway.startup_error
+            if message["type"] == "lifespan.startup.failed" and error is not None:
+                message = {**message, "message": f"gateway: {error}"}
+            await send(message)
+
+        return send_plainly
 
     async def _other(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Everything but a deployment POST (or one refused for its headers): the FastAPI app, with its access line."""
@@ -594,6 +608,9 @@ def _lifespan(gateway: Gateway) -> Callable[[FastAPI], AbstractAsyncContextManag
             # A full Redis: come up all the same, answer what needs no memory (health, status, job results) and 503
             # with the reason to the rest; every call tries again to make the reply stream, until Redis has room.
             logger.warning("gateway: %s; calls get 503 until Redis has room", exc)
+        except StreamServeError as exc:  # Redis unreachable, its password refused: the process cannot serve
+            gateway.startup_error = exc
+            raise
         flusher = None
         if gateway.observer.figures is not None:
             flusher = MetricsFlusher(gateway.client.redis, gateway.settings.keys, gateway.observer.figures)

@@ -9,6 +9,7 @@ from typing import Any
 
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors import Multiprocess
 
 from streamserve.app.gateway import GatewayApp, create_app
 from streamserve.app.http_protocol import GatewayHttpProtocol, use_connection_limits
@@ -71,6 +72,18 @@ def worker_app() -> GatewayApp:
     return app
 
 
+def supervise_workers(config: uvicorn.Config) -> int:
+    """Run uvicorn's supervisor of ``config.workers`` gateway processes until it stops; STARTUP_FAILURE if it stopped
+    because one of them failed to start (Redis unreachable, say), else 0.
+
+    uvicorn.run returns alike either way, and a gateway that could not start then exited 0: a service manager
+    restarting on failure left it down, a script took it for a clean stop.
+    """
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+    supervisor.run()
+    return STARTUP_FAILURE if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args, settings = start_process(build_parser(), argv)
     check_exposure(args.host, api_key_set=settings.api_key is not None, admin=settings.admin)
@@ -92,14 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         settings.tenant_key_map()  # a keys file that cannot be read stops the gateway here, as without workers
         os.environ.update(settings.to_env())
         raise_fd_limit()  # the workers inherit it (and hold their connections to the limits in worker_app)
-        uvicorn.run(
+        config = uvicorn.Config(
             f"{__name__}:worker_app",
             factory=True,
             workers=args.gateway_workers,
             timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
             **server,
         )
-        return 0
+        return supervise_workers(config)
     use_connection_limits(settings)
     app = create_app(settings)
     freeze_startup_objects()

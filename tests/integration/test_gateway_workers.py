@@ -1,5 +1,5 @@
 """``streamserve gateway --workers N``: N gateway processes on one port, each with its own reply stream; a worker
-that dies is started again; a bad N is a usage error."""
+that dies is started again; a bad N is a usage error; one that cannot start makes the gateway exit non-zero."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from uvicorn.config import STARTUP_FAILURE
 
 from streamserve.app.main import WORKER_HEALTHCHECK_S
-from streamserve.runtime.processes import port_is_free
+from streamserve.runtime.processes import free_port, port_is_free
 from tests.harness.farm import descendants, gateway_process
 from tests.harness.paths import STREAMSERVE
 from tests.harness.waiting import Message, wait_for, wait_for_async
@@ -141,3 +142,15 @@ def test_a_bad_worker_count_is_a_usage_error(bad: str, redis_url: str) -> None:
         done = subprocess.run([STREAMSERVE, *command], env=env, capture_output=True, text=True, timeout=30, check=False)
         assert done.returncode == 2, done.stderr
         assert "workers" in done.stderr and ("at least 1" in done.stderr or "not a whole number" in done.stderr)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_gateway_that_cannot_reach_redis_says_so_and_exits_non_zero(workers: str) -> None:
+    """With --workers N too: uvicorn's supervisor ends when a worker fails to start, and the gateway exits 3 as a
+    single process does (it exited 0, as if stopped on purpose), saying why in one line, without a traceback."""
+    env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}  # nothing listens there
+    command = [STREAMSERVE, "gateway", "--port", str(free_port()), "--workers", workers]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == STARTUP_FAILURE, done.stderr
+    assert "gateway: cannot reach Redis at redis://127.0.0.1:" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
