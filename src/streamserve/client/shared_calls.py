@@ -58,8 +58,7 @@ class Sharing:
 def by_key(keys: Keys, cfg: DeploymentConfig, request: Request) -> Sharing:
     """The sharing of ``request``, which has an idempotency key (``idem``)."""
     return Sharing(
-        keys.idempotency(cfg.name, request.idem, request.tenant),
-        keys.idempotency_waiters(cfg.name, request.idem, request.tenant),
+        *keys.shared_run(cfg.name, request.idem, "", request.tenant),
         digest=idempotency.request_digest(request.method, request.body, request.model),
     )
 
@@ -71,8 +70,7 @@ def by_cache(keys: Keys, cfg: DeploymentConfig, request: Request, refresh: bool,
         cfg, request.method, request.body, request.model, request.tenant
     )
     return Sharing(
-        keys.cache_entry(cfg.name, request.cache),
-        keys.cache_waiters(cfg.name, request.cache),
+        *keys.shared_run(cfg.name, "", request.cache),
         counted=True,
         refresh=refresh,
     )

@@ -59,8 +59,7 @@ def settle(keys: Keys, cfg: DeploymentConfig, request: Request, reply: Reply) ->
     cache_args: list[EncodableT]
     if request.idem:
         outcome, fields = idempotency.settlement(reply)
-        idem, tenant = request.idem, request.tenant
-        run_keys = [keys.idempotency(name, idem, tenant), keys.idempotency_waiters(name, idem, tenant)]
+        run_keys = list(keys.shared_run(name, request.idem, "", request.tenant))
         ttl_s, cache_args = cfg.idempotency_ttl_s, [0, "", ""]
         shared = outcome == shared_runs.STORE
     else:
@@ -68,8 +67,7 @@ def settle(keys: Keys, cfg: DeploymentConfig, request: Request, reply: Reply) ->
         digest = response_cache.cache_digest(cfg, request.method, request.body, request.model, request.tenant)
         kept = cache is not None and digest == request.cache
         outcome, fields = response_cache.settlement(reply, kept)
-        run_keys = [keys.cache_entry(name, request.cache), keys.cache_waiters(name, request.cache)]
-        run_keys.append(keys.cache_index(name))
+        run_keys = [*keys.shared_run(name, "", request.cache), keys.cache_index(name)]
         ttl_s = cache.ttl_s if cache is not None else 0
         cache_args = [cache.max_entries if cache is not None else 0, request.cache, keys.cache_entry(name, "")]
         # A run that failed failed for all of them. One that streamed sent its chunks to its own caller only (a
@@ -94,11 +92,7 @@ def settle(keys: Keys, cfg: DeploymentConfig, request: Request, reply: Reply) ->
 async def release(redis: aioredis.Redis, keys: Keys, deployment: str, request: Request | DeadLetter) -> None:
     """Free ``request``'s shared run (of its idempotency key, or of its cache digest) that never ran (cancelled while
     queued, dead-lettered), and tell its waiters to send their calls again."""
-    idem, cache, tenant = request.idem, request.cache, request.tenant
-    if idem:
-        run_keys = [keys.idempotency(deployment, idem, tenant), keys.idempotency_waiters(deployment, idem, tenant)]
-    else:
-        run_keys = [keys.cache_entry(deployment, cache), keys.cache_waiters(deployment, cache)]
+    run_keys = keys.shared_run(deployment, request.idem, request.cache, request.tenant)
     release_args = (request.run, shared_runs.RELEASE, 0, 0, "", "", now_ms())
     command: Command = ("EVALSHA", _SETTLE_RUN.sha, len(run_keys), *run_keys, *release_args)
     settlement = Settlement(command, Reply("", ReplyStatus.RETRY, ""))

@@ -275,6 +275,13 @@ class Keys:
         """List: the callers waiting for the run of identical requests (as Keys.idempotency_waiters)."""
         return self._tagged(deployment, f"cache_waiters:{digest}")
 
+    def shared_run(self, deployment: str, idem: str, cache: str, tenant: str = DEFAULT_TENANT) -> tuple[str, str]:
+        """The record and waiters list of a request's shared run: of its idempotency key ``idem`` when it has one,
+        else of its cache digest ``cache``."""
+        if idem:
+            return self.idempotency(deployment, idem, tenant), self.idempotency_waiters(deployment, idem, tenant)
+        return self.cache_entry(deployment, cache), self.cache_waiters(deployment, cache)
+
     def cache_index(self, deployment: str) -> str:
         """Sorted set: digest -> when its reply was kept (epoch ms), to evict the oldest past ``max_entries``."""
         return self._tagged(deployment, "cache_index")
