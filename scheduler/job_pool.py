@@ -10,8 +10,10 @@ JobAbandoned (the call it made may or may not have run, so it is not run
 again): the pool looks for such jobs whenever one of its workers ends, when
 it starts, and every SWEEP_EVERY_S for workers of this host that died while
 no scheduler watched them. Workers elsewhere are left to RQ's own
-maintenance. The same sweep uncounts, from their deployments' ``max_queued_jobs``,
-the jobs that ended without saying so (``JobQueue.prune_counts``).
+maintenance. The sweep also queues again a job that a worker (of any host)
+took and died before starting: it never ran (``JobQueue.requeue_stranded``).
+The same sweep uncounts, from their deployments' ``max_queued_jobs``, the jobs
+that ended without saying so (``JobQueue.prune_counts``).
 
 SIGTERM is RQ's warm shutdown: finish the current job, then exit. A job worker
 takes a SIGTERM after the first as the same request (``JobWorker``), so the
@@ -31,7 +33,7 @@ import time
 
 import redis
 
-from streamserve.client.jobs import JobQueue, jobs_redis_url, local_worker_gone
+from streamserve.client.jobs import STRANDED_AFTER_S, JobQueue, jobs_redis_url, local_worker_gone
 from streamserve.runtime.lifeline import inherited
 from streamserve.runtime.processes import die_with_parent, role_command
 from streamserve.runtime.settings import Settings
@@ -124,6 +126,7 @@ class JobWorkerPool:
             self._jobs = JobQueue(connection, self._settings.keys, self._settings.job_result_ttl_s)
         try:
             failed = self._jobs.fail_abandoned(local_worker_gone)
+            requeued, unsettled = self._jobs.requeue_stranded()
             self._jobs.prune_counts()
         except redis.RedisError as exc:
             if not self._refusals.refused(exc):  # a full Redis: said once, not on every tick until it has room
@@ -132,9 +135,11 @@ class JobWorkerPool:
             return
         if failed:
             self._refusals.accepted()
-        self._sweep_at = time.monotonic() + SWEEP_EVERY_S
+        self._sweep_at = time.monotonic() + (STRANDED_AFTER_S if unsettled else SWEEP_EVERY_S)
         for job_id in failed:
             logger.warning("job %s failed: its job worker stopped while running it", job_id)
+        for job_id in requeued:
+            logger.warning("job %s queued again: a job worker stopped after taking it, before starting it", job_id)
 
     def _reap(self) -> bool:
         """Forget the workers that exited; whether any had."""

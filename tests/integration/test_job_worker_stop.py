@@ -21,10 +21,11 @@ import redis.asyncio as aioredis
 from rq.job import Job
 from rq.worker import Worker
 
-from streamserve.client.jobs import JOB_SERIALIZER
+from streamserve.client.jobs import JOB_SERIALIZER, JobQueue
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
+from streamserve.scheduler.job_pool import JobWorkerPool
 from streamserve.wire.keys import CONSUMER_GROUP
 from tests import deployments
 from tests.harness.farm import Processes, marked_env
@@ -105,6 +106,51 @@ async def test_a_sigterm_the_moment_an_idle_job_worker_takes_a_job_lets_that_job
     assert await asyncio.to_thread(worker.wait, 30) == 0, log.read_text()
     _code, body = await job_body(http, resp.headers["location"])
     assert body["status"] == "finished" and body["result"] == {"n": 1}, (body, log.read_text())
+
+
+async def test_a_job_whose_worker_was_killed_between_taking_and_starting_it_runs(
+    start_replica: StartReplica, http: httpx.AsyncClient, processes: Processes, settings: Settings, tmp_path: Path
+) -> None:
+    """kill -9 after RQ moved the job to its worker and before the worker started it: the job never ran, and sat
+    'queued' in RQ's intermediate list, in no queue, until RQ's own cleanup failed it minutes later. The job pool's
+    sweep queues it again, and the pool's worker runs it."""
+    await start_replica(import_path="tests.deployments:crash_on", route_prefix="/echo")
+    await wait_for_routes(http)
+    log = tmp_path / "killed-job-worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [".venv/bin/python", "-m", "tests.integration.signalled_job_worker", "SIGKILL"],
+            cwd=ROOT,
+            env={**processes.env(), "PYTHONPATH": python_path()},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    processes.started["killed-job-worker"] = worker
+    wait_for(lambda: b"serving queue" in log.read_bytes() or worker.poll() is not None, 30, log.read_text)
+    resp = await http.post("/echo", json={"n": 2}, headers=PREFER_ASYNC)
+    assert resp.status_code == 202, resp.text
+    assert await asyncio.to_thread(worker.wait, 30) == -signal.SIGKILL, log.read_text()
+    jobs = JobQueue(redis.Redis.from_url(settings.effective_redis_url), settings.keys, settings.job_result_ttl_s)
+    job_id = resp.headers["location"].rsplit("/", 1)[1]
+    assert jobs.connection.lrange(jobs.queue.intermediate_queue_key, 0, -1) == [job_id.encode()]  # stranded
+    # Not at first sight: a live worker that has just taken a job starts it within milliseconds.
+    assert jobs.requeue_stranded() == ([], True)
+    pool = JobWorkerPool(settings.model_copy(update={"job_workers": 1}))
+    body: dict[str, object] = {}
+
+    async def finished() -> bool:
+        await pool.keep_running()
+        body.update((await job_body(http, resp.headers["location"]))[1])
+        return body["status"] == "finished"
+
+    try:
+        await wait_for_async(finished, 40, lambda: f"{body}; the pool's workers: {pool.pids}", interval_s=0.2)
+        assert body["result"] == {"n": 2}
+    finally:
+        pool.stop()
+        await pool.kill()
+        pool.close()
+        jobs.connection.close()
 
 
 def test_a_job_worker_whose_redis_is_gone_stops_with_one_line(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,6 +88,10 @@ TRACE_META = "trace"
 # A count this old whose job has ended, or is gone, is dropped by the sweep: the time between counting a job and RQ
 # queueing it, with plenty to spare.
 PRUNE_AFTER_MS = 60_000
+
+# How long a job may sit taken by a worker and not started before it counts as stranded by that worker's death (a live
+# worker starts what it takes within milliseconds; requeue_stranded).
+STRANDED_AFTER_S = 5.0
 
 # RQ's statuses of a job that has ended.
 _ENDED = {RQJobStatus.FINISHED.value, RQJobStatus.FAILED.value, RQJobStatus.STOPPED.value, RQJobStatus.CANCELED.value}
@@ -166,6 +171,8 @@ class JobQueue:
         # GuardedJob: what RQ does with a job here (its registries' cleanup, which may fail it) calls no callback.
         self.queue = Queue(keys.jobs_queue(), connection=connection, serializer=JOB_SERIALIZER, job_class=GuardedJob)
         self._admit = connection.register_script(scripts.ADMIT_JOB)
+        self._requeue = connection.register_script(scripts.REQUEUE_STRANDED_JOB)
+        self._stranded_since: dict[str, float] = {}  # job id -> when requeue_stranded first saw it taken, not started
 
     def enqueue(
         self,
@@ -364,6 +371,29 @@ class JobQueue:
         if failed:
             registry.cleanup(timestamp=0)  # only the executions expired above: scored 0
         return failed
+
+    def requeue_stranded(self) -> tuple[list[str], bool]:
+        """Queue again, at the front, the jobs whose worker died after taking them and before starting them; returns
+        their ids, and whether some taken job is not started yet (call again STRANDED_AFTER_S later to settle it).
+
+        RQ moves the id of a job a worker takes to the queue's intermediate list, and from there to the started
+        registry as it starts it: a live worker does both within milliseconds. A job still in that list, not
+        started, STRANDED_AFTER_S after an earlier call first saw it there, was taken by a worker killed in between
+        (kill -9). It never ran, so it is queued again rather than left "queued" in no queue until RQ's own cleanup
+        fails it (a minute after a worker's maintenance first sees it, and that runs every ten minutes).
+        """
+        key = self.queue.intermediate_queue_key
+        taken = [text(raw) for raw in self.connection.lrange(key, 0, -1)]
+        registry = self.queue.started_job_registry
+        started = {job_id for job_id, _ in registry.get_job_and_execution_ids(cleanup=False)}
+        now = time.monotonic()
+        waiting = {job_id: self._stranded_since.get(job_id, now) for job_id in taken if job_id not in started}
+        requeued = []
+        for job_id, since in waiting.items():
+            if now - since >= STRANDED_AFTER_S and self._requeue(keys=[key, self.queue.key], args=[job_id]):
+                requeued.append(job_id)
+        self._stranded_since = {job_id: since for job_id, since in waiting.items() if job_id not in requeued}
+        return requeued, bool(self._stranded_since)
 
     def prune_counts(self) -> int:
         """Uncount the jobs that ended without saying so, or are gone; how many.

@@ -378,6 +378,18 @@ redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
 return 1
 """
 
+REQUEUE_STRANDED_JOB = """
+-- Put a job that a worker took and never started back at the front of its RQ queue (its worker died between the
+-- two): only if it is still in the queue's intermediate list, so that two sweeps cannot both queue it again.
+-- KEYS[1]  the queue's intermediate list (where RQ moves the id of a job a worker takes, until it starts it)
+-- KEYS[2]  the queue (RQ takes job ids from its front)
+-- ARGV[1]  the job id
+-- Returns 1 when queued again, 0 when it had left the intermediate list.
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+redis.call('LPUSH', KEYS[2], ARGV[1])
+return 1
+"""
+
 RENEW_LOCK = """
 -- Extend a lock's expiry if we still hold it; take it again if it expired (Redis was away) and nobody took it.
 -- The extension is a SET, which a Redis out of memory refuses; then a PEXPIRE, which it takes, extends it: so the
