@@ -13,7 +13,7 @@ taken meanwhile, and a result is kept until it can be recorded.
 
 A job worker of ``streamserve up`` holds its lifeline (runtime/lifeline.py). When ``up`` dies (kill -9), nobody
 will stop the worker, and the embedded Redis is gone with ``up``: the worker stops taking jobs, gives the job it
-runs FARM_GONE_DRAIN_S, and ends then if RQ has not (RQ's own retries of a Redis that is gone take far longer).
+runs FARM_GONE_DRAIN_S (and its last writes FARM_GONE_WIND_DOWN_S), and ends then if RQ has not.
 The job it ran is failed as abandoned by the next farm's job pool, like that of any killed worker.
 """
 
@@ -179,8 +179,9 @@ class JobWorker(SimpleWorker):
         return None
 
     def farm_gone(self, why: str) -> None:
-        """Its `streamserve up` died (called on the lifeline's thread): stop taking jobs, and end the process
-        FARM_GONE_DRAIN_S from now if the job it runs (or RQ's retries of a Redis gone with `up`) is not over."""
+        """Its `streamserve up` died (called on the lifeline's thread): stop taking jobs, and end the process once the
+        job it runs has had FARM_GONE_DRAIN_S and its last writes FARM_GONE_WIND_DOWN_S, if RQ has not ended by then
+        (its retries of a Redis gone with `up` would take far longer)."""
         logger.warning("job worker %s: %s; stopping", self.name, why)
         stop_retrying()
         self._stop_requested = True  # what RQ's warm shutdown sets; its own would first write to Redis
