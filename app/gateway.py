@@ -450,9 +450,14 @@ def _model_id(header: str | None) -> str:
         raise BadRequestError(f"{MODEL_HEADER}: {exc}") from None
 
 
+# Request directives (RFC 9111, 5.2.1) that ask for a reply not taken from a cache: each runs the call anew.
+_FRESH_DIRECTIVES = frozenset({"no-cache", "no-store", "max-age=0"})
+
+
 def _no_cache(cache_control: list[str]) -> bool:
-    """Whether ``Cache-Control`` headers (several, comma-separated) say ``no-cache``: skip the response cache."""
-    return any(d.split("=", 1)[0].strip().lower() == "no-cache" for header in cache_control for d in header.split(","))
+    """Whether ``Cache-Control`` headers (several, comma-separated) ask for a fresh reply (``no-cache``, ``no-store``
+    or ``max-age=0``): skip the response cache's lookup."""
+    return any("".join(d.split()).lower() in _FRESH_DIRECTIVES for header in cache_control for d in header.split(","))
 
 
 def _shared_headers(reply: Reply, keyed: bool) -> tuple[tuple[str, str], ...]:

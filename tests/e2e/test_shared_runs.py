@@ -636,7 +636,9 @@ def test_an_identical_request_is_answered_from_the_cache(farm: Farm, store: redi
     assert post(farm.base_url, "/cached", {"tag": tag, "n": 2}, None).headers["x-cache"] == "miss"
 
 
-def test_cache_control_no_cache_runs_anew_and_refreshes_the_entry(farm: Farm, store: redis.Redis, tag: str) -> None:
+def test_cache_control_asking_for_a_fresh_reply_runs_anew_and_refreshes_the_entry(
+    farm: Farm, store: redis.Redis, tag: str
+) -> None:
     assert post(farm.base_url, "/cached", {"tag": tag}, None).json() == {"tag": tag, "run": 1}
     assert post(farm.base_url, "/cached", {"tag": tag}, None).headers["x-cache"] == "hit"  # the gateway keeps a copy
     fresh = post(farm.base_url, "/cached", {"tag": tag}, None, **{"Cache-Control": "no-cache"})
@@ -644,6 +646,11 @@ def test_cache_control_no_cache_runs_anew_and_refreshes_the_entry(farm: Farm, st
     hit = post(farm.base_url, "/cached", {"tag": tag}, None)
     assert (hit.headers["x-cache"], hit.json()) == ("hit", {"tag": tag, "run": 2})
     assert runs(store, tag) == 2
+    # The other ways to ask for a fresh reply do the same, as does a directive among others.
+    for run, directive in enumerate(["no-store", "max-age=0", "private, No-Cache"], start=3):
+        fresh = post(farm.base_url, "/cached", {"tag": tag}, None, **{"Cache-Control": directive})
+        assert (fresh.headers["x-cache"], fresh.json()) == ("miss", {"tag": tag, "run": run}), directive
+    assert post(farm.base_url, "/cached", {"tag": tag}, None, **{"Cache-Control": "max-age=60"}).json()["run"] == 5
 
 
 def test_a_gateway_answers_hits_from_its_copy_for_at_most_local_ttl_s(farm: Farm, store: redis.Redis, tag: str) -> None:

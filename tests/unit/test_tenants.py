@@ -27,6 +27,12 @@ def test_anything_else_is_a_bad_request(name: str) -> None:
         check_tenant(name)
 
 
+@pytest.mark.parametrize("name", [5, b"acme", ["acme"]])
+def test_a_tenant_of_another_type_is_a_bad_request_too(name: object) -> None:
+    with pytest.raises(BadRequestError, match="is not a tenant name: 1-64 of A-Z a-z 0-9"):
+        tenant_of(name)  # type: ignore[arg-type]
+
+
 def test_no_tenant_is_the_default_one() -> None:
     assert tenant_of(None) == DEFAULT_TENANT == "default"
 

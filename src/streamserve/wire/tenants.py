@@ -36,7 +36,7 @@ LIMITED_SHOWN_MS = 60_000
 
 def check_tenant(name: str) -> str:
     """``name`` if it is a tenant name, else BadRequestError saying what one is."""
-    if not TENANT_RE.match(name):
+    if not isinstance(name, str) or not TENANT_RE.match(name):
         raise BadRequestError(f"tenant {shown(name)} is not a tenant name: {TENANT_RULE}")
     return name
 
