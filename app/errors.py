@@ -31,6 +31,7 @@ from streamserve.wire.errors import (
     UnauthorizedError,
     UnavailableError,
     UnsupportedMediaTypeError,
+    URITooLongError,
     error_fields,
 )
 
@@ -40,6 +41,7 @@ STATUS_BY_ERROR: list[tuple[type[StreamServeError], int]] = [
     (MethodNotAllowedError, 405),
     (PayloadTooLargeError, 413),
     (BodyTimeoutError, 408),
+    (URITooLongError, 414),
     (HeadersTooLargeError, 431),
     (ConflictError, 409),
     (IdempotencyKeyMismatchError, 422),

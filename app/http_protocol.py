@@ -39,6 +39,7 @@ from streamserve.wire.errors import (
     HeaderTimeoutError,
     OverloadedError,
     StreamServeError,
+    URITooLongError,
 )
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ CLOSING_MAX = 64
 # each header adds ": " and CRLF (a head of many short headers is up to three times its count), beside the request
 # line.
 HEAD_BYTES_PER_HEADER_BYTE = 4
+# The longest URL httptools parses (its offsets are 16-bit): a longer one fails the request as malformed HTTP.
+MAX_URL_BYTES = 65_535
 
 
 # The ASGI scope key of what to call when the connection is lost before the response is complete. uvicorn tells an
@@ -289,6 +292,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     timeout_answer: ClassVar[bytes]
     full_answer: ClassVar[bytes]
     head_answer: ClassVar[bytes]
+    url_answer: ClassVar[bytes]
     malformed_answer: ClassVar[bytes]
     # Connections without a request in progress (idle, or sending headers), longest waiting first: who makes room.
     waiting: ClassVar[dict[GatewayHttpProtocol, None]] = {}
@@ -312,14 +316,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             f" ({HEAD_BYTES_PER_HEADER_BYTE} x max_header_bytes)"
         )
         cls.head_answer = raw_response(HeadersTooLargeError(long_head))
+        cls.url_answer = raw_response(URITooLongError(f"the request's URL passed {MAX_URL_BYTES} bytes"))
         cls.malformed_answer = raw_response(
             BadRequestError("the request is not valid HTTP/1.1 (a header holds a character HTTP does not allow, say)")
         )
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes that are no HTTP request (a control character in a header, say): a JSON error
-        body, as every other error the gateway gives (uvicorn's is plain text), and the connection closed."""
-        self.transport.write(self.malformed_answer)
+        body, as every other error the gateway gives (uvicorn's is plain text), and the connection closed. A URL
+        httptools cannot take (longer than MAX_URL_BYTES) is no malformed request: 414, saying so."""
+        self.transport.write(self.url_answer if len(self.url) > MAX_URL_BYTES else self.malformed_answer)
         self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -345,10 +351,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 on_disconnect()  # the app waits for something other than the body (a reply): it is told now
 
     def data_received(self, data: bytes) -> None:
-        if self.in_head:
-            self.head_bytes += len(data)
         super().data_received(data)
-        if self.in_head and self.head_bytes > self.limits.max_head_bytes and not self.transport.is_closing():
+        if not self.in_head:
+            return
+        # Counted after parsing: a read that began a request (on_message_begin set the count to 0) counts whole.
+        self.head_bytes += len(data)
+        if self.head_bytes > self.limits.max_head_bytes and not self.transport.is_closing():
             self.leave_uvicorn()
             LastAnswer.take_over(self.transport, self.head_answer)
 

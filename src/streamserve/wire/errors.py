@@ -71,6 +71,10 @@ class HeadersTooLargeError(BadRequestError):
     """The request's headers together are larger than ``max_header_bytes``."""
 
 
+class URITooLongError(HeadersTooLargeError):
+    """The request's URL is longer than the gateway's HTTP parser takes (65,535 bytes)."""
+
+
 class ConflictError(BadRequestError):
     """The write would break something that depends on the current state (e.g. an endpoint's traffic)."""
 
@@ -190,6 +194,7 @@ __all__ = [
     "RequestTimeoutError",
     "ResponseTooLargeError",
     "StreamServeError",
+    "URITooLongError",
     "UnauthorizedError",
     "UnavailableError",
     "UnsupportedMediaTypeError",
