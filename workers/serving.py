@@ -506,7 +506,7 @@ class Serving:
                     f"deployment {self._name!r}{method} streams its answer: call it with Client.stream() or "
                     "AsyncClient.stream() (a handle's stream() or astream())"
                     + ("" if request.method else ", or over HTTP")
-                    + ", not as a job (a job keeps one result)"
+                    + "; call(), submit(), send() and jobs take one result"
                 ),
             )
         stream = self.streams.start(request, handler, body, self.config, scope)

@@ -65,7 +65,7 @@ async def test_every_priority_level_queues_at_zero_replicas_each_within_its_own_
     # Each level's queue holds max_queued_requests: a full low queue refuses more low, never another level.
     full = await http.post("/ext", json="one too many", headers={"X-Priority": "low"})
     assert full.status_code == 503 and full.json()["error"] == "OverloadedError", full.text
-    assert "1 low-priority requests queued (max_queued_requests)" in full.json()["message"]
+    assert "1 low-priority request queued (max_queued_requests)" in full.json()["message"]
 
     await start_replica(external_scaler_enabled=True, max_queued_requests=1, route_prefix="/ext")
     served = await asyncio.gather(*queued)

@@ -97,7 +97,7 @@ async def test_the_first_call_queues_a_run_the_next_join_it_and_later_ones_get_i
 
 async def test_another_body_with_the_key_is_refused(aredis: aioredis.Redis, pipeliner: Pipeliner) -> None:
     await enqueue_keyed(pipeliner, KEYS, CFG, keyed("r1"))
-    with pytest.raises(IdempotencyKeyMismatchError, match="another method or body"):
+    with pytest.raises(IdempotencyKeyMismatchError, match="another method, model or body"):
         await enqueue_keyed(pipeliner, KEYS, CFG, keyed("r2", body=b'{"x":2}'))
     other_method = keyed("r3")
     other_method.method = "other"

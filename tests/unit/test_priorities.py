@@ -100,6 +100,7 @@ def test_a_request_keeps_its_priority_on_the_wire_and_normal_adds_nothing() -> N
 
 def test_a_full_queue_names_its_level() -> None:
     assert queue_full("d", 5, Priority.NORMAL) == "deployment 'd' has 5 requests queued (max_queued_requests)"
+    assert queue_full("d", 1, Priority.LOW) == "deployment 'd' has 1 low-priority request queued (max_queued_requests)"
     assert (
         queue_full("d", 5, Priority.HIGH) == "deployment 'd' has 5 high-priority requests queued (max_queued_requests)"
     )

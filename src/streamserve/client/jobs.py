@@ -193,7 +193,7 @@ class JobQueue:
         job id.
 
         ``idempotency_key``: the job that an earlier call with this key queued (for ``name``, the same method and
-        body), if any, instead of a new one; IdempotencyKeyMismatchError for the key with another method or body.
+        body), if any, instead of a new one; IdempotencyKeyMismatchError for the key with another method, model or body.
 
         The job counts against ``counted_in``'s ``max_queued_jobs`` (the
         deployment that ``name`` routes to now): OverloadedError, with nothing
@@ -237,7 +237,7 @@ class JobQueue:
                 raise ProtocolError(f"malformed job idempotency record {claim}: {exc}") from exc
             if earlier_digest != digest:
                 raise IdempotencyKeyMismatchError(
-                    f"idempotency key {key!r} queued a job before with another method or body: "
+                    f"idempotency key {key!r} queued a job before with another method, model or body: "
                     "a retry must repeat its request exactly, and a new request needs a new key"
                 )
             return str(earlier_id)

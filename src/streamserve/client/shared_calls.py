@@ -131,7 +131,7 @@ async def enqueue_shared(
         raise refusal(found, cfg, request)
     if outcome == "mismatch":
         raise IdempotencyKeyMismatchError(
-            f"idempotency key {request.idem!r} was sent before with another method or body on deployment "
+            f"idempotency key {request.idem!r} was sent before with another method, model or body on deployment "
             f"{cfg.name!r}: a retry must repeat its request exactly, and a new request needs a new key"
         )
     raise ProtocolError(f"unexpected answer from the shared enqueue: {outcome!r}")

@@ -80,7 +80,7 @@ class ConflictError(BadRequestError):
 
 
 class IdempotencyKeyMismatchError(BadRequestError):
-    """A request reused an idempotency key with another method or body than the request that first sent it."""
+    """A request reused an idempotency key with another method, model or body than the request that first sent it."""
 
 
 class ReplyNotStoredError(ConflictError):

@@ -66,7 +66,8 @@ def queue_full(deployment: str, limit: int, priority: Priority) -> str:
     """What an OverloadedError says when ``priority``'s queue of ``deployment`` holds ``limit`` requests (each level's
     queue is bounded by max_queued_requests on its own, so that a backlog of one never refuses another)."""
     level = "" if priority is Priority.NORMAL else f"{priority.value}-priority "
-    return f"deployment {deployment!r} has {limit} {level}requests queued (max_queued_requests)"
+    requests = "request" if limit == 1 else "requests"
+    return f"deployment {deployment!r} has {limit} {level}{requests} queued (max_queued_requests)"
 
 
 def entry_ref(priority: Priority, entry_id: bytes) -> bytes:
