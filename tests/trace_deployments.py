@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from opentelemetry import trace
@@ -34,8 +34,11 @@ def fails(body: Any) -> Any:
     raise ValueError(f"no good: {body}")
 
 
-def tokens(body: dict[str, int]) -> Iterator[int]:
-    yield from range(body["n"])
+async def tokens(body: dict[str, float]) -> AsyncIterator[int]:
+    """``n`` chunks, then (``then_wait_s``) a wait for nothing: a stream its deadline cuts."""
+    for index in range(int(body["n"])):
+        yield index
+    await asyncio.sleep(body.get("then_wait_s", 0))
 
 
 @streamserve.batch(max_batch_size=4, batch_wait_timeout_s=0.5)

@@ -69,6 +69,11 @@ class RequestSpans:
         span = trace.get_current_span(scope.trace)
         return lambda size: span.set_attribute(tc.BATCH_SIZE, size)
 
+    def streamed(self, scope: RequestScope, chunks: int) -> None:
+        """A streaming handler's request ended, well or not (an error, its deadline, its caller gone), after
+        ``chunks`` chunks reached Redis: its handler span's ``streamserve.chunks``."""
+        trace.get_current_span(scope.trace).set_attribute(tc.CHUNKS, chunks)
+
     def ended(
         self,
         ref: bytes,
@@ -95,8 +100,6 @@ class RequestSpans:
                 )
             detail = f"{reply.error_type}: {reply.error_message}" if status is ReplyStatus.USER_ERROR else ""
             span.set_status(Status(StatusCode.ERROR, detail or failed))
-        if status is ReplyStatus.END:
-            span.set_attribute(tc.CHUNKS, reply.seq)
         end = time.time_ns()
         span.end(end_time=end)
         if answered:

@@ -547,6 +547,8 @@ class Serving:
         if self._figures is not None:
             self._figures.observe(self._name, HANDLER_DURATION, time.perf_counter() - started_at)
         reply = done.result()
+        if scope is not None and scope.trace is not None and self._spans is not None:
+            self._spans.streamed(scope, reply.seq)  # the chunks sent (its final reply's seq)
         self._finish(entry_id, request, reply, stream.kept_reply(reply), scope=scope)
 
     def _leave_pending(self, entry_id: bytes) -> None:

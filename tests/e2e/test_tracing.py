@@ -6,6 +6,7 @@ lines, and an endpoint that is away."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -232,6 +233,20 @@ def test_a_streams_chunks_are_counted_events_on_its_handler_span(farm: Farm, rec
     assert chunk_events and sum(e["streamserve.chunks"] for e in chunk_events) == 40
     assert handler.attributes["streamserve.chunks"] == 40
     assert not any(span.name == "chunk" for span in receiver.trace(trace_id))  # no span per chunk
+
+
+def test_a_stream_cut_by_its_deadline_says_how_many_chunks_it_sent(farm: Farm, receiver: OtlpReceiver) -> None:
+    header, trace_id, _ = _traceparent()
+    with contextlib.suppress(httpx.HTTPError):  # NDJSON: an error line, then the connection is cut
+        farm.post(
+            "/traced-tokens",
+            {"n": 5, "then_wait_s": 30},
+            headers={"traceparent": header, "X-Request-Timeout": "1"},
+        )
+    spans = receiver.wait_for_trace(trace_id, lambda spans: any(s.name == "handler" for s in spans))
+    handler = _one(spans, "handler")
+    assert handler.attributes["streamserve.outcome"] == "deadline_exceeded", handler.attributes
+    assert handler.attributes["streamserve.chunks"] == 5, handler.attributes
 
 
 def test_a_batched_requests_handler_span_says_its_batch_size(farm: Farm, receiver: OtlpReceiver) -> None:
