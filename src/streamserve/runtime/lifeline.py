@@ -60,14 +60,8 @@ def watch(fd: int, on_cut: Callable[[], None]) -> Callable[[], None]:
     os.set_blocking(fd, False)
 
     def readable() -> None:
-        try:
-            data = os.read(fd, 1)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if data:
-            return  # nobody writes to it; ignore rather than spin
+        if not is_cut(fd):
+            return  # nobody writes to it; a byte that came anyway is read and ignored rather than spun on
         loop.remove_reader(fd)
         on_cut()
 
@@ -79,7 +73,8 @@ def watch(fd: int, on_cut: Callable[[], None]) -> Callable[[], None]:
 
 
 def is_cut(fd: int) -> bool:
-    """Whether the lifeline's write end is closed now (``up`` is gone), without waiting."""
+    """Whether the lifeline's write end is closed now (``up`` is gone), without waiting: the pipe reads as its end
+    (or as an error); a byte somebody wrote is taken and ignored."""
     try:
         readable, _, _ = select.select([fd], [], [], 0)
         return bool(readable) and os.read(fd, 1) == b""
