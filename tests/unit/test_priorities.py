@@ -32,8 +32,9 @@ def test_a_priority_is_one_of_three_names_in_any_case(given: str | None, level: 
     assert parse_priority(given) is Priority(level)
 
 
-def test_the_cli_takes_a_level_in_any_case_too() -> None:
-    assert build_parser().parse_args(["call", "echo", "--priority", "HIGH"]).priority == "high"
+@pytest.mark.parametrize("given", ["HIGH", " high ", "High\t"])
+def test_the_cli_takes_a_level_in_any_case_and_spacing_too(given: str) -> None:
+    assert build_parser().parse_args(["call", "echo", "--priority", given]).priority == "high"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["call", "echo", "--priority", "urgent"])
 

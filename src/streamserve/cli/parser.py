@@ -149,6 +149,11 @@ def _add_traffic(sub: Subcommands) -> None:
     )
 
 
+def _priority_name(given: str) -> str:
+    """A priority level as written in any case and spacing, as over HTTP and from Python."""
+    return given.strip().lower()
+
+
 def _add_call(sub: Subcommands) -> None:
     p = _command(
         sub, "call", "call a deployment or endpoint with a JSON argument and print the JSON result (or each chunk)"
@@ -159,7 +164,7 @@ def _add_call(sub: Subcommands) -> None:
     p.add_argument("--method", default="", help="a method of the deployment's class")
     p.add_argument(
         "--priority",
-        type=str.lower,  # in any case, as over HTTP and from Python
+        type=_priority_name,
         choices=("high", "normal", "low"),
         default="normal",
         help="its priority level (default normal)",
