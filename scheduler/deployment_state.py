@@ -398,7 +398,8 @@ class DeploymentState:
                 updated_ms=now_ms,
             )
             await self._store.save_health(self.name, self._health)
-            logger.info("deployment %s: %s%s", self.name, health.value, f" ({message})" if message else "")
+            if not target.shutting_down:  # (stopping with the scheduler, its replicas going is no news)
+                logger.info("deployment %s: %s%s", self.name, health.value, f" ({message})" if message else "")
 
     @property
     def unhealthy(self) -> bool:

@@ -158,21 +158,24 @@ class Scheduler:
                 raise
             return False
 
-    async def _adopt(self) -> None:
-        """Take over whatever replicas Redis records, instead of starting duplicates, and the autoscaled counts."""
+    async def _adopt(self, say: bool = True) -> None:
+        """Take over whatever replicas Redis records, instead of starting duplicates, and the autoscaled counts
+        (``say``: log what was taken over; not when read again to stop them all)."""
         self._states.clear()
         await migrate_farm_keys(self._redis, self._keys)
         self._gpus = GpuAllocator(self._gpus.devices)  # the adopted records say who holds which device
-        if self._gpus.devices:
+        if say and self._gpus.devices:
             logger.info("scheduler: GPUs on this host: %s", ", ".join(self._gpus.devices))
         for name, records in (await self._store.load_all()).items():
             state = self._state(name)
             for record in records:
                 state.adopt(record)
-            logger.info("scheduler: adopted %d replica(s) of %s", len(records), name)
+            if say:
+                logger.info("scheduler: adopted %d replica(s) of %s", len(records), name)
         for name, autoscaled in (await self._store.load_autoscale()).items():
             self._state(name).restore_autoscaled(autoscaled)
-            logger.info("scheduler: %s resumes autoscaling at %d replica(s)", name, autoscaled.replicas)
+            if say:
+                logger.info("scheduler: %s resumes autoscaling at %d replica(s)", name, autoscaled.replicas)
 
     def _state(self, name: str) -> DeploymentState:
         state = self._states.get(name)
@@ -315,7 +318,7 @@ class Scheduler:
             logger.info("scheduler: stopping all replicas before exit")
             self._stopping_replicas = True
             try:
-                await self._adopt()
+                await self._adopt(say=False)
                 while not all(s.runs_no_process for s in self._states.values()):
                     await self._take_the_lead()
                     await self.tick()

@@ -202,7 +202,8 @@ class JobWorker(SimpleWorker):
 
     def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGTERM:
-            logger.info("job worker %s: SIGTERM again; still finishing its job first", self.name)
+            if self.get_current_job_id() is not None:  # (idle, it is on its way out already: nothing to say)
+                logger.info("job worker %s: SIGTERM again; still finishing its job first", self.name)
             return
         super().request_force_stop(signum, frame)
 

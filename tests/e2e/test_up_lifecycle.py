@@ -66,8 +66,13 @@ def test_up_serves_the_example_and_ctrl_c_leaves_nothing_behind(tmp_path: Path) 
         assert "asked to fail with 1" in printed[0] and printed[1:4] == ["one", "at", "a"], script.stdout
         assert "sleepy" not in farm.status()
         assert farm.proc is not None
+        before_stop = len(farm.log())
         farm.proc.send_signal(2)  # Ctrl-C
         assert farm.proc.wait(40) == 0
+        # What Ctrl-C prints says what stopped, nothing that reads as news of a farm still at work.
+        stop_lines = farm.log()[before_stop:].decode()
+        for misleading in ("adopted", ": HEALTHY", ": UPDATING", "still finishing its job"):
+            assert misleading not in stop_lines, stop_lines
         assert pids_with_marker(farm.token) == []
         assert port_is_free("127.0.0.1", farm.port)
         assert farm.redis_port is not None
