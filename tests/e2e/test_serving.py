@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -123,7 +124,17 @@ def test_deploy_wait_reports_success_and_failure(farm: Farm, tmp_path: Path) -> 
     bad.write_text(
         "deployments:\n  - name: broken\n    import_path: tests.deployments:FailingConstructor\n    num_replicas: 1\n"
     )
-    failed = farm.cli("deploy", str(bad), "--wait", "--timeout", "60", check=False)
+    # A request queued before the scheduler found the deployment broken waits for its deadline in vain; the 504
+    # says why.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        farm.cli("deploy", str(bad))
+        early = pool.submit(farm.post, "/broken", 1, headers={"X-Request-Timeout": "20"})
+        failed = farm.cli("deploy", str(bad), "--wait", "--timeout", "60", check=False)
+        waited = early.result(40)
+    assert waited.status_code == 504, waited.text
+    assert waited.json()["message"].endswith(
+        "): deployment 'broken' has no running replica: RuntimeError: weights not found"
+    ), waited.json()
     assert failed.returncode == 1
     assert "broken: RuntimeError: weights not found" in failed.stderr
     again = farm.cli("deploy", str(bad), "--wait", "--timeout", "60", check=False)  # unchanged, still broken

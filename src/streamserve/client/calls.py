@@ -310,7 +310,7 @@ class Calls(ClientCore):
         assert replies is not None
         tag = tag or replies.new_tag()
         fut = replies.expect(tag, request_id)
-        timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, tag, request_id, timeout_s)
+        timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, tag, request_id, timeout_s, cfg.name)
         request = Request(
             request_id,
             replies.name,
@@ -557,12 +557,15 @@ class Calls(ClientCore):
         if isinstance(queued, bytes):
             self._cancel_soon(deployment, text(queued), request)
 
-    def _expire(self, tag: str, request_id: str, timeout_s: float) -> None:
+    def _expire(self, tag: str, request_id: str, timeout_s: float, deployment: str) -> None:
         replies = self._replies
         if replies is None:
             return
         feed = replies.feed(tag)
         if feed is None:
-            replies.fail(tag, RequestTimeoutError(f"no reply within {timeout_s:g}s (request {request_id})"))
+            # Queued before its deployment was found broken, it waited in vain: the caller is told why.
+            broken = self._routes.broken(deployment) if self._routes is not None else ""
+            why = f": {broken}" if broken else ""
+            replies.fail(tag, RequestTimeoutError(f"no reply within {timeout_s:g}s (request {request_id}){why}"))
         else:
             feed.expire(RequestTimeoutError(f"the stream did not end within {timeout_s:g}s (request {request_id})"))

@@ -88,10 +88,17 @@ class RouteCache:
         # replica as soon as it sees it (the group reads from id 0, so that replica finds it).
         if cfg.autoscaling_config is None and cfg.wanted_replicas() == 0:
             raise UnavailableError(f"deployment {name!r} is scaled to 0 replicas")
+        broken = self.broken(name)
+        if broken:
+            raise UnavailableError(broken)
+        return cfg
+
+    def broken(self, name: str) -> str:
+        """Why deployment ``name`` cannot answer now (its replicas fail to start and none runs), or ""."""
         health = self._health.get(name)
         if health is not None and health.health is DeploymentHealth.UNHEALTHY and health.running == 0:
-            raise UnavailableError(f"deployment {name!r} has no running replica: {health.message}")
-        return cfg
+            return f"deployment {name!r} has no running replica: {health.message}"
+        return ""
 
     async def _fetch(self, name: str) -> TrafficPolicy | None:
         """A cache miss may just be news the long poll has not brought yet: ask Redis before saying no.
