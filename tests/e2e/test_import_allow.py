@@ -1,4 +1,5 @@
-"""A farm under ``STREAMSERVE_IMPORT_ALLOW=examples`` never runs ``examples.echo:os.system`` (issue 27, defect 2).
+"""A farm under ``STREAMSERVE_IMPORT_ALLOW=examples`` never runs ``examples.echo:os.system`` (issue 27, defect 2);
+and with tenant API keys, `up` says that requests need one.
 
 The module is under the prefix, so the deploy is written; every replica refuses it at import, the goal fails
 with the reason, and a call is turned away with it, without the command running.
@@ -23,14 +24,33 @@ REFUSAL = (
 )
 
 
-@pytest.fixture
-def strict_farm(tmp_path: Path) -> Iterator[Farm]:
+KEY = "k" * 32
+AUTHORIZED = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def strict_farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Farm]:
+    """A farm with both locks a shared host would set: the import allow list, and tenant API keys."""
     config = "deployments:\n  - name: echo\n    import_path: examples.echo:Echo\n"
-    farm = farm_on(config, tmp_path, extra_env={**FAST_HEARTBEATS, "STREAMSERVE_IMPORT_ALLOW": "examples"})
+    tmp_path = tmp_path_factory.mktemp("strict")
+    keys = tmp_path / "tenant-keys"
+    keys.write_text(f"{KEY} acme\n")
+    env = {**FAST_HEARTBEATS, "STREAMSERVE_IMPORT_ALLOW": "examples", "STREAMSERVE_TENANT_KEYS": str(keys)}
+    farm = farm_on(config, tmp_path, extra_env=env)
     try:
         yield farm.start()
     finally:
         farm.stop()
+
+
+def test_the_banner_says_requests_need_a_tenant_key(strict_farm: Farm) -> None:
+    banner = strict_farm.log().decode()
+    assert "tenants   every request to a deployment needs 'Authorization: Bearer KEY'" in banner, banner
+    assert (
+        f"a key of {strict_farm.config.parent / 'tenant-keys'} (STREAMSERVE_TENANT_KEYS); without one it is 401"
+        in banner
+    )
+    assert strict_farm.post("/echo", "hi").status_code == 401
 
 
 def test_a_path_through_an_imported_module_never_runs(strict_farm: Farm, tmp_path: Path) -> None:
@@ -42,9 +62,10 @@ def test_a_path_through_an_imported_module_never_runs(strict_farm: Farm, tmp_pat
             client.wait_for_goal(goals["pwn"], timeout=60)
     assert REFUSAL in str(failed.value)
 
-    call = strict_farm.post("/pwn", f"touch {pwned}")
+    call = strict_farm.post("/pwn", f"touch {pwned}", headers=AUTHORIZED)
     assert call.status_code == 503, call.text
     assert REFUSAL in call.json()["message"]
     assert REFUSAL in strict_farm.status()["pwn"]["message"]
     assert not pwned.exists()
-    assert strict_farm.post("/echo", "hi").json()["echo"] == "hi"  # what the allowed module defines still serves
+    # What the allowed module defines still serves.
+    assert strict_farm.post("/echo", "hi", headers=AUTHORIZED).json()["echo"] == "hi"

@@ -389,6 +389,11 @@ class Farm:
             route = f"POST {gateway_url}{e.route_prefix}" if e.route_prefix else "client only"
             lines.append(f"  - {e.name}: endpoint over {', '.join(sorted(e.traffic))}, {route}")
         lines.append(self._admin_line(gateway_url))
+        if self.settings.tenant_keys is not None:
+            lines.append(
+                f"  tenants   every request to a deployment needs 'Authorization: Bearer KEY', a key of"
+                f" {self.settings.tenant_keys} (STREAMSERVE_TENANT_KEYS); without one it is 401"
+            )
         beside = "" if self.options.data_dir is None else f" --data-dir {self.options.data_dir}"
         lines.append(f"  try: {_own_command()} status{beside}   (commands run here find this farm)")
         lines.append("Press Ctrl-C to stop.")
