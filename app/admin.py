@@ -22,20 +22,24 @@ from streamserve.wire.errors import (
     BadRequestError,
     GoalFailedError,
     RequestTimeoutError,
+    UnauthorizedError,
 )
 from streamserve.wire.json_values import check_decoded, decode_error
 from streamserve.wire.states import FINAL_GOAL_STATUSES
+from streamserve.wire.tenants import TenantKeys
 
 MAX_GOAL_WAIT_S = 60.0
 
 
-def admin_router(settings: Settings, client: AsyncClient) -> APIRouter:
-    """The writes (behind the token and the checks of app/admin_guard.py) and the goal read, under ``/-``."""
+def admin_router(settings: Settings, client: AsyncClient, tenant_keys: TenantKeys | None = None) -> APIRouter:
+    """The writes (behind the token and the checks of app/admin_guard.py) and the goal read, under ``/-``.
+    ``tenant_keys``: the gateway's tenant API keys, each of which may cancel the jobs sent with it."""
     router = APIRouter(prefix="/-")
-    guarded = [Depends(AdminGuard(settings))]
+    guard = AdminGuard(settings)
+    guarded = [Depends(guard)]
     _add_deployment_writes(router, guarded, settings, client)
     _add_endpoint_writes(router, guarded, settings, client)
-    _add_job_writes(router, guarded, client)
+    _add_job_writes(router, guard, tenant_keys, client)
     _add_goal_read(router, settings, client)
     return router
 
@@ -86,12 +90,29 @@ def _add_endpoint_writes(
         return json_response({"deleted": name})
 
 
-def _add_job_writes(router: APIRouter, guarded: Sequence[params.Depends], client: AsyncClient) -> None:
-    @router.delete("/jobs/{job_id}", dependencies=guarded)
-    async def cancel_job(job_id: str) -> Response:
+def _add_job_writes(router: APIRouter, guard: AdminGuard, tenant_keys: TenantKeys | None, client: AsyncClient) -> None:
+    @router.delete("/jobs/{job_id}")
+    async def cancel_job(job_id: str, request: Request) -> Response:
         """Cancel an asynchronous job (queued: it never runs; running: its call is cancelled). Answers the job, now
-        canceled; 409 once it has ended, 404 unknown or past its TTL."""
-        return json_response((await client.cancel_job(job_id)).to_json())
+        canceled; 409 once it has ended, 404 unknown or past its TTL. With the admin token, any job; with a tenant's
+        API key (STREAMSERVE_TENANT_KEYS), the jobs sent with a key of that tenant (403 for another's)."""
+        tenant = _key_tenant(request, tenant_keys)
+        if tenant is None:
+            try:
+                guard(request)
+            except UnauthorizedError as exc:
+                if tenant_keys is None:
+                    raise
+                raise UnauthorizedError(f"{exc}; or, for a job, a tenant's API key (STREAMSERVE_TENANT_KEYS)") from None
+        return json_response((await client.cancel_job(job_id, for_tenant=tenant)).to_json())
+
+
+def _key_tenant(request: Request, tenant_keys: TenantKeys | None) -> str | None:
+    """The tenant whose API key the request's ``Authorization: Bearer`` holds, or None."""
+    if tenant_keys is None:
+        return None
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    return tenant_keys.tenant_of(key.strip()) if scheme.lower() == "bearer" else None
 
 
 def _add_goal_read(router: APIRouter, settings: Settings, client: AsyncClient) -> None:

@@ -595,7 +595,7 @@ def create_app(settings: Settings) -> GatewayApp:
     _add_error_handlers(api, settings)
     _add_probes(api, gateway)
     _add_reads(api, gateway)
-    api.include_router(admin_router(settings, gateway.client))
+    api.include_router(admin_router(settings, gateway.client, gateway.tenant_keys))
     api.include_router(dashboard_router(gateway.client, settings.keys))
     _add_refusals(api, gateway)  # last: its catch-all route answers what no route above takes
     api.openapi = lambda: openapi_document(api)  # type: ignore[method-assign]

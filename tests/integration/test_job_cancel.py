@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,8 +30,9 @@ from streamserve.client import AsyncClient, Client
 from streamserve.client.jobs import ERROR_META, JOB_SERIALIZER, JOB_TIMEOUT_MARGIN_S, JobInfo, settle
 from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
-from streamserve.wire.errors import ConflictError, NotFoundError
+from streamserve.wire.errors import ConflictError, ForbiddenError, NotFoundError
 from streamserve.wire.states import JobStatus
+from streamserve.wire.tenants import DEFAULT_TENANT
 from streamserve.workers import job_function
 from tests import cancel_job_deployments
 from tests.cancel_job_deployments import events_of
@@ -280,6 +282,33 @@ async def test_cancelling_a_job_is_an_admin_write(replica: None, client: AsyncCl
         assert allowed.status_code == 200 and allowed.json()["status"] == "canceled", allowed.text
     async with gateway(settings) as http:  # a gateway without a token takes no admin write
         assert (await http.delete(f"/-/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"})).status_code == 403
+
+
+async def test_a_tenants_api_key_cancels_the_jobs_sent_for_its_tenant_only(
+    replica: None, client: AsyncClient, settings: Settings, tmp_path: Path
+) -> None:
+    keys = tmp_path / "tenant-keys"
+    acme, globex = "acme-" + "k" * 27, "globex-" + "k" * 25
+    keys.write_text(f"{acme} acme\n{globex} globex\n")
+    own = await client.submit_job("rec", {"id": "acme's"}, tenant="acme")
+    others = await client.submit_job("rec", {"id": "globex's"}, tenant="globex")
+    untold = await client.submit_job("rec", {"id": "the default tenant's"})
+    async with gateway(settings, api_key=SecretStr("admin-token"), tenant_keys=str(keys)) as http:
+        as_acme = {"Authorization": f"Bearer {acme}"}
+        refused = [await http.delete(f"/-/jobs/{job}", headers=as_acme) for job in (others, untold)]
+        assert [answer.status_code for answer in refused] == [403, 403], [answer.text for answer in refused]
+        assert "was sent for another tenant" in refused[0].json()["message"]
+        unknown_key = await http.delete(f"/-/jobs/{own}", headers={"Authorization": "Bearer " + "x" * 32})
+        assert unknown_key.status_code == 401 and "a tenant's API key" in unknown_key.json()["message"]
+        assert [(await http.get(f"/-/jobs/{job}")).json()["status"] for job in (own, others, untold)] == ["queued"] * 3
+        cancelled = await http.delete(f"/-/jobs/{own}", headers=as_acme)
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "canceled", cancelled.text
+        # The admin token still cancels any job.
+        admin = await http.delete(f"/-/jobs/{others}", headers={"Authorization": "Bearer admin-token"})
+        assert admin.status_code == 200 and admin.json()["status"] == "canceled", admin.text
+    with pytest.raises(ForbiddenError, match="another tenant"):
+        await client.cancel_job(untold, for_tenant="acme")
+    assert (await client.cancel_job(untold, for_tenant=DEFAULT_TENANT)).status is JobStatus.CANCELED
 
 
 async def test_the_python_clients_cancel_jobs(replica: None, client: AsyncClient, settings: Settings) -> None:

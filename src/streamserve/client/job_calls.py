@@ -98,14 +98,15 @@ class JobCalls(ClientCore):
         jobs = self._job_queue()
         return await self._in_thread(lambda: jobs.info(job_id))
 
-    async def cancel_job(self, job_id: str) -> JobInfo:
+    async def cancel_job(self, job_id: str, *, for_tenant: str | None = None) -> JobInfo:
         """Cancel a job: queued, it never runs; running, its call is cancelled (as when a caller stops waiting).
 
         Returns the job, now ``canceled``. ConflictError, naming its status, when it has ended already (finished,
-        failed or canceled); NotFoundError as for ``job``.
+        failed or canceled); NotFoundError as for ``job``. ``for_tenant``: cancel it only if it was sent for this
+        tenant (ForbiddenError otherwise), as the gateway does for a tenant's API key.
         """
         jobs = self._job_queue()
-        return await self._in_thread(lambda: jobs.cancel(job_id))
+        return await self._in_thread(lambda: jobs.cancel(job_id, for_tenant))
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         with self._job_refusals:

@@ -55,6 +55,7 @@ from streamserve.wire.errors import (
     BadRequestError,
     ConfigError,
     ConflictError,
+    ForbiddenError,
     IdempotencyKeyMismatchError,
     NotFoundError,
     OverloadedError,
@@ -265,6 +266,7 @@ class JobQueue:
         try:
             self.queue.enqueue_call(
                 JOB_FUNCTION,
+                # (job_function.run's arguments; job_tenant reads the tenant back)
                 args=(name, body, method, timeout, priority.value, tenant, *((model,) if model else ())),
                 timeout=int(call_timeout_s) + JOB_TIMEOUT_MARGIN_S,
                 result_ttl=self._result_ttl_s,
@@ -293,14 +295,19 @@ class JobQueue:
             raise ProtocolError(f"job {job_id}: unreadable result: {exc}") from exc
         return JobInfo(job_id, status)
 
-    def cancel(self, job_id: str) -> JobInfo:
+    def cancel(self, job_id: str, for_tenant: str | None = None) -> JobInfo:
         """Cancel the job: queued, it never runs; running, its job function cancels its call. NotFoundError as for
-        ``info``; ConflictError, naming its status, once it has ended (cancelled already, or its call ended first).
+        ``info``; ConflictError, naming its status, once it has ended (cancelled already, or its call ended first);
+        ForbiddenError when ``for_tenant`` is given and the job was sent for another tenant.
 
         Afterwards the job reads ``canceled`` (see the module's docstring for the race with the call's end) and no
         longer counts against its deployment's ``max_queued_jobs``.
         """
         job = self._fetch(job_id)
+        if for_tenant is not None and job_tenant(job) != for_tenant:
+            raise ForbiddenError(
+                f"job {job_id} was sent for another tenant: a tenant's key cancels only the jobs sent with it"
+            )
         status = self._status_of(job)
         if status in ENDED_JOB_STATUSES:
             raise ConflictError(f"job {job_id} has ended: it is {status.value}")
@@ -451,6 +458,13 @@ def cancel_requested(connection: redis.Redis, keys: Keys, job_id: str) -> bool:
 def cancelled_error(job_id: str) -> RequestCancelledError:
     """The error a cancelled job fails with (the job function's), recorded in its meta."""
     return RequestCancelledError(f"job {job_id} was cancelled (DELETE /-/jobs/{job_id})")
+
+
+def job_tenant(job: Job) -> str:
+    """The tenant ``job`` was sent for: its call's sixth argument (JobQueue._enqueue), else DEFAULT_TENANT."""
+    args = job.args
+    tenant = args[5] if len(args) > 5 else DEFAULT_TENANT
+    return tenant if isinstance(tenant, str) else DEFAULT_TENANT
 
 
 def uncount(job: Job, keys: Keys) -> None:

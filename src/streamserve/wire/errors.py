@@ -36,7 +36,7 @@ class UnauthorizedError(BadRequestError):
 
 class ForbiddenError(BadRequestError):
     """An admin write the gateway refuses whoever sends it: admin writes switched off (STREAMSERVE_ADMIN=off), no
-    token configured, or a ``Host`` or ``Origin`` it does not serve."""
+    token configured, or a ``Host`` or ``Origin`` it does not serve; or a job cancel for another tenant's job."""
 
 
 class UnsupportedMediaTypeError(BadRequestError):
