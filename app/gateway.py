@@ -72,7 +72,7 @@ from streamserve.metrics.figures import Figures
 from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.runtime import trace_context, tracing
 from streamserve.runtime.settings import Settings
-from streamserve.transport.connections import RedisRefusals
+from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals
 from streamserve.wire.config import GATEWAY_PREFIX, RESERVED_ROUTE_PREFIXES
 from streamserve.wire.errors import (
     BadRequestError,
@@ -635,7 +635,11 @@ def _add_error_handlers(api: FastAPI, settings: Settings) -> None:
     api.add_exception_handler(StreamServeError, handle_streamserve_error)
     api.add_exception_handler(RequestValidationError, handle_request_validation_error)
     api.add_exception_handler(ClientDisconnected, handle_client_disconnected)
-    api.add_exception_handler(ResponseError, redis_error_handler(RedisRefusals(settings.effective_redis_url)))
+    # A Redis error on a route of FastAPI's (an admin write, the status, the dashboard's data, the metrics): 503 for
+    # a Redis away or full, in the shape of every other error, and no traceback in the log.
+    on_redis_error = redis_error_handler(RedisRefusals(settings.effective_redis_url))
+    for redis_error in (ResponseError, *RETRYABLE_ERRORS):
+        api.add_exception_handler(redis_error, on_redis_error)
 
 
 def _add_probes(api: FastAPI, gateway: Gateway) -> None:

@@ -128,6 +128,12 @@ async def test_healthz_is_503_with_an_error_body_while_redis_is_down() -> None:
             assert set(body) >= {"error", "message"}, body
             assert body["error"] == "RedisUnavailableError"
             assert "Redis" in body["message"]
+            # The reads that go to Redis say the same, not a bare 500 (and log no traceback).
+            for read in ("/-/status", "/-/dashboard/data", "/metrics", "/-/jobs/some-job"):
+                answer = await asyncio.wait_for(http.get(read), timeout=30)
+                assert answer.status_code == 503, (read, answer.text)
+                assert answer.json()["error"] == "RedisUnavailableError", (read, answer.text)
+                assert f"cannot reach Redis at {server.url}" in answer.json()["message"], (read, answer.text)
 
             server = EmbeddedRedis(port=port).start()  # the same address answers again
             again = await asyncio.wait_for(http.get("/-/healthz"), timeout=30)
