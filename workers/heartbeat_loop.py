@@ -22,7 +22,7 @@ from streamserve.control.heartbeats import News, news_of, queue_beats, queue_rem
 from streamserve.runtime.lifeline import FARM_GONE_DRAIN_S, inherited, watch
 from streamserve.runtime.processes import is_running
 from streamserve.runtime.settings import Settings
-from streamserve.transport.connections import RETRYABLE_ERRORS, is_out_of_memory
+from streamserve.transport.connections import RETRYABLE_ERRORS, MemoryRefusals, is_out_of_memory
 from streamserve.wire.errors import ProtocolError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import Heartbeat, ReplicaRecord, now_ms
@@ -72,6 +72,8 @@ class ReplicaHeartbeat:
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()  # set when the replica exits: the loop ends
         self._told: News | None = None  # what its last heartbeat said (heartbeats.news_of), None before the first
+        # A full Redis refuses every beat: said once per episode, not once a beat.
+        self._memory = MemoryRefusals(logger, f"replica {replica_id}")
         self._counted = False  # a scheduler has recorded this replica (so a record that vanishes means "leave")
 
     def stop(self) -> None:
@@ -102,7 +104,10 @@ class ReplicaHeartbeat:
             except Exception as exc:
                 if not beat_may_fail(exc):
                     raise
-                logger.warning("replica %s: heartbeat failed: %s", self._replica_id, exc)
+                if not self._memory.refused(exc):
+                    logger.warning("replica %s: heartbeat failed: %s", self._replica_id, exc)
+            else:
+                self._memory.accepted()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self._settings.heartbeat_interval_s)
 
@@ -121,7 +126,8 @@ class ReplicaHeartbeat:
         except Exception as exc:
             if not beat_may_fail(exc):
                 raise
-            logger.warning("replica %s: heartbeat (%s) failed: %s", self._replica_id, health.value, exc)
+            if not self._memory.refused(exc):
+                logger.warning("replica %s: heartbeat (%s) failed: %s", self._replica_id, health.value, exc)
 
     async def _beat(self) -> None:
         # One beat at a time, each built once it holds the lock: the loop's beat must never land after (and over)

@@ -103,6 +103,11 @@ def test_a_reply_redis_cannot_store_fails_alone(farm: Farm, tmp_path: Path) -> N
         # Every replica beats again, and none was replaced.
         wait_for(lambda: beats_are_fresh(admin, keys), BEAT_TIMEOUT_S, "some replicas stopped beating")
         assert running_replicas(farm) == replicas_before
+        # Each replica said once that Redis refused its beats, not once a beat.
+        log = farm.log().decode()
+        assert "heartbeat failed" not in log, log[-5000:]
+        for replica in replicas_before:
+            assert log.count(f"replica {replica}: Redis refuses writes, it is out of memory") <= 1, log[-5000:]
     finally:
         admin.close()
 
