@@ -315,12 +315,14 @@ class DeploymentState:
             ready -= r.state is ReplicaState.RUNNING
             await self._retire(r, now_ms)
         # Outdated replicas go as soon as the ready count stays at or above the target without them; or, while
-        # new ones wait for GPUs the old ones hold, one at a time (nothing else would free them).
+        # new ones wait for GPUs the old ones hold, one at a time (nothing else would free them). One that holds no
+        # GPU, or when the new version fits none of the host's GPUs, serves on: stopping it would free nothing.
         starting = any(r.state is ReplicaState.STARTING for r in current)
+        frees_gpus = bool(self._waiting) and not starting and not self._fits_none
         for r in sorted(outdated, key=_retire_order):
             if r.state is not ReplicaState.RUNNING:
                 await self._retire(r, now_ms)
-            elif ready - 1 >= target.count or (self._waiting and not starting):
+            elif ready - 1 >= target.count or (frees_gpus and self._gpus.holds(r.record.replica_id)):
                 ready -= 1
                 starting = True  # one at a time: wait for its replacement before the next
                 await self._retire(r, now_ms)

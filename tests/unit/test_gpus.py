@@ -149,6 +149,21 @@ async def test_a_new_version_rolls_on_a_host_whose_gpus_are_all_taken() -> None:
     assert sorted(d for r in h.by_state(S.RUNNING) for d in r.gpus) == ["0", "1"]
 
 
+@pytest.mark.parametrize("devices", [(), ("0",)])
+async def test_an_update_to_gpus_the_old_replicas_do_not_hold_stops_none_of_them(devices: tuple[str, ...]) -> None:
+    """The new version waits for GPUs (the host has none, or fewer than it asks for); the old replicas, which hold
+    none, serve on: stopping them would free nothing for it."""
+    h = with_gpus(devices)
+    await bring_up(h, target(2, version="1"))
+    old = {r.replica_id for r in h.by_state(S.RUNNING)}
+    new = target(2, version="2", resources={"gpus": 2})
+    for _ in range(10):
+        await h.tick(new)
+        h.beat_all()
+    assert {r.replica_id for r in h.by_state(S.RUNNING)} == old
+    assert h.counts() == {S.RUNNING: 2, S.SHOULD_START: 2}
+
+
 async def test_more_gpus_than_the_host_has_is_unschedulable() -> None:
     h = with_gpus(("0", "1"))
     await h.tick(target(3, resources={"gpus": 1}))

@@ -74,6 +74,10 @@ class GpuAllocator:
     def release(self, replica_id: str) -> None:
         self._held.pop(replica_id, None)
 
+    def holds(self, replica_id: str) -> bool:
+        """Whether the replica holds devices (stopping it would free some)."""
+        return replica_id in self._held
+
     def shortage(self, count: int) -> str:
         """Why a replica waits, e.g. "needs 1 GPU, 0 free of 4"."""
         return f"needs {count} GPU{'s' if count != 1 else ''}, {len(self.free())} free of {len(self.devices)}"
