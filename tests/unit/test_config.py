@@ -88,6 +88,35 @@ def test_not_a_mapping_and_not_yaml(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.yaml")
 
 
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (
+            "deployments:\n  - {name: a, import_path: 'm:f'}\ndeployments:\n  - {name: b, import_path: 'm:f'}\n",
+            "line 3, column 1: not valid YAML: 'deployments' is given twice (first on line 1)",
+        ),
+        (
+            "deployments:\n  - name: a\n    import_path: m:f\n    num_replicas: 1\n    num_replicas: 3\n",
+            "line 5, column 5: not valid YAML: 'num_replicas' is given twice (first on line 4)",
+        ),
+        ("deployments: [\n", "line 2, column 1: not valid YAML: while parsing a flow node expected the node content"),
+    ],
+)
+def test_a_key_given_twice_is_an_error_naming_the_file_and_line(tmp_path: Path, text: str, error: str) -> None:
+    """PyYAML keeps the last of two equal keys: a second 'deployments:' dropped the first one's deployments."""
+    config = tmp_path / "twice.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError) as raised:
+        load_config(config)
+    assert str(raised.value).startswith(f"{config}, {error}"), raised.value
+
+
+def test_a_merge_key_may_still_be_overridden(tmp_path: Path) -> None:
+    config = tmp_path / "merge.yaml"
+    config.write_text("deployments:\n  - &a {name: a, import_path: 'm:f'}\n  - <<: *a\n    name: b\n")
+    assert [(d.name, d.import_path) for d in load_config(config).deployments] == [("a", "m:f"), ("b", "m:f")]
+
+
 def test_code_version_ignores_live_fields() -> None:
     base = DeploymentConfig.model_validate(dep())
     assert base.code_version() == DeploymentConfig.model_validate(dep(user_config={"a": 1})).code_version()

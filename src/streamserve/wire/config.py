@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -27,6 +26,7 @@ from pydantic import (
 from streamserve.wire.errors import ConfigError, ProtocolError
 from streamserve.wire.limits import DEFAULT_LIMITS, ConfigLimits, at_most, limits_context, write_limits
 from streamserve.wire.tenants import DEFAULT_TENANT, TENANT_RE, TenantSpec
+from streamserve.wire.yaml_text import load_yaml
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # The gateway's own paths: admin API, status, jobs, docs.
@@ -529,8 +529,4 @@ def load_config(path: str | Path, limits: ConfigLimits = DEFAULT_LIMITS) -> AppC
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_config(data, str(path), limits)
+    return parse_config(load_yaml(text, str(path)), str(path), limits)
