@@ -638,7 +638,8 @@ def _add_error_handlers(api: FastAPI, settings: Settings) -> None:
     # A Redis error on a route of FastAPI's (an admin write, the status, the dashboard's data, the metrics): 503 for
     # a Redis away or full, in the shape of every other error, and no traceback in the log.
     on_redis_error = redis_error_handler(RedisRefusals(settings.effective_redis_url))
-    for redis_error in (ResponseError, *RETRYABLE_ERRORS):
+    redis_errors: tuple[type[Exception], ...] = (ResponseError, *RETRYABLE_ERRORS)
+    for redis_error in redis_errors:
         api.add_exception_handler(redis_error, on_redis_error)
 
 

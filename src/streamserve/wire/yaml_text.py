@@ -7,11 +7,12 @@ and column in one line, not PyYAML's ``in "<unicode string>"`` block.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import yaml
 from yaml.constructor import ConstructorError
-from yaml.nodes import MappingNode, Node, ScalarNode
+from yaml.nodes import MappingNode, ScalarNode
 
 from streamserve.wire.errors import ConfigError
 
@@ -21,20 +22,20 @@ MERGE_TAG = "tag:yaml.org,2002:merge"
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses a mapping holding one key twice (a merge's ``<<`` may still be overridden)."""
 
-    def construct_mapping(self, node: Node, deep: bool = False) -> dict[Any, Any]:
-        if isinstance(node, MappingNode):
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        if isinstance(node, MappingNode):  # (as SafeLoader's own, it may be handed another node, to refuse it)
             first_at: dict[Any, int] = {}
             for key_node, _value in node.value:
                 if not isinstance(key_node, ScalarNode) or key_node.tag == MERGE_TAG:
                     continue  # (a collection as a key: SafeLoader's own error says so)
-                key = self.construct_object(key_node)  # type: ignore[no-untyped-call]
+                key = self.construct_object(key_node)
                 line = key_node.start_mark.line + 1
                 if key in first_at:
                     raise ConstructorError(
                         None, None, f"{key!r} is given twice (first on line {first_at[key]})", key_node.start_mark
                     )
                 first_at[key] = line
-        return super().construct_mapping(node, deep=deep)  # type: ignore[no-untyped-call,no-any-return]
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_yaml(text: str, source: str) -> Any:
