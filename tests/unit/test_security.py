@@ -63,8 +63,29 @@ def test_exposure_needs_a_key_or_no_admin_off_loopback() -> None:
 @pytest.mark.parametrize("key", ["", "   ", "\t"])
 def test_a_blank_api_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch, key: str) -> None:
     monkeypatch.setenv("STREAMSERVE_API_KEY", key)
-    with pytest.raises(ConfigError, match=r"STREAMSERVE_API_KEY.*empty"):
+    with pytest.raises(ConfigError) as refused:
         Settings.from_command_line(argparse.Namespace(redis_url=None))
+    assert str(refused.value) == "STREAMSERVE_API_KEY: set but blank; set a secret, or unset it for no key"
+
+
+@pytest.mark.parametrize("where", ["REDIS_URL", "STREAMSERVE_REDIS_URL", "--redis-url"])
+def test_a_url_that_is_no_redis_url_is_a_config_error_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    url = "http://user:secret@cache.example:6379/0"
+    if where.startswith("--"):
+        args = argparse.Namespace(redis_url=url)
+    else:
+        monkeypatch.setenv(where, url)
+        args = argparse.Namespace(redis_url=None)
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_command_line(args)
+    assert str(refused.value) == (
+        "--redis-url / REDIS_URL: 'http://***@cache.example:6379/0' is not a Redis URL: it starts with redis://, "
+        "rediss:// or unix://"
+    )
+    for fine in ("redis://127.0.0.1:6379/0", "rediss://h:6380/0", "unix:///tmp/redis.sock", "REDIS://h/0"):
+        assert Settings.from_command_line(argparse.Namespace(redis_url=fine)).redis_url == fine
 
 
 def test_admin_off_and_allow_list_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,12 @@ from streamserve import __version__
 from streamserve.cli.log_reader import DEFAULT_LINES
 from streamserve.cli.roles import ROLE_COMMANDS
 from streamserve.runtime.embedded_redis import parse_maxmemory
-from streamserve.runtime.settings import add_gateway_workers_option, add_no_admin_option, add_redis_url_option
+from streamserve.runtime.settings import (
+    add_gateway_workers_option,
+    add_no_admin_option,
+    add_redis_url_option,
+    port_number,
+)
 
 if TYPE_CHECKING:  # argparse's class is generic for type checkers only
     from typing import TypeAlias
@@ -66,8 +71,10 @@ def _add_up(sub: Subcommands) -> None:
     p = _command(sub, "up", text)
     p.add_argument("config", type=Path, help="YAML config file with the deployments")
     p.add_argument("--host", default="127.0.0.1", help="gateway interface (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
-    p.add_argument("--redis-port", type=int, help="embedded Redis port (default 6379 if free, else any free one)")
+    p.add_argument("--port", type=port_number, default=8000, help="gateway port (default 8000)")
+    p.add_argument(
+        "--redis-port", type=port_number, help="embedded Redis port (default 6379 if free, else any free one)"
+    )
     p.add_argument(
         "--redis-maxmemory",
         type=parse_maxmemory,

@@ -43,9 +43,9 @@ from streamserve.runtime.farm_files import (
 )
 from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, Lifeline
 from streamserve.runtime.processes import (
+    bind_problem,
     die_with_parent,
     pids_with_env,
-    port_is_free,
     process_ref,
     role_command,
     runs_replica,
@@ -147,9 +147,13 @@ class Farm:
                 file=sys.stderr,
             )
             return 1
-        if not port_is_free(opts.host, opts.port):
+        problem = bind_problem(opts.host, opts.port)
+        if problem == "in use":
             print(f"error: {opts.host}:{opts.port} is in use; pass --port to pick another", file=sys.stderr)
             return 1
+        if problem:
+            print(f"error: --host {opts.host}: the gateway cannot listen there: {problem}", file=sys.stderr)
+            return 2
         embedded_only = opts.redis_port is not None or opts.redis_maxmemory or opts.fresh
         if embedded_only and self.settings.redis_url is not None:
             print(
@@ -224,7 +228,8 @@ class Farm:
         self.scheduler = self._spawn(role_command("scheduler", "--stop-replicas-on-exit"))
         gateway = ("--host", opts.host, "--port", str(opts.port), "--workers", str(opts.gateway_workers))
         self.gateway = self._spawn(role_command("gateway", *gateway))
-        gateway_url = f"http://{opts.host}:{opts.port}"
+        host = f"[{opts.host}]" if ":" in opts.host else opts.host  # an IPv6 address, in a URL
+        gateway_url = f"http://{host}:{opts.port}"
         if not self._wait_for_gateway(gateway_url):
             if self._signals:
                 return 130

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import multiprocessing
 import os
 import signal
@@ -63,6 +64,22 @@ def port_is_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def bind_problem(host: str, port: int) -> str:
+    """ "" when ``host:port`` can be listened on now; else why not: "in use", or what the system says of the address
+    (a name that resolves to nothing, an address of no interface of this machine)."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        return f"{host!r} is no address of this machine ({exc.strerror})"
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            return "in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+    return ""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamserve.control.resources import GPU_LIST_RE
 from streamserve.control.security import ImportAllowList
+from streamserve.transport.connections import redacted
 from streamserve.wire.errors import ConfigError
 from streamserve.wire.keys import DEFAULT_PREFIX, Keys
 from streamserve.wire.limits import ConfigLimits
@@ -24,6 +25,15 @@ API_KEY_ENV = "STREAMSERVE_API_KEY"
 TENANT_KEYS_ENV = "STREAMSERVE_TENANT_KEYS"
 # What only a gateway needs, and user code must not be able to read.
 GATEWAY_SECRETS_ENV = (API_KEY_ENV, TENANT_KEYS_ENV)
+
+
+REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _setting_name(loc: tuple[int | str, ...]) -> str:
+    """How the user names the setting at ``loc``: its environment variable (the URL also by its option)."""
+    name = "_".join(map(str, loc)).upper().removeprefix("STREAMSERVE_")  # (a field's name, or the alias it came by)
+    return "--redis-url / REDIS_URL" if name == "REDIS_URL" else f"STREAMSERVE_{name}"
 
 
 def add_redis_url_option(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +58,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1-65535 (0, "any free port", is not one a banner or a client could name)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1-65535, got {value}")
     return value
 
 
@@ -183,7 +204,7 @@ class Settings(BaseSettings):
     def _key_is_not_blank(cls, value: object) -> object:
         text = value.get_secret_value() if isinstance(value, SecretStr) else value
         if isinstance(text, str) and not text.strip():
-            raise ValueError("STREAMSERVE_API_KEY is set but empty; set a secret, or unset it for no key")
+            raise ValueError("set but blank; set a secret, or unset it for no key")
         return value
 
     @field_validator("redis_url", mode="before")
@@ -191,7 +212,11 @@ class Settings(BaseSettings):
     def _blank_url_is_none(cls, value: object) -> object:
         """``REDIS_URL=`` (set, but empty) names no Redis: the farm `up` runs here is found as when it is unset (it
         meant the default, 127.0.0.1:6379, whichever farm that is)."""
-        return None if isinstance(value, str) and not value.strip() else value
+        if isinstance(value, str) and not value.strip():
+            return None
+        if isinstance(value, str) and not value.strip().lower().startswith(REDIS_URL_SCHEMES):
+            raise ValueError(f"{redacted(value)!r} is not a Redis URL: it starts with redis://, rediss:// or unix://")
+        return value
 
     @field_validator("import_allow")
     @classmethod
@@ -219,8 +244,7 @@ class Settings(BaseSettings):
             return cls(**overrides)  # type: ignore[arg-type]
         except ValidationError as exc:
             problems = "; ".join(
-                f"STREAMSERVE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg'].removeprefix('Value error, ')}"
-                for e in exc.errors()
+                f"{_setting_name(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
             )
             raise ConfigError(problems) from None
 
