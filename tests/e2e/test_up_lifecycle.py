@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from streamserve.runtime.processes import port_is_free
+from streamserve.runtime.processes import free_port, port_is_free
 from tests.harness.farm import Farm, pids_with_marker
 from tests.harness.paths import ROOT, STREAMSERVE
 from tests.harness.waiting import wait_for
@@ -87,6 +87,20 @@ def test_up_with_bad_config_names_the_field_and_starts_nothing(tmp_path: Path) -
     result = subprocess.run([STREAMSERVE, "up", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "deployment 'echo' (deployments[0]): import_path" in result.stderr
+
+
+def test_up_with_an_endpoint_to_no_deployment_exits_2_naming_the_file_and_leaves_nothing(tmp_path: Path) -> None:
+    """A problem only the farm's whole desired state shows (seen once its Redis runs) is a config error too."""
+    config = tmp_path / "stray.yaml"
+    config.write_text("endpoints:\n  - name: stray\n    traffic: {nosuch: 1}\n")
+    redis_port = free_port()
+    command = [STREAMSERVE, "up", str(config), "--port", str(free_port()), "--redis-port", str(redis_port)]
+    result = subprocess.run(
+        [*command, "--data-dir", str(tmp_path / "data")], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"error: {config}: endpoint 'stray' sends to 'nosuch', which is not a deployment" in result.stderr
+    assert port_is_free("127.0.0.1", redis_port)  # its embedded Redis stopped with it
 
 
 def test_up_says_which_deployment_cannot_start_and_serves_the_rest(tmp_path: Path) -> None:

@@ -89,3 +89,14 @@ def test_traffic_without_shadow_keeps_the_shadows_and_empty_shadow_clears_them(
     # And it stays cleared through a later change without --shadow.
     streamserve(capsys, redis_url, "traffic", "classify", "classify_v1=1")
     assert endpoint_in_status(capsys, redis_url)["shadow"] == {}
+
+
+def test_an_endpoint_to_no_deployment_is_a_config_error_naming_the_file(
+    redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "stray.yaml"
+    config.write_text("endpoints:\n  - name: stray\n    traffic: {nosuch: 1}\n")
+    assert cli_main(["deploy", "--redis-url", redis_url, str(config)]) == 2
+    assert (
+        capsys.readouterr().err == f"error: {config}: endpoint 'stray' sends to 'nosuch', which is not a deployment\n"
+    )

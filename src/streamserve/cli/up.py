@@ -26,6 +26,7 @@ import httpx
 import redis
 from pydantic import SecretStr
 
+from streamserve.cli.writes import apply_file
 from streamserve.client.jobs import jobs_redis_url
 from streamserve.control.desired_state import Applied, DesiredState
 from streamserve.control.goal_records import GoalStore
@@ -56,7 +57,7 @@ from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, async_redis, redacted, sync_redis
 from streamserve.transport.redis_checks import full_memory_warning, redis_problems, warning_text
 from streamserve.wire.config import AppConfig, load_config
-from streamserve.wire.errors import OverloadedError, RedisUnavailableError, StreamServeError
+from streamserve.wire.errors import ConfigError, OverloadedError, RedisUnavailableError, StreamServeError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import GoalRecord, ReplicaRecord
 from streamserve.wire.states import FINAL_GOAL_STATUSES, GoalStatus
@@ -170,6 +171,9 @@ class Farm:
         except FarmDown as exc:
             print(f"error: {exc}; stopping", file=sys.stderr)
             return 1
+        except ConfigError as exc:  # (one that needs the farm's Redis to see: the rest were found before it started)
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         except StreamServeError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -289,7 +293,7 @@ class Farm:
                 await redis.ping()
                 settings = self.settings
                 desired = DesiredState(redis, settings.keys, settings.import_allow_list, settings.config_limit_values)
-                return await desired.apply(self.options.config)
+                return await apply_file(desired, self.options.config, self.options.config_path)
         except OverloadedError as exc:
             print(
                 f"warning: {exc}: {self.options.config_path} was not applied, the farm runs what Redis holds; apply it "

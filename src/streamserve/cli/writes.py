@@ -5,22 +5,33 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from pathlib import Path
 
 from streamserve.cli.stores import Stores, with_stores
 from streamserve.cli.tables import format_endpoints
+from streamserve.control.desired_state import Applied, DesiredState
 from streamserve.control.goal_records import GOAL_POLL_S
 from streamserve.runtime.settings import Settings
-from streamserve.wire.config import EndpointConfig, load_config
+from streamserve.wire.config import AppConfig, EndpointConfig, load_config
 from streamserve.wire.errors import ConfigError, GoalFailedError, NotFoundError, RequestTimeoutError
 from streamserve.wire.messages import GoalRecord
 from streamserve.wire.states import DeploymentHealth
+
+
+async def apply_file(desired: DesiredState, config: AppConfig, path: str | Path) -> Applied:
+    """Apply the config read from ``path``; a ConfigError of the farm's whole desired state (an endpoint sending
+    to no deployment, say) names the file as one of the file alone does."""
+    try:
+        return await desired.apply(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
     config = load_config(args.config, settings.config_limit_values)
 
     async def deploy(stores: Stores) -> int:
-        applied = await stores.desired.apply(config)
+        applied = await apply_file(stores.desired, config, args.config)
         if not applied:
             print("no change")
         for name, goal_id in applied.goals.items():
