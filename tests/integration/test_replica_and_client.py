@@ -165,6 +165,18 @@ async def test_unknown_and_scaled_to_zero(client: AsyncClient, settings: Setting
         await client.call("rec", 1)
 
 
+async def test_a_call_queued_before_its_deployment_was_scaled_to_0_is_told_so_at_its_deadline(
+    client: AsyncClient, settings: Settings
+) -> None:
+    await deploy(settings)  # no replica: the call stays queued
+    call = asyncio.ensure_future(client.call("rec", 1, timeout=2))
+    await deploy(settings, num_replicas=0)
+    await wait_for_async(lambda: asyncio.sleep(0, client.deployments()["rec"].num_replicas == 0), 10)
+    with pytest.raises(RequestTimeoutError) as timed_out:
+        await call
+    assert str(timed_out.value).endswith("): deployment 'rec' is scaled to 0 replicas"), timed_out.value
+
+
 async def test_timeout_when_nobody_serves(client: AsyncClient, settings: Settings) -> None:
     await deploy(settings)
     with pytest.raises(RequestTimeoutError, match=r"no reply within 0\.2s"):

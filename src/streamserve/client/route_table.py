@@ -80,21 +80,27 @@ class RouteCache:
 
     def _serviceable(self, name: str) -> DeploymentConfig:
         cfg = self.deployment(name)
-        # An externally scaled deployment is never refused here: whoever scales it watches the queue, and starts
-        # a worker when requests wait (max_queued_requests still bounds them).
-        if cfg.external_scaler_enabled:
-            return cfg
-        # An autoscaled deployment at 0 replicas is not refused: the request queues, and the scheduler starts a
-        # replica as soon as it sees it (the group reads from id 0, so that replica finds it).
-        if cfg.autoscaling_config is None and cfg.wanted_replicas() == 0:
-            raise UnavailableError(f"deployment {name!r} is scaled to 0 replicas")
-        broken = self.broken(name)
+        broken = self._unanswerable(cfg)
         if broken:
             raise UnavailableError(broken)
         return cfg
 
     def broken(self, name: str) -> str:
-        """Why deployment ``name`` cannot answer now (its replicas fail to start and none runs), or ""."""
+        """Why deployment ``name`` cannot answer now (scaled to 0, or its replicas fail to start and none runs), or
+        "" (also for one not known)."""
+        cfg = self._deployments.get(name)
+        return "" if cfg is None else self._unanswerable(cfg)
+
+    def _unanswerable(self, cfg: DeploymentConfig) -> str:
+        name = cfg.name
+        # An externally scaled deployment is never refused here: whoever scales it watches the queue, and starts
+        # a worker when requests wait (max_queued_requests still bounds them).
+        if cfg.external_scaler_enabled:
+            return ""
+        # An autoscaled deployment at 0 replicas is not refused: the request queues, and the scheduler starts a
+        # replica as soon as it sees it (the group reads from id 0, so that replica finds it).
+        if cfg.autoscaling_config is None and cfg.wanted_replicas() == 0:
+            return f"deployment {name!r} is scaled to 0 replicas"
         health = self._health.get(name)
         if health is not None and health.health is DeploymentHealth.UNHEALTHY and health.running == 0:
             return f"deployment {name!r} has no running replica: {health.message}"
