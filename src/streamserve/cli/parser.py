@@ -6,6 +6,7 @@ One step adds one command; ``build_parser`` runs them in the order ``streamserve
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,10 @@ from streamserve.runtime.settings import (
     add_redis_url_option,
     port_number,
 )
+from streamserve.wire.config import MAX_TIMEOUT_S
+from streamserve.wire.errors import BadRequestError
+from streamserve.wire.models import check_model_id
+from streamserve.wire.tenants import check_tenant
 
 if TYPE_CHECKING:  # argparse's class is generic for type checkers only
     from typing import TypeAlias
@@ -156,6 +161,29 @@ def _add_traffic(sub: Subcommands) -> None:
     )
 
 
+def _checked(check: Callable[[str], str]) -> Callable[[str], str]:
+    """An argparse type of a check the client makes (check_tenant, check_model_id): its refusal is a usage error."""
+
+    def checked(given: str) -> str:
+        try:
+            return check(given)
+        except BadRequestError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return checked
+
+
+def _call_timeout(given: str) -> float:
+    """--timeout of `call`: seconds, above 0 and at most a week (as the client takes them)."""
+    try:
+        seconds = float(given)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{given!r} is not a number of seconds") from None
+    if not 0 < seconds <= MAX_TIMEOUT_S:  # (false for NaN too)
+        raise argparse.ArgumentTypeError(f"a timeout is above 0 and at most {MAX_TIMEOUT_S:g} seconds, got {given}")
+    return seconds
+
+
 def _priority_name(given: str) -> str:
     """A priority level as written in any case and spacing, as over HTTP and from Python."""
     return given.strip().lower()
@@ -167,7 +195,7 @@ def _add_call(sub: Subcommands) -> None:
     )
     p.add_argument("name")
     p.add_argument("body", nargs="?", default="null", help="JSON (default null)")
-    p.add_argument("--timeout", type=float, help="seconds (default: the deployment's request_timeout_s)")
+    p.add_argument("--timeout", type=_call_timeout, help="seconds (default: the deployment's request_timeout_s)")
     p.add_argument("--method", default="", help="a method of the deployment's class")
     p.add_argument(
         "--priority",
@@ -176,8 +204,12 @@ def _add_call(sub: Subcommands) -> None:
         default="normal",
         help="its priority level (default normal)",
     )
-    p.add_argument("--tenant", help="whom it is for (default: the tenant 'default')")
-    p.add_argument("--model-id", help="the model it runs with, for a deployment that multiplexes models")
+    p.add_argument("--tenant", type=_checked(check_tenant), help="whom it is for (default: the tenant 'default')")
+    p.add_argument(
+        "--model-id",
+        type=_checked(check_model_id),
+        help="the model it runs with, for a deployment that multiplexes models",
+    )
 
 
 def _add_manifests(sub: Subcommands) -> None:

@@ -1,5 +1,8 @@
-"""`streamserve up`'s addresses: a port is 1-65535 (a usage error otherwise, not a traceback or a banner naming port
-0), and a --host the gateway cannot listen on is said to be that, not "in use"."""
+"""The CLI's arguments, checked as it parses them: a bad one is a usage error (exit 2), never a traceback.
+
+`up`'s ports are 1-65535 (0 waited 32 s and printed port 0 in the banner), a --host the gateway cannot listen on is
+said to be that (not "in use"); `call`'s timeout, tenant and model id are checked as the client checks them.
+"""
 
 from __future__ import annotations
 
@@ -40,3 +43,26 @@ def test_what_keeps_the_gateway_from_listening_is_said() -> None:
     assert bind_problem("127.0.0.1", 0) == ""
     if socket.has_ipv6:
         assert bind_problem("::1", 0) in ("", "Cannot assign requested address")  # (a host without IPv6 loopback)
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--timeout", "-1"], "argument --timeout: a timeout is above 0 and at most 604800 seconds, got -1"),
+        (["--timeout", "nan"], "argument --timeout: a timeout is above 0 and at most 604800 seconds, got nan"),
+        (["--tenant", "a b"], "argument --tenant: tenant 'a b' is not a tenant name"),
+        (["--model-id", "../x"], "argument --model-id: model id '../x' is not a model id"),
+    ],
+)
+def test_a_call_argument_the_client_would_refuse_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], args: list[str], error: str
+) -> None:
+    """Exit 2 before anything is sent, as for any other bad argument (it was 1, the client's BadRequestError)."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["call", "echo", "{}", *args])
+    assert exited.value.code == 2
+    assert error in capsys.readouterr().err
+    fine = build_parser().parse_args(
+        ["call", "echo", "{}", "--timeout", "2.5", "--tenant", "acme", "--model-id", "m-1"]
+    )
+    assert (fine.timeout, fine.tenant, fine.model_id) == (2.5, "acme", "m-1")
