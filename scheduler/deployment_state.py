@@ -382,14 +382,17 @@ class DeploymentState:
 
     # 9. The verdict, written only when it changes.
     async def _record_health(self, target: Target, now_ms: int) -> None:
+        running = self.count(ReplicaState.RUNNING)
+        # An externally scaled deployment none of whose workers runs, the last of them failed to start, is not
+        # settled either, though it has as many as it wants (whatever heartbeats): its failure is news.
+        failed_alone = target.external and running == 0 and bool(self._last_failure)
         if self.unhealthy or self._fits_none:
             health, message = DeploymentHealth.UNHEALTHY, self._last_failure or self.unschedulable
-        elif self.settled(target):
+        elif self.settled(target) and not failed_alone:
             health, message = DeploymentHealth.HEALTHY, self._recent_replacement(now_ms)
         else:
             health, message = DeploymentHealth.UPDATING, self._last_failure or self._waiting
             message = message or self._recent_replacement(now_ms)
-        running = self.count(ReplicaState.RUNNING)
         verdict = (health, message, running)
         if self._health is None or (self._health.health, self._health.message, self._health.running) != verdict:
             self._health = DeploymentHealthRecord(

@@ -87,6 +87,21 @@ async def test_a_stale_heartbeat_never_seen_alive_is_dropped_not_counted() -> No
     assert h.counts() == {} and h.store.removed == [w]  # its beat is removed, so the reclaimer frees its work
 
 
+async def test_a_worker_that_fails_to_load_says_why_in_the_deployments_health() -> None:
+    """One hand-started worker refused its import: with none running, the deployment is not HEALTHY with an empty
+    message (status and `streamserve health` said all was well); a worker that runs again settles it."""
+    h, t = Harness(), external_target()
+    h.beats[worker(h)] = beat(h, ReplicaHealth.FAILED, message="ConfigError: import_path 'm:os.system' is refused")
+    await h.tick(t)
+    assert h.store.health is not None and h.store.health.health is DeploymentHealth.UPDATING
+    assert h.store.health.message == "ConfigError: import_path 'm:os.system' is refused"
+    h.beats[worker(h)] = beat(h, version=t.version or "")
+    await h.tick(t)
+    await h.tick(t)
+    assert h.counts() == {S.RUNNING: 1}
+    assert h.store.health.health is DeploymentHealth.HEALTHY and h.store.health.message == ""
+
+
 async def test_workers_that_fail_to_load_turn_the_deployment_unhealthy() -> None:
     h = Harness()
     t = external_target()
