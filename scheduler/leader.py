@@ -54,6 +54,11 @@ class LeaderLock:
             await self._release(keys=[self._key], args=[self.holder_id])
             self.held = False
 
+    @property
+    def ttl_s(self) -> float:
+        """How long the lock outlives its holder's last renewal."""
+        return self._ttl_ms / 1000
+
     async def current_leader(self) -> str | None:
         raw = await self._redis.get(self._key)
         return text(raw) if raw is not None else None

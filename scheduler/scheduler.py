@@ -131,7 +131,14 @@ class Scheduler:
                         "scheduler %s: standing by until Redis has room for the leader lock", self._lock.holder_id
                     )
                 else:
-                    logger.info("scheduler %s: standing by while scheduler %s leads", self._lock.holder_id, leader)
+                    # (it may have just died: a lock is not a pulse)
+                    logger.info(
+                        "scheduler %s: standing by while scheduler %s holds the leader lock (taking over within %gs"
+                        " of its last renewal, should it be gone)",
+                        self._lock.holder_id,
+                        leader,
+                        self._lock.ttl_s,
+                    )
             self._standing_by = True
             if self._job_pool is not None:
                 self._job_pool.stop()  # only the leader runs job workers: the pool's size is the farm's
