@@ -513,6 +513,13 @@ def _header_timeout(given: list[str]) -> float:
     return value
 
 
+class _StartupFailedLine(logging.Filter):
+    """Drops uvicorn's "Application startup failed. Exiting." once the gateway has said why in a line of its own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "Application startup failed. Exiting."
+
+
 class GatewayApp:
     """The gateway's ASGI app: deployment POSTs to ``Gateway.serve``, everything else to the FastAPI app."""
 
@@ -538,6 +545,8 @@ class GatewayApp:
             error = self.gateway.startup_error
             if message["type"] == "lifespan.startup.failed" and error is not None:
                 message = {**message, "message": f"gateway: {error}"}
+                # That line says it all: uvicorn's own "Application startup failed. Exiting." after it would not.
+                logging.getLogger("uvicorn.error").addFilter(_StartupFailedLine())
             await send(message)
 
         return send_plainly

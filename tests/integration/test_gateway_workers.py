@@ -154,3 +154,4 @@ def test_a_gateway_that_cannot_reach_redis_says_so_and_exits_non_zero(workers: s
     assert done.returncode == STARTUP_FAILURE, done.stderr
     assert "gateway: cannot reach Redis at redis://127.0.0.1:" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+    assert "Application startup failed" not in done.stderr, done.stderr  # (the one line says why)
