@@ -28,6 +28,7 @@ from streamserve.cli.writes import cmd_delete, cmd_deploy, cmd_scale, cmd_traffi
 from streamserve.runtime.process_exit import end_process
 from streamserve.runtime.processes import hide_passwords_from_ps
 from streamserve.runtime.settings import Settings
+from streamserve.transport.connections import connection_hint
 from streamserve.wire.errors import ConfigError, StreamServeError
 
 
@@ -61,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except RedisError as exc:
-        hint = no_farm_hint(args, settings) if isinstance(exc, ConnectionError) and settings is not None else ""
+        hint = ""
+        if isinstance(exc, ConnectionError) and settings is not None:
+            hint = connection_hint(settings.effective_redis_url, exc) or no_farm_hint(args, settings)
         print(f"error: Redis: {exc}{hint}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader of its output is gone: nothing more to say, to it or about it

@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 import threading
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from types import TracebackType
@@ -328,6 +330,27 @@ class MemoryRefusals:
                 self._logger.info("%s: Redis takes writes again", self._who)
 
 
+_TLS_FILE_PARAMS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
+
+
+def connection_hint(url: str, exc: BaseException) -> str:
+    """What to add to ``exc``, a failure to connect to ``url``, when the URL itself is the likely cause: a TLS file
+    it names that is not there (redis-py says only "No such file or directory"), or a plain redis:// URL whose
+    server reset the connection (what a TLS port does to a client that does not speak TLS)."""
+    if not isinstance(exc, RETRYABLE_ERRORS):
+        return ""
+    parsed = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qs(parsed.query)
+    missing = [
+        f"{name} {path}" for name in _TLS_FILE_PARAMS for path in query.get(name, []) if not os.path.exists(path)
+    ]
+    if missing:
+        return f" (no such file: {', '.join(missing)})"
+    if parsed.scheme.lower() == "redis" and "reset by peer" in str(exc).lower():
+        return " (if that port speaks TLS, the URL starts with rediss://)"
+    return ""
+
+
 class RedisRefusals:
     """``with`` block: what Redis failures mean to a caller, as StreamServeErrors naming the (redacted) URL.
 
@@ -337,6 +360,7 @@ class RedisRefusals:
     """
 
     def __init__(self, url: str) -> None:
+        self._given = url
         self._url = redacted(url)
 
     def __enter__(self) -> None:
@@ -351,7 +375,7 @@ class RedisRefusals:
     def meaning(self, exc: BaseException) -> StreamServeError | None:
         """What ``exc`` means to a caller, or None when it is not one of the failures above."""
         if isinstance(exc, RETRYABLE_ERRORS):
-            return RedisUnavailableError(f"cannot reach Redis at {self._url}: {exc}")
+            return RedisUnavailableError(f"cannot reach Redis at {self._url}: {exc}{connection_hint(self._given, exc)}")
         if is_out_of_memory(exc):
             return OverloadedError(f"Redis at {self._url} is out of memory (maxmemory): nothing was written")
         return None

@@ -1,0 +1,39 @@
+"""What a failure to connect adds when the Redis URL itself is the likely cause (a TLS file it names is missing, a
+plain URL at a TLS port); redis-py's own words name neither the file nor TLS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from streamserve.transport.connections import RedisRefusals, connection_hint
+
+
+def test_a_tls_file_the_url_names_that_is_not_there_is_named(tmp_path: Path) -> None:
+    there = tmp_path / "ca.pem"
+    there.write_text("")
+    url = f"rediss://:secret@127.0.0.1:6380/0?ssl_ca_certs={there}&ssl_certfile=/nope/client.pem"
+    failed = RedisConnectionError("Error 2 connecting to 127.0.0.1:6380. No such file or directory.")
+    assert connection_hint(url, failed) == " (no such file: ssl_certfile /nope/client.pem)"
+    error = RedisRefusals(url).meaning(failed)
+    assert str(error) == (
+        "cannot reach Redis at rediss://***@127.0.0.1:6380/0?ssl_ca_certs=" + str(there) + "&ssl_certfile=/nope/"
+        "client.pem: Error 2 connecting to 127.0.0.1:6380. No such file or directory. (no such file: ssl_certfile "
+        "/nope/client.pem)"
+    )
+
+
+def test_a_plain_url_whose_server_resets_the_connection_may_want_tls() -> None:
+    reset = RedisConnectionError("Error while reading from 127.0.0.1:6380 : (104, 'Connection reset by peer')")
+    assert (
+        connection_hint("redis://127.0.0.1:6380/0", reset)
+        == " (if that port speaks TLS, the URL starts with rediss://)"
+    )
+    assert connection_hint("rediss://127.0.0.1:6380/0", reset) == ""
+
+
+def test_other_failures_get_no_hint() -> None:
+    assert connection_hint("redis://127.0.0.1:1/0", RedisConnectionError("Connection refused")) == ""
+    assert connection_hint("redis://127.0.0.1:1/0?ssl_ca_certs=/nope", ResponseError("WRONGPASS")) == ""
