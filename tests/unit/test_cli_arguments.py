@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from streamserve.cli.parser import build_parser
+from streamserve.cli.parser import build_parser, parse_command_line
 from streamserve.runtime.processes import bind_problem
 
 
@@ -66,3 +66,14 @@ def test_a_call_argument_the_client_would_refuse_is_a_usage_error(
         ["call", "echo", "{}", "--timeout", "2.5", "--tenant", "acme", "--model-id", "m-1"]
     )
     assert (fine.timeout, fine.tenant, fine.model_id) == (2.5, "acme", "m-1")
+
+
+def test_an_argument_no_command_takes_is_that_commands_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_command_line(["status", "--bogus"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("usage: streamserve status ")
+        and "streamserve status: error: unrecognized arguments: --bogus" in err
+    )

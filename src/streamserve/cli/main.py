@@ -22,7 +22,7 @@ from streamserve.cli.calls import cmd_call, exit_interrupted
 from streamserve.cli.farm_lookup import beside_running_farm, no_farm_hint
 from streamserve.cli.inspection import cmd_health, cmd_logs, cmd_status
 from streamserve.cli.kubernetes import cmd_manifests
-from streamserve.cli.parser import build_parser
+from streamserve.cli.parser import parse_command_line
 from streamserve.cli.roles import ROLE_COMMANDS, run_role
 from streamserve.cli.writes import cmd_delete, cmd_deploy, cmd_scale, cmd_traffic
 from streamserve.runtime.process_exit import end_process
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:]
     if argv and argv[0] in ROLE_COMMANDS:
         return run_role(argv[0], argv[1:])
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(argv)
     # Ctrl-C exits at once. asyncio.run's own handler only cancels the main task, and a cancellation that
     # lands inside redis-py's pool wait can be swallowed (asyncio.wait_for before 3.12), leaving --wait hanging.
     restore = (

@@ -52,6 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_command_line(argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed; an argument no command takes is a usage error of that command (with its usage line, not
+    the top level's, which argparse gives for anything a subcommand leaves over)."""
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        [sub] = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+        command: argparse.ArgumentParser = sub.choices.get(args.command, parser)
+        command.error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
 def _command(sub: Subcommands, name: str, help_text: str) -> argparse.ArgumentParser:
     """A command that works on a farm's Redis, so takes --redis-url, and --data-dir to find the farm `up` runs."""
     command = sub.add_parser(name, help=help_text, description=help_text)
