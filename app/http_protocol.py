@@ -328,6 +328,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.transport.write(self.url_answer if len(self.url) > MAX_URL_BYTES else self.malformed_answer)
         self.transport.close()
 
+    def _unsupported_upgrade_warning(self) -> None:
+        """(uvicorn's: a request asked to switch protocols, which the gateway never does; it is answered as HTTP/1.1.)
+        Not logged: uvicorn's two warnings a line each, for any caller to repeat at will."""
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.limits.max_connections and not self.make_room():
             self.transport = transport  # never one of uvicorn's connections; connection_lost needs only this

@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         "timeout_keep_alive": settings.keep_alive_s,
         **UVICORN_OPTIONS,
         "http": GatewayHttpProtocol,
+        # It serves no WebSocket: a request asking for one is an HTTP request like any other (a POST with a body and
+        # `Upgrade: websocket` was handed to the WebSocket protocol, and hung there for good).
+        "ws": "none",
     }
     if args.gateway_workers > 1:
         # uvicorn's supervisor holds the socket and runs (and restarts) the workers; it serves nothing itself.

@@ -145,3 +145,23 @@ def test_options_star_gets_the_error_shape(gateway: int) -> None:
         answer = _read_all(sock, 10)
     assert answer.startswith(b"HTTP/1.1 404 "), answer[:200]
     assert b'"error":"NotFoundError"' in answer and b'"detail"' not in answer
+
+
+@pytest.mark.parametrize("upgrade", ["websocket", "h2c"])
+def test_a_request_asking_to_switch_protocols_is_answered_as_http_at_once(gateway: int, upgrade: str) -> None:
+    """The gateway serves no WebSocket and no HTTP/2: asked to switch, it answers the request as HTTP/1.1, in the
+    gateway's error shape, and never holds the connection (a POST with a body and `Upgrade: websocket` was handed to
+    uvicorn's WebSocket protocol and hung for good: one slot of max_connections per such request)."""
+    asks = f"Connection: Upgrade\r\nUpgrade: {upgrade}\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    for request in (
+        f"POST /nothing HTTP/1.1\r\nHost: x\r\n{asks}Content-Type: application/json\r\nContent-Length: 7\r\n\r\n"
+        '{"a":1}',
+        f"GET /nothing HTTP/1.1\r\nHost: x\r\n{asks}\r\n",
+    ):
+        with socket.create_connection(("127.0.0.1", gateway), timeout=3) as sock:
+            sock.sendall(request.encode())
+            answer = b""
+            while not answer.endswith(b"}"):  # the whole JSON error body, within the socket's timeout
+                answer += sock.recv(65536)
+        assert answer.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 404 ")), answer[:300]
+        assert b'"error":"' in answer and b"application/json" in answer, answer[:300]
