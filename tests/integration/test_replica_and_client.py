@@ -32,6 +32,20 @@ async def test_call_returns_the_result_with_user_config(start_replica: StartRepl
     assert await client.call("rec", {"x": [1, 2]}) == {"tag": "t1", "body": {"x": [1, 2]}, "config": {"greeting": "hi"}}
 
 
+async def test_a_client_closed_starts_again_when_used(start_replica: StartReplica, settings: Settings) -> None:
+    """Used after aclose(), or entered again, an AsyncClient connects anew (it queued its request and waited out the
+    whole timeout: the reply reader was gone)."""
+    await start_replica()
+    client = AsyncClient(settings=settings)
+    async with client:
+        assert (await client.call("rec", 1, timeout=10))["body"] == 1
+    assert (await client.call("rec", 2, timeout=10))["body"] == 2
+    await client.aclose()
+    async with client:
+        assert (await client.call("rec", 3, timeout=10))["body"] == 3
+    await client.aclose()  # (twice: nothing to close)
+
+
 async def test_user_exception_becomes_remote_error_and_replica_keeps_serving(
     start_replica: StartReplica, client: AsyncClient
 ) -> None:

@@ -111,7 +111,8 @@ class ClientCore:
         return self._start_lock
 
     async def aclose(self) -> None:
-        """Stop the reader, fail what is still waiting, drop the reply stream and disconnect."""
+        """Stop the reader, fail what is still waiting, drop the reply stream and disconnect. The client may be
+        started again (``async with`` it once more, or call it): it connects anew, on whatever loop runs then."""
         if self._routes is not None:
             await self._routes.close()
         if self._replies is not None:
@@ -124,10 +125,13 @@ class ClientCore:
             await self._pipeliner.aclose()  # shadow copies and sends in flight go out before the pool closes
         if self._redis is not None:
             await self._redis.aclose()
-            self._redis = None
         if self._jobs_redis is not None:
             self._jobs_redis.close()
-            self._jobs_redis = self._jobs = None
+        # Nothing closed is used again: a call after this starts the client anew (with its parts kept, it queued its
+        # request and waited out its whole timeout, the reply reader gone).
+        self._redis = self._replies = self._routes = self._pipeliner = self._canceller = self._hits = None
+        self._jobs_redis = self._jobs = None
+        self._start_lock = None  # (bound to the loop that used it)
 
     async def __aenter__(self) -> Self:
         await self.start()
