@@ -499,6 +499,14 @@ class Serving:
         """Run a streaming handler (workers/streaming.py); a BAD_REQUEST for a caller that takes no stream."""
         if not (request.stream and request.reply_to):
             method = f" (method {request.method!r})" if request.method else ""
+            if not request.reply_to:  # send(): nobody to tell but the log
+                logger.warning(
+                    "replica %s: request %s not run: deployment %r%s streams its answer, and send() takes none",
+                    self._consumer,
+                    request.request_id,
+                    self._name,
+                    method,
+                )
             return request.reply(
                 ReplyStatus.BAD_REQUEST,
                 self._consumer,

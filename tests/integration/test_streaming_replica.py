@@ -12,6 +12,7 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
+from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
 from streamserve.wire.ids import new_caller_id, new_request_id
 from streamserve.wire.keys import CONSUMER_GROUP
@@ -328,6 +329,22 @@ async def test_a_streaming_handler_called_without_the_stream_flag_is_refused_nam
         reply.error_message
     )
     assert stream_deployments.STARTED["count_to"] == 0  # not run
+
+
+async def test_a_send_to_a_streaming_deployment_is_not_run_and_says_so_in_the_log(
+    start_replica: StartReplica, client: AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """send() takes no answer, so the refusal has nobody to reach but the replica's log (it went nowhere)."""
+    await serve(start_replica, "count_to")
+    request_id = await client.send(NAME, 3)
+
+    async def logged() -> bool:
+        return any(request_id in record.getMessage() for record in caplog.records)
+
+    await wait_for_async(logged, 10)
+    [line] = [record.getMessage() for record in caplog.records if request_id in record.getMessage()]
+    assert line.endswith(f"request {request_id} not run: deployment 'tokens' streams its answer, and send() takes none")
+    assert stream_deployments.STARTED["count_to"] == 0
 
 
 async def test_a_unary_handler_answers_as_ever_when_asked_for_a_stream(
