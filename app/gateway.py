@@ -655,7 +655,7 @@ def _add_error_handlers(api: FastAPI, settings: Settings) -> None:
 def _add_probes(api: FastAPI, gateway: Gateway) -> None:
     """Liveness, readiness and the farm's Prometheus metrics."""
 
-    @api.get("/-/healthz")
+    @api.api_route("/-/healthz", methods=["GET", "HEAD"])  # (a load balancer may probe with HEAD)
     async def healthz() -> Response:
         try:
             await gateway.client.ping()
@@ -663,7 +663,7 @@ def _add_probes(api: FastAPI, gateway: Gateway) -> None:
             return error_response(exc, {})
         return json_response({"status": "ok"})
 
-    @api.get("/-/ready")
+    @api.api_route("/-/ready", methods=["GET", "HEAD"])
     async def ready() -> Response:
         """Readiness: the route table is loaded and Redis answers now (a load balancer sends traffic only then)."""
         if not gateway.client.routes_loaded:

@@ -119,6 +119,8 @@ async def test_healthz_is_503_with_an_error_body_while_redis_is_down() -> None:
         async with gateway_http(settings_for(server.url)) as http:
             up = await http.get("/-/healthz")
             assert up.status_code == 200 and up.json() == {"status": "ok"}
+            for probe in ("/-/healthz", "/-/ready"):  # a load balancer may probe with HEAD
+                assert (await http.head(probe)).status_code == 200, probe
 
             server.stop()
             down = await asyncio.wait_for(http.get("/-/healthz"), timeout=30)
