@@ -655,7 +655,7 @@ def _add_error_handlers(api: FastAPI, settings: Settings) -> None:
 def _add_probes(api: FastAPI, gateway: Gateway) -> None:
     """Liveness, readiness and the farm's Prometheus metrics."""
 
-    @api.api_route("/-/healthz", methods=["GET", "HEAD"])  # (a load balancer may probe with HEAD)
+    @api.get("/-/healthz")
     async def healthz() -> Response:
         try:
             await gateway.client.ping()
@@ -663,7 +663,7 @@ def _add_probes(api: FastAPI, gateway: Gateway) -> None:
             return error_response(exc, {})
         return json_response({"status": "ok"})
 
-    @api.api_route("/-/ready", methods=["GET", "HEAD"])
+    @api.get("/-/ready")
     async def ready() -> Response:
         """Readiness: the route table is loaded and Redis answers now (a load balancer sends traffic only then)."""
         if not gateway.client.routes_loaded:
@@ -673,6 +673,9 @@ def _add_probes(api: FastAPI, gateway: Gateway) -> None:
         except RedisUnavailableError as exc:
             return error_response(exc, {})
         return json_response({"status": "ready"})
+
+    for path, probe in (("/-/healthz", healthz), ("/-/ready", ready)):  # a load balancer may probe with HEAD
+        api.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
 
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
