@@ -29,6 +29,7 @@ from tests.harness.paths import ROOT, STREAMSERVE
 from tests.harness.redis_cluster import LocalRedisCluster
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica
+from tests.integration.test_client_left_open import calls_then_asyncio_run_ends
 from tests.integration.test_longpoll import change
 
 KEYS = Keys()
@@ -213,3 +214,10 @@ async def test_a_job_sent_to_a_cluster_without_a_jobs_redis_gets_503_naming_the_
         with pytest.raises(UnavailableError, match="STREAMSERVE_JOBS_REDIS_URL"):
             await client.submit_job("rec", 1)
     assert (await http.post("/rec", json=2)).status_code == 200  # serving is not affected
+
+
+async def test_asyncio_run_ends_after_calls_with_a_cluster_client_left_open(
+    start_replica: StartReplica, cluster_url: str
+) -> None:
+    await start_replica()
+    await calls_then_asyncio_run_ends(cluster_url)

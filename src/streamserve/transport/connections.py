@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import logging
 import os
+import sys
 import threading
 import time
 import urllib.parse
@@ -17,7 +18,7 @@ from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio as aioredis
-from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import (
@@ -49,6 +50,7 @@ BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 1.0
 
 T = TypeVar("T")
+C = TypeVar("C", bound=AbstractConnection)
 
 # Who runs the retry loop under way (an asyncio task, or a thread's id): a loop that it starts inside it tries once.
 _NOBODY = object()
@@ -211,23 +213,40 @@ def async_redis(url: str, *, max_connections: int = POOL_SIZE) -> aioredis.Redis
     retry = OutermostAsyncRetry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS)
     if is_cluster(url):
         cluster = aioredis.RedisCluster.from_url(url, **_cluster_options(retry))
+        _guard_cluster_connections(cluster)
         return cast(aioredis.Redis, cluster)
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=POOL_WAIT_S, **_options(retry)
     )
-    pool.connection_class = closed_transport_is_lost(pool.connection_class)
+    pool.connection_class = guarded_connection(pool.connection_class)
     return aioredis.Redis.from_pool(pool)
 
 
+def _guard_cluster_connections(cluster: aioredis.RedisCluster) -> None:
+    """Make every connection ``cluster`` opens a guarded_connection. It opens them lazily, so this is in time; its
+    node template's class is the one nodes found later get, and its startup nodes took theirs already."""
+    template = cluster.nodes_manager.connection_kwargs
+    template["connection_class"] = guarded_connection(template.get("connection_class", Connection))
+    for node in cluster.nodes_manager.startup_nodes.values():
+        node.connection_class = guarded_connection(node.connection_class)
+
+
 _GUARDED: dict[type[AbstractConnection], type[AbstractConnection]] = {}
+# Python 3.11's asyncio.wait_for, which redis-py writes with when a connection has a socket timeout, returns the
+# result of a write that completed as its task was being cancelled, and the cancellation is lost (3.12 fixed it).
+_WAIT_FOR_LOSES_CANCELS = sys.version_info < (3, 12)
 
 
-def closed_transport_is_lost(base: type[AbstractConnection]) -> type[AbstractConnection]:
-    """``base`` (TCP, TLS or Unix socket), except that a write to a transport that Redis closed under it raises
-    redis-py's ConnectionError, which the retry policy retries and callers report as Redis unavailable.
+def guarded_connection(base: type[C]) -> type[C]:
+    """``base`` (TCP, TLS or Unix socket), with two of redis-py's ways to fail a caller mended.
 
-    On uvloop such a write raises RuntimeError ("the handler is closed"), which redis-py passes on as it is: a
-    Redis killed while a connection was being opened or written to then answered the caller 500.
+    - A write to a transport that Redis closed under it raises redis-py's ConnectionError, which the retry policy
+      retries and callers report as Redis unavailable. On uvloop such a write raises RuntimeError ("the handler is
+      closed"), which redis-py passes on as it is: a Redis killed while a connection was being opened or written to
+      then answered the caller 500.
+    - On Python 3.11, a task cancelled while it writes a command is cancelled (see _WAIT_FOR_LOSES_CANCELS): a lost
+      cancellation left a client's reply reader running, and ``asyncio.run`` of a program that never closed its
+      AsyncClient waiting for it for ever.
     """
     guarded = _GUARDED.get(base)
     if guarded is None:
@@ -235,16 +254,31 @@ def closed_transport_is_lost(base: type[AbstractConnection]) -> type[AbstractCon
         class Guarded(base):  # type: ignore[valid-type,misc]
             async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
                 try:
-                    await super().send_packed_command(command, check_health)
+                    if _WAIT_FOR_LOSES_CANCELS and cast(AbstractConnection, self).socket_timeout:
+                        await self._send_within_timeout(command, check_health)
+                    else:
+                        await super().send_packed_command(command, check_health)
                 except RuntimeError as exc:
                     if not _is_closed_transport(exc):
                         raise
                     await self.disconnect(nowait=True)
                     raise RedisConnectionError(f"connection to Redis lost while writing: {exc}") from exc
 
-        Guarded.__name__ = Guarded.__qualname__ = f"ClosedTransportIsLost{base.__name__}"
+            async def _send_within_timeout(self, command: Any, check_health: bool) -> None:
+                """redis-py's write bounded by asyncio.timeout, which passes a cancellation on, not by wait_for."""
+                connection = cast(AbstractConnection, self)
+                socket_timeout, connection.socket_timeout = connection.socket_timeout, None
+                try:
+                    async with asyncio.timeout(socket_timeout):
+                        await super().send_packed_command(command, check_health)
+                except TimeoutError:
+                    raise RedisTimeoutError("Timeout writing to socket") from None  # disconnected, as redis-py does
+                finally:
+                    connection.socket_timeout = socket_timeout
+
+        Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
         guarded = _GUARDED[base] = Guarded
-    return guarded
+    return cast(type[C], guarded)
 
 
 def _is_closed_transport(exc: RuntimeError) -> bool:
