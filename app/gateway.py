@@ -73,7 +73,7 @@ from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.runtime import trace_context, tracing
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals
-from streamserve.wire.config import GATEWAY_PREFIX, RESERVED_ROUTE_PREFIXES
+from streamserve.wire.config import RESERVED_ROUTE_PREFIXES
 from streamserve.wire.errors import (
     BadRequestError,
     HeadersTooLargeError,
@@ -141,13 +141,14 @@ class Gateway:
     def refuse_method(self, request: Request, gateway_routes: list[BaseRoute]) -> Response:
         """What no route takes: 405 with ``Allow`` where the path is served with other methods, else 404.
 
-        ``gateway_routes``: the gateway's own routes (``/-/...``), asked which methods they answer for the path.
+        ``gateway_routes``: the gateway's own routes (``/-/...``, ``/metrics``), asked which methods they answer for
+        the path.
         """
         given, request_id = _request_id(request.headers.get("x-request-id"))
         path = request.url.path
         try:
-            _check_request_id(given, request_id)
-            if path.startswith(GATEWAY_PREFIX) and (allowed := _methods_answered(gateway_routes, path)):
+            _check_request_id(given, request_id, len(request.headers.getlist("x-request-id")))
+            if path.startswith(RESERVED_ROUTE_PREFIXES) and (allowed := _methods_answered(gateway_routes, path)):
                 raise MethodNotAllowedError(f"{request.method} {path}: not answered here", allowed)
             self.match(path)
             raise MethodNotAllowedError(f"{request.method} {path}: deployments answer POST only")
@@ -214,7 +215,8 @@ class Gateway:
             # First: with tenant keys, nothing else of a request without a known key is looked at (its path, its
             # body); a 400 below is counted under its tenant.
             exchange.tenant = tenant = self.tenant_of(headers)
-            _check_request_id(exchange.given_id, exchange.request_id)
+            given = exchange.given_id
+            _check_request_id(given, exchange.request_id, 0 if given is None else len(headers.getlist(b"x-request-id")))
             exchange.deployment = name = self.match(scope["path"])
             limit = self.settings.max_request_bytes
             length, timeout_s = headers.get(b"content-length"), self.settings.body_timeout_s
@@ -423,7 +425,10 @@ def _request_id(given: str | None) -> tuple[str | None, str]:
     return given, given if given is not None and REQUEST_ID_RE.match(given) else new_request_id()
 
 
-def _check_request_id(given: str | None, request_id: str) -> None:
+def _check_request_id(given: str | None, request_id: str, copies: int) -> None:
+    """400 for an X-Request-ID that is not one, or sent more than once (``copies``: how many the request has)."""
+    if copies > 1:
+        raise BadRequestError(f"a request takes one X-Request-ID header, got {copies}")
     if given is not None and given != request_id:
         raise BadRequestError("X-Request-ID must be 1-128 of A-Z a-z 0-9 . _ : -")
 
@@ -531,7 +536,7 @@ class GatewayApp:
         if scope["type"] != "http":
             await self.api(scope, receive, self._plain_startup_failure(send))  # lifespan
             return
-        deployment_post = scope["method"] == "POST" and not scope["path"].startswith(GATEWAY_PREFIX)
+        deployment_post = scope["method"] == "POST" and not scope["path"].startswith(RESERVED_ROUTE_PREFIXES)
         if deployment_post and self._headers_fit(scope):
             await self.gateway.serve(scope, receive, send)
             return

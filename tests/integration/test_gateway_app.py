@@ -56,6 +56,10 @@ async def test_errors(start_replica: StartReplica, http: httpx.AsyncClient, sett
     for header in ("X-Priority", "X-Tenant", "X-Model-Id"):  # one value or none: two are no answer to pick from
         twice = await http.post("/rec", json=1, headers=[(header, "high"), (header, "low")])
         assert twice.status_code == 400 and f"one {header} header" in twice.json()["message"], twice.text
+    for path in ("/rec", "/-/nothing"):  # which id is the request's? (the first answers the error)
+        twice = await http.request("POST", path, json=1, headers=[("X-Request-ID", "a-1"), ("X-Request-ID", "b-2")])
+        assert twice.status_code == 400 and twice.headers["x-request-id"] == "a-1", twice.text
+        assert twice.json()["message"] == "a request takes one X-Request-ID header, got 2", twice.text
     accented = await http.post("/rec", json=1, headers=[("X-Priority", "lów".encode())])
     assert accented.status_code == 400 and "'lów'" in accented.json()["message"], accented.text  # as sent (UTF-8)
     # A long bad value is named by its start and its length, not repeated whole (headers may hold 64 KiB).
@@ -150,6 +154,9 @@ async def test_every_error_has_our_shape(start_replica: StartReplica, settings: 
         assert wrong_method.json()["request_id"] == wrong_method.headers["x-request-id"]
         nowhere = await http.delete("/nothing")
         assert nowhere.status_code == 404 and nowhere.json()["error"] == "NotFoundError"
+        for method in ("POST", "PUT", "DELETE"):  # the gateway's own path, though not under /-/
+            not_metrics = await http.request(method, "/metrics")
+            assert not_metrics.status_code == 405 and not_metrics.headers["allow"] == "GET", (method, not_metrics.text)
         bad_id = await http.post("/rec", json=1, headers={"X-Request-ID": "a b"})
         assert bad_id.status_code == 400 and "X-Request-ID" in bad_id.json()["message"]
         assert bad_id.json()["request_id"] == bad_id.headers["x-request-id"] != "a b"
