@@ -26,7 +26,7 @@ class LeaderLock:
         self._ttl_ms = int(ttl_s * 1000)
         self.holder_id = new_caller_id()
         self._renew = redis.register_script(scripts.RENEW_LOCK)
-        self._release = redis.register_script(scripts.RELEASE_LOCK)
+        self._release = redis.register_script(scripts.DELETE_IF_VALUE)
         self.held = False
         self.writes_refused = False  # the last renewal found Redis out of memory
 

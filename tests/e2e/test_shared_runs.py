@@ -19,6 +19,7 @@ import httpx
 import orjson
 import pytest
 import redis
+from rq.job import Job
 
 from streamserve import BadRequestError, Client, GoalFailedError, RemoteError
 from streamserve.wire.config import AppConfig, DeploymentConfig, ResponseCacheConfig
@@ -567,6 +568,16 @@ def test_a_job_submitted_again_with_its_key_is_the_same_job(farm: Farm, store: r
         "status": "finished",
     }
     assert runs(store, tag) == 1
+    # Its result's TTL (an hour by default, the key's a day) passes: RQ deletes the job. A retry with the key then
+    # queues a new job, which runs, rather than being told "queued" of one that is gone.
+    claim = KEYS.job_idempotency("counted", tag)
+    named, digest, claimed_ms = orjson.loads(store.get(claim))
+    store.set(claim, orjson.dumps([named, digest, claimed_ms - 61_000]), keepttl=True)  # (long queued)
+    assert store.delete(Job.key_for(job_id)) == 1
+    retried = post(farm.base_url, "/counted", {"tag": tag}, tag, **prefer)
+    assert retried.status_code == 202 and retried.json()["job_id"] != job_id, retried.text
+    assert retried.json()["status"] == "queued"
+    wait_for(lambda: runs(store, tag) == 2, WAIT_S, "the new job did not run")
 
 
 def test_a_deployment_deleted_and_made_again_runs_its_keyed_jobs_again(

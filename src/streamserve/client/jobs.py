@@ -162,6 +162,21 @@ def jobs_redis_url(settings: Settings) -> str:
     )
 
 
+# How long a call that claimed a job idempotency key has to queue its job: until then, a retry that finds no job
+# takes it to be on its way (the retry policy's own attempts take seconds at most).
+CLAIM_QUEUEING_MS = 60_000
+
+
+def _claim_record(claim: str, raw: bytes | str) -> tuple[str, str, int]:
+    """A job idempotency record (Keys.job_idempotency) as (job id, digest, when it was claimed: epoch ms; 0 for a
+    record written before it said)."""
+    try:
+        earlier_id, digest, *claimed = orjson.loads(raw)
+        return str(earlier_id), str(digest), int(claimed[0]) if claimed else 0
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(f"malformed job idempotency record {claim}: {exc}") from exc
+
+
 class JobQueue:
     """The RQ queue of one key prefix, with JSON serialisation and our TTL."""
 
@@ -173,6 +188,7 @@ class JobQueue:
         self.queue = Queue(keys.jobs_queue(), connection=connection, serializer=JOB_SERIALIZER, job_class=GuardedJob)
         self._admit = connection.register_script(scripts.ADMIT_JOB)
         self._requeue = connection.register_script(scripts.REQUEUE_STRANDED_JOB)
+        self._delete_if_value = connection.register_script(scripts.DELETE_IF_VALUE)
         self._stranded_since: dict[str, float] = {}  # job id -> when requeue_stranded first saw it taken, not started
 
     def enqueue(
@@ -224,24 +240,30 @@ class JobQueue:
 
     def _claim(self, claim: str, key: str, job_id: str, digest: str, ttl_s: float) -> str | None:
         """Take idempotency key ``key`` (its record ``claim``) for job ``job_id``: None when it is ours now, else the
-        job id it named already."""
-        mine = orjson.dumps([job_id, digest])
+        job id it named already. A key whose job is gone (its result's TTL, shorter than the key's, passed) is taken
+        anew: there is no job to name, and a retry that was told "queued" would wait for one that never comes."""
+        mine = orjson.dumps([job_id, digest, now_ms()])
         while True:
             if self.connection.set(claim, mine, nx=True, px=int(ttl_s * 1000)):
                 return None
             raw = self.connection.get(claim)
             if raw is None:  # it expired (or its job could not be queued) just now
                 continue
-            try:
-                earlier_id, earlier_digest = orjson.loads(raw)
-            except (ValueError, TypeError) as exc:
-                raise ProtocolError(f"malformed job idempotency record {claim}: {exc}") from exc
+            earlier_id, earlier_digest, claimed_ms = _claim_record(claim, raw)
             if earlier_digest != digest:
                 raise IdempotencyKeyMismatchError(
                     f"idempotency key {key!r} queued a job before with another method, model or body: "
                     "a retry must repeat its request exactly, and a new request needs a new key"
                 )
-            return str(earlier_id)
+            if self._gone(earlier_id, claimed_ms):
+                self._delete_if_value(keys=[claim], args=[raw])  # unless another retry took it meanwhile
+                continue
+            return earlier_id
+
+    def _gone(self, job_id: str, claimed_ms: int) -> bool:
+        """Whether job ``job_id``, named by a key claimed at ``claimed_ms``, no longer exists (not: it is being queued
+        by the call that claimed the key, which has CLAIM_QUEUEING_MS to do so)."""
+        return now_ms() - claimed_ms > CLAIM_QUEUEING_MS and not self.connection.exists(Job.key_for(job_id))
 
     def _enqueue(
         self,

@@ -127,8 +127,8 @@ class Keys:
 
     def job_idempotency(self, name: str, key: str, tenant: str = DEFAULT_TENANT) -> str:
         """String with expiry (idempotency_ttl_s): the job that idempotency key ``key`` of ``tenant`` for deployment
-        or endpoint ``name`` queued, as JSON ``[job id, digest of method and body]``, set once (SET NX). Lives with
-        RQ's keys, in the jobs' Redis."""
+        or endpoint ``name`` queued, as JSON ``[job id, digest of method and body, when it was claimed (epoch ms)]``,
+        set once (SET NX), taken anew once its job is gone. Lives with RQ's keys, in the jobs' Redis."""
         return f"{self.prefix}:jobs:idem:{name}{_of_tenant(tenant)}:{key}"
 
     def job_idempotency_pattern(self, name: str) -> str:

@@ -413,9 +413,9 @@ end
 return {0, 0}
 """
 
-RELEASE_LOCK = """
--- Delete a lock only if we hold it.
--- KEYS[1] the lock key; ARGV[1] our holder id
+DELETE_IF_VALUE = """
+-- Delete a key only if it still holds the value we read (a lock we hold, a record nobody replaced since).
+-- KEYS[1] the key; ARGV[1] that value
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
