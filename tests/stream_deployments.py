@@ -20,12 +20,14 @@ YIELDED: Counter[str] = Counter()
 FINALLY_RAN: set[str] = set()
 # How many times any generator here was started, in this process.
 STARTED: Counter[str] = Counter()
+ENDED: Counter[str] = Counter()  # generators that yielded their last chunk
 
 
 def reset() -> None:
     YIELDED.clear()
     FINALLY_RAN.clear()
     STARTED.clear()
+    ENDED.clear()
 
 
 def count_to(n: int) -> Iterator[dict[str, int]]:
@@ -33,6 +35,7 @@ def count_to(n: int) -> Iterator[dict[str, int]]:
     STARTED["count_to"] += 1
     for i in range(n):
         yield {"i": i}
+    ENDED["count_to"] += 1
 
 
 async def acount_to(n: int) -> AsyncIterator[dict[str, int]]:
@@ -40,6 +43,7 @@ async def acount_to(n: int) -> AsyncIterator[dict[str, int]]:
     STARTED["acount_to"] += 1
     for i in range(n):
         yield {"i": i}
+    ENDED["acount_to"] += 1
 
 
 class Tokens:

@@ -496,17 +496,10 @@ class Serving:
     def _start_stream(
         self, entry_id: bytes, request: Request, handler: Handler, body: Any, scope: RequestScope, started_at: float
     ) -> Reply | None:
-        """Run a streaming handler (workers/streaming.py); a BAD_REQUEST for a caller that takes no stream."""
-        if not (request.stream and request.reply_to):
+        """Run a streaming handler (workers/streaming.py); a BAD_REQUEST for a caller that waits for one result (a
+        request that nobody waits for, send()'s or an endpoint's shadow copy, runs with its chunks dropped)."""
+        if request.reply_to and not request.stream:
             method = f" (method {request.method!r})" if request.method else ""
-            if not request.reply_to:  # send(): nobody to tell but the log
-                logger.warning(
-                    "replica %s: request %s not run: deployment %r%s streams its answer, and send() takes none",
-                    self._consumer,
-                    request.request_id,
-                    self._name,
-                    method,
-                )
             return request.reply(
                 ReplyStatus.BAD_REQUEST,
                 self._consumer,
@@ -514,7 +507,7 @@ class Serving:
                     f"deployment {self._name!r}{method} streams its answer: call it with Client.stream() or "
                     "AsyncClient.stream() (a handle's stream() or astream())"
                     + ("" if request.method else ", or over HTTP")
-                    + "; call(), submit(), send() and jobs take one result"
+                    + "; call(), submit() and jobs take one result"
                 ),
             )
         stream = self.streams.start(request, handler, body, self.config, scope)

@@ -56,6 +56,9 @@ from streamserve.workers.threads import HandlerThreads
 logger = logging.getLogger(__name__)
 
 
+# The window of a stream that nobody reads (no reply stream): no reader ever reports progress, and none is awaited.
+UNREAD_WINDOW = 2**62
+
 # Serving's reply to a request whose handler raised (logged there): (request, exception, message prefix).
 UserError = Callable[[Request, BaseException, str], Reply]
 
@@ -129,6 +132,7 @@ class Stream:
         # than max_response_bytes (then its size is in _kept_bytes).
         self._kept: list[bytes] | None = [] if request.idem else None
         self._kept_bytes = 0
+        self._unread = not request.reply_to  # nobody reads its chunks: dropped as they come
 
     # -- starting and stopping ---------------------------------------------------
 
@@ -331,10 +335,19 @@ class Stream:
             return
         if self._undeliverable or self._cancelled:
             self._queue.clear()
+        elif self._unread and self._queue:
+            self._drop_unread()
         if self._queue:
             self._batcher.ready(self, at_once or self._sent == 0)  # the first chunk is what the caller waits for
         else:
             self._finish_if_ended()
+
+    def _drop_unread(self) -> None:
+        """A stream nobody reads: its chunks count as delivered at once (kept, for an idempotency key's retries)."""
+        chunks, self._queue = self._queue, []
+        if self._request.idem:
+            self._keep(b"\n".join(chunks))
+        self._delivered += len(chunks)
 
     def take(self, room: int) -> Taken | str | None:
         """The batcher's: this stream's next part (chunk_batches.ChunkSource)."""
@@ -485,7 +498,8 @@ class Streams:
                 self._pipeliner, request.reply_to, self._replica.replica_id
             )
         batcher.streams += 1
-        stream = Stream(request, self._replica, batcher, config.max_unread_chunks, config.max_response_bytes, scope)
+        window = config.max_unread_chunks if request.reply_to else UNREAD_WINDOW
+        stream = Stream(request, self._replica, batcher, window, config.max_response_bytes, scope)
         stream.start(handler, body)
         self._running[stream.key] = stream
         stream.outcome.add_done_callback(functools.partial(self._ended, stream))

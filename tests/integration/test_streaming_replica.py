@@ -331,20 +331,36 @@ async def test_a_streaming_handler_called_without_the_stream_flag_is_refused_nam
     assert stream_deployments.STARTED["count_to"] == 0  # not run
 
 
-async def test_a_send_to_a_streaming_deployment_is_not_run_and_says_so_in_the_log(
-    start_replica: StartReplica, client: AsyncClient, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("attr", ["count_to", "acount_to"])
+async def test_a_send_to_a_streaming_deployment_runs_it_to_its_end(
+    start_replica: StartReplica, client: AsyncClient, aredis: aioredis.Redis, settings: Settings, attr: str
 ) -> None:
-    """send() takes no answer, so the refusal has nobody to reach but the replica's log (it went nowhere)."""
-    await serve(start_replica, "count_to")
-    request_id = await client.send(NAME, 3)
+    """send() (and an endpoint's shadow copy) takes no answer: the generator runs all the same, never paused for a
+    reader (more chunks than max_unread_chunks), and its request is done with; with an idempotency key, a stream
+    sent later with the key gets its chunks."""
+    await serve(start_replica, attr)
+    await client.send(NAME, 200)
 
-    async def logged() -> bool:
-        return any(request_id in record.getMessage() for record in caplog.records)
+    async def ended() -> bool:
+        return stream_deployments.ENDED[attr] == 1
 
-    await wait_for_async(logged, 10)
-    [line] = [record.getMessage() for record in caplog.records if request_id in record.getMessage()]
-    assert line.endswith(f"request {request_id} not run: deployment 'tokens' streams its answer, and send() takes none")
-    assert stream_deployments.STARTED["count_to"] == 0
+    await wait_for_async(ended, 10, "the generator did not run to its end")
+    requests = settings.keys.requests(NAME)
+
+    async def acked() -> bool:
+        return (await aredis.xpending(requests, CONSUMER_GROUP))["pending"] == 0
+
+    await wait_for_async(acked, 10, "the request was not acknowledged")
+    await client.send(NAME, 3, idempotency_key="sent-once")
+    await wait_for_async(lambda: _ended_twice(attr), 10, "the keyed send did not run")
+    assert [chunk async for chunk in client.stream(NAME, 3, idempotency_key="sent-once")] == [
+        {"i": i} for i in range(3)
+    ]
+    assert stream_deployments.STARTED[attr] == 2
+
+
+async def _ended_twice(attr: str) -> bool:
+    return stream_deployments.ENDED[attr] == 2
 
 
 async def test_a_unary_handler_answers_as_ever_when_asked_for_a_stream(
