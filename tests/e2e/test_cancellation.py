@@ -13,6 +13,8 @@ import gc
 import os
 import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -31,6 +33,7 @@ from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from streamserve.wire.messages import CancelRequest, Request, now_ms
 from tests.cancel_deployments import events_key
 from tests.harness.farm import Farm, running_farm_of
+from tests.harness.paths import python_path
 from tests.harness.waiting import wait_for, wait_for_async
 
 pytestmark = pytest.mark.e2e
@@ -327,6 +330,35 @@ def test_cancelling_a_submitted_future_cancels_the_handler(farm: Farm, store: re
         wait_events(store, tag, "start")
         assert future.cancel()
         assert wait_events(store, tag, "finally") == ["start", "cancelled", "finally"]
+
+
+# A script whose blocking call is cut short by Ctrl-C, then ends (its Client left open, as a script's often is).
+INTERRUPTED_SCRIPT = """
+import sys
+from streamserve import Client
+
+client = Client(sys.argv[1])
+client.call("await", {"tag": sys.argv[2]}, timeout=60)
+"""
+
+
+def test_ctrl_c_during_a_blocking_call_cancels_the_handler(farm: Farm, store: redis.Redis, tag: str) -> None:
+    script = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_SCRIPT, farm.effective_redis_url, tag],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": python_path()},
+    )
+    try:
+        wait_events(store, tag, "start")
+        script.send_signal(signal.SIGINT)
+        _out, err = script.communicate(timeout=REACH_S)
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+    assert b"KeyboardInterrupt" in err, err
+    assert wait_events(store, tag, "finally") == ["start", "cancelled", "finally"]
 
 
 # -- the deadline passes while it runs -------------------------------------------------------------------------------

@@ -101,6 +101,11 @@ class Canceller:
         if not task.cancelled() and (error := task.exception()) is not None:
             logger.warning("could not cancel a request its caller stopped waiting for: %s", error)
 
+    async def sent(self, within_s: float) -> None:
+        """Wait (at most ``within_s``) for the cancellations on their way."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=within_s)
+
     async def aclose(self) -> None:
         """Wait for the cancellations on their way (before the connections close); start no more."""
         self._closed = True

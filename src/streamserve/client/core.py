@@ -110,6 +110,13 @@ class ClientCore:
             self._start_lock = asyncio.Lock()
         return self._start_lock
 
+    async def _cancels_sent(self, within_s: float) -> None:
+        """Wait (at most ``within_s``) for the cancellations of calls whose callers stopped waiting: the blocking
+        Client's, before the KeyboardInterrupt that cut its wait goes on."""
+        await asyncio.sleep(0)  # a call cancelled just now asks for its cancellation on its next step
+        if self._canceller is not None:
+            await self._canceller.sent(within_s)
+
     async def aclose(self) -> None:
         """Stop the reader, fail what is still waiting, drop the reply stream and disconnect. The client may be
         started again (``async with`` it once more, or call it): it connects anew, on whatever loop runs then."""

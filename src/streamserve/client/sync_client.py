@@ -30,6 +30,8 @@ from streamserve.wire.tenants import tenant_of
 
 P = ParamSpec("P")
 T = TypeVar("T")
+# How long a call cut short by Ctrl-C waits for its cancellation to be sent before the interruption goes on.
+CANCEL_SENT_WITHIN_S = 1.0
 
 # AsyncClient's public names that Client has no blocking twin of, and why.
 ASYNC_ONLY = frozenset(
@@ -54,7 +56,7 @@ def _blocking(
     """The Client method that runs AsyncClient's coroutine ``method`` on the client's loop and waits for its end."""
 
     def run(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._run(method(self._async, *args, **kwargs)).result()
+        return self._result(self._run(method(self._async, *args, **kwargs)))
 
     return _twin_of(method, run, "waits while it runs on the client's event loop")
 
@@ -103,6 +105,18 @@ class Client:
         # (The call's task runs in a copy of this thread's context: a trace current here is current there.)
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
+    def _result(self, running: concurrent.futures.Future[T]) -> T:
+        """What ``running`` (from ``_run``) ends with. A wait cut short (Ctrl-C: KeyboardInterrupt) leaves nobody to
+        wait for it: it is cancelled, as an AsyncClient call whose task is, and the cancellation is sent before the
+        interruption goes on (the program may be on its way out)."""
+        try:
+            return running.result()
+        except BaseException:
+            if running.cancel():
+                with contextlib.suppress(Exception, KeyboardInterrupt):
+                    self._run(self._async._cancels_sent(CANCEL_SENT_WITHIN_S)).result(CANCEL_SENT_WITHIN_S + 1)
+            raise
+
     # -- the hot path, written out --------------------------------------------------
 
     def call(
@@ -131,7 +145,7 @@ class Client:
             tenant=tenant,
             model_id=model_id,
         )
-        return future.result()
+        return self._result(future)
 
     def submit(
         self,
