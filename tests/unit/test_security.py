@@ -11,6 +11,7 @@ from streamserve.control.security import ImportAllowList, check_exposure, is_loo
 from streamserve.runtime.processes import without_secret_urls
 from streamserve.runtime.settings import Settings
 from streamserve.scheduler.launcher import ProcessLauncher
+from streamserve.transport.connections import redacted
 from streamserve.wire.errors import ConfigError
 
 
@@ -139,3 +140,24 @@ def test_a_password_on_the_command_line_moves_to_the_environment(
         return
     assert result is not None and result[0] == kept
     assert "pw" in result[1]["STREAMSERVE_REDIS_URL"] and not any("pw" in arg for arg in result[0])
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@127.0.0.1:6379/0", "redis://***@127.0.0.1:6379/0"),
+        ("redis://user:pw@h:6379/0", "redis://***@h:6379/0"),
+        (
+            "redis://:first-half@second-half@h:6379/0",
+            "redis://***@h:6379/0",
+        ),  # redis-py takes the whole as the password
+        ("unix:///run/r.sock?db=2&password=s3cr3t", "unix:///run/r.sock?db=2&password=***"),
+        ("redis://h:6379/9?password=s3cr3t&db=1", "redis://h:6379/9?password=***&db=1"),
+        ("rediss://:pw@h:6380/0?ssl_ca_certs=/etc/a@b/ca.crt", "rediss://***@h:6380/0?ssl_ca_certs=/etc/a@b/ca.crt"),
+        ("redis://h:6379/0?nopassword=1", "redis://h:6379/0?nopassword=1"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ],
+)
+def test_messages_show_redis_urls_without_their_passwords(url: str, shown: str) -> None:
+    """What error bodies (``/-/healthz`` among them), the banner and the logs say of a Redis URL."""
+    assert redacted(url) == shown

@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -302,11 +303,19 @@ def sync_redis(url: str, *, max_connections: int | None = None) -> redis.Redis:
 
 
 def redacted(url: str) -> str:
-    """The URL with any user and password replaced by ``***``, for messages and logs."""
+    """The URL with any user and password replaced by ``***``, for messages and logs: the ``user:password@`` before
+    its host (up to the last ``@``: redis-py takes a password with an ``@`` in it as it is) and a ``password=`` of
+    its query (how a unix:// URL gives one)."""
     scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return f"{scheme}{sep}{rest}"
+    address, question, query = rest.partition("?")
+    if "@" in address:
+        address = "***@" + address.rpartition("@")[2]
+    if question:
+        query = _QUERY_PASSWORD.sub(r"\1=***", query)
+    return f"{scheme}{sep}{address}{question}{query}"
+
+
+_QUERY_PASSWORD = re.compile(r"(?<![^&])(password)=[^&]*", re.IGNORECASE)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
