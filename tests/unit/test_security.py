@@ -128,6 +128,8 @@ def test_replicas_are_started_without_the_tenant_keys_file() -> None:
         (["status", "--redis-url", "unix:///run/redis.sock?password=pw"], ["status"], True),
         (["status", "--redis-url", "redis://h:1/0"], None, False),  # no password: nothing to hide
         (["status"], None, False),
+        # Refused at once (the password belongs in the Secret): moved, it was lost, and manifests for a new Redis made.
+        (["manifests", "c.yaml", "--image", "i", "--redis-url", "redis://:pw@h:1/0"], None, False),
     ],
 )
 def test_a_password_on_the_command_line_moves_to_the_environment(

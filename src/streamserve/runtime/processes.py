@@ -168,7 +168,9 @@ SECRET_URL_OPTIONS = {"--redis-url": "STREAMSERVE_REDIS_URL"}
 def without_secret_urls(argv: list[str]) -> tuple[list[str], dict[str, str]] | None:
     """``argv`` with every URL option that holds a password (``user:pw@``, or unix://'s ``?password=``) taken
     out, and the environment that says the same (STREAMSERVE_REDIS_URL wins over REDIS_URL, as --redis-url does);
-    None when there is no such option."""
+    None when there is no such option (or the command is ``manifests``, which is told no password at once)."""
+    if argv[:1] == ["manifests"]:
+        return None  # its --redis-url is the cluster's Redis, taken from no environment: it refuses one with a password
     kept: list[str] = []
     env: dict[str, str] = {}
     args = iter(argv)
