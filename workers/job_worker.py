@@ -45,7 +45,7 @@ from streamserve.runtime.lifeline import FARM_GONE_DRAIN_S, FARM_GONE_WIND_DOWN_
 from streamserve.runtime.logging_setup import start_process
 from streamserve.runtime.settings import Settings, forget_gateway_secrets
 from streamserve.transport.backoff import Backoff
-from streamserve.transport.connections import MemoryRefusals, stop_retrying, sync_redis
+from streamserve.transport.connections import MemoryRefusals, redacted, stop_retrying, sync_redis
 from streamserve.wire.errors import RequestCancelledError
 from streamserve.workers import job_function
 
@@ -220,18 +220,25 @@ def leave_with_the_farm(worker: JobWorker, settings: Settings) -> None:
 def main(argv: list[str] | None = None) -> int:
     _args, settings = start_process(build_parser(), argv)
     forget_gateway_secrets()  # it needs none, and passes its environment on to nothing that should have them
-    connection = sync_redis(jobs_redis_url(settings))
+    url = jobs_redis_url(settings)
+    connection = sync_redis(url)
     policy = connection.get_retry()
     assert policy is not None  # sync_redis gives every connection the shared policy
     connection.set_retry(WaitWhileFull(policy, MemoryRefusals(logger, f"job worker {os.getpid()}")))
     queue = JobQueue(connection, settings.keys, settings.job_result_ttl_s).queue
     job_function.configure(settings)
-    worker = JobWorker(
-        [queue],
-        connection=connection,
-        serializer=JOB_SERIALIZER,
-        name=job_worker_name(os.getpid()),
-    )
+    try:  # (RQ's worker asks Redis as it is made)
+        worker = JobWorker(
+            [queue],
+            connection=connection,
+            serializer=JOB_SERIALIZER,
+            name=job_worker_name(os.getpid()),
+        )
+    except redis.RedisError as exc:  # unreachable after the retry policy, or the password refused: one line
+        logger.error("job worker %s: cannot reach Redis at %s: %s; exiting", os.getpid(), redacted(url), exc)
+        job_function.close()
+        connection.close()
+        return 1
     logger.info("job worker %s: serving queue %s", worker.name, queue.name)
     leave_with_the_farm(worker, settings)
     try:

@@ -173,3 +173,14 @@ def test_a_job_worker_whose_redis_is_gone_stops_with_one_line(tmp_path: Path) ->
         server.stop()
     text = log.read_text()
     assert "Redis is unreachable" in text and "Traceback" not in text, text
+
+
+def test_a_job_worker_that_cannot_reach_redis_says_so_in_one_line_and_exits_1() -> None:
+    """As the gateway and the replica worker do: no traceback of RQ's worker, which asks Redis as it is made."""
+    url = f"redis://:s3cret@127.0.0.1:{free_port()}/0"  # nothing listens there
+    done = subprocess.run(
+        [STREAMSERVE, "job-worker", "--redis-url", url], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 1, done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.strip()]
+    assert "job worker" in line and "cannot reach Redis at redis://***@127.0.0.1:" in line, done.stderr
