@@ -103,6 +103,27 @@ def test_up_with_an_endpoint_to_no_deployment_exits_2_naming_the_file_and_leaves
     assert port_is_free("127.0.0.1", redis_port)  # its embedded Redis stopped with it
 
 
+def test_up_whose_jobs_redis_does_not_answer_says_so_and_leaves_nothing(tmp_path: Path) -> None:
+    """Its job workers would fail on it, and be restarted with backoff for good: `up` stops first, in one line."""
+    config = tmp_path / "farm.yaml"
+    config.write_text("deployments: []\n")
+    redis_port = free_port()
+    jobs_url = f"redis://:s3cret@127.0.0.1:{free_port()}/2"  # nothing listens there
+    command = [STREAMSERVE, "up", str(config), "--port", str(free_port()), "--redis-port", str(redis_port)]
+    result = subprocess.run(
+        [*command, "--data-dir", str(tmp_path / "data")],
+        cwd=ROOT,
+        env={**os.environ, "STREAMSERVE_JOBS_REDIS_URL": jobs_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("error: cannot reach Redis at redis://***@127.0.0.1:"), result.stderr
+    assert "s3cret" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert port_is_free("127.0.0.1", redis_port)  # its embedded Redis stopped with it
+
+
 def test_up_says_which_deployment_cannot_start_and_serves_the_rest(tmp_path: Path) -> None:
     config = tmp_path / "mixed.yaml"
     config.write_text(

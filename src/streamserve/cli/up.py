@@ -104,6 +104,17 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
     return Farm(settings, options).run()
 
 
+def _check_answers(url: str) -> None:
+    """RedisUnavailableError, naming the Redis at ``url`` without its password, unless it answers (and takes the
+    password given): the job workers' Redis, which they would otherwise fail on, restarted with backoff for good."""
+    connection = sync_redis(url)
+    try:
+        with RedisRefusals(url):
+            connection.ping()
+    finally:
+        connection.close()
+
+
 def _own_command() -> str:
     """How the user ran us (``.venv/bin/streamserve`` or ``streamserve``), to print commands they can paste."""
     argv0 = sys.argv[0]
@@ -215,7 +226,9 @@ class Farm:
         elif self.settings.check_redis and (lines := redis_problems(self.settings.effective_redis_url)):
             print(f"warning: {warning_text(self.settings.effective_redis_url, lines)}", file=sys.stderr, flush=True)
         if self.settings.job_workers:
-            jobs_redis_url(self.settings)  # on a Redis Cluster, refused now, naming the fix
+            jobs_url = jobs_redis_url(self.settings)  # on a Redis Cluster, refused now, naming the fix
+            if jobs_url != self.settings.effective_redis_url:  # a Redis of their own: it answers, or up stops here
+                _check_answers(jobs_url)
         # Replicas watch this process through its lifeline: killed with -9, it cannot stop them, so they leave by
         # themselves. The Redis is checked (the embedded one keeps everything): the processes started here need not
         # warn.
