@@ -148,8 +148,11 @@ class Gateway:
         path = request.url.path
         try:
             _check_request_id(given, request_id, len(request.headers.getlist("x-request-id")))
-            if path.startswith(RESERVED_ROUTE_PREFIXES) and (allowed := _methods_answered(gateway_routes, path)):
-                raise MethodNotAllowedError(f"{request.method} {path}: not answered here", allowed)
+            if path.startswith(RESERVED_ROUTE_PREFIXES):
+                if allowed := _methods_answered(gateway_routes, path):
+                    raise MethodNotAllowedError(f"{request.method} {path}: not answered here", allowed)
+            else:  # with tenant keys, a caller without one learns nothing of the deployments' routes (405 or 404)
+                self.tenant_of(_Headers(request.scope["headers"]))
             self.match(path)
             raise MethodNotAllowedError(f"{request.method} {path}: deployments answer POST only")
         except StreamServeError as exc:

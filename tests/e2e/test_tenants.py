@@ -281,6 +281,11 @@ def test_with_tenant_keys_a_request_needs_a_known_key_which_decides_its_tenant(
         not_json = httpx.post(url + "/counted", content=b"{", headers={"X-Request-Timeout": "x"}, timeout=30)
         assert not_json.status_code == 401
         assert httpx.post(url + "/no-such-route", json=body, timeout=30).status_code == 401
+        for method, path in (("GET", "/counted"), ("DELETE", "/counted"), ("GET", "/no-such-route")):  # 405 or 404
+            assert httpx.request(method, url + path, timeout=30).status_code == 401, (method, path)
+        acme = {"Authorization": f"Bearer {KEY_ACME}"}
+        assert httpx.get(url + "/counted", headers=acme, timeout=30).status_code == 405  # told with a key
+        assert httpx.get(url + "/-/healthz", timeout=30).status_code == 200  # the gateway's own routes: as ever
         wrong = httpx.post(url + "/counted", json=body, headers={"Authorization": "Bearer " + "x" * 32}, timeout=30)
         assert wrong.status_code == 401
         two = [("Authorization", f"Bearer {KEY_ACME}"), ("Authorization", f"Bearer {KEY_GLOBEX}")]
