@@ -326,7 +326,9 @@ class SlowStart:
 
 
 def sized(body: dict[str, Any]) -> str:
-    """A string of ``body["bytes"]`` characters (its JSON two more): a result as large as a test needs."""
+    """A string of ``body["bytes"]`` characters (its JSON two more): a result as large as a test needs;
+    ``{"wait_for": PATH}`` first holds until PATH exists (20 s at most)."""
+    _hold(body)
     return "x" * int(body["bytes"])
 
 

@@ -112,6 +112,37 @@ def test_a_reply_redis_cannot_store_fails_alone(farm: Farm, tmp_path: Path) -> N
         admin.close()
 
 
+def test_a_keyed_reply_kept_though_redis_refused_its_copy_reaches_its_caller(farm: Farm, tmp_path: Path) -> None:
+    """The run's reply is kept under its idempotency key (it fitted), then Redis is full and refuses the caller's
+    copy of it: the caller, at its deadline, takes the kept reply (it waited 504 while a retry got it at once)."""
+    admin = redis.Redis.from_url(farm.effective_redis_url, socket_timeout=5)
+    hold = tmp_path / "hold-keyed"
+    size = 4 * 2**20
+    body = {"bytes": size, "wait_for": str(hold)}
+    headers = {"X-Request-Timeout": "6", "Idempotency-Key": "kept-not-sent"}
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                sent = pool.submit(httpx.post, f"{farm.base_url}/big", json=body, headers=headers, timeout=30)
+                wait_for(lambda: held_by(admin, "big") == 1, 10, "the keyed request did not reach its replica")
+                used = int(admin.info("memory")["used_memory"])
+                admin.config_set("maxmemory", used + size // 2)  # room for the kept reply, not for its copy too
+                hold.touch()
+                answer = sent.result(timeout=30)
+            finally:
+                hold.touch()
+                admin.config_set("maxmemory", ROOMY)
+        assert answer.status_code == 200, answer.text[:500]
+        assert answer.json() == "x" * size
+    finally:
+        admin.close()
+
+
+def held_by(admin: redis.Redis, deployment: str) -> int:
+    """Requests of ``deployment`` its replicas hold (delivered, not yet acknowledged)."""
+    return sum(int(group["pending"]) for group in admin.xinfo_groups(Keys().requests(deployment)))
+
+
 def running_replicas(farm: Farm) -> dict[str, int]:
     """replica id -> pid of every RUNNING replica of the farm."""
     status = farm.status()

@@ -15,11 +15,13 @@ gateway's HTTP caller disconnected), or a stream's feed closed before its end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
 from typing import Any
 
+import redis
 from opentelemetry.trace import Span
 
 from streamserve.client.chunk_feed import ChunkFeed
@@ -29,10 +31,18 @@ from streamserve.client.outcomes import STREAM_REPLIES, kept_stream, result_of
 from streamserve.client.read_progress import progress_reporter
 from streamserve.client.reply_stream import ReplyStream
 from streamserve.client.route_table import Route
-from streamserve.client.shared_calls import Sharing, by_cache, by_key, enqueue_shared, queued_entry, wait_joined
+from streamserve.client.shared_calls import (
+    Sharing,
+    by_cache,
+    by_key,
+    enqueue_shared,
+    look_at_record,
+    queued_entry,
+    wait_joined,
+)
 from streamserve.client.tenant_limits import refusal, tenant_terms
 from streamserve.runtime import trace_context
-from streamserve.transport.connections import is_cluster_client
+from streamserve.transport.connections import RETRYABLE_ERRORS, is_cluster_client
 from streamserve.transport.pipelining import Abandoned, Command, Script
 from streamserve.wire import scripts
 from streamserve.wire.config import MAX_TIMEOUT_S, DeploymentConfig
@@ -458,7 +468,10 @@ class Calls(ClientCore):
                     reply.shared = SHARED_JOINED
                 else:
                     self._mirror(route, request)
-                    reply = await fut
+                    try:
+                        reply = await fut
+                    except RequestTimeoutError as late:
+                        reply = await self._kept_by_deadline(sharing, request, late)
             except BaseException as exc:
                 if admission.entry_id and isinstance(exc, asyncio.CancelledError | RequestCancelledError):
                     self._cancel_soon(cfg.name, admission.entry_id, request)
@@ -467,6 +480,16 @@ class Calls(ClientCore):
                 return reply, admission.entry_id
             fut = self._replies.expect(request.tag, request.request_id)  # the run it joined never ran: run anew
             sharing = dataclasses.replace(sharing, refresh=False)
+
+    async def _kept_by_deadline(self, sharing: Sharing, request: Request, late: RequestTimeoutError) -> Reply:
+        """At its deadline, the reply of a shared run that ``request`` runs, if its record keeps it: its copy to the
+        caller may have been refused (a full Redis) where the record took it. Else (still running, gone, or Redis
+        unreachable) the deadline's error, ``late``."""
+        with contextlib.suppress(*RETRYABLE_ERRORS, redis.RedisError):
+            kept = await look_at_record(self.redis, sharing, request)
+            if kept is not None and kept.status is not ReplyStatus.RETRY:
+                return kept
+        raise late
 
     def _hot_hit(
         self, cfg: DeploymentConfig, kept: list[bytes], request_id: str, tag: str, body: bytes, method: str
