@@ -7,6 +7,7 @@ from pathlib import Path
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamserve.transport.connections import RedisRefusals, connection_hint
 
@@ -32,6 +33,15 @@ def test_a_plain_url_whose_server_resets_the_connection_may_want_tls() -> None:
         == " (if that port speaks TLS, the URL starts with rediss://)"
     )
     assert connection_hint("rediss://127.0.0.1:6380/0", reset) == ""
+
+
+def test_a_tls_url_whose_server_never_answers_the_handshake_may_be_a_plain_port() -> None:
+    waited = RedisTimeoutError("Timeout connecting to server")
+    assert (
+        connection_hint("rediss://127.0.0.1:6379/0", waited)
+        == " (if that port does not speak TLS, the URL starts with redis://)"
+    )
+    assert connection_hint("redis://127.0.0.1:6379/0", waited) == ""
 
 
 def test_other_failures_get_no_hint() -> None:

@@ -63,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except RedisError as exc:
         hint = ""
-        if isinstance(exc, ConnectionError) and settings is not None:
-            hint = connection_hint(settings.effective_redis_url, exc) or no_farm_hint(args, settings)
+        if settings is not None:
+            hint = connection_hint(settings.effective_redis_url, exc)
+            if not hint and isinstance(exc, ConnectionError):
+                hint = no_farm_hint(args, settings)
         print(f"error: Redis: {exc}{hint}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader of its output is gone: nothing more to say, to it or about it

@@ -378,8 +378,9 @@ _TLS_FILE_PARAMS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path"
 
 def connection_hint(url: str, exc: BaseException) -> str:
     """What to add to ``exc``, a failure to connect to ``url``, when the URL itself is the likely cause: a TLS file
-    it names that is not there (redis-py says only "No such file or directory"), or a plain redis:// URL whose
-    server reset the connection (what a TLS port does to a client that does not speak TLS)."""
+    it names that is not there (redis-py says only "No such file or directory"), a plain redis:// URL whose
+    server reset the connection (what a TLS port does to a client that does not speak TLS), or a rediss:// URL
+    whose server never finished the connection (what a plain port does to a client that waits for TLS)."""
     if not isinstance(exc, RETRYABLE_ERRORS):
         return ""
     parsed = urllib.parse.urlsplit(url)
@@ -391,6 +392,9 @@ def connection_hint(url: str, exc: BaseException) -> str:
         return f" (no such file: {', '.join(missing)})"
     if parsed.scheme.lower() == "redis" and "reset by peer" in str(exc).lower():
         return " (if that port speaks TLS, the URL starts with rediss://)"
+    if parsed.scheme.lower() == "rediss" and "timeout connecting" in str(exc).lower():
+        # A plain Redis waits for a command, the client for the server's TLS hello: each attempt waits it out.
+        return " (if that port does not speak TLS, the URL starts with redis://)"
     return ""
 
 
