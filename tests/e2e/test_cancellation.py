@@ -332,31 +332,48 @@ def test_cancelling_a_submitted_future_cancels_the_handler(farm: Farm, store: re
         assert wait_events(store, tag, "finally") == ["start", "cancelled", "finally"]
 
 
-# A script whose blocking call is cut short by Ctrl-C, then ends (its Client left open, as a script's often is).
+# A script whose blocking call is cut short by Ctrl-C, then ends (its Client left open, as a script's often is). With
+# "loop-thread", the SIGINT lands on the client's loop thread, as the kernel may hand a process's signal to any of its
+# threads: the waiting main thread must see it all the same.
 INTERRUPTED_SCRIPT = """
-import sys
+import signal, sys, threading, time
+import redis
 from streamserve import Client
+from tests.cancel_deployments import events_key
 
-client = Client(sys.argv[1])
-client.call("await", {"tag": sys.argv[2]}, timeout=60)
+# Ctrl-C raises KeyboardInterrupt, as in a terminal (a test run started in the background hands SIGINT down ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+url, tag, to = sys.argv[1:4]
+client = Client(url)
+
+def interrupt_the_loop_thread_once_started():
+    events = redis.Redis.from_url(url)
+    for _ in range(1000):
+        if b"start" in events.lrange(events_key(tag), 0, -1):
+            signal.pthread_kill(client._thread.ident, signal.SIGINT)
+            return
+        time.sleep(0.01)
+
+if to == "loop-thread":
+    threading.Thread(target=interrupt_the_loop_thread_once_started, daemon=True).start()
+client.call("await", {"tag": tag}, timeout=60)
 """
 
 
-def test_ctrl_c_during_a_blocking_call_cancels_the_handler(farm: Farm, store: redis.Redis, tag: str) -> None:
-    script = subprocess.Popen(
-        [sys.executable, "-c", INTERRUPTED_SCRIPT, farm.effective_redis_url, tag],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": python_path()},
-    )
-    try:
-        wait_events(store, tag, "start")
-        script.send_signal(signal.SIGINT)
-        _out, err = script.communicate(timeout=REACH_S)
-    finally:
-        if script.poll() is None:
-            script.kill()
-            script.wait()
+@pytest.mark.parametrize("to", ["process", "loop-thread"])
+def test_ctrl_c_during_a_blocking_call_cancels_the_handler(farm: Farm, store: redis.Redis, tag: str, to: str) -> None:
+    command = [sys.executable, "-c", INTERRUPTED_SCRIPT, farm.effective_redis_url, tag, to]
+    env = {**os.environ, "PYTHONPATH": python_path()}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as script:
+        try:
+            wait_events(store, tag, "start")
+            if to == "process":
+                script.send_signal(signal.SIGINT)
+            _out, err = script.communicate(timeout=REACH_S)
+        finally:
+            if script.poll() is None:
+                script.kill()
+                script.communicate()
     assert b"KeyboardInterrupt" in err, err
     assert wait_events(store, tag, "finally") == ["start", "cancelled", "finally"]
 

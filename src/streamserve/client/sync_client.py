@@ -32,6 +32,8 @@ P = ParamSpec("P")
 T = TypeVar("T")
 # How long a call cut short by Ctrl-C waits for its cancellation to be sent before the interruption goes on.
 CANCEL_SENT_WITHIN_S = 1.0
+# How often a thread waiting for a call looks at the signals it was sent.
+SIGNAL_CHECK_S = 0.2
 
 # AsyncClient's public names that Client has no blocking twin of, and why.
 ASYNC_ONLY = frozenset(
@@ -81,6 +83,17 @@ def _twin_of(
     return twin
 
 
+def _awaited(running: concurrent.futures.Future[T]) -> T:
+    """``running.result()``, waited for in steps of SIGNAL_CHECK_S: a Ctrl-C that the kernel hands to another thread
+    (the client's loop, say) still reaches the waiting thread, which a wait without a bound would block for good."""
+    while True:
+        try:
+            return running.result(timeout=SIGNAL_CHECK_S)
+        except TimeoutError:
+            if running.done():
+                raise  # its own error (a TimeoutError of the call's), not the step's
+
+
 class Client:
     """The blocking client: the same calls as AsyncClient, run on a background event loop.
 
@@ -110,7 +123,7 @@ class Client:
         wait for it: it is cancelled, as an AsyncClient call whose task is, and the cancellation is sent before the
         interruption goes on (the program may be on its way out)."""
         try:
-            return running.result()
+            return _awaited(running)
         except BaseException:
             if running.cancel():
                 with contextlib.suppress(Exception, KeyboardInterrupt):
@@ -282,7 +295,7 @@ class ChunkIterator:
     def __next__(self) -> Any:
         step = self._client._run(self._chunks.__anext__())
         try:
-            return step.result()
+            return _awaited(step)
         except StopAsyncIteration:
             raise StopIteration from None
         except BaseException:  # e.g. KeyboardInterrupt while waiting: the stream stops (closes) with the step
