@@ -132,7 +132,6 @@ class Stream:
         # than max_response_bytes (then its size is in _kept_bytes).
         self._kept: list[bytes] | None = [] if request.idem else None
         self._kept_bytes = 0
-        self._unread = not request.reply_to  # nobody reads its chunks: dropped as they come
 
     # -- starting and stopping ---------------------------------------------------
 
@@ -458,6 +457,11 @@ class Stream:
     @property
     def batcher(self) -> ChunkBatcher:
         return self._batcher
+
+    @property
+    def _unread(self) -> bool:
+        """Nobody reads its chunks (send(), a shadow copy: no reply stream): they are dropped as they come."""
+        return not self._request.reply_to
 
     @property
     def _rid(self) -> str:
