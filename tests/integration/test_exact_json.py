@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
+import enum
 import math
+import uuid
 
 import httpx
 import numpy
@@ -58,3 +61,35 @@ async def test_nesting_the_replica_could_not_answer_is_refused_at_the_gateway(
     assert (await http.post("/rec", content=b"[" * 200 + b"]" * 200)).status_code == 200
     with pytest.raises(RemoteError, match="the handler's result cannot be sent as JSON: Recursion limit"):
         await client.call("rec", 400, method="nested")
+
+
+async def test_numbers_are_read_as_floats_and_one_beyond_their_range_is_refused(
+    start_replica: StartReplica, http: httpx.AsyncClient
+) -> None:
+    await start_replica(route_prefix="/rec")
+    refused = await http.post("/rec", content=b'{"x": [1e400]}')
+    assert refused.status_code == 400 and "infinity" in refused.json()["message"]
+    rounded = await http.post("/rec", content=b'{"x": [0.1, 1.5e-400, 2.5e3]}')
+    assert rounded.status_code == 200 and rounded.json()["body"] == {"x": [0.1, 0.0, 2500.0]}
+
+
+async def test_python_values_with_a_json_form_arrive_in_that_form(
+    start_replica: StartReplica, client: AsyncClient
+) -> None:
+    await start_replica()
+    moment = datetime.datetime(2026, 11, 29, 23, 30, 5)
+    ident = uuid.UUID("cbfeb3b2-2095-45bd-90b3-bd7186cb3607")
+    body = {"at": moment, "on": moment.date(), "id": ident, "pair": (1, 2), "level": _Level.HIGH, "xs": numpy.arange(3)}
+    got = (await client.call("rec", body))["body"]
+    assert got == {
+        "at": "2026-11-29T23:30:05",
+        "on": "2026-11-29",
+        "id": "cbfeb3b2-2095-45bd-90b3-bd7186cb3607",
+        "pair": [1, 2],
+        "level": "high",
+        "xs": [0, 1, 2],
+    }
+
+
+class _Level(enum.Enum):
+    HIGH = "high"
