@@ -25,7 +25,7 @@ import redis
 
 from streamserve import AsyncClient, Client
 from streamserve.client.cancels import Canceller
-from streamserve.errors import RequestTimeoutError
+from streamserve.errors import RequestTimeoutError, UnavailableError
 from streamserve.transport.connections import async_redis
 from streamserve.transport.pipelining import Pipeliner
 from streamserve.transport.streams import control_command
@@ -289,6 +289,29 @@ async def test_cancelling_the_task_awaiting_a_call_cancels_the_handler(
             await call
         await wait_for_async(lambda: "finally" in events(store, tag), REACH_S, lambda: str(events(store, tag)))
     assert events(store, tag) == ["start", "cancelled", "finally"]
+
+
+async def test_closing_the_client_under_a_call_cancels_the_handler(farm: Farm, store: redis.Redis, tag: str) -> None:
+    """Nobody waits for the reply of a call whose client closed (the call raises UnavailableError): its handler is
+    cancelled, as a stream's generator is."""
+    client = AsyncClient(farm.effective_redis_url)
+    call = asyncio.create_task(client.call("await", {"tag": tag}, timeout=60))
+    await wait_for_async(lambda: "start" in events(store, tag), REACH_S, "the handler did not start")
+    await client.aclose()
+    with pytest.raises(UnavailableError, match="client closed"):
+        await call
+    await wait_for_async(lambda: "finally" in events(store, tag), REACH_S, lambda: str(events(store, tag)))
+    assert events(store, tag) == ["start", "cancelled", "finally"]
+
+
+def test_closing_a_blocking_client_under_a_call_cancels_the_handler(farm: Farm, store: redis.Redis, tag: str) -> None:
+    client = Client(farm.effective_redis_url)
+    future = client.submit("await", {"tag": tag}, timeout=60)
+    wait_events(store, tag, "start")
+    client.close()
+    with pytest.raises(UnavailableError, match="client closed"):
+        future.result(timeout=5)
+    assert wait_events(store, tag, "finally") == ["start", "cancelled", "finally"]
 
 
 async def test_a_call_cancelled_while_its_enqueue_is_on_its_way_never_runs(

@@ -369,8 +369,8 @@ class Calls(ClientCore):
             timer.cancel()
             replies.forget(tag, request_id)
             replies.forget_feed(tag, request_id)  # its first chunk may have come as the caller was cancelled
-            if entry_id and isinstance(exc, asyncio.CancelledError | RequestCancelledError):
-                self._cancel_soon(cfg.name, entry_id, request)  # the caller stopped waiting
+            if entry_id and self._nobody_waits(exc):
+                self._cancel_soon(cfg.name, entry_id, request)
             raise
         if reply.status is ReplyStatus.CHUNK:
             self._hand_over(replies, cfg, reply, timer, request, entry_id)
@@ -425,6 +425,12 @@ class Calls(ClientCore):
         if self._canceller is not None:
             self._canceller.cancel_soon(deployment, entry_id, request)
 
+    def _nobody_waits(self, exc: BaseException) -> bool:
+        """Whether a call that ended with ``exc`` before its reply came ended because nobody waits for the reply any
+        more: its caller stopped waiting (its task cancelled, its HTTP caller gone), or the client closed under it."""
+        closed = self._replies is None or self._replies.closing
+        return isinstance(exc, asyncio.CancelledError | RequestCancelledError) or closed
+
     def _gone(self, deployment: str) -> bool:
         """Whether ``deployment`` was deleted (as far as this client's routes know)."""
         return self._routes is not None and deployment not in self._routes.deployments()
@@ -473,7 +479,7 @@ class Calls(ClientCore):
                     except RequestTimeoutError as late:
                         reply = await self._kept_by_deadline(sharing, request, late)
             except BaseException as exc:
-                if admission.entry_id and isinstance(exc, asyncio.CancelledError | RequestCancelledError):
+                if admission.entry_id and self._nobody_waits(exc):
                     self._cancel_soon(cfg.name, admission.entry_id, request)
                 raise
             if reply.status is not ReplyStatus.RETRY:

@@ -129,6 +129,11 @@ class ReplyStream:
         if self._tag_of.get(request_id) == tag and tag not in self._pending:
             del self._tag_of[request_id]
 
+    @property
+    def closing(self) -> bool:
+        """Whether the client closes (or closed) this stream: nobody waits for the replies still to come."""
+        return self._closing
+
     def fail(self, tag: str, exc: StreamServeError) -> None:
         """Resolve a call that is still waiting with an error (its deadline passed, its caller left)."""
         fut = self._pending.get(tag)
