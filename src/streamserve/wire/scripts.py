@@ -282,6 +282,7 @@ if state and ARGV[8] ~= '1' then
   if ARGV[6] ~= '' then
     redis.call('RPUSH', KEYS[3], ARGV[6])
     redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[2]), 1000))
+    redis.call('HSET', KEYS[2], 'joined', '1')  -- SETTLE_RUN reads the waiters only of a run that has some
   end
   count('coalesced')
   return {'waiting', runs_for or ''}
@@ -292,6 +293,8 @@ if type(id) == 'table' then return id end
 count('miss')
 if state then redis.call('DEL', KEYS[2]) end  -- a refresh: the new run replaces the kept reply
 redis.call('HSET', KEYS[2], 'state', 'running', 'digest', ARGV[3], 'run', ARGV[4], 'request_id', ARGV[7], 'entry', id)
+-- (A refresh of a run still on its way: its waiters, who joined the run replaced, get this one's reply.)
+if state and redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HSET', KEYS[2], 'joined', '1') end
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return {'queued', id}
 """
@@ -314,9 +317,13 @@ SETTLE_RUN = """
 -- ARGV[7]  now, epoch ms
 -- ARGV[8..] the reply's field/value pairs to store
 -- Returns the waiters that joined the run, for the caller of this script to answer.
-if redis.call('HGET', KEYS[1], 'run') ~= ARGV[1] then return {} end
-local waiting = redis.call('LRANGE', KEYS[2], 0, -1)
-redis.call('DEL', KEYS[2])
+local run, joined = unpack(redis.call('HMGET', KEYS[1], 'run', 'joined'))
+if run ~= ARGV[1] then return {} end
+local waiting = {}
+if joined then  -- (most runs have no waiters: their list is not looked at)
+  waiting = redis.call('LRANGE', KEYS[2], 0, -1)
+  redis.call('DEL', KEYS[2])
+end
 if ARGV[2] == 'release' then
   redis.call('DEL', KEYS[1])
   return waiting

@@ -22,8 +22,8 @@ A record, as ``redis-cli HGETALL`` shows it: ``state`` (``running`` or
 ``done``), ``digest`` (idempotency keys), ``run``, ``request_id`` and
 ``entry`` (of the request that runs for it); once done also ``status``,
 ``body``, ``replica``, ``stored_ms``, ``error_type`` and ``error_message``
-(an error's only), and ``too_large`` (the size of a reply too large to keep,
-which is then not stored).
+(an error's only), ``too_large`` (the size of a reply too large to keep,
+which is then not stored), and ``joined`` once a caller joined its waiters.
 """
 
 from __future__ import annotations
