@@ -7,6 +7,7 @@ import asyncio
 import logging
 
 import redis.asyncio as aioredis
+from redis.exceptions import AuthenticationError
 
 from streamserve.client.jobs import jobs_redis_url
 from streamserve.runtime.logging_setup import start_process
@@ -16,7 +17,7 @@ from streamserve.scheduler.job_pool import JobWorkerPool
 from streamserve.scheduler.launcher import ProcessLauncher
 from streamserve.scheduler.scheduler import Scheduler
 from streamserve.scheduler.stop_signals import StopSignals
-from streamserve.transport.connections import async_redis
+from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, async_redis
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def run(settings: Settings, stop_replicas_on_exit: bool) -> None:
-    redis = async_redis(settings.effective_redis_url)
+async def run(settings: Settings, stop_replicas_on_exit: bool) -> int:
+    """Run the scheduler; 1 at once when Redis refuses its password (one that is down, it waits for)."""
+    url = settings.effective_redis_url
+    redis = async_redis(url)
+    try:
+        await redis.ping()
+    except AuthenticationError as exc:
+        # Not a Redis still on its way up, which the scheduler waits for (started before it, say): no retry helps.
+        logger.error("scheduler: %s", RedisRefusals(url).meaning(exc))
+        await redis.aclose()
+        return 1
+    except RETRYABLE_ERRORS:
+        pass
     scheduler = Scheduler(
         settings,
         redis,
@@ -42,6 +54,7 @@ async def run(settings: Settings, stop_replicas_on_exit: bool) -> None:
         job_pool=JobWorkerPool(settings) if settings.job_workers else None,
     )
     await serve(scheduler, redis)
+    return 0
 
 
 async def serve(scheduler: Scheduler, redis: aioredis.Redis) -> None:
@@ -62,5 +75,4 @@ def main(argv: list[str] | None = None) -> int:
     args, settings = start_process(build_parser(), argv)
     if settings.job_workers:
         jobs_redis_url(settings)  # refused now (ConfigError, exit 2) rather than by every job worker it would start
-    asyncio.run(run(settings, args.stop_replicas_on_exit))
-    return 0
+    return asyncio.run(run(settings, args.stop_replicas_on_exit))

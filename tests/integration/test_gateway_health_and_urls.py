@@ -233,6 +233,21 @@ async def test_a_wrong_password_is_a_clear_error_not_a_hang(password_redis: int)
     assert cli.stderr.startswith("error: ") and "invalid username-password pair" in cli.stderr, cli.stderr
     assert "Traceback" not in cli.stderr and "nope" not in cli.stderr
 
+    # A scheduler retries a Redis that is down (it may be on its way up); a refused password, no retry mends.
+    scheduler = await asyncio.to_thread(
+        subprocess.run,
+        [STREAMSERVE, "scheduler"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "REDIS_URL": wrong, "STREAMSERVE_REDIS_URL": wrong},
+    )
+    assert scheduler.returncode == 1, scheduler.stderr
+    assert "invalid username-password pair" in scheduler.stderr and "retrying" not in scheduler.stderr
+    assert "Traceback" not in scheduler.stderr and "nope" not in scheduler.stderr
+
 
 # -- rediss:// (TLS) ---------------------------------------------------------------------------------
 
