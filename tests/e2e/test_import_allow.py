@@ -7,6 +7,7 @@ with the reason, and a call is turned away with it, without the command running.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,3 +70,24 @@ def test_a_path_through_an_imported_module_never_runs(strict_farm: Farm, tmp_pat
     assert not pwned.exists()
     # What the allowed module defines still serves.
     assert strict_farm.post("/echo", "hi", headers=AUTHORIZED).json()["echo"] == "hi"
+
+
+def test_a_deploy_from_beside_the_farm_is_checked_against_its_allow_list(strict_farm: Farm, tmp_path: Path) -> None:
+    """`streamserve deploy --data-dir` (the farm found from its data directory) without STREAMSERVE_IMPORT_ALLOW in
+    its own environment: the farm's list applies (it was written, and only the replicas refused it)."""
+    config = tmp_path / "elsewhere.yaml"
+    config.write_text("deployments:\n  - name: dumps\n    import_path: json:dumps\n")
+    env = {k: v for k, v in strict_farm.env().items() if k not in ("STREAMSERVE_IMPORT_ALLOW", "REDIS_URL")}
+    env.pop("STREAMSERVE_REDIS_URL", None)
+    deploy = subprocess.run(
+        [strict_farm.command, "deploy", str(config), "--data-dir", str(strict_farm.data_dir)],
+        cwd=strict_farm.cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert deploy.returncode == 2, deploy.stdout + deploy.stderr
+    assert "outside STREAMSERVE_IMPORT_ALLOW (examples)" in deploy.stderr
+    assert "dumps" not in strict_farm.status()

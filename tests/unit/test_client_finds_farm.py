@@ -30,11 +30,22 @@ def beside_a_farm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     me = process_ref(os.getpid())
     assert me is not None
-    write_farm(tmp_path / DEFAULT_DATA_DIR, FarmRecord(me, FARM_URL, "http://127.0.0.1:8000"))
+    monkeypatch.delenv("STREAMSERVE_IMPORT_ALLOW", raising=False)
+    write_farm(tmp_path / DEFAULT_DATA_DIR, FarmRecord(me, FARM_URL, "http://127.0.0.1:8000", "examples,myapp"))
 
 
 def test_a_client_without_a_url_uses_the_farm_that_runs_from_here(beside_a_farm: None) -> None:
     assert ClientCore()._settings.effective_redis_url == FARM_URL
+
+
+def test_the_farm_s_import_allow_list_applies_unless_the_caller_has_its_own(
+    beside_a_farm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deploy from beside the farm is refused as the farm's processes would refuse it, not only by its replicas."""
+    assert ClientCore()._settings.import_allow == "examples,myapp"
+    assert beside_running_farm(parse(["deploy", "x.yaml"]), Settings()).import_allow == "examples,myapp"
+    monkeypatch.setenv("STREAMSERVE_IMPORT_ALLOW", "mine")
+    assert ClientCore()._settings.import_allow == "mine"
 
 
 def test_a_url_given_or_in_the_environment_wins(beside_a_farm: None, monkeypatch: pytest.MonkeyPatch) -> None:

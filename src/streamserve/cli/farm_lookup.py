@@ -10,9 +10,10 @@ from streamserve.wire.errors import NotFoundError
 
 
 def beside_running_farm(args: argparse.Namespace, settings: Settings) -> Settings:
-    """``settings``, with the Redis of the farm `up` runs from ``--data-dir`` (default ``.streamserve``) when
-    neither ``--redis-url`` nor ``REDIS_URL`` names one. So ``up --redis-port 48889`` then ``status`` just works.
-    NotFoundError (exit 1) for a ``--data-dir`` given that no farm runs from: the default Redis may be another's."""
+    """``settings``, with the Redis (and import allow-list) of the farm `up` runs from ``--data-dir`` (default
+    ``.streamserve``) when neither ``--redis-url`` nor ``REDIS_URL`` names one. So ``up --redis-port 48889`` then
+    ``status`` just works. NotFoundError (exit 1) for a ``--data-dir`` given that no farm runs from: the default
+    Redis may be another's."""
     if settings.redis_url is not None or args.command == "up" or not hasattr(args, "data_dir"):
         return settings
     farm = running_farm(args.data_dir)
@@ -21,7 +22,7 @@ def beside_running_farm(args: argparse.Namespace, settings: Settings) -> Setting
             f"no `streamserve up` runs from {args.data_dir}/ (--data-dir); pass --redis-url or REDIS_URL for a farm "
             "of another Redis"
         )
-    return settings if farm is None else settings.model_copy(update={"redis_url": farm.redis_url})
+    return settings if farm is None else farm.serving(settings)
 
 
 def no_farm_hint(args: argparse.Namespace, settings: Settings) -> str:

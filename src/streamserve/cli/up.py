@@ -252,7 +252,8 @@ class Farm:
                 return 130
             print("error: the gateway did not come up; see the log above", file=sys.stderr)
             return 1
-        write_farm(self.data_dir, FarmRecord(self.settings.supervisor or "", url, gateway_url))
+        record = FarmRecord(self.settings.supervisor or "", url, gateway_url, self.settings.import_allow)
+        write_farm(self.data_dir, record)
         if changed.goals:
             print(f"streamserve: starting the replicas of {', '.join(changed.goals)}", flush=True)
         failed = self._wait_for_replicas(url, changed.goals)

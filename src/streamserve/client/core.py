@@ -38,8 +38,8 @@ class ClientCore:
         ``.streamserve`` here (as the CLI finds it), else redis://127.0.0.1:6379."""
         settings = settings or Settings()
         if redis_url is None and settings.redis_url is None and (farm := running_farm(None)) is not None:
-            redis_url = farm.redis_url
-        if redis_url is not None:
+            settings = farm.serving(settings)
+        elif redis_url is not None:
             settings = settings.model_copy(update={"redis_url": redis_url})
         self._settings = settings
         self._keys = settings.keys

@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 
 from streamserve.runtime.processes import process_ref
+from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import ConfigError
 
 # Where `up` keeps its files (and the embedded Redis its data) unless --data-dir says otherwise.
@@ -87,10 +88,20 @@ class FarmRecord:
     supervisor: str
     redis_url: str
     gateway_url: str
+    # Its STREAMSERVE_IMPORT_ALLOW: a command run beside it checks a deploy as its processes would.
+    import_allow: str | None = None
 
     def is_running(self) -> bool:
         pid = self.supervisor.partition(":")[0]
         return pid.isdigit() and process_ref(int(pid)) == self.supervisor
+
+    def serving(self, settings: Settings) -> Settings:
+        """``settings`` for a command or client that works on this farm: its Redis, and its import allow-list
+        unless the command has one of its own."""
+        update: dict[str, str | None] = {"redis_url": self.redis_url}
+        if settings.import_allow is None:
+            update["import_allow"] = self.import_allow
+        return settings.model_copy(update=update)
 
 
 def write_farm(data_dir: Path | None, record: FarmRecord) -> None:
