@@ -138,6 +138,13 @@ class Gateway:
             raise NotFoundError(f"no deployment serves {path}")
         return name
 
+    def _served_at(self, path: str) -> str:
+        """The deployment or endpoint serving ``path``; "" for none."""
+        try:
+            return self.match(path)
+        except NotFoundError:
+            return ""
+
     def refuse_method(self, request: Request, gateway_routes: list[BaseRoute]) -> Response:
         """What no route takes: 405 with ``Allow`` where the path is served with other methods, else 404.
 
@@ -217,7 +224,11 @@ class Gateway:
         try:
             # First: with tenant keys, nothing else of a request without a known key is looked at (its path, its
             # body); a 400 below is counted under its tenant.
-            exchange.tenant = tenant = self.tenant_of(headers)
+            try:
+                exchange.tenant = tenant = self.tenant_of(headers)
+            except BadRequestError:  # (a malformed X-Tenant, say) counted under the deployment, its tenant unknown
+                exchange.deployment = self._served_at(scope["path"])
+                raise
             given = exchange.given_id
             _check_request_id(given, exchange.request_id, 0 if given is None else len(headers.getlist(b"x-request-id")))
             exchange.deployment = name = self.match(scope["path"])

@@ -1,6 +1,6 @@
 """A batched deployment: the replica hands ``scale`` up to 16 queued requests at once.
 
-``{"x": 3}`` -> ``{"y": 6, "batch_size": N}``, where N is how many requests shared the call.
+``{"x": 3}`` -> ``{"y": 6.0, "batch_size": N}``, where N is how many requests shared the call.
 A real model would run one forward pass over the whole batch where this computes one list.
 """
 

@@ -233,6 +233,21 @@ def test_a_refused_header_is_counted_under_its_tenant_and_other_is_a_tenant_of_i
     wait_for(counted, WAIT_S, lambda: f"not counted as expected: {metric_lines(farm, 'metered')}")
 
 
+def test_a_malformed_tenant_header_is_counted_under_its_deployment(farm: Farm, tag: str) -> None:
+    """Its tenant is unknown (so not labelled), but the 400 is one of the route's requests."""
+
+    def refused_count() -> float:
+        text = httpx.get(farm.base_url + "/metrics", timeout=30).text
+        prefix = 'streamserve_requests_total{code="400",deployment="counted"} '
+        return sum(float(line.removeprefix(prefix)) for line in text.splitlines() if line.startswith(prefix))
+
+    before = refused_count()
+    for bad in ("a b", "x" * 200, "a/b"):
+        answer = httpx.post(farm.base_url + "/counted", json={"tag": tag}, headers={"X-Tenant": bad}, timeout=30)
+        assert answer.status_code == 400 and "X-Tenant" in answer.json()["message"], answer.text
+    wait_for(lambda: refused_count() >= before + 3, WAIT_S, lambda: f"counted {refused_count() - before} of 3")
+
+
 def test_idempotency_keys_and_kept_replies_are_each_tenants_own(farm: Farm, store: redis.Redis, tag: str) -> None:
     """Another tenant's same key (or same request to a cached deployment) runs for that tenant: it never gets a
     reply kept for another tenant, nor a 422 that tells it another tenant used the key."""

@@ -417,8 +417,11 @@ class Farm:
                 f"  tenants   every request to a deployment needs 'Authorization: Bearer KEY', a key of"
                 f" {self.settings.tenant_keys} (STREAMSERVE_TENANT_KEYS); without one it is 401"
             )
-        beside = "" if self.options.data_dir is None else f" --data-dir {self.options.data_dir}"
-        lines.append(f"  try: {_own_command()} status{beside}   (commands run here find this farm)")
+        if self.options.data_dir is None:
+            lines.append(f"  try: {_own_command()} status   (commands run from this directory find this farm)")
+        else:
+            beside = f"--data-dir {self.options.data_dir}"
+            lines.append(f"  try: {_own_command()} status {beside}   (commands given {beside} find this farm)")
         lines.append("Press Ctrl-C to stop.")
         print("\n".join(lines), flush=True)
 
@@ -430,6 +433,7 @@ class Farm:
         return (
             f"  admin     token in {self._token_file} (mode 0600), e.g. curl -X POST {gateway_url}/-/deploy "
             f'-H "Authorization: Bearer $(cat {self._token_file})" -H "Content-Type: application/json" -d @config.json'
+            "   (config.json: a config file's content as JSON)"
         )
 
     def _shutdown(self) -> None:
