@@ -716,7 +716,7 @@ def _add_reads(api: FastAPI, gateway: Gateway) -> None:
     @api.get("/-/jobs/{job_id}")
     async def job(job_id: str) -> Response:
         """An asynchronous job's status, with its result or error once it has one; 404 once its TTL passed."""
-        return json_response((await gateway.client.job(job_id)).to_json())
+        return Response((await gateway.client.job(job_id)).encoded(), media_type="application/json")
 
 
 def _add_refusals(api: FastAPI, gateway: Gateway) -> None:

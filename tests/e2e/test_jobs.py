@@ -46,6 +46,20 @@ def test_prefer_respond_async_answers_202_and_the_job_url_shows_the_result(farm:
     assert body == {"job_id": job_id, "status": "finished", "result": {"echo": {"x": 1}, "greeting": "hi"}}
 
 
+def test_a_result_nested_as_deep_as_json_carries_is_read_back(farm: Farm) -> None:
+    """254 levels (json_values.MAX_DEPTH): echo's answer to 253; the job's JSON around it was one level too many for
+    the encoder, a 500 in plain text."""
+    deep = b"[" * 253 + b"]" * 253
+    resp = farm.post("/echo", content=deep, headers={"Prefer": "respond-async", "Content-Type": "application/json"})
+    assert resp.status_code == 202, resp.text
+    body = finished(farm, resp.headers["location"])
+    assert body["status"] == "finished", body
+    depth, value = 0, body["result"]["echo"]
+    while value:
+        depth, value = depth + 1, value[0]
+    assert depth == 252  # the outermost list holds 252 more
+
+
 def test_a_failing_job_shows_the_users_error(farm: Farm) -> None:
     resp = farm.post("/add", {"a": 1}, headers={"Prefer": "respond-async"})
     assert resp.status_code == 202

@@ -140,6 +140,14 @@ class JobInfo:
             body["error"] = self.error
         return body
 
+    def encoded(self) -> bytes:
+        """``to_json()`` as JSON, the result encoded on its own: one as deeply nested as a result may be
+        (json_values.MAX_DEPTH) is a level too deep for orjson inside the object around it."""
+        if self.status is not JobStatus.FINISHED:
+            return orjson.dumps(self.to_json())
+        head = orjson.dumps({"job_id": self.job_id, "status": self.status.value})
+        return head[:-1] + b',"result":' + orjson.dumps(self.result) + b"}"
+
 
 def jobs_redis_url(settings: Settings) -> str:
     """The Redis RQ keeps jobs in: ``STREAMSERVE_JOBS_REDIS_URL``, else the farm's.
