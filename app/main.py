@@ -20,7 +20,7 @@ from streamserve.runtime.gc_freeze import freeze_startup_objects
 from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, inherited
 from streamserve.runtime.logging_setup import setup_logging, start_process
 from streamserve.runtime.processes import end_with_spawning_process
-from streamserve.runtime.settings import Settings, add_gateway_workers_option, add_no_admin_option
+from streamserve.runtime.settings import Settings, add_gateway_workers_option, add_no_admin_option, port_number
 from streamserve.wire.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ WORKER_HEALTHCHECK_S = 30
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamserve gateway", description="Run the HTTP gateway.")
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface to bind (default {DEFAULT_HOST})")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to bind (default {DEFAULT_PORT})")
+    parser.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"port to bind (default {DEFAULT_PORT})")
     add_gateway_workers_option(parser, "--workers")
     add_no_admin_option(parser)
     return parser

@@ -83,6 +83,7 @@ def test_logs_show_prints_and_tracebacks_prefixed_with_the_replica(
     assert no_such.returncode == 1 and "no output from a replica 'nosuch' of 'chatty'" in no_such.stderr
     assert logs(processes, "chatty", "-n", "3").stdout.count("\n") == 3
     assert logs(processes, "chatty", "--since", "10m").stdout == out
+    assert logs(processes, "chatty", "--since", "30000d").stdout == out  # from before 1970: all there is
     assert logs(processes, "chatty", "--since", "1s").stdout.count("\n") <= len(lines)
 
 

@@ -10,6 +10,7 @@ import socket
 
 import pytest
 
+from streamserve.app.main import build_parser as gateway_parser
 from streamserve.cli.parser import build_parser, parse_command_line
 from streamserve.runtime.processes import bind_problem
 
@@ -31,6 +32,27 @@ def test_a_port_out_of_range_is_a_usage_error(
     assert exited.value.code == 2
     assert error in capsys.readouterr().err
     assert build_parser().parse_args(["up", "farm.yaml", flag, "65535"]).__dict__[flag[2:].replace("-", "_")] == 65535
+
+
+@pytest.mark.parametrize("value", ["99999", "0", "-5"])
+def test_the_gateway_s_port_is_checked_too(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    """`streamserve gateway --port 99999` listened on 34463 (99999 mod 65536)."""
+    with pytest.raises(SystemExit) as exited:
+        gateway_parser().parse_args(["--port", value])
+    assert exited.value.code == 2
+    assert f"argument --port: a port is 1-65535, got {value}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["scale", "echo", "1"], ["deploy", "farm.yaml"], ["delete", "echo"]])
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf"])
+def test_a_wait_timeout_that_could_never_be_met_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], command: list[str], value: str
+) -> None:
+    """Else the change was made, and the wait failed at once (exit 1)."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args([*command, "--wait", "--timeout", value])
+    assert exited.value.code == 2
+    assert f"argument --timeout: a timeout is a number of seconds above 0, got {value}" in capsys.readouterr().err
 
 
 def test_what_keeps_the_gateway_from_listening_is_said() -> None:

@@ -74,7 +74,7 @@ def cmd_logs(args: argparse.Namespace, settings: Settings) -> int:
         reader = LogReader(stores.redis, settings.keys.logs(args.name))
         after = await reader.latest_id()
         if since_s is not None:
-            lines = await reader.since(int((time.time() - since_s) * 1000), args.replica)
+            lines = await reader.since(max(0, int((time.time() - since_s) * 1000)), args.replica)  # (or all)
         else:
             lines = await reader.last(args.lines, args.replica)
         for line in lines:

@@ -6,6 +6,7 @@ One step adds one command; ``build_parser`` runs them in the order ``streamserve
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,7 +81,9 @@ def _command(sub: Subcommands, name: str, help_text: str) -> argparse.ArgumentPa
 
 def _add_wait_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--wait", action="store_true", help="return once the change is done (exit 1 if it fails)")
-    command.add_argument("--timeout", type=float, default=300.0, help="seconds --wait waits at most (default 300)")
+    command.add_argument(
+        "--timeout", type=_wait_timeout, default=300.0, help="seconds --wait waits at most (default 300)"
+    )
 
 
 def _add_up(sub: Subcommands) -> None:
@@ -183,6 +186,17 @@ def _checked(check: Callable[[str], str]) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     return checked
+
+
+def _wait_timeout(given: str) -> float:
+    """--timeout of --wait: seconds, above 0 (a negative one applied the change, then failed the wait at once)."""
+    try:
+        seconds = float(given)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{given!r} is not a number of seconds") from None
+    if not 0 < seconds < math.inf:  # (false for NaN too)
+        raise argparse.ArgumentTypeError(f"a timeout is a number of seconds above 0, got {given}")
+    return seconds
 
 
 def _call_timeout(given: str) -> float:
