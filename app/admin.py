@@ -24,7 +24,7 @@ from streamserve.wire.errors import (
     RequestTimeoutError,
     UnauthorizedError,
 )
-from streamserve.wire.json_values import check_decoded, decode_error
+from streamserve.wire.json_values import check_decoded, check_unique_keys, decode_error
 from streamserve.wire.states import FINAL_GOAL_STATUSES
 from streamserve.wire.tenants import TenantKeys
 
@@ -138,6 +138,7 @@ async def _json_body(request: Request, settings: Settings) -> Any:
     try:
         value = orjson.loads(body)
         check_decoded(body, value)  # as a deployment's body: a config's numbers arrive as written, or not at all
+        check_unique_keys(body)
     except orjson.JSONDecodeError as exc:
         raise BadRequestError(f"request body is {decode_error(body, exc)}") from None
     except ValueError as exc:

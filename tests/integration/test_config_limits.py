@@ -86,3 +86,29 @@ async def test_a_farm_holds_at_most_so_many_deployments(settings: Settings, ared
     await desired.apply(config("a"))  # a farm at its maximum still takes changes to what it holds
     wider = DeploymentConfig.model_validate({"name": "b", "import_path": "examples.functions:add", "num_replicas": 2})
     await desired.apply(AppConfig(deployments=[wider]))
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "twice"),
+    [
+        (
+            "/-/deploy",
+            b'{"deployments": [{"name": "n", "import_path": "examples.functions:add", "num_replicas": 1, '
+            b'"num_replicas": 0}]}',
+            "num_replicas",
+        ),
+        ("/-/deploy", b'{"deployments": [{"name": "n", "import_path": "examples.functions:add"}], "deployments": []}',
+         "deployments"),
+        ("/-/deployments/rec/scale", b'{"num_replicas": 1, "num_replicas": 5}', "num_replicas"),
+    ],
+)  # fmt: skip
+async def test_a_key_given_twice_in_an_admin_write_is_a_400_as_in_yaml(
+    settings: Settings, aredis: aioredis.Redis, path: str, body: bytes, twice: str
+) -> None:
+    """A JSON parser keeps the last value without a word; the same mapping in a YAML file is refused."""
+    before = await snapshot(aredis)
+    async with gateway_http(settings) as http:
+        answer = await http.post(path, content=body)
+    assert answer.status_code == 400, answer.text
+    assert f"{twice!r} is given twice in one object" in answer.json()["message"]
+    assert await snapshot(aredis) == before

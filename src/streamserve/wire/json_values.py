@@ -91,6 +91,22 @@ def check_decoded(body: bytes, value: Any) -> None:
             ) from None
 
 
+def check_unique_keys(body: bytes) -> None:
+    """ValueError when an object in ``body`` (JSON) gives a key twice: a config's JSON is read as strictly as its
+    YAML (wire/yaml_text.py), where JSON parsers keep the last value and drop the first without a word. Read by the
+    standard library's parser, which hands each object's pairs over in order: for admin writes, off the hot path."""
+    json.loads(body, object_pairs_hook=_unique_pairs)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"{key!r} is given twice in one object")
+        found[key] = value
+    return found
+
+
 def _may_not_fit(digits: bytes) -> bool:
     return _LONG_POSITIVE in digits or _LONG_NEGATIVE in digits
 
