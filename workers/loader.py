@@ -15,6 +15,12 @@ from streamserve.multiplexing import multiplexed_loaders
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import BadRequestError, ConfigError
 
+# Methods of a deployment's class that the replica calls itself (on a config change, for its health check): no request
+# may name them, or a caller could set one replica's user_config apart from the others'.
+RECONFIGURE = "reconfigure"
+CHECK_HEALTH = "check_health"
+LIFECYCLE_HOOKS = frozenset({RECONFIGURE, CHECK_HEALTH})
+
 
 @dataclass
 class Handler:
@@ -48,6 +54,10 @@ class LoadedDeployment:
                 raise BadRequestError(f"{type(fn).__name__} has no __call__; name a method to call")
         elif not self.is_class:
             raise BadRequestError(f"method {method!r} given, but the deployment is a function")
+        elif method in LIFECYCLE_HOOKS:
+            raise BadRequestError(
+                f"{type(self.target).__name__}.{method} is called by the replica itself, not by requests"
+            )
         elif method.startswith("_") or not callable(getattr(self.target, method, None)):
             raise BadRequestError(f"{type(self.target).__name__} has no public method {method!r}")
         else:
@@ -60,7 +70,7 @@ class LoadedDeployment:
     @property
     def check_health(self) -> Handler | None:
         """The instance's ``check_health()``, sync or async, if it has one (workers/health_checks.py calls it)."""
-        fn = getattr(self.target, "check_health", None) if self.is_class else None
+        fn = getattr(self.target, CHECK_HEALTH, None) if self.is_class else None
         return Handler(fn, _is_async(fn)) if callable(fn) else None
 
     @functools.cached_property
@@ -77,7 +87,7 @@ class LoadedDeployment:
     @property
     def reconfigure(self) -> Callable[[Any], Any] | None:
         """The instance's ``reconfigure(user_config)``, if it has one."""
-        fn = getattr(self.target, "reconfigure", None) if self.is_class else None
+        fn = getattr(self.target, RECONFIGURE, None) if self.is_class else None
         return fn if callable(fn) else None
 
 
