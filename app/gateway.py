@@ -98,7 +98,7 @@ from streamserve.wire.tenants import DEFAULT_TENANT, check_tenant
 
 # X-Cache by Reply.shared, for a deployment with a response cache.
 _X_CACHE = {SHARED_STORED: "hit", SHARED_JOINED: "coalesced", "": "miss"}
-HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")  # \Z: "$" would take a trailing newline
 # X-Request-Timeout: plain decimal seconds (float() would also take "1_0", "+2", "1e3" and "inf").
 # 2, 2.5, .5, 1e-3: no nan, inf, 0x, _. Each digit can belong to one part only: a pattern with two ways to split a
@@ -158,6 +158,7 @@ class Gateway:
             if path.startswith(RESERVED_ROUTE_PREFIXES):
                 if allowed := _methods_answered(gateway_routes, path):
                     raise MethodNotAllowedError(f"{request.method} {path}: not answered here", allowed)
+                raise NotFoundError(f"nothing is served at {path}")  # (the gateway's own: no deployment's)
             else:  # with tenant keys, a caller without one learns nothing of the deployments' routes (405 or 404)
                 self.tenant_of(_Headers(request.scope["headers"]))
             self.match(path)

@@ -152,6 +152,8 @@ async def test_every_error_has_our_shape(start_replica: StartReplica, settings: 
         assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
         assert wrong_method.json()["error"] == "MethodNotAllowedError"
         assert wrong_method.json()["request_id"] == wrong_method.headers["x-request-id"]
+        traced = await http.request("TRACE", "/rec")
+        assert traced.status_code == 405 and traced.headers["allow"] == "POST"
         nowhere = await http.delete("/nothing")
         assert nowhere.status_code == 404 and nowhere.json()["error"] == "NotFoundError"
         for method in ("POST", "PUT", "DELETE"):  # the gateway's own path, though not under /-/

@@ -14,6 +14,7 @@ import pytest
         ("HEAD", "/-/status", "GET"),
         ("PUT", "/-/endpoints/classify", "DELETE"),
         ("GET", "/-/deployments/echo/scale", "POST"),
+        ("TRACE", "/-/healthz", "GET, HEAD"),
     ],
 )
 async def test_a_gateway_route_asked_with_another_method_is_405_with_allow(
@@ -27,10 +28,12 @@ async def test_a_gateway_route_asked_with_another_method_is_405_with_allow(
 
 
 async def test_unknown_paths_are_404_in_the_error_shape(http: httpx.AsyncClient) -> None:
-    for method, path in [("GET", "/-/nothing"), ("OPTIONS", "/nothing"), ("DELETE", "/x/y")]:
+    for method, path in [("GET", "/-/nothing"), ("OPTIONS", "/nothing"), ("DELETE", "/x/y"), ("TRACE", "/x")]:
         response = await http.request(method, path)
         assert response.status_code == 404
         assert set(response.json()) >= {"error", "message"} and response.json()["error"] == "NotFoundError"
+    # The gateway's own namespace is not said to be a deployment's.
+    assert (await http.get("/-/jobs")).json()["message"] == "nothing is served at /-/jobs"
 
 
 async def test_the_openapi_document_lists_the_gateway_routes_once_each(http: httpx.AsyncClient) -> None:
