@@ -86,9 +86,11 @@ async def test_unknown_method_and_private_method_are_bad_requests(
 async def test_the_lifecycle_hooks_are_not_for_requests(start_replica: StartReplica, client: AsyncClient) -> None:
     """A caller could set one replica's user_config apart from the others' with ``method="reconfigure"``."""
     await start_replica(user_config={"v": 1})
-    with pytest.raises(BadRequestError, match="Recorder.reconfigure is called by the replica itself, not by requests"):
+    with pytest.raises(
+        BadRequestError, match=r"Recorder\.reconfigure is called by the replica itself, not by requests"
+    ):
         await client.call("rec", {"v": "mine"}, method="reconfigure")
-    with pytest.raises(BadRequestError, match="Recorder.check_health is called by the replica itself"):
+    with pytest.raises(BadRequestError, match=r"Recorder\.check_health is called by the replica itself"):
         await client.call("rec", None, method="check_health")
     assert (await client.call("rec", 1))["config"] == {"v": 1}
 
