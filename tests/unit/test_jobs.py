@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import fakeredis
 import pytest
 from rq.job import JobStatus as RQJobStatus
 
 from streamserve.app.gateway import _prefers_async
-from streamserve.client.jobs import _STATUS_OF, JobInfo, error_from_traceback
+from streamserve.client.jobs import _STATUS_OF, JobInfo, JobQueue, error_from_traceback
 from streamserve.runtime.settings import Settings
 from streamserve.wire.keys import Keys
+from streamserve.wire.messages import now_ms
 from streamserve.wire.states import JobStatus
 
 
@@ -64,3 +66,16 @@ def test_queue_name_is_under_the_prefix_and_settings_reach_child_processes() -> 
 )
 def test_prefer_respond_async(headers: tuple[str, ...], expected: bool) -> None:
     assert _prefers_async(list(headers)) is expected
+
+
+@pytest.mark.parametrize(
+    ("result_ttl_s", "claimed_s_ago", "gone"),
+    [(3600, 30, False), (3600, 61, True), (5, 6, True), (5, 4, False)],
+)
+def test_a_keyed_job_missing_is_gone_once_it_could_have_been_queued_and_lapsed(
+    result_ttl_s: int, claimed_s_ago: int, gone: bool
+) -> None:
+    """A job named by a key claimed just now may still be on its way to the queue; under a result TTL of 5 s, one
+    claimed 6 s ago may have run and lapsed (it answered "queued" of a job that was gone, for the rest of a minute)."""
+    queue = JobQueue(fakeredis.FakeRedis(), Keys(), result_ttl_s)
+    assert queue._gone("no-such-job", now_ms() - claimed_s_ago * 1000) is gone

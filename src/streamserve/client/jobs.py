@@ -270,8 +270,10 @@ class JobQueue:
 
     def _gone(self, job_id: str, claimed_ms: int) -> bool:
         """Whether job ``job_id``, named by a key claimed at ``claimed_ms``, no longer exists (not: it is being queued
-        by the call that claimed the key, which has CLAIM_QUEUEING_MS to do so)."""
-        return now_ms() - claimed_ms > CLAIM_QUEUEING_MS and not self.connection.exists(Job.key_for(job_id))
+        by the call that claimed the key, which has CLAIM_QUEUEING_MS to do so, or less under a shorter result TTL:
+        a job may have run and lapsed within the minute)."""
+        queueing_ms = min(CLAIM_QUEUEING_MS, self._result_ttl_s * 1000)
+        return now_ms() - claimed_ms > queueing_ms and not self.connection.exists(Job.key_for(job_id))
 
     def _enqueue(
         self,
