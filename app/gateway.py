@@ -15,6 +15,7 @@ handler's chunks are relayed as they come (app/streaming_response.py).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import re
@@ -27,6 +28,7 @@ import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
+from fastapi.telemetry import TelemetryConfig
 from opentelemetry import trace
 from redis.exceptions import ResponseError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -98,6 +100,13 @@ from streamserve.wire.tenants import DEFAULT_TENANT, check_tenant
 
 # X-Cache by Reply.shared, for a deployment with a response cache.
 _X_CACHE = {SHARED_STORED: "hit", SHARED_JOINED: "coalesced", "": "miss"}
+NO_FASTAPI_TELEMETRY: TelemetryConfig = {
+    "tracing": False,
+    "metrics": False,
+    "logs": False,
+    "operation_spans": False,
+    "auto_configure": False,
+}
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")  # \Z: "$" would take a trailing newline
 # X-Request-Timeout: plain decimal seconds (float() would also take "1_0", "+2", "1e3" and "inf").
@@ -620,6 +629,9 @@ def create_app(settings: Settings) -> GatewayApp:
         docs_url="/-/docs",
         openapi_url="/-/openapi.json",
         responses=ERROR_RESPONSES,
+        # FastAPI's own telemetry would trace each probe, scrape and dashboard poll with the farm's tracer provider:
+        # the gateway's spans are its requests' (docs/tracing.md), and OTLP exporters are its own to set up.
+        telemetry=NO_FASTAPI_TELEMETRY,
     )
     _add_error_handlers(api, settings)
     _add_probes(api, gateway)
@@ -656,6 +668,9 @@ def _lifespan(gateway: Gateway) -> Callable[[FastAPI], AbstractAsyncContextManag
                 await flusher.aclose()
             gateway.observer.flush()
             await gateway.client.aclose()
+            # Now, not at exit: once shut down, uvicorn ends the process with the stop signal itself, before the
+            # exit hooks that would send the last spans run.
+            await asyncio.to_thread(tracing.flush)
 
     return lifespan
 

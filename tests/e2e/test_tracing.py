@@ -295,6 +295,19 @@ def test_a_request_whose_replica_dies_shows_both_deliveries_in_its_trace(farm: F
     assert handler.resource["service.instance.id"] != host_pid
 
 
+def test_the_gateway_s_own_routes_make_no_spans(farm: Farm, receiver: OtlpReceiver) -> None:
+    """Probes, scrapes and the dashboard's polls are not traced (FastAPI's own telemetry would trace each with the
+    farm's tracer provider): only requests to deployments are."""
+    probed, probe_trace, _ = _traceparent()
+    for path in ("/-/healthz", "/-/ready", "/metrics", "/-/status", "/-/dashboard/data", "/-/nothing"):
+        httpx.get(farm.base_url + path, headers={"traceparent": probed}, timeout=30)
+    header, trace_id, _ = _traceparent()
+    assert farm.post("/traced-child", {"x": 1}, headers={"traceparent": header}).status_code == 200
+    _request_spans(receiver, trace_id, 1)  # exported after the probes' would have been, by the same gateway
+    assert receiver.trace(probe_trace) == []
+    assert receiver.find(lambda span: span.name.startswith(("GET ", "fastapi."))) == []
+
+
 def test_a_jobs_run_links_to_the_request_that_queued_it(farm: Farm, receiver: OtlpReceiver) -> None:
     header, trace_id, _ = _traceparent()
     resp = farm.post("/traced-child", {"job": 1}, headers={"traceparent": header, "Prefer": "respond-async"})
@@ -331,6 +344,22 @@ def test_log_lines_about_a_traced_request_carry_its_trace_id(farm: Farm, receive
         )
 
     wait_for(both, 30, lambda: f"log lines with the trace id: {lines()}")
+
+
+def test_a_gateway_stopped_right_after_a_request_exports_its_spans(
+    farm: Farm, receiver: OtlpReceiver, tmp_path: Path
+) -> None:
+    """Its batch waits 5 s (the SDK's default) to go: stopped before then, it must still send it (docs/tracing.md: a
+    stopping process gives its last spans 3 seconds). uvicorn ends the process with the stop signal itself once it
+    has shut down, before the process's exit hooks could export them."""
+    header, trace_id, _ = _traceparent()
+    with gateway_process(farm.effective_redis_url, tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint) as port:
+        resp = httpx.post(f"http://127.0.0.1:{port}/traced-child", json={}, headers={"traceparent": header}, timeout=30)
+        assert resp.status_code == 200, resp.text
+    # (stopped at once with SIGTERM, as `up` stops its gateway)
+    spans = receiver.wait_for_trace(trace_id, lambda spans: any(span.kind == "server" for span in spans))
+    assert _one(spans, "POST /traced-child").kind == "server"
+    _one(spans, "enqueue traced-child")
 
 
 def test_an_unreachable_endpoint_never_fails_a_request_and_is_logged_once(farm: Farm, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -62,3 +63,14 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> Non
         errors = command.stderr.read().decode()
         assert command.wait(timeout=60) == 141, errors
     assert errors == ""
+
+
+def test_a_propagator_not_installed_keeps_no_role_from_starting() -> None:
+    """OpenTelemetry raises at import for it, and the gateway imports FastAPI, which imports OpenTelemetry: `up` said
+    only that the gateway did not come up."""
+    env = {**os.environ, "OTEL_PROPAGATORS": "b3"}
+    shown = subprocess.run(
+        [STREAMSERVE, "gateway", "--help"], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "warning: OTEL_PROPAGATORS names b3, not installed here" in shown.stderr

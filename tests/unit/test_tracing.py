@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from streamserve.runtime import trace_context
+from streamserve.runtime.propagators import drop_missing_propagators
 from streamserve.runtime.trace_export import OnceLoggedExporter
 from streamserve.runtime.tracing import wanted
 from streamserve.wire.messages import Request
@@ -105,3 +106,19 @@ def test_the_sampled_flag_is_read_from_a_traceparent() -> None:
     assert trace_context.sampled(TRACEPARENT)
     assert not trace_context.sampled(TRACEPARENT[:-2] + "00")
     assert trace_context.sampled("garbage!")  # unreadable: left to the sampler
+
+
+@pytest.mark.parametrize(
+    ("given", "kept", "said"),
+    [
+        ("b3,tracecontext", "tracecontext", "names b3, not installed here"),
+        ("b3", None, "propagating with tracecontext, baggage instead"),
+        ("tracecontext,baggage", "tracecontext,baggage", ""),
+        ("none", "none", ""),
+    ],
+)
+def test_propagators_not_installed_are_dropped_and_named(given: str, kept: str | None, said: str) -> None:
+    environ = {"OTEL_PROPAGATORS": given}
+    message = drop_missing_propagators(environ)
+    assert environ.get("OTEL_PROPAGATORS") == kept
+    assert (said in message) if said else message == ""

@@ -9,6 +9,7 @@ import importlib
 import sys
 from collections.abc import Callable
 
+from streamserve.runtime.propagators import drop_missing_propagators
 from streamserve.wire.errors import ConfigError
 
 # Command -> the module whose main(argv) runs that role's process.
@@ -22,6 +23,8 @@ ROLE_COMMANDS = {
 
 def run_role(command: str, argv: list[str]) -> int:
     """Run the role's own ``main`` on the rest of the command line (it parses its own options)."""
+    if dropped := drop_missing_propagators():  # before the role's imports: they would raise for it
+        print(f"warning: {dropped}", file=sys.stderr)
     role_main: Callable[[list[str]], int] = importlib.import_module(ROLE_COMMANDS[command]).main
     try:
         return role_main(argv)
