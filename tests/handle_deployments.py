@@ -7,6 +7,8 @@ cancelled, what the parent's code raised) goes to the Redis list named by ``body
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -56,6 +58,14 @@ def parent_sync(body: dict[str, Any]) -> dict[str, Any]:
         _note(body, "parent saw RequestCancelledError")
         raise
     return {"served": _served(), "child": answer}
+
+
+def parent_threads(body: dict[str, Any]) -> dict[str, Any]:
+    """Fans out to ``child`` from threads of its own, each call run in a copy of the handler's context (the recipe in
+    docs/api.md: a thread does not inherit it)."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        calls = [pool.submit(contextvars.copy_context().run, streamserve.handle("child").call, body) for _ in "ab"]
+        return {"served": _served(), "children": [call.result() for call in calls]}
 
 
 async def blocking_call_in_async(body: dict[str, Any]) -> Any:

@@ -38,6 +38,10 @@ deployments:
     import_path: tests.handle_deployments:parent_sync
     num_replicas: 1
     graceful_shutdown_timeout_s: 2
+  - name: parent-threads
+    import_path: tests.handle_deployments:parent_threads
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 2
   - name: blocking-in-async
     import_path: tests.handle_deployments:blocking_call_in_async
     num_replicas: 1
@@ -100,6 +104,15 @@ def test_a_parent_returns_its_childs_answer_with_the_childs_id_and_deadline_from
     assert child["request_id"].startswith(f"handles-{parent}.")
     # The child's own timeout (the default 30 s) is longer: it gets the parent's deadline, never a later one.
     assert mine["deadline_ms"] - 1000 < child["deadline_ms"] <= mine["deadline_ms"], answer
+
+
+def test_calls_from_threads_of_the_handler_s_own_are_children_in_a_copy_of_its_context(farm: Farm) -> None:
+    response = farm.post("/parent-threads", {}, headers={"X-Request-ID": "threads", "X-Request-Timeout": "3"})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    for child in answer["children"]:
+        assert child["served"]["request_id"].startswith("threads."), answer
+        assert child["served"]["deadline_ms"] <= answer["served"]["deadline_ms"], answer
 
 
 @pytest.mark.parametrize("parent", PARENTS)
