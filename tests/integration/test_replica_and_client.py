@@ -81,6 +81,9 @@ async def test_unknown_method_and_private_method_are_bad_requests(
         await client.call("rec", 1, method="nope")
     with pytest.raises(BadRequestError, match="no public method '__init__'"):
         await client.call("rec", 1, method="__init__")
+    for sending in (client.call, client.send, client.submit_job):
+        with pytest.raises(BadRequestError, match=r"method must be a method's name \(a string\), got 123"):
+            await sending("rec", 1, method=123)
 
 
 async def test_the_lifecycle_hooks_are_not_for_requests(start_replica: StartReplica, client: AsyncClient) -> None:

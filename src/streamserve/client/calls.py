@@ -51,7 +51,16 @@ from streamserve.wire.idempotency import check_key
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import SHARED_JOINED, SHARED_STORED, Reply, ReplyStatus, Request, now_ms, text
+from streamserve.wire.messages import (
+    SHARED_JOINED,
+    SHARED_STORED,
+    Reply,
+    ReplyStatus,
+    Request,
+    method_of,
+    now_ms,
+    text,
+)
 from streamserve.wire.models import hold_ms, model_id_of, route_spec
 from streamserve.wire.priorities import Priority, parse_priority, queue_full
 from streamserve.wire.response_cache import cache_digest
@@ -122,7 +131,7 @@ class Calls(ClientCore):
             name,
             encode_body(body),
             timeout=timeout,
-            method=method,
+            method=method_of(method),
             idempotency_key=key,
             priority=level,
             tenant=tenant_of(tenant),
@@ -146,6 +155,7 @@ class Calls(ClientCore):
         parse_priority(priority)  # a bad one raises here, not in the task
         tenant_of(tenant)
         model_id_of(model_id)
+        method_of(method)
         calling = self.call(
             name,
             body,
@@ -186,13 +196,14 @@ class Calls(ClientCore):
         level = parse_priority(priority)
         whom = tenant_of(tenant)
         model = model_id_of(model_id)
+        method = method_of(method)
 
         async def start() -> Reply | ChunkFeed:
             reply = await self.request(
                 name,
                 encoded,
                 timeout=timeout,
-                method=method or "",
+                method=method,
                 stream=True,
                 idempotency_key=key,
                 priority=level,
@@ -239,7 +250,7 @@ class Calls(ClientCore):
             "",
             now_ms() + int(1000 * call_timeout_s(timeout, route.deployment)),
             encoded,
-            method,
+            method_of(method),
             priority=level,
             tenant=tenant_of(tenant),
             model=model_id_of(model_id),

@@ -51,7 +51,7 @@ from streamserve.runtime.request_scope import RequestScope, current_scope
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import BadRequestError, RequestCancelledError, RequestTimeoutError, UnavailableError, shown
 from streamserve.wire.ids import new_request_id
-from streamserve.wire.messages import Reply
+from streamserve.wire.messages import Reply, method_of
 from streamserve.wire.models import model_id_of
 
 T = TypeVar("T")
@@ -288,7 +288,7 @@ class DeploymentHandle:
         scope = current_scope()
         _check_parent(scope)
         home = _blocking_home("call", "await handle.acall(...)")
-        future = home.submit(_call(home, self.name, encoded, method or "", model_id_of(model_id), scope))
+        future = home.submit(_call(home, self.name, encoded, method_of(method), model_id_of(model_id), scope))
         unregister = scope.on_cancel(future.cancel) if scope is not None else _nothing
         try:
             return future.result()
@@ -306,7 +306,7 @@ class DeploymentHandle:
         scope = current_scope()
         _check_parent(scope)
         home = _home()
-        return await home.run(_call(home, self.name, encoded, method or "", model_id_of(model_id), scope))
+        return await home.run(_call(home, self.name, encoded, method_of(method), model_id_of(model_id), scope))
 
     def stream(self, body: Any = None, *, method: str | None = None, model_id: str | None = None) -> HandleStream:
         """Run the streaming deployment on ``body``: an iterator of its chunks, each step blocking until it comes.
@@ -317,7 +317,7 @@ class DeploymentHandle:
         scope = current_scope()
         _check_parent(scope)
         home = _blocking_home("stream", "async for chunk in handle.astream(...)")
-        chunks = _chunks(home, self.name, encoded, method or "", model_id_of(model_id), scope)
+        chunks = _chunks(home, self.name, encoded, method_of(method), model_id_of(model_id), scope)
         return HandleStream(home, chunks, self.name, scope)
 
     def astream(self, body: Any = None, *, method: str | None = None, model_id: str | None = None) -> AsyncHandleStream:
@@ -326,7 +326,9 @@ class DeploymentHandle:
         scope = current_scope()
         _check_parent(scope)
         home = _home()
-        return AsyncHandleStream(home, _chunks(home, self.name, encoded, method or "", model_id_of(model_id), scope))
+        return AsyncHandleStream(
+            home, _chunks(home, self.name, encoded, method_of(method), model_id_of(model_id), scope)
+        )
 
 
 def handle(name: str) -> DeploymentHandle:

@@ -18,6 +18,7 @@ from streamserve.client.core import ClientCore
 from streamserve.client.jobs import JobInfo
 from streamserve.runtime import trace_context
 from streamserve.wire.idempotency import check_key
+from streamserve.wire.messages import method_of
 from streamserve.wire.models import model_id_of
 from streamserve.wire.priorities import parse_priority
 from streamserve.wire.tenants import tenant_of
@@ -59,6 +60,7 @@ class JobCalls(ClientCore):
         level = parse_priority(priority)
         whom = tenant_of(tenant)
         model = model_id_of(model_id)
+        method = method_of(method)
         encoded = encode_body(body)
         self._check_size(encoded)
         route = await self.route(name)

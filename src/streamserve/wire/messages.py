@@ -181,6 +181,15 @@ SHARED_STORED = "stored"
 SHARED_JOINED = "joined"
 
 
+def method_of(method: str | None) -> str:
+    """A caller's ``method=``: None (or "") is the handler itself; else the name of the class's method to run."""
+    if method is None:
+        return ""
+    if not isinstance(method, str):
+        raise BadRequestError(f"method must be a method's name (a string), got {method!r}")
+    return method
+
+
 class ReplyStatus(str, Enum):
     """How a request ended, as its reply says."""
 
