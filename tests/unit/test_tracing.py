@@ -37,6 +37,13 @@ def test_tracing_is_on_when_the_environment_names_an_otlp_endpoint(environ: dict
     assert wanted(environ)[0] is on
 
 
+@pytest.mark.parametrize("endpoint", ["not-a-url", "127.0.0.1:4318", "ftp://c:4318", "http://"])
+def test_an_endpoint_that_is_no_http_url_is_said_at_start(endpoint: str) -> None:
+    said = wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+    assert not said.on and said.warn
+    assert said.why == f"OTEL_EXPORTER_OTLP_ENDPOINT={endpoint} is not an http:// or https:// URL"
+
+
 def test_grpc_is_refused_with_the_reason() -> None:
     _, why, warn = wanted(
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}

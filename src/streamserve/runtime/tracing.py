@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
@@ -62,6 +63,10 @@ def wanted(environ: Mapping[str, str] = os.environ) -> Wanted:
     endpoint = next((environ[var] for var in _ENDPOINT_VARS if environ.get(var, "").strip()), "")
     if not endpoint:
         return Wanted(False, "no OTEL_EXPORTER_OTLP_ENDPOINT")
+    parsed = urllib.parse.urlsplit(endpoint.strip())
+    if parsed.scheme.lower() not in ("http", "https") or not parsed.hostname:
+        # (Else accepted at start, and every export failed from then on.)
+        return Wanted(False, f"OTEL_EXPORTER_OTLP_ENDPOINT={endpoint.strip()} is not an http:// or https:// URL", True)
     protocol = next((environ[var] for var in _PROTOCOL_VARS if environ.get(var, "").strip()), _HTTP_PROTOCOL)
     if protocol.strip().lower() != _HTTP_PROTOCOL:
         why = (
