@@ -17,6 +17,7 @@ delivered the request is remembered, and the request never starts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -396,13 +397,31 @@ class Serving:
         charged an attempt. Run side by side again, a poison request would take
         its neighbours down with it on every delivery until they too reached the
         dead-letter stream; alone, a death is charged to the culprit only.
+
+        A stop ends either wait: the read loop must return for the drain to begin, whose bound (the deployment's
+        graceful_shutdown_timeout_s; FARM_GONE_DRAIN_S once its `up` died and its replies may never go out) holds
+        this request as any other. One that has not started by then goes back to the queue, unrun and uncharged.
         """
-        await self._slots.wait_idle()
+        if not await self._idle_unless_stopping():
+            with contextlib.suppress(*RETRYABLE_ERRORS):  # else it stays pending: freed once this replica is gone
+                await self._hand_back([entry_id])
+            return
         self._accept(entry_id, fields)
-        await self._slots.wait_idle()
+        await self._idle_unless_stopping()
+
+    async def _idle_unless_stopping(self) -> bool:
+        """Wait until the replica holds no request, or it stops; whether it goes on (it does not stop)."""
+        waits = [asyncio.ensure_future(self._slots.wait_idle()), asyncio.ensure_future(self._stopping.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return not self._stopping.is_set()
 
     async def _hand_back(self, entry_ids: list[bytes]) -> None:
-        """Return suspects read beside the one being run alone to the queue, unrun and uncharged."""
+        """Return suspects to the queue, unrun and uncharged: those read beside the one run alone, or that one when
+        the replica stops before it starts."""
         for lane, ids in group_refs(entry_ids).items():
             if ids:
                 await self._requeuer.requeue(
