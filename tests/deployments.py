@@ -341,3 +341,14 @@ def start_sleeper(body: Any) -> int:
     """Starts a process that outlives the call, as a model server a handler starts would (in the replica's process
     group); returns its pid."""
     return subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL).pid
+
+
+class GroupStarter:
+    """Starts a process in its constructor and another in each call, as a model server and a pool would (both in the
+    replica's process group); a call returns both pids."""
+
+    def __init__(self) -> None:
+        self.server = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL).pid
+
+    def __call__(self, body: Any) -> list[int]:
+        return [self.server, start_sleeper(body)]

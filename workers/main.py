@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from streamserve.runtime import tracing
 from streamserve.runtime.gc_freeze import freeze_startup_objects
 from streamserve.runtime.logging_setup import start_process
-from streamserve.runtime.processes import on_stop_signals, role_command
+from streamserve.runtime.processes import end_own_group, on_stop_signals, role_command
 from streamserve.runtime.settings import Settings, forget_gateway_secrets
 from streamserve.transport.connections import async_redis
 from streamserve.wire.ids import ReplicaID
@@ -49,6 +49,11 @@ async def serve(settings: Settings, replica: Callable[[aioredis.Redis], Replica]
             return await running.run(), running.restart_reason
     finally:
         await redis.aclose()
+        if running.farm_gone:
+            # Its scheduler would kill its process group once it ended (scheduler/launcher.py); none is left to.
+            ended = end_own_group()
+            if ended:
+                logger.warning("replica %s: killed %d process(es) left in its group", running.replica_id, ended)
 
 
 def restart_command(worker_args: list[str], replica_id: ReplicaID) -> list[str]:

@@ -125,6 +125,11 @@ class Replica:
         self._exit_code = departure.exit_code
         self.request_stop()
 
+    @property
+    def farm_gone(self) -> bool:
+        """Whether it leaves because its `streamserve up` died: then no scheduler will end what it leaves behind."""
+        return self._farm_gone
+
     def _obeys_its_record(self) -> bool:
         """Whether the scheduler's record of it decides now: not once it is leaving anyway, nor for a worker of an
         externally scaled deployment (before its config is read, the record decides)."""

@@ -1,13 +1,16 @@
 """A replica whose `streamserve up` died (its lifeline cut, runtime/lifeline.py) leaves by itself, as operations.md
-says: it drains for FARM_GONE_DRAIN_S at most, whatever it runs. Real `streamserve worker` processes, given a
-lifeline the test holds."""
+says: it drains for FARM_GONE_DRAIN_S at most, whatever it runs, and what its code started goes with it, since no
+scheduler is left to kill its process group. Real `streamserve worker` processes, given a lifeline the test holds."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -27,6 +30,14 @@ pytestmark = pytest.mark.timeout(120)
 # How long a replica whose `up` died may take to exit, at most (operations.md: "nothing is left about 7 s later"),
 # and a margin for a loaded host.
 EXIT_BOUND_S = FARM_GONE_DRAIN_S + FARM_GONE_WIND_DOWN_S + 3
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie is gone but for its parent's wait)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
@@ -89,3 +100,32 @@ def test_a_replica_running_a_redelivered_request_leaves_within_its_bounds_when_u
             lambda: f"the replica did not leave:\n{processes.log(cfg.name).read_text()[-3000:]}",
         )
         assert "is gone" in processes.log(cfg.name).read_text()  # it left because its lifeline was cut
+
+
+@pytest.fixture
+def started_by_replica() -> Iterator[list[int]]:
+    """The pids of the processes a replica's code started, killed at the end whatever the test saw."""
+    started: list[int] = []
+    yield started
+    for pid in started:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_what_a_replica_started_leaves_with_it_when_up_dies(
+    processes: Processes, settings: Settings, connection: redis.Redis, started_by_replica: list[int]
+) -> None:
+    """The scheduler kills a replica's process group once the replica ended; when `up` died, no scheduler is left to:
+    the replica ends the rest of its group itself (its constructor's process, and its handler's)."""
+    cfg = DeploymentConfig(name="starter", import_path="tests.deployments:GroupStarter")
+    with replica_on_a_lifeline(processes, settings, connection, cfg) as (proc, cut, _replica_id):
+        with Client(settings.effective_redis_url) as client:
+            started_by_replica += client.call(cfg.name, None, timeout=30)
+        assert all(running(pid) for pid in started_by_replica)
+        cut()  # `up` died
+        wait_for(lambda: proc.poll() is not None, EXIT_BOUND_S, "the replica did not leave")
+        wait_for(
+            lambda: not any(running(pid) for pid in started_by_replica),
+            5,
+            lambda: f"what the replica started outlived it: {[p for p in started_by_replica if running(p)]}",
+        )

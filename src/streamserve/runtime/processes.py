@@ -106,6 +106,43 @@ def stop_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
         proc.wait(5)
 
 
+# How many times end_own_group looks again for what is left of its group: a process that forked as it was killed may
+# have left a child that the look before did not see.
+GROUP_SWEEPS = 10
+
+
+def end_own_group() -> int:
+    """SIGKILL the other processes of the process group this process leads (what its code started: a model server, a
+    pool), as the scheduler does once a replica it started has ended (scheduler/launcher.py), for a process that
+    nobody will do it for. Nothing when it does not lead its group: that group is somebody else's. Returns how many
+    it killed."""
+    me = os.getpid()
+    if os.getpgrp() != me:
+        return 0
+    killed: set[int] = set()
+    for _ in range(GROUP_SWEEPS):
+        found = set(group_members(me)) - killed - {me}
+        if not found:
+            break
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        killed |= found
+    return len(killed)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The pids of the processes of process group ``pgid`` (not its zombies: they are gone but for a wait)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError):
+            # After the command name (in parentheses, and free to contain spaces): the state, the ppid, the group.
+            state, _ppid, group, *_ = stat.read_text().rpartition(")")[2].split()
+            if int(group) == pgid and state not in ("Z", "X"):
+                members.append(int(stat.parent.name))
+    return members
+
+
 def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
     """Poll ``condition`` until it holds or ``timeout_s`` passes; return whether it held."""
     deadline = time.monotonic() + timeout_s
