@@ -41,7 +41,7 @@ from streamserve.transport.pipelining import Pipeliner
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import ResponseTooLargeError
 from streamserve.wire.json_values import dumps
-from streamserve.wire.messages import ChunkPart, Fields, ReadProgress, Reply, ReplyStatus, Request, now_ms
+from streamserve.wire.messages import READ_ALL, ChunkPart, Fields, ReadProgress, Reply, ReplyStatus, Request, now_ms
 from streamserve.workers.chunk_batches import (
     DOES_NOT_FIT,
     STREAM_BATCH_MAX_BYTES,
@@ -55,9 +55,6 @@ from streamserve.workers.threads import HandlerThreads
 
 logger = logging.getLogger(__name__)
 
-
-# The window of a stream that nobody reads (no reply stream): no reader ever reports progress, and none is awaited.
-UNREAD_WINDOW = 2**62
 
 # Serving's reply to a request whose handler raised (logged there): (request, exception, message prefix).
 UserError = Callable[[Request, BaseException, str], Reply]
@@ -502,7 +499,7 @@ class Streams:
                 self._pipeliner, request.reply_to, self._replica.replica_id
             )
         batcher.streams += 1
-        window = config.max_unread_chunks if request.reply_to else UNREAD_WINDOW
+        window = config.max_unread_chunks if request.reply_to else READ_ALL  # (nobody reads: none is awaited)
         stream = Stream(request, self._replica, batcher, window, config.max_response_bytes, scope)
         stream.start(handler, body)
         self._running[stream.key] = stream

@@ -30,7 +30,7 @@ from streamserve.transport.pipelining import Pipeliner, Script
 from streamserve.transport.streams import control_command
 from streamserve.wire import scripts
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
-from streamserve.wire.messages import CancelRequest, ReadProgress, Request, now_ms, text
+from streamserve.wire.messages import READ_ALL, CancelRequest, ReadProgress, Request, now_ms, text
 from streamserve.wire.priorities import lane_ref, priority_lane, split_ref
 
 logger = logging.getLogger(__name__)
@@ -38,8 +38,6 @@ logger = logging.getLogger(__name__)
 _CANCEL = Script(scripts.CANCEL)
 # How long a request cancelled while a replica held it stays marked (the reclaimer drops marked entries).
 CANCEL_MARK_KEEP_MS = 24 * 3600 * 1000
-# What a shared run's stream is told its caller has read once the caller left: no end of reading holds it back.
-READ_ALL = 2**62
 
 
 class Canceller:

@@ -370,6 +370,11 @@ class ChunkBatch:
         return cls(replica_id, parts)
 
 
+# A count of chunks read that no stream reaches: told to a replica (ReadProgress), or taken as a stream's window,
+# flow control holds nothing back (a stream whose caller left, or that nobody reads).
+READ_ALL = 2**62
+
+
 @dataclass(slots=True)
 class ReadProgress:
     """A stream's caller has taken ``read`` chunks of request ``request_id``: on the serving replica's control stream.
