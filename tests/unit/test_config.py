@@ -86,6 +86,10 @@ def test_not_a_mapping_and_not_yaml(tmp_path: Path) -> None:
         load_config(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml")
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"deployments: []\n\xff\xfe")
+    with pytest.raises(ConfigError, match=r"binary\.yaml is not UTF-8 text \(YAML is\): byte 0xff at offset 16"):
+        load_config(binary)  # (a UnicodeDecodeError's traceback, exit 1, from deploy, up and manifests)
 
 
 @pytest.mark.parametrize(

@@ -526,7 +526,11 @@ def load_config(path: str | Path, limits: ConfigLimits = DEFAULT_LIMITS) -> AppC
     """Read and validate a YAML config file; ConfigError says which field of which deployment is wrong."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not UTF-8 text (YAML is): byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
+        ) from None
     return parse_config(load_yaml(text, str(path)), str(path), limits)
