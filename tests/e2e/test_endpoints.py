@@ -57,7 +57,7 @@ def test_endpoint_splits_mirrors_and_follows_traffic_changes(farm: Farm, tmp_pat
     tally = tmp_path / "shadow.tally"
     tally.touch()
     deployed = farm.cli("deploy", str(write_config(tmp_path / "classify.yaml", tally)), "--wait", "--timeout", "90")
-    assert "classify: endpoint updated" in deployed.stdout
+    assert "classify: endpoint created" in deployed.stdout
     wait_for(lambda: httpx.get(f"{farm.base_url}/-/routes").json().get("/classify") == "classify", 10, "no route")
 
     split = served_by(farm, REQUESTS)

@@ -28,6 +28,17 @@ def test_bad_usage_is_2_and_a_failure_is_1(redis_url: str, tmp_path: Path) -> No
     assert not_there.returncode == 1 and "no deployment or endpoint named 'nothing-here'" in not_there.stderr
 
 
+def test_deploy_says_what_it_created_and_what_it_updated(redis_url: str, tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("deployments:\n  - name: first\n    import_path: examples.echo:Echo\n")
+    assert run("deploy", str(config), "--redis-url", redis_url).stdout.startswith("first: created (goal ")
+    text = "deployments:\n  - name: first\n    import_path: examples.echo:Echo\n    num_replicas: 2\n"
+    config.write_text(text + "  - name: second\n    import_path: examples.echo:Echo\n")
+    lines = run("deploy", str(config), "--redis-url", redis_url).stdout.splitlines()
+    assert [line.split(" (goal")[0] for line in lines] == ["first: updated", "second: created"]
+    assert run("deploy", str(config), "--redis-url", redis_url).stdout == "no change\n"
+
+
 def test_ctrl_c_is_130_without_a_traceback(redis_url: str, tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"  # no scheduler runs: the goal is never reached, --wait waits
     config.write_text("deployments:\n  - name: never\n    import_path: examples.echo:Echo\n")
@@ -40,7 +51,7 @@ def test_ctrl_c_is_130_without_a_traceback(redis_url: str, tmp_path: Path) -> No
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()  # the write is done and the wait has begun
-        assert "never: updated" in first
+        assert "never: created" in first
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=30)
     finally:

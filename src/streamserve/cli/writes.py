@@ -31,13 +31,15 @@ def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
     config = load_config(args.config, settings.config_limit_values)
 
     async def deploy(stores: Stores) -> int:
+        there = set(await stores.desired.get_many([d.name for d in config.deployments]))
+        endpoints_there = set(await stores.desired.endpoints())
         applied = await apply_file(stores.desired, config, args.config)
         if not applied:
             print("no change")
         for name, goal_id in applied.goals.items():
-            print(f"{name}: updated (goal {goal_id})")
+            print(f"{name}: {'updated' if name in there else 'created'} (goal {goal_id})")
         for name in applied.endpoints:
-            print(f"{name}: endpoint updated")
+            print(f"{name}: endpoint {'updated' if name in endpoints_there else 'created'}")
         if args.wait:
             deadline = time.monotonic() + args.timeout
             await _wait_for_goals(stores, list(applied.goals.values()), args.timeout)
