@@ -81,3 +81,10 @@ def test_only_the_gateways_unit_reads_the_api_key() -> None:
     assert environment_files("streamserve-worker@.service") == [shared]
     assert "STREAMSERVE_API_KEY=" not in (UNITS / "streamserve.env.example").read_text()
     assert "STREAMSERVE_API_KEY=" in (UNITS / "gateway.env.example").read_text()
+
+
+def test_a_worker_told_to_stop_stays_stopped() -> None:
+    """A worker exits 0 when told to stop (its deployment deleted, or one more than a scheduler-scaled deployment
+    runs) and 1 when it fails (its deployment not deployed yet): Restart=always started a retired one every 5 s."""
+    lines = (UNITS / "streamserve-worker@.service").read_text().splitlines()
+    assert [line for line in lines if line.startswith("Restart=")] == ["Restart=on-failure"]

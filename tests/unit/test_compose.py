@@ -45,6 +45,8 @@ def test_redis_keeps_its_data_on_a_volume_with_an_append_only_file() -> None:
     assert command[command.index("--appendonly") + 1] == "yes"
     assert command[command.index("--appendfsync") + 1] == "everysec"
     assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    # Without a maxmemory Redis is never full (refusing new work, as docker/README.md says): it grows until killed.
+    assert command[command.index("--maxmemory") + 1] == "${STREAMSERVE_REDIS_MAXMEMORY:-1gb}"
     volume, _, path = redis["volumes"][0].partition(":")
     assert path == "/data" and volume in yaml.safe_load(COMPOSE.read_text())["volumes"]  # named, not a bind mount
     assert redis["restart"] == "unless-stopped"
