@@ -84,7 +84,7 @@ def test_only_the_gateways_unit_reads_the_api_key() -> None:
 
 
 def test_a_worker_told_to_stop_stays_stopped() -> None:
-    """A worker exits 0 when told to stop (its deployment deleted, or one more than a scheduler-scaled deployment
-    runs) and 1 when it fails (its deployment not deployed yet): Restart=always started a retired one every 5 s."""
+    """A worker exits 0 when retired (one more than a scheduler-scaled deployment runs) and 1 when it cannot serve
+    (its deployment not deployed): Restart=always started a retired one again every 5 s, to be retired again."""
     lines = (UNITS / "streamserve-worker@.service").read_text().splitlines()
     assert [line for line in lines if line.startswith("Restart=")] == ["Restart=on-failure"]
