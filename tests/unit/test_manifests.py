@@ -113,6 +113,25 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
+def pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every pod template's spec, by its object's kind and name."""
+    return {
+        f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["spec"]
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet", "Job")
+    }
+
+
+def streamserve_containers(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every container that runs the image (init containers too; not Redis), by object and container name."""
+    return {
+        f"{where}/{c['name']}": c
+        for where, pod in pod_specs(docs).items()
+        for c in [*pod.get("initContainers", []), *pod["containers"]]
+        if c["name"] != "redis"
+    }
+
+
 @pytest.mark.parametrize("redis", [[], ["--redis-url", "rediss://redis.shared.example:6380/2"]], ids=["own", "url"])
 def test_every_object_is_valid_for_kubernetes_and_keda(run: Run, config_file: Path, redis: list[str]) -> None:
     docs = farm(run, config_file, *redis)
@@ -402,6 +421,33 @@ def test_bad_arguments_exit_2_and_say_why(run: Run, config_file: Path, args: lis
     assert (code, out) == (2, "")
     assert message in err
     assert "hunter2" not in err
+
+
+def test_the_config_limits_go_into_every_pod_the_config_was_checked_against(
+    run: Run, config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deploy Job checks the config again: it must do so against the limits `manifests` checked it against."""
+    config_file.write_text(CONFIG.replace("max_ongoing_requests: 4", "max_ongoing_requests: 20000"))
+    code, _, err = run(str(config_file), "--image", "x:1")
+    assert code == 2 and "max_ongoing_requests" in err  # above the default maximum
+    monkeypatch.setenv("STREAMSERVE_CONFIG_LIMITS", "max_ongoing_requests=50000")
+    containers = streamserve_containers(farm(run, config_file))
+    assert len(containers) == 7  # the Job, scheduler, gateway, two workers and their init containers
+    for where, container in containers.items():
+        assert env_of(container)["STREAMSERVE_CONFIG_LIMITS"] == "max_ongoing_requests=50000", where
+
+
+def test_an_import_path_outside_the_allow_list_exits_2_as_deploy_would(
+    run: Run, config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STREAMSERVE_IMPORT_ALLOW", "examples")
+    for where, container in streamserve_containers(farm(run, config_file)).items():
+        assert env_of(container)["STREAMSERVE_IMPORT_ALLOW"] == "examples", where
+    config_file.write_text(CONFIG.replace("import_path: examples.sleepy:sleepy", "import_path: os:system"))
+    code, out, err = run(str(config_file), "--image", "x:1")
+    assert (code, out) == (2, "")
+    assert "deployment 'lazy': import_path 'os:system' is outside STREAMSERVE_IMPORT_ALLOW (examples)" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_a_bad_config_exits_2_naming_the_deployment_and_field(run: Run, config_file: Path) -> None:

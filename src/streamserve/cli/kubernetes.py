@@ -21,6 +21,7 @@ def cmd_manifests(args: argparse.Namespace, settings: Settings) -> int:
         import_allow=settings.import_allow,
         redis_memory=args.redis_memory,
         limits=settings.config_limit_values,
+        config_limits=settings.config_limits,
     )
     for note in notes(spec):
         print(f"note: {note}", file=sys.stderr)

@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
+from streamserve.control.security import ImportAllowList
 from streamserve.runtime.embedded_redis import DEFAULT_PORT
 from streamserve.wire.config import MEMORY_RE, AppConfig, load_config, memory_bytes
 from streamserve.wire.errors import ConfigError
@@ -95,6 +96,7 @@ class FarmSpec:
     import_allow: str | None = None
     redis_memory: str = DEFAULT_REDIS_MEMORY  # a Kubernetes quantity; only the in-cluster Redis has one
     limits: ConfigLimits = DEFAULT_LIMITS  # what the config is checked against (STREAMSERVE_CONFIG_LIMITS)
+    config_limits: str | None = None  # STREAMSERVE_CONFIG_LIMITS as given: the deploy Job checks against it too
 
     @classmethod
     def from_file(
@@ -108,8 +110,14 @@ class FarmSpec:
         import_allow: str | None = None,
         redis_memory: str | None = None,
         limits: ConfigLimits = DEFAULT_LIMITS,
+        config_limits: str | None = None,
     ) -> FarmSpec:
-        """Read and check the inputs; ConfigError names what is wrong."""
+        """Read and check the inputs; ConfigError names what is wrong.
+
+        The config is checked as the deploy Job's ``streamserve deploy`` will
+        check it (``limits``, and each import_path against ``import_allow``),
+        so that what is refused there is refused here, before anything runs.
+        """
         if not image or not image.strip():
             raise ConfigError("--image is required: the container image with streamserve and your deployments' code")
         if not K8S_NAME_RE.match(namespace):
@@ -120,6 +128,11 @@ class FarmSpec:
         if not MEMORY_RE.match(memory) or memory_bytes(memory) <= 0:
             raise ConfigError(f"--redis-memory {memory!r} is not a memory size: use e.g. 512Mi or 2Gi")
         config = load_config(path, limits)
+        allowed = ImportAllowList.parse(import_allow)
+        for d in config.deployments:
+            allowed.check(d.import_path, d.name)
         raw = yaml.safe_load(path.read_text())  # load_config just parsed it
         redis = RedisTarget.in_namespace(namespace) if redis_url is None else RedisTarget.parse(redis_url)
-        return cls(config, raw, path.name, image.strip(), namespace, redis, keys, import_allow, memory, limits)
+        return cls(
+            config, raw, path.name, image.strip(), namespace, redis, keys, import_allow, memory, limits, config_limits
+        )

@@ -94,7 +94,9 @@ def process_env(spec: FarmSpec) -> list[dict[str, Any]]:
     """Redis URL, password and key prefix (Settings reads these); the password only by reference.
 
     With ``--redis-url`` the password is optional, so a Redis without one
-    works with a Secret that has no ``redis-password``.
+    works with a Secret that has no ``redis-password``. The import allow-list
+    and the config limits the config was checked against go along as given:
+    the deploy Job checks it again, and must accept what ``manifests`` did.
     """
     env = [
         {"name": "STREAMSERVE_REDIS_URL", "value": spec.redis.url},
@@ -103,6 +105,8 @@ def process_env(spec: FarmSpec) -> list[dict[str, Any]]:
     ]
     if spec.import_allow is not None:
         env.append({"name": "STREAMSERVE_IMPORT_ALLOW", "value": spec.import_allow})
+    if spec.config_limits is not None:
+        env.append({"name": "STREAMSERVE_CONFIG_LIMITS", "value": spec.config_limits})
     return env
 
 
