@@ -450,6 +450,56 @@ def test_an_import_path_outside_the_allow_list_exits_2_as_deploy_would(
     assert len(err.strip().splitlines()) == 1
 
 
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "farm:1",
+        "registry.example.com:5000/team/farm:1.2",
+        "localhost/farm",
+        f"ghcr.io/a/b@{DIGEST}",
+        f"farm:1@{DIGEST}",
+        "team__a/farm-x--y.z_w:Tag_1.0-rc",
+        "[fd00::1]:5000/farm",
+    ],
+)
+def test_an_image_reference_is_used_as_given(run: Run, config_file: Path, image: str) -> None:
+    code, out, err = run(str(config_file), "--image", image)
+    assert code == 0, err
+    for where, container in streamserve_containers(objects(out)).items():
+        assert container["image"] == image, where
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "Bad Image!!",
+        "UPPER/case:tag",  # UPPER is no registry (no '.' or ':', not localhost), so a path: lowercase only
+        "Farm:1",
+        "img:tag@sha256:zz",
+        f"farm@{DIGEST.upper()}",
+        "farm@md5:" + "0" * 32,
+        "farm:1\nkind: Secret",
+        "farm\u2028x",
+        "farm:",
+        "farm:-1",
+        "farm:" + "t" * 129,
+        "a//b",
+        "farm/",
+        "a_-b",
+        "registry.example.com:port/farm",
+        "r.io/" + "a" * 251,
+    ],
+)
+def test_an_image_that_is_no_image_reference_exits_2_naming_it(run: Run, config_file: Path, image: str) -> None:
+    code, out, err = run(str(config_file), "--image", image)
+    assert (code, out) == (2, "")
+    assert f"--image {image!r} is not a container image reference" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_a_bad_config_exits_2_naming_the_deployment_and_field(run: Run, config_file: Path) -> None:
     config_file.write_text(CONFIG.replace("num_replicas: 3", "num_replicas: -1"))
     code, out, err = run(str(config_file), "--image", "x:1")

@@ -38,6 +38,47 @@ TRIGGER_AUTH_NAME = "streamserve-redis-auth"
 # A DNS-1123 label: what Service names, and the names and labels here, must be.
 K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
+# A container image reference, as the kubelet's runtime parses it (docker distribution's reference grammar, with
+# its normalisation: the first component is a registry only when it holds '.' or ':' or is localhost, else it is
+# part of the repository path and must be lowercase like the rest).
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+# Used with fullmatch: a "$" would let a trailing "\n" through.
+IMAGE_DOMAIN_RE = re.compile(_DOMAIN)
+IMAGE_PATH_RE = re.compile(rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*")
+IMAGE_TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+# The digest algorithms the runtimes accept, and their hex lengths.
+IMAGE_DIGEST_HEX = {"sha256": 64, "sha384": 96, "sha512": 128}
+IMAGE_NAME_MAX = 255
+
+
+def image_problem(image: str) -> str | None:
+    """What makes ``image`` no image reference (``[DOMAIN/]PATH[:TAG][@ALGORITHM:HEX]``); None if it is one."""
+    name, at, digest = image.partition("@")
+    if at:
+        algorithm, _, hex_digits = digest.partition(":")
+        length = IMAGE_DIGEST_HEX.get(algorithm)
+        if length is None or not re.fullmatch(rf"[a-f0-9]{{{length}}}", hex_digits):
+            return f"a digest is {' or '.join(f'{a}:<{n} lowercase hex>' for a, n in IMAGE_DIGEST_HEX.items())}"
+    first, slash, rest = name.partition("/")
+    domain = first if slash and ("." in first or ":" in first or first == "localhost") else None
+    path = rest if domain is not None else name
+    last_slash = path.rfind("/")
+    colon = path.rfind(":")
+    tag = None
+    if colon > last_slash:
+        path, tag = path[:colon], path[colon + 1 :]
+    if domain is not None and not IMAGE_DOMAIN_RE.fullmatch(domain):
+        return f"registry {domain!r} is no host[:port]"
+    if not IMAGE_PATH_RE.fullmatch(path):
+        return "a repository is lowercase letters and digits, in parts joined by '/', '.', '_', '__' or '-'"
+    if tag is not None and not IMAGE_TAG_RE.fullmatch(tag):
+        return "a tag is at most 128 of A-Z, a-z, 0-9, '_', '.', '-', not starting with '.' or '-'"
+    if len(path) + (len(domain) + 1 if domain is not None else 0) > IMAGE_NAME_MAX:
+        return f"the name is longer than {IMAGE_NAME_MAX} characters"
+    return None
+
 
 @dataclass(frozen=True)
 class RedisTarget:
@@ -120,6 +161,11 @@ class FarmSpec:
         """
         if not image or not image.strip():
             raise ConfigError("--image is required: the container image with streamserve and your deployments' code")
+        if problem := image_problem(image.strip()):
+            raise ConfigError(
+                f"--image {image.strip()!r} is not a container image reference ({problem}); "
+                "e.g. registry.example.com/team/farm:1.2"
+            )
         if not K8S_NAME_RE.match(namespace):
             raise ConfigError(f"--namespace {namespace!r} is not a Kubernetes namespace name (a-z, 0-9, '-')")
         if redis_memory is not None and redis_url is not None:
