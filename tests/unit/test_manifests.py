@@ -336,6 +336,39 @@ def test_gateway_and_scheduler_run_two_each(run: Run, config_file: Path) -> None
     assert scheduler["template"]["spec"]["containers"][0]["command"] == ["streamserve", "scheduler"]
 
 
+@pytest.mark.parametrize("redis", [[], ["--redis-url", "redis://redis.shared.example:6379/0"]], ids=["own", "url"])
+def test_no_pod_gets_a_token_or_privileges(run: Run, config_file: Path, redis: list[str]) -> None:
+    code, out, err = run(str(config_file), "--image", "registry.example/farm:1.0", *redis)
+    assert code == 0, err
+    assert "&id" not in out  # each pod its own securityContext, not a YAML alias of one
+    docs = objects(out)
+    pods = pod_specs(docs)
+    assert len(pods) == 5 + (not redis)  # scheduler, gateway, two workers, the deploy Job; Redis
+    for where, pod in pods.items():
+        assert pod["automountServiceAccountToken"] is False, where  # nothing in the farm calls the Kubernetes API
+        assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}, where
+    containers = streamserve_containers(docs)
+    assert len(containers) == 7  # with the workers' init containers
+    for where, container in containers.items():
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,  # docker/Dockerfile's USER is a number, which the kubelet can check
+        }, where
+    if not redis:
+        # Redis's image starts as root and drops to its user (chown, setuid, setgid): its capabilities stay.
+        (server,) = one(docs, "StatefulSet", "streamserve-redis")["spec"]["template"]["spec"]["containers"]
+        assert "securityContext" not in server
+
+
+def test_the_image_the_docs_build_runs_as_a_numbered_user_that_is_not_root() -> None:
+    """runAsNonRoot: the kubelet refuses a user it cannot see is not root (a name, as `USER streamserve` was)."""
+    dockerfile = (Path(__file__).resolve().parents[2] / "docker" / "Dockerfile").read_text()
+    (user,) = re.findall(r"^USER (\S+)$", dockerfile, re.MULTILINE)
+    assert user.isdigit() and int(user) != 0
+    assert f"--uid {user} " in dockerfile  # the user the image creates
+
+
 def test_no_secret_value_is_printed(run: Run, config_file: Path) -> None:
     for extra in ([], ["--redis-url", "redis://redis.shared.example:6379/0"]):
         code, out, err = run(str(config_file), "--image", "registry.example/farm:1.0", *extra)

@@ -40,6 +40,9 @@ GATEWAY_NAME = "streamserve-gateway"
 SCHEDULER_NAME = "streamserve-scheduler"
 DEPLOY_JOB_TTL_S = 3600
 DEPLOY_JOB_BACKOFF_LIMIT = 6
+# Every pod: nothing in the farm talks to the Kubernetes API, and workers run user code, so no pod gets a
+# service-account token; the runtime's default seccomp profile.
+SECCOMP_PROFILE = "RuntimeDefault"
 
 
 # -- names and labels -----------------------------------------------------------
@@ -110,12 +113,37 @@ def process_env(spec: FarmSpec) -> list[dict[str, Any]]:
     return env
 
 
+def container_security() -> dict[str, Any]:
+    """A streamserve process needs no privilege: no capabilities, no setuid gain, and not root.
+
+    The image runs as a non-root user (docker/Dockerfile: ``USER 10001``, numeric so that the kubelet can
+    verify ``runAsNonRoot``); an image running as root, or as a user named but not numbered, is refused
+    by the kubelet instead of run. (Redis's container gets none of this: its image starts as root and drops to
+    its own user itself, which needs the capabilities.)
+    """
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True}
+
+
 def container(spec: FarmSpec, name: str, command: list[str], **extra: Any) -> dict[str, Any]:
-    return {"name": name, "image": spec.image, "command": command, "env": process_env(spec), **extra}
+    """A container running ``command`` from the image, with the farm's env and no privilege."""
+    return {
+        "name": name,
+        "image": spec.image,
+        "command": command,
+        "env": process_env(spec),
+        **extra,
+        "securityContext": container_security(),
+    }
 
 
 def pod_template(name: str, component: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
-    return {"metadata": {"labels": labels(name, component)}, "spec": pod_spec}
+    """A pod of ``pod_spec``, without a service-account token and under the runtime's seccomp profile."""
+    spec = {
+        **pod_spec,
+        "automountServiceAccountToken": False,
+        "securityContext": {"seccompProfile": {"type": SECCOMP_PROFILE}},
+    }
+    return {"metadata": {"labels": labels(name, component)}, "spec": spec}
 
 
 def scaled_quantity(quantity: str, factor: int) -> str:
@@ -251,7 +279,7 @@ def deploy_job(spec: FarmSpec, config_text: str) -> Manifest:
     job_spec = {
         "backoffLimit": DEPLOY_JOB_BACKOFF_LIMIT,
         "ttlSecondsAfterFinished": DEPLOY_JOB_TTL_S,
-        "template": {"metadata": {"labels": labels("streamserve-deploy", "deploy")}, "spec": pod},
+        "template": pod_template("streamserve-deploy", "deploy", pod),
     }
     digest = hashlib.sha256(config_text.encode() + orjson.dumps(job_spec, option=orjson.OPT_SORT_KEYS)).hexdigest()
     name = f"streamserve-deploy-{digest[:10]}"
