@@ -319,6 +319,20 @@ def test_a_fixed_deployment_gets_its_count_resources_gpus_and_time_to_drain(run:
     assert budget["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
 
 
+def test_the_farms_own_processes_request_cpu_and_memory_but_are_not_limited(run: Run, config_file: Path) -> None:
+    """Not BestEffort (evicted first), and never CPU-throttled or OOM-killed at a limit of ours."""
+    containers = streamserve_containers(farm(run, config_file))
+    own = {where: c for where, c in containers.items() if not where.endswith("/worker")}
+    assert len(own) == 5  # the Job, scheduler, gateway, the workers' init containers
+    for where, container in own.items():
+        assert set(container["resources"]) == {"requests"}, where
+        assert set(container["resources"]["requests"]) == {"cpu", "memory"}, where
+    requests = {where.split("/")[-1]: c["resources"]["requests"] for where, c in own.items()}
+    assert requests["scheduler"] == {"cpu": "100m", "memory": "128Mi"}
+    assert requests["gateway"] == {"cpu": "250m", "memory": "256Mi"}
+    assert requests["deploy"] == requests["wait-for-deployment"] == {"cpu": "50m", "memory": "64Mi"}
+
+
 def test_gateway_and_scheduler_run_two_each(run: Run, config_file: Path) -> None:
     docs = farm(run, config_file)
     gateway = one(docs, "Deployment", "streamserve-gateway")["spec"]

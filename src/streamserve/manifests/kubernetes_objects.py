@@ -40,6 +40,14 @@ GATEWAY_NAME = "streamserve-gateway"
 SCHEDULER_NAME = "streamserve-scheduler"
 DEPLOY_JOB_TTL_S = 3600
 DEPLOY_JOB_BACKOFF_LIMIT = 6
+# What the farm's own processes ask for, so that they are not BestEffort (the first pods evicted when a node runs
+# short). Requests only, no limits: a CPU limit throttles the process at its quota (a gateway or a scheduler's tick
+# stalled for the rest of the period), and a memory limit turns a burst into an OOM kill. Workers get their
+# deployment's `resources` instead (worker_objects.resource_requirements).
+SCHEDULER_REQUESTS = {"cpu": "100m", "memory": "128Mi"}
+GATEWAY_REQUESTS = {"cpu": "250m", "memory": "256Mi"}
+# The deploy Job and the workers' init container: one short `streamserve` command at a time.
+SHORT_COMMAND_REQUESTS = {"cpu": "50m", "memory": "64Mi"}
 # Every pod: nothing in the farm talks to the Kubernetes API, and workers run user code, so no pod gets a
 # service-account token; the runtime's default seccomp profile.
 SECCOMP_PROFILE = "RuntimeDefault"
@@ -111,6 +119,11 @@ def process_env(spec: FarmSpec) -> list[dict[str, Any]]:
     if spec.config_limits is not None:
         env.append({"name": "STREAMSERVE_CONFIG_LIMITS", "value": spec.config_limits})
     return env
+
+
+def requests(amounts: dict[str, str]) -> dict[str, Any]:
+    """``resources`` with these requests and no limits (a copy each: YAML would print a shared dict as an alias)."""
+    return {"requests": dict(amounts)}
 
 
 def container_security() -> dict[str, Any]:
@@ -272,6 +285,7 @@ def deploy_job(spec: FarmSpec, config_text: str) -> Manifest:
                 "deploy",
                 ["streamserve", "deploy", f"{CONFIG_DIR}/{CONFIG_FILE}"],
                 volumeMounts=[{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+                resources=requests(SHORT_COMMAND_REQUESTS),
             )
         ],
         "volumes": [{"name": "config", "configMap": {"name": CONFIG_MAP_NAME}}],
@@ -288,7 +302,8 @@ def deploy_job(spec: FarmSpec, config_text: str) -> Manifest:
 
 def scheduler_deployment(spec: FarmSpec) -> Manifest:
     """Two schedulers: one leads (a lock in Redis), the other stands by and takes over within seconds."""
-    pod = {"containers": [container(spec, "scheduler", ["streamserve", "scheduler"])]}
+    scheduler = container(spec, "scheduler", ["streamserve", "scheduler"], resources=requests(SCHEDULER_REQUESTS))
+    pod = {"containers": [scheduler]}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -306,6 +321,7 @@ def gateway_deployment(spec: FarmSpec) -> Manifest:
     gateway = container(spec, "gateway", ["streamserve", "gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT)])
     gateway["env"] = [*gateway["env"], secret_env("STREAMSERVE_API_KEY", API_KEY_KEY)]
     gateway["ports"] = [{"name": "http", "containerPort": GATEWAY_PORT}]
+    gateway["resources"] = requests(GATEWAY_REQUESTS)
     gateway["readinessProbe"] = {"httpGet": {"path": "/-/ready", "port": "http"}, "periodSeconds": 5}
     # /-/healthz answers 503 while Redis is down: allow a minute of that before a restart.
     gateway["livenessProbe"] = {

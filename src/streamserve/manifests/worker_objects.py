@@ -8,7 +8,15 @@ from typing import Any
 import orjson
 
 from streamserve.manifests.farm_spec import FarmSpec, Manifest
-from streamserve.manifests.kubernetes_objects import container, metadata, pod_template, selector_labels, worker_name
+from streamserve.manifests.kubernetes_objects import (
+    SHORT_COMMAND_REQUESTS,
+    container,
+    metadata,
+    pod_template,
+    requests,
+    selector_labels,
+    worker_name,
+)
 from streamserve.wire.config import DeploymentConfig, Resources
 
 # A worker drains for up to graceful_shutdown_timeout_s after SIGTERM, then acknowledges and says goodbye:
@@ -48,7 +56,7 @@ def deployment_status_line(name: str) -> str:
 def wait_for_deployment(spec: FarmSpec, d: DeploymentConfig) -> dict[str, Any]:
     """The init container that holds the worker back until the deployment is in Redis (the image needs sh, grep)."""
     script = ["sh", "-c", WAIT_SCRIPT, "wait-for-deployment", d.name, deployment_status_line(d.name)]
-    return container(spec, "wait-for-deployment", script)
+    return container(spec, "wait-for-deployment", script, resources=requests(SHORT_COMMAND_REQUESTS))
 
 
 def cpu_quantity(cpus: float) -> str:
