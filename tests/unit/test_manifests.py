@@ -217,6 +217,22 @@ def test_redis_in_the_namespace_keeps_its_data_and_its_password_in_the_secret(ru
     assert env["STREAMSERVE_REDIS_PASSWORD"] == {"secretKeyRef": {"name": "streamserve", "key": "redis-password"}}
 
 
+def test_redis_in_the_namespace_is_the_image_compose_pins_and_is_restarted_only_when_it_stops_answering(
+    run: Run, config_file: Path
+) -> None:
+    docs = farm(run, config_file)
+    (server,) = one(docs, "StatefulSet", "streamserve-redis")["spec"]["template"]["spec"]["containers"]
+    compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "docker" / "compose.yaml").read_text())
+    assert server["image"] == compose["services"]["redis"]["image"]
+    assert re.fullmatch(r"redis:\d+\.\d+\.\d+(-\w+)?", server["image"])  # a patch release, not a moving tag
+    ready, live = server["readinessProbe"], server["livenessProbe"]
+    assert live["exec"] == ready["exec"]
+    assert "redis-cli ping" in " ".join(live["exec"]["command"])
+    # An AOF rewrite can stall Redis for seconds: a minute without an answer before a restart.
+    assert live["periodSeconds"] * live["failureThreshold"] >= 60
+    assert live["periodSeconds"] > ready["periodSeconds"] and live["timeoutSeconds"] >= ready["timeoutSeconds"]
+
+
 @pytest.mark.parametrize(
     ("memory", "maxmemory", "storage"),
     [

@@ -29,7 +29,13 @@ from streamserve.wire.limits import DEFAULT_LIMITS, ConfigLimits
 CONFIG_DIR = "/etc/streamserve"
 CONFIG_FILE = "config.yaml"
 GATEWAY_PORT = 8000
-REDIS_IMAGE = "redis:7.2"
+# The image docker/compose.yaml runs, pinned to a patch release: a new Redis is an upgrade you choose, not what a
+# rescheduled pod happens to pull.
+REDIS_IMAGE = "redis:7.2.5-alpine"
+# The same ping as readiness, but a restart only after a minute without an answer: an AOF rewrite's fork, or fsync
+# on a slow volume, can stall Redis for seconds, and a restart then would throw the rewrite away and take the
+# farm's Redis down while it reloads the AOF.
+REDIS_LIVENESS = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6}
 # Redis refuses writes past this share of its container's memory: its resident size runs above what it counts
 # (allocator fragmentation, pages copied while a forked child rewrites the AOF), and the kernel must not kill it.
 REDIS_MAXMEMORY_SHARE = (3, 4)
@@ -192,6 +198,11 @@ def redis_service(spec: FarmSpec) -> Manifest:
     return service(spec, REDIS_NAME, "redis", "redis", REDIS_PORT)
 
 
+def redis_ping() -> dict[str, Any]:
+    """The probes' command: Redis answers PONG (a copy each: YAML would print a shared dict as an alias)."""
+    return {"command": ["sh", "-c", "redis-cli ping | grep -q PONG"]}
+
+
 def redis_statefulset(spec: FarmSpec) -> Manifest:
     """One Redis with its data on a PersistentVolumeClaim: AOF on, nothing evicted, a password from the Secret.
 
@@ -216,15 +227,12 @@ def redis_statefulset(spec: FarmSpec) -> Manifest:
         "name": "redis",
         "image": REDIS_IMAGE,
         "args": args,
-        # redis-cli reads its password from REDISCLI_AUTH (the readiness probe).
+        # redis-cli reads its password from REDISCLI_AUTH (the probes).
         "env": [secret_env("REDIS_PASSWORD", REDIS_PASSWORD_KEY), secret_env("REDISCLI_AUTH", REDIS_PASSWORD_KEY)],
         "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
         "resources": {"requests": {"memory": spec.redis_memory}, "limits": {"memory": spec.redis_memory}},
-        "readinessProbe": {
-            "exec": {"command": ["sh", "-c", "redis-cli ping | grep -q PONG"]},
-            "periodSeconds": 5,
-            "timeoutSeconds": 3,
-        },
+        "readinessProbe": {"exec": redis_ping(), "periodSeconds": 5, "timeoutSeconds": 3},
+        "livenessProbe": {"exec": redis_ping(), **REDIS_LIVENESS},
         "volumeMounts": [{"name": "data", "mountPath": "/data"}],
     }
     storage = scaled_quantity(spec.redis_memory, REDIS_STORAGE_PER_MEMORY)
