@@ -178,7 +178,7 @@ def _sse_frame(batch: bytes) -> bytes:
 
 _STREAM_MEDIA = ("text/event-stream", "application/x-ndjson")
 # A weight as RFC 9110 writes it: 0 to 1, at most three decimals.
-_QVALUE_RE = re.compile(r"^(0(\.\d{0,3})?|1(\.0{0,3})?)$")
+_QVALUE_RE = re.compile(r"^(0(\.\d{0,3})?|1(\.0{0,3})?)\Z")
 
 
 def _weight(params: str) -> float | None:

@@ -25,6 +25,7 @@ def dep(**fields: object) -> dict[str, object]:
     ("route", "why"),
     [
         ("/a\nb", "holds a character a route may not"),
+        ("/a\n", "holds a character a route may not"),  # ($ in a pattern matches before a last line break)
         ("/echo\r\nX-Forged: 1", "holds a character a route may not"),
         ("/\x1b[2Jx", "holds a character a route may not"),
         ("/\x1b]52;c;cHduZWQ=\x07", "holds a character a route may not"),
@@ -105,3 +106,12 @@ def test_a_config_file_name_cannot_add_a_document_to_the_manifests(
     for doc in docs:
         if not doc["apiVersion"].startswith("keda.sh/"):
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("name", ["echo\n", "echo\r\n"])
+def test_a_name_ending_in_a_line_break_is_refused(name: str) -> None:
+    """A pattern's ``$`` matches before a last line break: "echo\\n" was a deployment name, and a key in Redis."""
+    with pytest.raises(ConfigError, match="is not a valid name"):
+        parse_config({"deployments": [dep(name=name)]})
+    with pytest.raises(ConfigError, match="is not a valid name"):
+        parse_config({"endpoints": [{"name": name, "traffic": {"echo": 1}}]})

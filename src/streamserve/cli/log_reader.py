@@ -17,7 +17,7 @@ DEFAULT_LINES = 200
 # --follow asks Redis for new lines this often at least (a blocking read of at most this long).
 FOLLOW_BLOCK_MS = 1000
 _PAGE = 1000
-_SINCE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_SINCE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])\Z")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 Entries = list[tuple[bytes, Fields]]
 

@@ -103,7 +103,7 @@ ABANDONED_ERROR = "JobAbandoned"
 # How the job workers that ``streamserve job-worker`` runs are named: ``streamserve-jobs.HOST.PID.START``.
 JOB_WORKER_PREFIX = "streamserve-jobs."
 
-_JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
 
 # RQ's statuses, folded into the five a caller needs to tell apart.
 _STATUS_OF: dict[str, JobStatus] = {

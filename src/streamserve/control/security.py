@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from streamserve.wire.errors import ConfigError
 
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 
 # Never allowed, even when listed: every module can reach it (``__builtins__``), and it holds eval, exec and open.

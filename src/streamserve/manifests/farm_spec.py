@@ -36,7 +36,7 @@ DEFAULT_REDIS_MEMORY = "1Gi"
 CONFIG_MAP_NAME = "streamserve-config"
 TRIGGER_AUTH_NAME = "streamserve-redis-auth"
 # A DNS-1123 label: what Service names, and the names and labels here, must be.
-K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
 # A container image reference, as the kubelet's runtime parses it (docker distribution's reference grammar, with
 # its normalisation: the first component is a registry only when it holds '.' or ':' or is localhost, else it is

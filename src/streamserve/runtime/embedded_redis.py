@@ -22,7 +22,7 @@ LOG_FILE = "redis.log"
 
 
 MAXMEMORY_SHARE = 4  # the embedded Redis may use 1/MAXMEMORY_SHARE of the machine's memory by default
-_MAXMEMORY = re.compile(r"^[1-9][0-9]*(b|kb|mb|gb)?$", re.IGNORECASE)
+_MAXMEMORY = re.compile(r"^[1-9][0-9]*(b|kb|mb|gb)?\Z", re.IGNORECASE)
 
 
 def default_maxmemory() -> str:

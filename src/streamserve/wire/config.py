@@ -28,7 +28,7 @@ from streamserve.wire.limits import DEFAULT_LIMITS, ConfigLimits, at_most, limit
 from streamserve.wire.tenants import DEFAULT_TENANT, TENANT_RE, TenantSpec
 from streamserve.wire.yaml_text import load_yaml
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}\Z")
 # The gateway's own paths: admin API, status, jobs, docs.
 GATEWAY_PREFIX = "/-/"
 RESERVED_ROUTE_PREFIXES = (GATEWAY_PREFIX, "/metrics")
@@ -39,7 +39,7 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 # none of them "." or "..": no space, control character, quote, markup or bidi override to reach a log, a terminal
 # or a page, and no path a client or proxy would normalise into another.
 MAX_ROUTE_PREFIX_CHARS = 256
-ROUTE_SEGMENT_RE = re.compile(r"^[A-Za-z0-9._~-]+$")
+ROUTE_SEGMENT_RE = re.compile(r"^[A-Za-z0-9._~-]+\Z")
 
 
 def _at_most_a_week(value: float, info: ValidationInfo) -> float:
@@ -131,7 +131,7 @@ class AutoscalingConfig(_Strict):
 
 
 # A Kubernetes memory quantity: bytes, or a number with a decimal (k, M, G, T) or binary (Ki, Mi, Gi, Ti) suffix.
-MEMORY_RE = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>[kMGT]i?|Ki)?$")
+MEMORY_RE = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>[kMGT]i?|Ki)?\Z")
 MEMORY_UNITS = {
     None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
