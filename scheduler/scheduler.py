@@ -96,6 +96,8 @@ class Scheduler:
         # could not beat either).
         self._redis_was_away = False
         self._silence_from_ms = 0
+        # When the last tick read the heartbeats (this clock's ms; 0: none yet), to tell a stall between two reads.
+        self._last_read_ms = 0
         self._memory = MemoryRefusals(logger, f"scheduler {self._lock.holder_id}")
         self.should_exit = asyncio.Event()
         self.ticks = 0
@@ -110,6 +112,7 @@ class Scheduler:
                 except RETRYABLE_ERRORS as exc:
                     logger.warning("scheduler: Redis unavailable (%s); retrying", exc)
                     self._redis_was_away = True
+                    self._last_read_ms = 0  # (said above: not a stall as well)
                 except Exception as exc:
                     if not self._memory.refused(exc):
                         raise
@@ -140,6 +143,7 @@ class Scheduler:
                         self._lock.ttl_s,
                     )
             self._standing_by = True
+            self._last_read_ms = 0  # (a scheduler that takes the lead later has not stalled meanwhile)
             if self._job_pool is not None:
                 self._job_pool.stop()  # only the leader runs job workers: the pool's size is the farm's
             return
@@ -204,8 +208,11 @@ class Scheduler:
         self._warn_if_overcommitted(desired)
         names = sorted(set(desired) | set(self._states))
         now = self._clock()
+        if self._stalled_since_last_read(now):
+            self._redis_was_away = True
         if self._redis_was_away:
             self._redis_was_away, self._silence_from_ms = False, now
+        self._last_read_ms = now
         beats = await self._heartbeats.read(names, now, self._silence_from_ms)
         autoscaled = [name for name, cfg in desired.items() if cfg.autoscaling_config is not None]
         ongoing = await self._store.ongoing(autoscaled) if autoscaled else {}
@@ -234,6 +241,23 @@ class Scheduler:
         except Exception as exc:
             if not self._memory.refused(exc):
                 raise
+
+    def _stalled_since_last_read(self, now: int) -> bool:
+        """Whether the heartbeats were last read long enough ago (half a heartbeat timeout, where ticks come every
+        tick_interval_s) that a stall is the likely cause: a Redis that hung (a slow command, a fork or fsync stall,
+        a paused VM) held every replica's beat as it held this scheduler's reads, and its silence since is no sign of
+        death; it counts from now, as after an outage (or this process stalled: a dead replica is found one timeout
+        later). Without it, a Redis paused for a timeout had every replica of the farm killed, and their requests
+        run again."""
+        gap_ms = now - self._last_read_ms
+        if not self._last_read_ms or gap_ms < self._timeouts.heartbeat_timeout_ms // 2:
+            return False
+        logger.warning(
+            "scheduler: %.1fs since it last read the heartbeats (Redis or this process stalled): replicas' silence "
+            "counts from now",
+            gap_ms / 1000,
+        )
+        return True
 
     async def _reconcile(self, name: str, cfg: DeploymentConfig | None, beats: Beats, ongoing: int, now: int) -> None:
         shutting_down = self._stopping_replicas

@@ -6,6 +6,7 @@ the first request after it gets its 503 as soon as the later ones do."""
 from __future__ import annotations
 
 import itertools
+import signal
 import threading
 import time
 from collections import Counter
@@ -209,3 +210,48 @@ def _running(server: EmbeddedRedis) -> int:
         return -1
     finally:
         client.close()
+
+
+FAST_BEATS = {"STREAMSERVE_HEARTBEAT_INTERVAL_S": "0.2", "STREAMSERVE_HEARTBEAT_TIMEOUT_S": "2"}
+PAUSE_S = 4.0  # twice the heartbeat timeout
+
+
+def test_a_redis_that_hangs_past_the_heartbeat_timeout_costs_no_replica_and_runs_nothing_twice(
+    redis_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """A Redis that stops answering without dying (a slow command, a fork or fsync stall, a paused VM: here SIGSTOP)
+    holds every replica's heartbeat as it holds the scheduler's reads. When it answers again, the scheduler took
+    every replica for dead, killed them all and ran what they held a second time."""
+    out, hold = tmp_path / "out.txt", tmp_path / "hold"
+    processes = Processes(redis_server.url, tmp_path, extra_env=FAST_BEATS)
+    store = redis.Redis.from_url(redis_server.url)
+    try:
+        processes.spawn("scheduler", "scheduler")
+        config = tmp_path / "config.yaml"
+        config.write_text(CONFIG)
+        processes.run("deploy", str(config), "--wait")
+        replicas = set(store.hkeys(Keys().replicas("lines")))
+        with Client(redis_server.url) as client:
+            held = [
+                client.submit("lines", {"path": str(out), "line": f"held-{i}", "wait_for": str(hold)}, timeout=60)
+                for i in range(HELD)
+            ]
+            wait_for(lambda: _running(redis_server) >= HELD, 20, "the held requests did not reach the replicas")
+            assert redis_server.proc is not None
+            redis_server.proc.send_signal(signal.SIGSTOP)
+            try:
+                paused_at = time.monotonic()
+                wait_for(lambda: time.monotonic() - paused_at >= PAUSE_S, PAUSE_S + 1, "")
+            finally:
+                redis_server.proc.send_signal(signal.SIGCONT)
+            scheduler_log = processes.log("scheduler")
+            wait_for(lambda: "stalled" in scheduler_log.read_text(), 10, lambda: scheduler_log.read_text()[-2000:])
+            hold.touch()
+            assert [future.result(timeout=30) for future in held] == [f"held-{i}" for i in range(HELD)]
+        assert "is dead" not in scheduler_log.read_text(), scheduler_log.read_text()[-3000:]
+        assert set(store.hkeys(Keys().replicas("lines"))) == replicas
+        assert Counter(out.read_text().split()) == {f"held-{i}": 1 for i in range(HELD)}
+    finally:
+        hold.touch()
+        store.close()
+        processes.stop_all()
