@@ -10,7 +10,7 @@ import orjson
 import redis.asyncio as aioredis
 from fastapi import APIRouter, Response
 
-from streamserve.app.errors import json_response
+from streamserve.app.errors import READ_REDIS_WAIT_S, json_response, redis_answers_within
 from streamserve.client import AsyncClient
 from streamserve.control.status import StatusReader
 from streamserve.metrics.history import SAMPLES_KEPT
@@ -25,7 +25,7 @@ GOALS_SHOWN = 10
 PAGE = resources.files("streamserve.app").joinpath("dashboard.html").read_bytes()
 
 
-def dashboard_router(client: AsyncClient, keys: Keys) -> APIRouter:
+def dashboard_router(client: AsyncClient, keys: Keys, redis_url: str) -> APIRouter:
     router = APIRouter(prefix="/-")
 
     @router.get("/dashboard", include_in_schema=False)
@@ -35,7 +35,9 @@ def dashboard_router(client: AsyncClient, keys: Keys) -> APIRouter:
     @router.get("/dashboard/data")
     async def data() -> Response:
         """What the dashboard shows, read-only: deployments (status, charts, autoscaling decisions), goals."""
-        return json_response(await dashboard_data(client.redis, keys))
+        async with redis_answers_within(READ_REDIS_WAIT_S, redis_url):
+            found = await dashboard_data(client.redis, keys)
+        return json_response(found)
 
     return router
 

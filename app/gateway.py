@@ -39,11 +39,14 @@ from streamserve.app.admin import admin_router
 from streamserve.app.bodies import ClientDisconnected, read_body
 from streamserve.app.dashboard import dashboard_router
 from streamserve.app.errors import (
+    PROBE_REDIS_WAIT_S,
+    READ_REDIS_WAIT_S,
     error_response,
     handle_client_disconnected,
     handle_request_validation_error,
     handle_streamserve_error,
     json_response,
+    redis_answers_within,
     redis_error_handler,
 )
 from streamserve.app.http_protocol import (
@@ -637,7 +640,7 @@ def create_app(settings: Settings) -> GatewayApp:
     _add_probes(api, gateway)
     _add_reads(api, gateway)
     api.include_router(admin_router(settings, gateway.client, gateway.tenant_keys))
-    api.include_router(dashboard_router(gateway.client, settings.keys))
+    api.include_router(dashboard_router(gateway.client, settings.keys, settings.effective_redis_url))
     _add_refusals(api, gateway)  # last: its catch-all route answers what no route above takes
     api.openapi = lambda: openapi_document(api)  # type: ignore[method-assign]
     return GatewayApp(gateway, api)
@@ -690,10 +693,13 @@ def _add_error_handlers(api: FastAPI, settings: Settings) -> None:
 def _add_probes(api: FastAPI, gateway: Gateway) -> None:
     """Liveness, readiness and the farm's Prometheus metrics."""
 
+    url = gateway.settings.effective_redis_url
+
     @api.get("/-/healthz")
     async def healthz() -> Response:
         try:
-            await gateway.client.ping()
+            async with redis_answers_within(PROBE_REDIS_WAIT_S, url):
+                await gateway.client.ping()
         except RedisUnavailableError as exc:
             return error_response(exc, {})
         return json_response({"status": "ok"})
@@ -704,7 +710,8 @@ def _add_probes(api: FastAPI, gateway: Gateway) -> None:
         if not gateway.client.routes_loaded:
             return error_response(UnavailableError("the gateway has not loaded its routes yet"), {})
         try:
-            await gateway.client.ping()
+            async with redis_answers_within(PROBE_REDIS_WAIT_S, url):
+                await gateway.client.ping()
         except RedisUnavailableError as exc:
             return error_response(exc, {})
         return json_response({"status": "ready"})
@@ -715,7 +722,9 @@ def _add_probes(api: FastAPI, gateway: Gateway) -> None:
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         """The whole farm in Prometheus's text format (every gateway shows the same figures)."""
-        return Response(await farm_metrics(gateway.client.redis, gateway.settings.keys), media_type=CONTENT_TYPE)
+        async with redis_answers_within(READ_REDIS_WAIT_S, url):
+            text = await farm_metrics(gateway.client.redis, gateway.settings.keys)
+        return Response(text, media_type=CONTENT_TYPE)
 
 
 def _add_reads(api: FastAPI, gateway: Gateway) -> None:
@@ -727,7 +736,9 @@ def _add_reads(api: FastAPI, gateway: Gateway) -> None:
 
     @api.get("/-/status")
     async def status() -> Response:
-        return json_response(await StatusReader(gateway.client.redis, gateway.settings.keys).report())
+        async with redis_answers_within(READ_REDIS_WAIT_S, gateway.settings.effective_redis_url):
+            report = await StatusReader(gateway.client.redis, gateway.settings.keys).report()
+        return json_response(report)
 
     @api.get("/-/jobs/{job_id}")
     async def job(job_id: str) -> Response:

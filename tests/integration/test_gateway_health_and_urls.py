@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -162,6 +163,32 @@ async def test_ready_follows_redis_and_the_route_table() -> None:
                 server = EmbeddedRedis(port=port).start()
                 again = await asyncio.wait_for(http.get("/-/ready"), timeout=30)
                 assert again.status_code == 200, again.text
+            finally:
+                await app.gateway.client.aclose()
+    finally:
+        server.stop()
+
+
+async def test_the_gateway_s_own_reads_answer_503_while_redis_hangs() -> None:
+    """A Redis that stops answering without dying (here SIGSTOP) refuses nothing: the probes, status, metrics and the
+    dashboard's data waited as long as it hung (30 s in the report), where a load balancer wants an answer."""
+    server = EmbeddedRedis(port=free_port()).start()
+    try:
+        app = create_app(settings_for(server.url))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            await app.gateway.client.start()
+            try:
+                assert server.proc is not None
+                server.proc.send_signal(signal.SIGSTOP)
+                try:
+                    waits = {"/-/healthz": 2, "/-/ready": 2, "/-/status": 5, "/metrics": 5, "/-/dashboard/data": 5}
+                    for path, wait_s in waits.items():
+                        answer = await asyncio.wait_for(http.get(path), timeout=wait_s + 5)
+                        assert answer.status_code == 503, (path, answer.text)
+                        assert answer.json()["message"].endswith(f"did not answer within {wait_s}s"), answer.text
+                finally:
+                    server.proc.send_signal(signal.SIGCONT)
+                assert (await asyncio.wait_for(http.get("/-/healthz"), timeout=30)).status_code == 200
             finally:
                 await app.gateway.client.aclose()
     finally:
