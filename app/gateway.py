@@ -662,7 +662,8 @@ def _lifespan(gateway: Gateway) -> Callable[[FastAPI], AbstractAsyncContextManag
             raise
         flusher = None
         if gateway.observer.figures is not None:
-            flusher = MetricsFlusher(gateway.client.redis, gateway.settings.keys, gateway.observer.figures)
+            client, keys = gateway.client, gateway.settings.keys
+            flusher = MetricsFlusher(client.redis, keys, gateway.observer.figures, exists=client.knows)
             flusher.start()
         try:
             yield

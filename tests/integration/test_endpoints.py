@@ -32,10 +32,14 @@ async def test_writes_keep_endpoints_consistent(client: AsyncClient, settings: S
     with pytest.raises(ConfigError, match="'classify' names both a deployment and an endpoint"):
         await deploy(settings, name="classify", route_prefix=None)
     assert not await desired.apply(AppConfig(endpoints=[created]))  # the same again: no change
+    # What the client knows follows (a gateway counts figures only for those: metrics/flusher.py).
+    await wait_for_async(lambda: client.knows("classify") and client.knows("v1"), 10, "the routes were not pushed")
+    assert not client.knows("v9")
     await desired.delete_endpoint("classify")
     with pytest.raises(NotFoundError):
         await desired.delete_endpoint("classify")
     assert await desired.delete("v1")  # nothing routes to it any more
+    await wait_for_async(lambda: not client.knows("classify") and not client.knows("v1"), 10, "still known")
 
 
 async def test_client_splits_mirrors_and_follows_traffic_changes(

@@ -9,9 +9,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamserve.client import AsyncClient
+from streamserve.metrics.definitions import REQUESTS
+from streamserve.metrics.figures import Figures
+from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import RemoteError
 from tests import deployments
@@ -137,3 +141,18 @@ async def _metrics_hash(settings: Settings, deployment: str, field: str) -> bool
         return bool(await redis.hexists(settings.keys.metrics(deployment), field))
     finally:
         await redis.aclose()
+
+
+async def test_the_figures_of_a_deleted_deployment_are_dropped_not_written(
+    settings: Settings, aredis: aioredis.Redis
+) -> None:
+    """A gateway's flush after a delete (the 404s it answered the deleted deployment's callers) made its hash again,
+    for good: a new deployment of the name started from the old totals."""
+    figures = Figures()
+    figures.count("kept", REQUESTS, "200")
+    figures.count("deleted", REQUESTS, "404")
+    flusher = MetricsFlusher(aredis, settings.keys, figures, exists=lambda name: name == "kept")
+    assert await flusher.flush()
+    assert await aredis.hgetall(settings.keys.metrics("kept")) == {b"requests_total|code=200": b"1"}
+    assert not await aredis.exists(settings.keys.metrics("deleted"))
+    assert figures.take() == {}  # not kept for a later flush either

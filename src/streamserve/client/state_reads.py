@@ -27,6 +27,11 @@ class StateReads(ClientCore):
         """Bumped each time the deployments are reloaded (cheap change detection for caches)."""
         return 0 if self._routes is None else self._routes.generation
 
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is a deployment or endpoint this client's routes know of (True before they are loaded)."""
+        routes = self._routes
+        return routes is None or name in routes.deployments() or name in routes.endpoints()
+
     @property
     def routes_loaded(self) -> bool:
         """Whether the deployments and endpoints have been loaded (the client has started)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import redis.asyncio as aioredis
 
@@ -31,8 +32,19 @@ FLUSH_INTERVAL_S = 1.0
 class MetricsFlusher:
     """Runs in the background of a process that counts (``start``/``aclose``)."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, figures: Figures, interval_s: float = FLUSH_INTERVAL_S):
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        figures: Figures,
+        interval_s: float = FLUSH_INTERVAL_S,
+        exists: Callable[[str], bool] | None = None,
+    ):
+        """``exists``: whether a deployment (or endpoint) the figures name still exists; those of one deleted are
+        dropped, not written (a flush after the delete made its hash again, for good, and a new deployment of the
+        name started from its old totals)."""
         self._redis = redis
+        self._exists = exists
         self._keys = keys
         self.figures = figures
         self._interval_s = interval_s
@@ -77,6 +89,8 @@ class MetricsFlusher:
         """Add what was counted since the last flush (whether there was some); on a Redis error, keep what is not
         written yet."""
         deltas = self.figures.take()
+        if self._exists is not None:
+            deltas = {deployment: fields for deployment, fields in deltas.items() if self._exists(deployment)}
         for index, (deployment, fields) in enumerate(deltas.items()):
             try:
                 if any(name.startswith(TENANT_REQUESTS.prefix) for name in fields):
