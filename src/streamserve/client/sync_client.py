@@ -48,6 +48,7 @@ ASYNC_ONLY = frozenset(
         "follow",  # the gateway's entry point: a stream's feed after ``request``
         "caller_left",  # the gateway's: its HTTP caller disconnected
         "new_tag",  # the gateway's: names a call for ``caller_left`` before ``request`` sends it
+        "knows",  # the gateway's: whose figures it still flushes
     }
 )
 
