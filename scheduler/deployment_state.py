@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from streamserve.control.resources import GpuAllocator
-from streamserve.scheduler.autoscaler import AutoscalePolicy
+from streamserve.scheduler.autoscaler import NO_LOAD, AutoscalePolicy, Load
 from streamserve.scheduler.heartbeat_reader import Beats
 from streamserve.scheduler.replica_wrapper import Alive, ReplicaWrapper, Started, Stopped
 from streamserve.scheduler.types import Launcher, ReplicaStore, Timeouts
@@ -111,6 +111,7 @@ class DeploymentState:
         self._health: DeploymentHealthRecord | None = None
         self._target_version: str | None = None
         self._autoscaler = AutoscalePolicy()
+        self._last_load = NO_LOAD  # the previous tick's look at the queue (tells a request that came and went)
         # The replica count autoscaling decided; None while the deployment does not autoscale.
         self.autoscaled: int | None = None
 
@@ -145,8 +146,8 @@ class DeploymentState:
         """No replica the scheduler started is left (externally started workers are not ours to stop)."""
         return all(r.is_external for r in self.replicas.values())
 
-    async def update(self, target: Target, beats: Beats, now_ms: int, ongoing: int = 0) -> None:
-        """One reconcile step; never blocks on a process. ``ongoing``: queued + in-flight requests."""
+    async def update(self, target: Target, beats: Beats, now_ms: int, load: Load = NO_LOAD) -> None:
+        """One reconcile step; never blocks on a process. ``load``: the queue, as an autoscaled deployment's is read."""
         if target.version != self._target_version:  # a fresh start: earlier crash loops say nothing about it
             self._target_version = target.version
             self._reset_start_backoff()
@@ -156,7 +157,7 @@ class DeploymentState:
         await self._observe_running(beats, now_ms)
         await self._observe_stopping(beats, now_ms)
         await self._drop_stopped()
-        target = await self._autoscale(target, ongoing, now_ms)
+        target = await self._autoscale(target, load, now_ms)
         if target.count == 0 and not target.external:
             # Scaled to 0 (the way to quieten a broken deployment), by hand or by its autoscaler: it has nothing to
             # start, so nothing failing to. (Asked before autoscaling, an autoscaled one's count is its minimum: its
@@ -260,12 +261,12 @@ class DeploymentState:
             self._generation += 1
 
     # 5. An autoscaled deployment's count follows its queue; each decision is persisted before it is acted on.
-    async def _autoscale(self, target: Target, ongoing: int, now_ms: int) -> Target:
+    async def _autoscale(self, target: Target, load: Load, now_ms: int) -> Target:
         auto = target.cfg.autoscaling_config if target.cfg is not None else None
         if auto is None or target.shutting_down:
             if target.cfg is not None and auto is None and self.autoscaled is not None:
                 logger.info("deployment %s: autoscaling off; %d replica(s) from now on", self.name, target.count)
-                self.autoscaled, self._autoscaler = None, AutoscalePolicy()
+                self.autoscaled, self._autoscaler, self._last_load = None, AutoscalePolicy(), NO_LOAD
                 await self._store.save_autoscale(self.name, None)
             return target
         if self.autoscaled is None:
@@ -273,7 +274,8 @@ class DeploymentState:
             active = self.count(*ACTIVE_REPLICA_STATES)
             await self._set_autoscaled(auto.first_count(active), f"autoscaling on, {active} replica(s) running", now_ms)
         assert self.autoscaled is not None
-        decision = self._autoscaler.decide(auto, ongoing, self.autoscaled, now_ms)
+        arrived, self._last_load = load.read_since(self._last_load), load
+        decision = self._autoscaler.decide(auto, load.ongoing, self.autoscaled, now_ms, arrived)
         if decision is not None:
             await self._set_autoscaled(decision.replicas, decision.reason, now_ms)
         return replace(target, autoscaled=self.autoscaled)

@@ -25,6 +25,7 @@ from streamserve.control.resources import GpuAllocator, host_gpus, host_memory_b
 from streamserve.metrics.history import MetricsHistory
 from streamserve.runtime.lifeline import FARM_GONE_DRAIN_S, FARM_GONE_WIND_DOWN_S, inherited, is_cut
 from streamserve.runtime.settings import Settings
+from streamserve.scheduler.autoscaler import NO_LOAD, Load
 from streamserve.scheduler.deployment_state import DeploymentState, Target
 from streamserve.scheduler.goals import GoalTracker
 from streamserve.scheduler.heartbeat_reader import Beats, HeartbeatReader
@@ -218,7 +219,7 @@ class Scheduler:
         ongoing = await self._store.ongoing(autoscaled) if autoscaled else {}
         for name, backlog in (await self._sweep_models(sorted(desired))).items():
             if name in ongoing:
-                ongoing[name] += backlog.length
+                ongoing[name] = ongoing[name].plus(backlog.length, backlog.last_read)
         for name in names:
             if self._cut_short():
                 # Asked to stop: the rest waits for the next scheduler (or, stopping replicas, the ticks of
@@ -226,7 +227,7 @@ class Scheduler:
                 logger.info("scheduler: tick %d cut short to stop", self.ticks)
                 return
             try:
-                await self._reconcile(name, desired.get(name), beats[name], ongoing.get(name, 0), now)
+                await self._reconcile(name, desired.get(name), beats[name], ongoing.get(name, NO_LOAD), now)
             except RETRYABLE_ERRORS:
                 raise
             except Exception as exc:
@@ -259,7 +260,7 @@ class Scheduler:
         )
         return True
 
-    async def _reconcile(self, name: str, cfg: DeploymentConfig | None, beats: Beats, ongoing: int, now: int) -> None:
+    async def _reconcile(self, name: str, cfg: DeploymentConfig | None, beats: Beats, ongoing: Load, now: int) -> None:
         shutting_down = self._stopping_replicas
         if cfg is not None:
             await self._ensure_group_once(cfg)

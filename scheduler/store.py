@@ -8,8 +8,10 @@ import redis.asyncio as aioredis
 
 from streamserve.control.heartbeats import queue_removal
 from streamserve.control.long_poll import announce, bump_snapshot_id
+from streamserve.scheduler.autoscaler import NO_LOAD, Load
 from streamserve.wire.errors import ProtocolError
-from streamserve.wire.keys import ConfigKey, Keys
+from streamserve.wire.ids import NO_STREAM_ID, StreamId, stream_id
+from streamserve.wire.keys import CONSUMER_GROUP, ConfigKey, Keys
 from streamserve.wire.messages import AutoscaleRecord, DeploymentHealthRecord, ReplicaRecord, text
 from streamserve.wire.priorities import PRIORITIES
 
@@ -69,20 +71,33 @@ class RedisReplicaStore:
                 logger.warning("ignoring unreadable autoscaling record of %s: %s", text(name), exc)
         return found
 
-    async def ongoing(self, names: list[str]) -> dict[str, int]:
-        """Queued + in-flight requests of several deployments in one round trip.
+    async def ongoing(self, names: list[str]) -> dict[str, Load]:
+        """Queued + in-flight requests of several deployments, and the last request read from each priority level's
+        stream, in one round trip.
 
-        That is the request stream's length: an entry stays in the stream
-        while a replica works on it (pending in the group) and is deleted when
-        the replica acknowledges it, so XLEN counts both without XPENDING (summed over the priority levels).
+        The count is the request streams' length: an entry stays in the stream while a replica works on it (pending
+        in the group) and is deleted when the replica acknowledges it, so XLEN counts both without XPENDING (summed
+        over the priority levels). A request that came and went between two ticks is in no length: the group's
+        last-delivered-id (XINFO GROUPS) tells it, as the entry's id stays there after the entry is deleted. (Not
+        XINFO STREAM's last-generated-id: its reply holds the stream's first and last entries, request bodies.)
         """
-        levels = len(PRIORITIES)
         async with self._redis.pipeline(transaction=False) as pipe:
             for name in names:
                 for stream in self._keys.request_streams(name).values():
                     pipe.xlen(stream)
-            results = await pipe.execute()
-        return {name: sum(int(n) for n in results[i * levels : (i + 1) * levels]) for i, name in enumerate(names)}
+                    pipe.xinfo_groups(stream)
+            # An XINFO of a stream not made yet (a new deployment's, before its groups) is an error: nothing read.
+            results = await pipe.execute(raise_on_error=False)
+        per = len(PRIORITIES) * 2
+        loads = {}
+        for i, name in enumerate(names):
+            replies, load = results[i * per : (i + 1) * per], NO_LOAD
+            for length, groups in zip(replies[0::2], replies[1::2], strict=True):
+                if isinstance(length, Exception):
+                    raise length
+                load = load.plus(int(length), _last_delivered(groups))
+            loads[name] = load
+        return loads
 
     async def with_models(self, names: list[str]) -> list[str]:
         """Those of ``names`` that have routed streams (a multiplexing deployment: wire/models.py), in one round
@@ -130,3 +145,12 @@ class RedisReplicaStore:
             bump_snapshot_id(pipe, self._keys, ConfigKey.DEPLOYMENT_STATUS)
             *_, snapshot_id = await pipe.execute()
         await announce(self._redis, self._keys, {ConfigKey.DEPLOYMENT_STATUS: snapshot_id})
+
+
+def _last_delivered(groups: object) -> StreamId:
+    """The consumer group's last-delivered-id in an XINFO GROUPS reply (NO_STREAM_ID for an error or no group)."""
+    if isinstance(groups, list):
+        for group in groups:
+            if isinstance(group, dict) and text(group.get("name", b"")) == CONSUMER_GROUP:
+                return stream_id(group.get("last-delivered-id"))
+    return NO_STREAM_ID

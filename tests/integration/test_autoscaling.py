@@ -13,7 +13,9 @@ from streamserve.control.status import StatusReader
 from streamserve.runtime.settings import Settings
 from streamserve.scheduler.scheduler import Scheduler
 from streamserve.wire.config import AppConfig, DeploymentConfig
-from streamserve.wire.messages import ReplicaRecord, Request, now_ms
+from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.wire.messages import AutoscaleRecord, ReplicaRecord, Request, now_ms
+from streamserve.wire.priorities import PRIORITIES, Priority
 from streamserve.wire.states import ACTIVE_REPLICA_STATES, ReplicaState
 from tests.harness.fake_launcher import FakeLauncher
 from tests.harness.waiting import wait_for_async
@@ -108,3 +110,43 @@ async def test_the_progress_of_turning_autoscaling_on_counts_from_what_runs(
     await aredis.hset(settings.keys.replicas("rec"), other.replica_id, other.encode())
     line = await StatusReader(aredis, settings.keys).progress(goal)
     assert line == f"rec: 2/2 replica(s) of version {goal.version} running, 1 of another version still up", line
+
+
+async def test_short_requests_between_ticks_keep_the_replica_until_they_stop(
+    settings: Settings, aredis: aioredis.Redis
+) -> None:
+    """A request every 1.5 s that a replica reads and finishes between two ticks is in no tick's XLEN: the request
+    streams' last-delivered ids tell the scheduler it came. The deployment keeps its replica for as long as they come
+    (it went 1 -> 0 after 30 s, and the next caller had a cold start), and goes to 0 once they stop."""
+    await deploy(settings, autoscaling_config={**MIN_ZERO, "max_replicas": 2, "downscale_delay_s": 10})
+    clock = [1_000_000]
+    scheduler = Scheduler(settings, aredis, FakeLauncher(), clock=lambda: clock[0])
+
+    async def tick() -> int:
+        clock[0] += 200
+        await scheduler.tick()
+        record = await aredis.hget(settings.keys.autoscaling(), "rec")
+        return AutoscaleRecord.decode(record).replicas if record is not None else 0
+
+    async def serve(priority: Priority) -> None:
+        """What a replica does with a short request: read, run, acknowledge and delete, all between two ticks."""
+        stream = settings.keys.requests("rec", priority)
+        await aredis.xadd(stream, Request("r", "", now_ms() + 60_000, b"null").encode())
+        [[_, [(entry_id, _)]]] = await aredis.xreadgroup(CONSUMER_GROUP, "rec#00000001", {stream: ">"}, count=1)
+        await aredis.xack(stream, CONSUMER_GROUP, entry_id)
+        await aredis.xdel(stream, entry_id)
+
+    assert await tick() == 0
+    await aredis.xadd(settings.keys.requests("rec"), Request("first", "", now_ms() + 60_000, b"null").encode())
+    assert await tick() == 1  # a request waits: 0 -> 1 at once
+    await aredis.xtrim(settings.keys.requests("rec"), maxlen=0)
+    levels = list(PRIORITIES)
+    for i in range(45 * 5):
+        if i % 15 in (0, 7):
+            await serve(levels[i % len(levels)])
+        assert await tick() == 1, f"scaled to zero after {i / 5:.1f} s of a request every 1.5 s"
+    quiet_ticks = 0
+    while await tick() == 1:
+        quiet_ticks += 1
+        assert quiet_ticks < 15 * 5, "not scaled to zero once the requests stopped"
+    assert quiet_ticks >= 10 * 5

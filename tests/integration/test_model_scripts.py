@@ -232,3 +232,23 @@ async def test_a_queued_routed_request_is_cancelled_by_its_ref(
     canceller = Canceller(aredis, Pipeliner(aredis), keys)
     assert await canceller.cancel(name, ref, "unwanted", request("unwanted")) == "queued"
     assert await aredis.xlen(keys.routed_requests(name, "r1")) == 0
+
+
+async def test_the_sweep_tells_the_last_entry_read_from_the_routed_streams(
+    aredis: aioredis.Redis, settings: Settings, name: str, models: ModelStreams
+) -> None:
+    """For autoscaling: a routed request that was read and acknowledged between two sweeps is in no length, but the
+    last-delivered id it left moves (scheduler/autoscaler.py's Load); status' figures do not look."""
+    keys = settings.keys
+    await models.hold(name, "r1", [MODEL], HOLD_MS, 2)
+    assert (await models.sweep(name)).last_read == (0, 0)
+    stream = keys.routed_requests(name, "r1")
+    for label in ("one", "two"):
+        assert "/" in await enqueue(aredis, keys, name, label, max_ongoing=10)
+        [[_, [(entry_id, _fields)]]] = await aredis.xreadgroup(CONSUMER_GROUP, "r1", {stream: ">"}, count=1)
+        await aredis.xack(stream, CONSUMER_GROUP, entry_id)
+        await aredis.xdel(stream, entry_id)
+        ms, seq = entry_id.decode().split("-")
+        swept = await models.sweep(name)
+        assert (swept.length, swept.last_read) == (0, (int(ms), int(seq)))
+    assert (await models.figures(name)).last_read == (0, 0)

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from streamserve.scheduler.autoscaler import AutoscalePolicy, Decision
+from streamserve.scheduler.autoscaler import AutoscalePolicy, Decision, Load
 from streamserve.wire.config import AutoscalingConfig
 
 TICK_MS = 200
@@ -33,9 +33,9 @@ class Run:
         self.now = 1_000_000
         self.decisions: list[tuple[int, Decision]] = []
 
-    def tick(self, ongoing: int) -> Decision | None:
+    def tick(self, ongoing: int, arrived: bool = False) -> Decision | None:
         self.now += TICK_MS
-        decision = self.policy.decide(self.cfg, ongoing, self.replicas, self.now)
+        decision = self.policy.decide(self.cfg, ongoing, self.replicas, self.now, arrived)
         if decision is not None:
             self.decisions.append((self.now, decision))
             self.replicas = decision.replicas
@@ -145,3 +145,51 @@ def test_steady_load_settles_and_stays() -> None:
     settled = len(run.decisions)
     run.hold(5, 30.0)
     assert len(run.decisions) == settled
+
+
+def trickle(run: Run, seconds: float, every_ticks: int, ongoing: int = 0) -> None:
+    """A request that comes and goes between two ticks every ``every_ticks`` ticks: no tick finds it queued."""
+    for i in range(int(seconds * 1000 / TICK_MS)):
+        run.tick(ongoing, arrived=i % every_ticks == 0)
+
+
+@pytest.mark.parametrize(("delay_s", "every_ticks"), [(10, 7), (4, 5), (4, 10)])
+def test_a_trickle_of_requests_between_ticks_keeps_one_replica(delay_s: int, every_ticks: int) -> None:
+    """A request every 1-2 s that lasts less than a tick: not scaled to zero while it goes on, then scaled to zero
+    downscale_delay_s (up to the 2 s look-back more) after the last one."""
+    run = Run(config(downscale_delay_s=delay_s), replicas=1)
+    trickle(run, 45.0, every_ticks)
+    assert run.decisions == []
+    last = run.now - (int(45_000 / TICK_MS) - 1) % every_ticks * TICK_MS
+    run.hold(0, delay_s + 3.0)
+    [(when, decision)] = run.decisions
+    assert decision.replicas == 0 and delay_s * 1000 <= when - last <= delay_s * 1000 + 2_000
+
+
+def test_a_trickle_keeps_the_replicas_it_needs_not_more() -> None:
+    run = Run(config(target_ongoing_requests=1, downscale_delay_s=4), replicas=3)
+    trickle(run, 30.0, every_ticks=2)
+    [(_, decision)] = run.decisions
+    assert decision == Decision(1, "ongoing 0.5 on 3 replica(s), target 1 each, for 4.0s")
+
+
+def test_requests_between_ticks_never_scale_up() -> None:
+    """Scale-up follows the queue as the ticks find it, arrivals or none."""
+    up = Run(config(target_ongoing_requests=1, upscale_delay_s=1), replicas=1)
+    for _ in range(100):
+        up.tick(2, arrived=True)
+        up.tick(0, arrived=True)  # counted as 1 this would make the mean 1.5: 2 replicas
+    assert up.decisions == []
+    idle = Run(config(upscale_delay_s=0), replicas=0)
+    trickle(idle, 10.0, every_ticks=1)  # (came and went with no replica: none waits, none is started)
+    assert idle.decisions == []
+
+
+def test_a_load_tells_a_request_read_since_an_earlier_look() -> None:
+    first = Load(0, ((5, 0), (7, 1), (0, 0)))
+    assert not first.read_since(Load())  # the first look says nothing
+    assert not first.read_since(first)
+    assert Load(0, ((5, 0), (7, 2), (0, 0))).read_since(first)
+    assert Load(0, ((5, 0), (7, 1), (0, 0), (3, 0))).read_since(first.plus(0, (2, 9)))  # the routed lane
+    assert not Load(0, ((5, 0), (7, 1), (0, 0), (1, 0))).read_since(first.plus(0, (2, 9)))  # its stream gone
+    assert first.plus(4, (1, 0)) == Load(4, ((5, 0), (7, 1), (0, 0), (1, 0)))

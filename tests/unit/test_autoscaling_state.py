@@ -8,6 +8,7 @@ import pytest
 from fakeredis import FakeAsyncRedis
 
 from streamserve.control.desired_state import DesiredState
+from streamserve.scheduler.autoscaler import Load
 from streamserve.scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, DeploymentState, Target
 from streamserve.scheduler.goals import GoalTracker
 from streamserve.scheduler.types import Timeouts
@@ -38,11 +39,12 @@ def fixed(replicas: int) -> Target:
     return Target(DeploymentConfig.model_validate(cfg))
 
 
-async def tick(h: Harness, t: Target, ongoing: int = 0, advance_ms: int = 200) -> None:
-    """One scheduler tick: replicas are ready once started and exit once told to stop."""
+async def tick(h: Harness, t: Target, ongoing: int = 0, advance_ms: int = 200, last_read: int = 0) -> None:
+    """One scheduler tick: replicas are ready once started and exit once told to stop. ``last_read``: when (Redis's
+    ms) the last request was read from the deployment's (normal-priority) stream."""
     h.now += advance_ms
     h.beat_all()
-    await h.state.update(t, h.view(), h.now, ongoing)
+    await h.state.update(t, h.view(), h.now, Load(ongoing, ((0, 0), (last_read, 0), (0, 0))))
     for pid in h.launcher.terminated:
         h.launcher.exit(pid)
 
@@ -101,12 +103,12 @@ async def test_a_broken_deployment_autoscaled_from_zero_backs_off_and_turns_unhe
     for _ in range(UNHEALTHY_AFTER_FAILURES):
         for _ in range(400):  # wait out the backoff until a new process is started, then make it fail
             h.now += 200
-            await h.state.update(t, h.view(), h.now, 1)
+            await h.state.update(t, h.view(), h.now, Load(1))
             if h.counts().get(ReplicaState.STARTING):
                 break
         h.beat_all(ReplicaHealth.FAILED, "ModuleNotFoundError: No module named 'examples.nothere'")
         h.now += 200
-        await h.state.update(t, h.view(), h.now, 1)
+        await h.state.update(t, h.view(), h.now, Load(1))
     assert h.state.consecutive_failures == UNHEALTHY_AFTER_FAILURES
     assert h.store.health is not None and h.store.health.health is DeploymentHealth.UNHEALTHY
     assert "nothere" in h.store.health.message
@@ -125,6 +127,26 @@ async def test_persisted_count_is_resumed_by_a_new_state(h: Harness) -> None:
     h.state = fresh
     await tick(h, t, ongoing=0)
     assert active(h) == 4 and fresh.autoscaled == 4  # the delay starts over: nothing is stopped at once
+
+
+async def test_requests_that_come_and_go_between_ticks_keep_the_replica(h: Harness) -> None:
+    """A 50 ms request every 1.5 s is never in the queue when a tick looks (ongoing 0 at every tick); the id of the
+    last request read moves, and that keeps the one replica: no cold start for the next caller. Once the requests
+    stop, the replica goes downscale_delay_s (up to 2 s more, the look-back) after the last one."""
+    t = autoscaled(downscale_delay_s=10)
+    await tick(h, t, ongoing=1)  # 0 -> 1 for the first request
+    assert h.state.autoscaled == 1
+    last_read = 0
+    for i in range(45 * 5):  # 45 s of ticks, a request read every 7-8 ticks
+        if i % 15 in (0, 7):
+            last_read = h.now
+        await tick(h, t, last_read=last_read)
+        assert h.state.autoscaled == 1, f"scaled to {h.state.autoscaled} after {i / 5:.1f} s of a steady trickle"
+    quiet = 0
+    while h.state.autoscaled == 1 and quiet < 20 * 5:
+        await tick(h, t, last_read=last_read)
+        quiet += 1
+    assert h.state.autoscaled == 0 and 10_000 < h.now - last_read <= 12_200  # (seen a tick after it was read)
 
 
 async def test_autoscaling_turned_on_starts_from_what_runs(h: Harness) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from streamserve.wire import scripts
+from streamserve.wire.ids import NO_STREAM_ID, StreamId, stream_id
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from streamserve.wire.messages import text
 
@@ -18,11 +19,12 @@ BACKLOG_CAP = 10_000
 @dataclass(frozen=True)
 class RoutedBacklog:
     """A deployment's routed streams together: entries in them (queued and running), running, and given back to the
-    deployment's stream by this look."""
+    deployment's stream by this look; for the scheduler's sweep, the id of the last entry a replica read from them."""
 
     length: int = 0
     pending: int = 0
     given_back: int = 0
+    last_read: StreamId = NO_STREAM_ID
 
     @property
     def queued(self) -> int:
@@ -69,7 +71,7 @@ class ModelStreams:
 
     async def sweep(self, deployment: str) -> RoutedBacklog:
         """Give back the queues of replicas gone; the figures, kept for KEDA too (Keys.model_backlog)."""
-        return await self._run(deployment, give_back=True, backlog_cap=BACKLOG_CAP)
+        return await self._run(deployment, give_back=True, backlog_cap=BACKLOG_CAP, last_read=True)
 
     async def figures(self, deployment: str) -> RoutedBacklog:
         """The figures alone (status)."""
@@ -83,6 +85,7 @@ class ModelStreams:
         leaving: str = "",
         holders: Sequence[str] = (),
         backlog_cap: int = 0,
+        last_read: bool = False,
     ) -> RoutedBacklog:
         k = self._keys
         keys = [k.routed_replicas(deployment), k.requests(deployment), k.model_backlog(deployment)]
@@ -93,6 +96,7 @@ class ModelStreams:
             int(give_back),
             leaving,
             backlog_cap,
+            int(last_read),
         ]
-        length, pending, given_back = await self._routed(keys=keys, args=args)
-        return RoutedBacklog(int(length), int(pending), int(given_back))
+        length, pending, given_back, last = await self._routed(keys=keys, args=args)
+        return RoutedBacklog(int(length), int(pending), int(given_back), stream_id(last))

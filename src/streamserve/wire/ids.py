@@ -46,3 +46,19 @@ def new_request_id() -> str:
 def new_caller_id() -> str:
     """The id of one caller process (names its reply stream)."""
     return secrets.token_hex(6)
+
+
+# A stream entry id as numbers, (ms, sequence): the ms part is Redis's clock when the entry was added. (0, 0): none.
+StreamId = tuple[int, int]
+NO_STREAM_ID: StreamId = (0, 0)
+
+
+def stream_id(raw: bytes | str | None) -> StreamId:
+    """``b"1700000000000-3"`` as ``(1700000000000, 3)``; None or anything else is NO_STREAM_ID."""
+    if raw is None:
+        return NO_STREAM_ID
+    ms, sep, seq = (raw.decode() if isinstance(raw, bytes) else raw).partition("-")
+    try:
+        return (int(ms), int(seq)) if sep else NO_STREAM_ID
+    except ValueError:
+        return NO_STREAM_ID

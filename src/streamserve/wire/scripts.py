@@ -640,7 +640,9 @@ ROUTED_STREAMS = (
 -- ARGV[3]  '1' to give back (and delete) the streams of replicas gone, '0' only to read the figures
 -- ARGV[4]  the replica leaving now, or ''
 -- ARGV[5]  KEYS[3]'s cap; 0: KEYS[3] is left as it is
--- Returns {length, pending, entries given back} summed over the routed streams.
+-- ARGV[6]  '1' to find the last entry read from the routed streams (the scheduler's autoscaling), '0' not to
+-- Returns {length, pending, entries given back} summed over the routed streams, and the id of the last entry a replica
+-- read from any of them ('0-0' for none, or when ARGV[6] is '0').
 """
     + _NOW_MS
     + _PENDING_COUNT
@@ -682,9 +684,16 @@ end
 local now = now_ms()
 local listed = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
 local length, pending, moved = 0, 0, 0
+local last, last_ms, last_seq = '0-0', 0, 0
 for i = 1, #listed, 2 do
   local replica, expiry = listed[i], tonumber(listed[i + 1])
   local stream = ARGV[2] .. 'to:' .. replica
+  if ARGV[6] == '1' then
+    local id = last_delivered(stream) or ''
+    local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+    ms, seq = tonumber(ms), tonumber(seq)
+    if ms and (ms > last_ms or (ms == last_ms and seq > last_seq)) then last, last_ms, last_seq = id, ms, seq end
+  end
   if ARGV[3] == '1' and expiry <= now then moved = moved + give_back(replica, stream) end
   length = length + redis.call('XLEN', stream)
   pending = pending + pending_count(stream, ARGV[1])
@@ -695,6 +704,6 @@ if tonumber(ARGV[5]) > 0 then
   if have > want then redis.call('XTRIM', KEYS[3], 'MAXLEN', want) end
   for _ = have + 1, want do redis.call('XADD', KEYS[3], '*', 'n', '1') end
 end
-return {length, pending, moved}
+return {length, pending, moved, last}
 """
 )
