@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -312,8 +312,13 @@ class DeploymentState:
             if self._cut_short():
                 return
             await self._add_replica(target, now_ms)
-        # Too many of the current version: retire those that serve nothing first, newest first.
-        for r in sorted(current, key=_retire_order)[:-missing] if missing < 0 else ():
+        # Too many of the current version: retire those that serve nothing first, then those holding the fewest
+        # requests (a busy one stopped would have its requests cut at its deadline and run again), newest first.
+        if missing < 0:
+            serving = [r.record.replica_id for r in current if r.state is ReplicaState.RUNNING]
+            held = await self._store.held(self.name, serving) if serving else {}
+            current.sort(key=lambda r: _retire_order(r, held))
+        for r in current[:-missing] if missing < 0 else ():
             ready -= r.state is ReplicaState.RUNNING
             await self._retire(r, now_ms)
         # Outdated replicas go as soon as the ready count stays at or above the target without them; or, while
@@ -467,7 +472,8 @@ def _belongs_to(replica_id: str, deployment: str) -> bool:
         return False
 
 
-def _retire_order(r: ReplicaWrapper) -> tuple[int, int]:
-    """Replicas that serve nothing yet go first, then the youngest."""
+def _retire_order(r: ReplicaWrapper, held: Mapping[str, int] | None = None) -> tuple[int, int, int]:
+    """Replicas that serve nothing yet go first, then those holding the fewest requests (``held``, by replica id;
+    none when not given), then the youngest."""
     serving = r.state is ReplicaState.RUNNING
-    return (int(serving), -r.record.created_ms)
+    return (int(serving), held.get(r.record.replica_id, 0) if held else 0, -r.record.created_ms)

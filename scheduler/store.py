@@ -12,7 +12,7 @@ from streamserve.scheduler.autoscaler import NO_LOAD, Load
 from streamserve.wire.errors import ProtocolError
 from streamserve.wire.ids import NO_STREAM_ID, StreamId, stream_id
 from streamserve.wire.keys import CONSUMER_GROUP, ConfigKey, Keys
-from streamserve.wire.messages import AutoscaleRecord, DeploymentHealthRecord, ReplicaRecord, text
+from streamserve.wire.messages import AutoscaleRecord, DeploymentHealthRecord, Heartbeat, ReplicaRecord, text
 from streamserve.wire.priorities import PRIORITIES
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,19 @@ class RedisReplicaStore:
                 load = load.plus(int(length), _last_delivered(groups))
             loads[name] = load
         return loads
+
+    async def held(self, deployment: str, replica_ids: list[str]) -> dict[str, int]:
+        """How many requests each of ``replica_ids`` holds, as its last heartbeat says (a second old at most): read
+        when a deployment scales down (not from the scheduler's heartbeat reader, which parses a heartbeat again only
+        when it says something new, and the count is not news). 0 for a replica with no readable heartbeat."""
+        raw = await self._redis.hmget(self._keys.heartbeats(deployment), replica_ids)
+        held = {}
+        for replica_id, beat in zip(replica_ids, raw, strict=True):
+            try:
+                held[replica_id] = Heartbeat.decode(beat).ongoing if beat is not None else 0
+            except ProtocolError:
+                held[replica_id] = 0
+        return held
 
     async def with_models(self, names: list[str]) -> list[str]:
         """Those of ``names`` that have routed streams (a multiplexing deployment: wire/models.py), in one round

@@ -1,4 +1,5 @@
-"""Autoscaling against a real redis-server: scale-from-zero requests wait; a new scheduler resumes the decided count."""
+"""Autoscaling against a real redis-server: scale-from-zero requests wait; a new scheduler resumes the decided count;
+short requests between ticks are seen; a scale-down knows what each replica holds."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import redis.asyncio as aioredis
 from streamserve.client import AsyncClient
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.goal_records import GoalStore
+from streamserve.control.heartbeats import queue_beats
 from streamserve.control.status import StatusReader
 from streamserve.runtime.settings import Settings
 from streamserve.scheduler.scheduler import Scheduler
+from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.wire.config import AppConfig, DeploymentConfig
 from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import AutoscaleRecord, ReplicaRecord, Request, now_ms
+from streamserve.wire.messages import AutoscaleRecord, Heartbeat, ReplicaRecord, Request, now_ms
 from streamserve.wire.priorities import PRIORITIES, Priority
-from streamserve.wire.states import ACTIVE_REPLICA_STATES, ReplicaState
+from streamserve.wire.states import ACTIVE_REPLICA_STATES, ReplicaHealth, ReplicaState
 from tests.harness.fake_launcher import FakeLauncher
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
@@ -150,3 +153,21 @@ async def test_short_requests_between_ticks_keep_the_replica_until_they_stop(
         quiet_ticks += 1
         assert quiet_ticks < 15 * 5, "not scaled to zero once the requests stopped"
     assert quiet_ticks >= 10 * 5
+
+
+async def test_the_store_reads_what_each_replica_holds_from_its_last_heartbeat(
+    settings: Settings, aredis: aioredis.Redis
+) -> None:
+    """What a scale-down orders replicas by (the fewest held stop first): the count is in every beat, news or not."""
+    beats = {
+        rid: (now_ms(), Heartbeat(ts_ms=now_ms(), health=ReplicaHealth.READY, pid=1, host="h", ongoing=n).encode())
+        for rid, n in (("rec#00000001", 0), ("rec#00000002", 3))
+    }
+    async with aredis.pipeline(transaction=True) as pipe:
+        queue_beats(pipe, settings.keys, "rec", beats, news=False)
+        await pipe.execute()
+    await aredis.hset(settings.keys.heartbeats("rec"), "rec#00000003", b"not a heartbeat")
+    held = await RedisReplicaStore(aredis, settings.keys).held(
+        "rec", ["rec#00000001", "rec#00000002", "rec#00000003", "rec#00000004"]
+    )
+    assert held == {"rec#00000001": 0, "rec#00000002": 3, "rec#00000003": 0, "rec#00000004": 0}

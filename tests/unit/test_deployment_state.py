@@ -38,6 +38,9 @@ class MemoryStore:
     async def save_autoscale(self, deployment: str, record: AutoscaleRecord | None) -> None:
         self.autoscale = record
 
+    async def held(self, deployment: str, replica_ids: list[str]) -> dict[str, int]:
+        return {rid: beat.ongoing if (beat := self.beats.get(rid)) else 0 for rid in replica_ids}
+
 
 class Harness:
     def __init__(self) -> None:

@@ -1,4 +1,5 @@
-"""docs/tutorial.md, "Autoscaling": "Scaling down stops replicas still starting first, then the youngest".
+"""docs/tutorial.md, "Autoscaling": "Scaling down stops replicas still starting first, then those holding the fewest
+requests (as their last heartbeat says), the youngest of them first".
 
 Ticked by hand on the fake clock, launcher and store of test_deployment_state; a replica is told apart by
 the pid the fake launcher gave it, in start order.
@@ -85,3 +86,33 @@ async def test_a_scheduler_that_took_over_still_stops_the_youngest(h: Harness) -
     await h.tick(target(2))
     assert h.launcher.terminated == [youngest]
     assert pids_of(h, ReplicaState.RUNNING) == {oldest, middle}
+
+
+def hold_requests(h: Harness, pid: int, ongoing: int) -> None:
+    """The replica with ``pid`` says in its heartbeat that it holds ``ongoing`` requests (not news to the scheduler's
+    reader: only the heartbeats hash has it)."""
+    [record] = [r for r in h.by_state(ReplicaState.RUNNING) if r.pid == pid]
+    h.beats[record.replica_id] = h.beats[record.replica_id].model_copy(update={"ongoing": ongoing})
+
+
+async def test_scaling_down_keeps_the_replica_running_a_long_request(h: Harness) -> None:
+    """The repro: two short requests ended on the older replicas, a long one runs on the youngest. 3 -> 1 stopped the
+    youngest, whose request was cut after graceful_shutdown_timeout_s and ran again from the start elsewhere."""
+    oldest, middle, youngest = await start_three_one_after_another(h)
+    hold_requests(h, youngest, 1)
+    await h.tick(target(1))
+    assert sorted(h.launcher.terminated) == sorted([oldest, middle])  # idle: the middle one first, then the oldest
+    assert pids_of(h, ReplicaState.RUNNING) == {youngest}
+
+
+async def test_scaling_down_stops_the_least_busy_first_and_the_youngest_among_equals(h: Harness) -> None:
+    oldest, middle, youngest = await start_three_one_after_another(h)
+    hold_requests(h, oldest, 3)
+    hold_requests(h, middle, 1)
+    hold_requests(h, youngest, 2)
+    await h.tick(target(2))
+    assert h.launcher.terminated == [middle]
+    hold_requests(h, oldest, 2)
+    await h.tick(target(1))
+    assert h.launcher.terminated == [middle, youngest]  # as busy as the oldest: the youngest goes
+    assert pids_of(h, ReplicaState.RUNNING) == {oldest}
