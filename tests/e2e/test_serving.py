@@ -153,7 +153,8 @@ def test_deploy_wait_reports_success_and_failure(farm: Farm, tmp_path: Path) -> 
     assert farm.cli("scale", "broken", "0", "--wait", "--timeout", "60", check=False).returncode == 0
     assert farm.status()["broken"]["health"] == "HEALTHY"
     farm.cli("delete", "broken")
-    farm.cli("delete", "adder")
+    # --wait: until its replica has stopped too (the next test on this farm counts the replicas' processes).
+    farm.cli("delete", "adder", "--wait", "--timeout", "60")
     wait_for(lambda: not {"broken", "adder"} & set(farm.status()), 20, "deleted deployments still listed")
 
 

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from streamserve import BadRequestError, Client, RateLimitedError
+from streamserve.runtime.processes import free_port
 from streamserve.wire.keys import Keys
 from streamserve.wire.tenants import OTHER_TENANTS
 from tests.harness.farm import Farm, Processes, running_farm_of
@@ -321,9 +322,10 @@ def test_with_tenant_keys_a_request_needs_a_known_key_which_decides_its_tenant(
 def test_a_tenant_keys_file_that_cannot_be_read_stops_the_gateway_at_start(farm: Farm, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-file"
     env = Processes(farm.effective_redis_url, tmp_path, {"STREAMSERVE_TENANT_KEYS": str(missing)}).env()
+    port = str(free_port())  # (it never listens: the keys file stops it first)
     for command in (
-        ["gateway", "--port", "0"],
-        ["gateway", "--port", "0", "--workers", "2"],
+        ["gateway", "--port", port],
+        ["gateway", "--port", port, "--workers", "2"],
         ["up", str(tmp_path / "none.yaml")],
     ):
         result = subprocess.run(

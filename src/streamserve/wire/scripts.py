@@ -320,10 +320,13 @@ SETTLE_RUN = """
 local run, joined = unpack(redis.call('HMGET', KEYS[1], 'run', 'joined'))
 if run ~= ARGV[1] then return {} end
 local waiting = {}
-if joined then  -- (most runs have no waiters: their list is not looked at)
+if joined then  -- (most runs have no waiters: their list is not read)
   waiting = redis.call('LRANGE', KEYS[2], 0, -1)
-  redis.call('DEL', KEYS[2])
 end
+-- The first write, before the reply's: a script that has written goes on past maxmemory (Redis's rule for scripts
+-- without flags), and a run's reply must be kept once it ran: a record left running makes its retries wait for it
+-- to lapse, then run the handler again.
+redis.call('DEL', KEYS[2])
 if ARGV[2] == 'release' then
   redis.call('DEL', KEYS[1])
   return waiting
