@@ -20,7 +20,6 @@ def cmd_manifests(args: argparse.Namespace, settings: Settings) -> int:
         keys=settings.keys,
         import_allow=settings.import_allow,
         redis_memory=args.redis_memory,
-        limits=settings.config_limit_values,
         config_limits=settings.config_limits,
     )
     for note in notes(spec):

@@ -19,7 +19,7 @@ from streamserve.runtime.embedded_redis import DEFAULT_PORT
 from streamserve.wire.config import MEMORY_RE, AppConfig, load_config, memory_bytes
 from streamserve.wire.errors import ConfigError
 from streamserve.wire.keys import Keys
-from streamserve.wire.limits import DEFAULT_LIMITS, ConfigLimits
+from streamserve.wire.limits import ConfigLimits
 
 Manifest = dict[str, Any]
 
@@ -136,8 +136,12 @@ class FarmSpec:
     keys: Keys
     import_allow: str | None = None
     redis_memory: str = DEFAULT_REDIS_MEMORY  # a Kubernetes quantity; only the in-cluster Redis has one
-    limits: ConfigLimits = DEFAULT_LIMITS  # what the config is checked against (STREAMSERVE_CONFIG_LIMITS)
     config_limits: str | None = None  # STREAMSERVE_CONFIG_LIMITS as given: the deploy Job checks against it too
+
+    @property
+    def limits(self) -> ConfigLimits:
+        """What the config is checked against: ``config_limits`` over the defaults."""
+        return ConfigLimits.parse(self.config_limits)
 
     @classmethod
     def from_file(
@@ -150,7 +154,6 @@ class FarmSpec:
         keys: Keys,
         import_allow: str | None = None,
         redis_memory: str | None = None,
-        limits: ConfigLimits = DEFAULT_LIMITS,
         config_limits: str | None = None,
     ) -> FarmSpec:
         """Read and check the inputs; ConfigError names what is wrong.
@@ -173,12 +176,10 @@ class FarmSpec:
         memory = DEFAULT_REDIS_MEMORY if redis_memory is None else redis_memory.strip()
         if not MEMORY_RE.match(memory) or memory_bytes(memory) <= 0:
             raise ConfigError(f"--redis-memory {memory!r} is not a memory size: use e.g. 512Mi or 2Gi")
-        config = load_config(path, limits)
+        config = load_config(path, ConfigLimits.parse(config_limits))
         allowed = ImportAllowList.parse(import_allow)
         for d in config.deployments:
             allowed.check(d.import_path, d.name)
         raw = yaml.safe_load(path.read_text())  # load_config just parsed it
         redis = RedisTarget.in_namespace(namespace) if redis_url is None else RedisTarget.parse(redis_url)
-        return cls(
-            config, raw, path.name, image.strip(), namespace, redis, keys, import_allow, memory, limits, config_limits
-        )
+        return cls(config, raw, path.name, image.strip(), namespace, redis, keys, import_allow, memory, config_limits)
