@@ -152,7 +152,9 @@ class Stream:
         """The request was cancelled: close the generator, send nothing more, end with a CANCELLED outcome."""
         if self._ending is not None and not self._queue:
             return  # it has ended, its final reply on its way
-        self._cancelled = True
+        # Past its deadline the cancel is its caller giving up for that reason (the gateway's 504): a sync generator
+        # stops only at its next yield, and the cancel comes first; the deadline is what stopped it.
+        self._cancelled = not self._deadline_passed
         self._queue.clear()
         self._stop_generator()
         if self._ending is not None:
@@ -181,7 +183,7 @@ class Stream:
 
     def _on_deadline(self) -> None:
         self._deadline_timer = None
-        if self._ending is None:
+        if self._ending is None and not self._cancelled:
             self._deadline_passed = True
             self._stop_generator()
 
