@@ -47,7 +47,13 @@ from streamserve.transport.pipelining import BlockingReader, Command, Pipeliner
 from streamserve.transport.streams import Requeuer, ensure_groups
 from streamserve.wire import scripts
 from streamserve.wire.config import DeploymentConfig
-from streamserve.wire.errors import BadRequestError, ProtocolError, RequestTimeoutError, ResponseTooLargeError
+from streamserve.wire.errors import (
+    BadRequestError,
+    ProtocolError,
+    RequestTimeoutError,
+    ResponseTooLargeError,
+    streams_its_answer,
+)
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
@@ -518,17 +524,8 @@ class Serving:
         """Run a streaming handler (workers/streaming.py); a BAD_REQUEST for a caller that waits for one result (a
         request that nobody waits for, send()'s or an endpoint's shadow copy, runs with its chunks dropped)."""
         if request.reply_to and not request.stream:
-            method = f" (method {request.method!r})" if request.method else ""
-            return request.reply(
-                ReplyStatus.BAD_REQUEST,
-                self._consumer,
-                error_message=(
-                    f"deployment {self._name!r}{method} streams its answer: call it with Client.stream() or "
-                    "AsyncClient.stream() (a handle's stream() or astream())"
-                    + ("" if request.method else ", or over HTTP")
-                    + "; call(), submit() and jobs take one result"
-                ),
-            )
+            message = streams_its_answer(self._name, request.method)
+            return request.reply(ReplyStatus.BAD_REQUEST, self._consumer, error_message=message)
         stream = self.streams.start(request, handler, body, self.config, scope)
         stream.outcome.add_done_callback(functools.partial(self._on_stream_done, entry_id, request, started_at, stream))
         return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from typing import Any, cast
 
 import orjson
@@ -14,9 +15,19 @@ import redis.asyncio as aioredis
 
 from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
+from streamserve.wire.errors import BadRequestError
 from streamserve.wire.ids import new_caller_id, new_request_id
 from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import ChunkBatch, Fields, ReadProgress, Reply, ReplyStatus, Request, now_ms
+from streamserve.wire.messages import (
+    CancelRequest,
+    ChunkBatch,
+    Fields,
+    ReadProgress,
+    Reply,
+    ReplyStatus,
+    Request,
+    now_ms,
+)
 from streamserve.workers.chunk_batches import STREAM_BATCH_MAX_CHUNKS
 from streamserve.workers.replica import Replica
 from tests import stream_deployments
@@ -38,6 +49,7 @@ class Caller:
         self.reply_to = settings.keys.reply_stream(new_caller_id())
         self._last: bytes | str = "0-0"
         self.tags: dict[str, str] = {}  # each request's tag, as a client gives one: every reply must echo it
+        self.entries: dict[str, str] = {}  # each request's entry id in the request stream
 
     async def open(self) -> None:
         """Make the reply stream (replies are added with NOMKSTREAM, as to a real caller's)."""
@@ -51,8 +63,13 @@ class Caller:
         request = Request(request_id, self.reply_to if reply else "", deadline_ms, orjson.dumps(body), method)
         request.stream = stream
         request.tag = self.tags[request_id] = f"tag-{request_id[:6]}"
-        await self.redis.xadd(self.keys.requests(NAME), dict(request.encode()))
+        entry_id = await self.redis.xadd(self.keys.requests(NAME), dict(request.encode()))
+        self.entries[request_id] = self._text(entry_id)
         return request_id
+
+    async def cancel(self, request_id: str, replica_id: str) -> None:
+        """Tell the serving replica to stop ``request_id``, as a caller that gave up on it does."""
+        await self.control(replica_id, dict(CancelRequest(self.entries[request_id], request_id).encode()))
 
     async def next_replies(self, timeout_s: float = 10.0) -> list[Reply]:
         """The replies that arrived since the last read, waiting up to ``timeout_s`` for one (chunks as CHUNK
@@ -246,6 +263,26 @@ async def test_the_deadline_closes_a_sync_generator_at_its_next_yield(
     assert final.seq == stream_deployments.YIELDED["sync_slow"] == len(values(chunks)) > 0
 
 
+async def test_a_cancel_after_the_deadline_leaves_a_sync_generator_ended_by_its_deadline(
+    start_replica: StartReplica, caller: Caller, aredis: aioredis.Redis, settings: Settings
+) -> None:
+    """A caller gives up at the deadline and cancels (the gateway does, with its 504), while the sync generator runs
+    on to its next yield: its deadline stopped it, and it is counted so, not as cancelled."""
+    await serve(start_replica, "sync_slow")
+    sent_ms = now_ms()
+    request_id = await caller.send(3.0, timeout_s=0.5)  # a chunk, then 3 s to its next yield
+    [first] = await caller.chunks_until(request_id, 1)
+    await wait_for_async(lambda: now_ms() > sent_ms + 600, 5, "the deadline never passed")
+    await caller.cancel(request_id, first.replica_id)
+
+    async def outcomes() -> dict[bytes, bytes]:
+        totals = await aredis.hgetall(settings.keys.metrics(NAME))
+        return {k: v for k, v in totals.items() if k.startswith(b"handled_requests_total|")}
+
+    await wait_for_async(outcomes, 15, "the stream's outcome never reached Redis")
+    assert await outcomes() == {b"handled_requests_total|outcome=deadline_exceeded": b"1"}
+
+
 @pytest.mark.parametrize("tag", ["sync_flow", "async_flow"])
 async def test_a_stream_paused_by_its_caller_still_ends_at_its_deadline(
     start_replica: StartReplica, caller: Caller, tag: str
@@ -329,6 +366,19 @@ async def test_a_streaming_handler_called_without_the_stream_flag_is_refused_nam
         reply.error_message
     )
     assert stream_deployments.STARTED["count_to"] == 0  # not run
+
+
+async def test_a_call_with_the_key_of_a_stream_is_told_to_stream(
+    start_replica: StartReplica, client: AsyncClient
+) -> None:
+    """call() with an idempotency key whose run was a stream (its chunks kept for the retries) gets the replica's
+    BadRequestError naming stream(), as a call without a key does."""
+    await serve(start_replica, "count_to")
+    assert [chunk async for chunk in client.stream(NAME, 2, idempotency_key="streamed")] == [{"i": 0}, {"i": 1}]
+    expected = f"deployment {NAME!r} streams its answer: call it with Client.stream() or AsyncClient.stream()"
+    with pytest.raises(BadRequestError, match=re.escape(expected)):
+        await client.call(NAME, 2, idempotency_key="streamed")
+    assert stream_deployments.STARTED["count_to"] == 1
 
 
 @pytest.mark.parametrize("attr", ["count_to", "acount_to"])

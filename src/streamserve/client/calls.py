@@ -46,7 +46,13 @@ from streamserve.transport.connections import RETRYABLE_ERRORS, is_cluster_clien
 from streamserve.transport.pipelining import Abandoned, Command, Script
 from streamserve.wire import scripts
 from streamserve.wire.config import MAX_TIMEOUT_S, DeploymentConfig
-from streamserve.wire.errors import BadRequestError, OverloadedError, RequestCancelledError, RequestTimeoutError
+from streamserve.wire.errors import (
+    BadRequestError,
+    OverloadedError,
+    RequestCancelledError,
+    RequestTimeoutError,
+    streams_its_answer,
+)
 from streamserve.wire.idempotency import check_key
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.json_values import dumps
@@ -388,6 +394,11 @@ class Calls(ClientCore):
         else:
             timer.cancel()
             replies.forget(tag, request_id)
+        if not stream and (reply.status in STREAM_REPLIES or kept_stream(reply)):
+            # A stream where one result is awaited: a shared run's, made by stream() with this idempotency key (a
+            # replica itself answers such a call BAD_REQUEST without running it).
+            message = streams_its_answer(cfg.name, method)
+            return request.reply(ReplyStatus.BAD_REQUEST, reply.replica_id, error_message=message)
         return reply
 
     def _hand_over(
@@ -413,7 +424,7 @@ class Calls(ClientCore):
 
         feed.on_close = close
         feed.deadline = timer.when()
-        if not request.stream:  # a replica streamed to call(): result_of() raises ProtocolError for the chunk
+        if not request.stream:  # a shared run streamed to call(): request() answers it BAD_REQUEST
             feed.close()
             return
         assert self._pipeliner is not None

@@ -26,6 +26,18 @@ class BadRequestError(StreamServeError):
     """The caller's input is invalid (not JSON, bad header, bad argument)."""
 
 
+def streams_its_answer(deployment: str, method: str) -> str:
+    """What a call that waits for one result is told of a streaming handler: by its replica, which does not run it,
+    and by the client, when the reply found is a stream (an idempotency key's run made by stream())."""
+    named = f" (method {method!r})" if method else ""
+    return (
+        f"deployment {deployment!r}{named} streams its answer: call it with Client.stream() or AsyncClient.stream() "
+        "(a handle's stream() or astream())"
+        + ("" if method else ", or over HTTP")
+        + "; call(), submit() and jobs take one result"
+    )
+
+
 class ConfigError(BadRequestError):
     """A config file or config value is invalid; the message names the field."""
 
