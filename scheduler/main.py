@@ -7,7 +7,6 @@ import asyncio
 import logging
 
 import redis.asyncio as aioredis
-from redis.exceptions import AuthenticationError
 
 from streamserve.client.jobs import jobs_redis_url
 from streamserve.runtime.logging_setup import start_process
@@ -17,7 +16,7 @@ from streamserve.scheduler.job_pool import JobWorkerPool
 from streamserve.scheduler.launcher import ProcessLauncher
 from streamserve.scheduler.scheduler import Scheduler
 from streamserve.scheduler.stop_signals import StopSignals
-from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, async_redis
+from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, async_redis, no_retry_mends
 
 logger = logging.getLogger(__name__)
 
@@ -34,18 +33,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run(settings: Settings, stop_replicas_on_exit: bool) -> int:
-    """Run the scheduler; 1 at once when Redis refuses its password (one that is down, it waits for)."""
+    """Run the scheduler; 1 at once when Redis refuses its password or its certificate does not verify (a Redis that
+    is down, it waits for)."""
     url = settings.effective_redis_url
     redis = async_redis(url)
     try:
         await redis.ping()
-    except AuthenticationError as exc:
-        # Not a Redis still on its way up, which the scheduler waits for (started before it, say): no retry helps.
-        logger.error("scheduler: %s", RedisRefusals(url).meaning(exc))
-        await redis.aclose()
-        return 1
-    except RETRYABLE_ERRORS:
-        pass
+    except RETRYABLE_ERRORS as exc:
+        if no_retry_mends(url, exc):
+            # Not a Redis still on its way up, which the scheduler waits for (started before it, say).
+            logger.error("scheduler: %s", RedisRefusals(url).meaning(exc))
+            await redis.aclose()
+            return 1
     scheduler = Scheduler(
         settings,
         redis,

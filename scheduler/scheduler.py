@@ -36,7 +36,13 @@ from streamserve.scheduler.left_requests import answer_left_requests
 from streamserve.scheduler.reclaim import Reclaimer
 from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.scheduler.types import Clock, Launcher, Timeouts
-from streamserve.transport.connections import RETRYABLE_ERRORS, MemoryRefusals, async_redis, stop_retrying
+from streamserve.transport.connections import (
+    RETRYABLE_ERRORS,
+    MemoryRefusals,
+    async_redis,
+    connection_hint,
+    stop_retrying,
+)
 from streamserve.transport.model_streams import ModelStreams, RoutedBacklog
 from streamserve.transport.streams import ensure_groups
 from streamserve.wire.config import DeploymentConfig
@@ -111,7 +117,8 @@ class Scheduler:
                 try:
                     await self._lead_or_wait()
                 except RETRYABLE_ERRORS as exc:
-                    logger.warning("scheduler: Redis unavailable (%s); retrying", exc)
+                    hint = connection_hint(self._settings.effective_redis_url, exc)
+                    logger.warning("scheduler: Redis unavailable (%s%s); retrying", exc, hint)
                     self._redis_was_away = True
                     self._last_read_ms = 0  # (said above: not a stall as well)
                 except Exception as exc:

@@ -326,3 +326,17 @@ async def test_rediss_url_works_for_replica_client_and_gateway(tmp_path: Path) -
     url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={certs['ca.crt']}"
     with redis_server(binary, args, url, tmp_path):
         await assert_serves(settings_for(url))
+        # A server certificate the CA given (here: the system's) does not vouch for: no retry mends it.
+        unverified = f"rediss://127.0.0.1:{port}/0"
+        scheduler = await asyncio.to_thread(
+            subprocess.run,
+            [STREAMSERVE, "scheduler"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "REDIS_URL": unverified, "STREAMSERVE_REDIS_URL": unverified},
+        )
+        assert scheduler.returncode == 1, scheduler.stderr
+        assert "CERTIFICATE_VERIFY_FAILED" in scheduler.stderr and "retrying" not in scheduler.stderr

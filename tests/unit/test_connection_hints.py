@@ -3,13 +3,14 @@ plain URL at a TLS port); redis-py's own words name neither the file nor TLS."""
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
+from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from streamserve.transport.connections import RedisRefusals, connection_hint
+from streamserve.transport.connections import RedisRefusals, connection_hint, no_retry_mends
 
 
 def test_a_tls_file_the_url_names_that_is_not_there_is_named(tmp_path: Path) -> None:
@@ -47,3 +48,17 @@ def test_a_tls_url_whose_server_never_answers_the_handshake_may_be_a_plain_port(
 def test_other_failures_get_no_hint() -> None:
     assert connection_hint("redis://127.0.0.1:1/0", RedisConnectionError("Connection refused")) == ""
     assert connection_hint("redis://127.0.0.1:1/0?ssl_ca_certs=/nope", ResponseError("WRONGPASS")) == ""
+
+
+def test_only_what_no_retry_mends_stops_a_process_that_waits_for_redis(tmp_path: Path) -> None:
+    """A refused password, a certificate that does not verify, a missing TLS file: the set-up's, for good. A Redis
+    that refuses connections or resets one may be on its way up (or down)."""
+    url = "rediss://127.0.0.1:6380/0"
+    unverified = RedisConnectionError("Error 1 connecting to 127.0.0.1:6380. [SSL: CERTIFICATE_VERIFY_FAILED] ...")
+    unverified.__cause__ = ssl.SSLCertVerificationError("certificate verify failed")
+    assert no_retry_mends(url, unverified)
+    assert no_retry_mends(url, AuthenticationError("invalid username-password pair or user is disabled."))
+    assert no_retry_mends(f"{url}?ssl_ca_certs={tmp_path / 'nope.pem'}", RedisConnectionError("Error 2 connecting"))
+    assert not no_retry_mends(url, RedisConnectionError("Error 111 connecting to 127.0.0.1:6380. Connection refused."))
+    assert not no_retry_mends("redis://127.0.0.1:6380/0", RedisConnectionError("(104, 'Connection reset by peer')"))
+    assert not no_retry_mends(url, RedisTimeoutError("Timeout connecting to server"))

@@ -8,6 +8,7 @@ import inspect
 import logging
 import os
 import re
+import ssl
 import sys
 import threading
 import time
@@ -23,6 +24,7 @@ from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import (
+    AuthenticationError,
     ClusterDownError,
     ExecAbortError,
     OutOfMemoryError,
@@ -384,10 +386,7 @@ def connection_hint(url: str, exc: BaseException) -> str:
     if not isinstance(exc, RETRYABLE_ERRORS):
         return ""
     parsed = urllib.parse.urlsplit(url)
-    query = urllib.parse.parse_qs(parsed.query)
-    missing = [
-        f"{name} {path}" for name in _TLS_FILE_PARAMS for path in query.get(name, []) if not os.path.exists(path)
-    ]
+    missing = _missing_tls_files(url)
     if missing:
         return f" (no such file: {', '.join(missing)})"
     if parsed.scheme.lower() == "redis" and "reset by peer" in str(exc).lower():
@@ -396,6 +395,26 @@ def connection_hint(url: str, exc: BaseException) -> str:
         # A plain Redis waits for a command, the client for the server's TLS hello: each attempt waits it out.
         return " (if that port does not speak TLS, the URL starts with redis://)"
     return ""
+
+
+def _missing_tls_files(url: str) -> list[str]:
+    """The TLS files ``url`` names that are not there, each as "PARAM PATH"."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    return [f"{name} {path}" for name in _TLS_FILE_PARAMS for path in query.get(name, []) if not os.path.exists(path)]
+
+
+def no_retry_mends(url: str, exc: BaseException) -> bool:
+    """Whether ``exc``, a failure to connect to ``url``, is the set-up's, not a Redis on its way up: a refused
+    password, a server certificate that does not verify, a TLS file the URL names that is not there. A process that
+    waits for Redis to come up (the scheduler) stops on these at once, as the others do."""
+    if isinstance(exc, AuthenticationError):
+        return True
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return isinstance(exc, RETRYABLE_ERRORS) and bool(_missing_tls_files(url))
 
 
 class RedisRefusals:
