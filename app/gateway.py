@@ -287,7 +287,8 @@ class Gateway:
                 priority=priority,
                 tenant=tenant,
                 model_id=model,
-                refresh=route.deployment.response_cache is not None and _no_cache(headers.getlist(b"cache-control")),
+                refresh=route.deployment.response_cache is not None
+                and _no_cache(headers.getlist(b"cache-control"), headers.getlist(b"pragma")),
             )
             exchange.replica = reply.replica_id
             shared: tuple[tuple[str, str], ...] = ()
@@ -482,14 +483,24 @@ def _model_id(header: str | None) -> str:
         raise BadRequestError(f"{MODEL_HEADER}: {exc}") from None
 
 
-# Request directives (RFC 9111, 5.2.1) that ask for a reply not taken from a cache: each runs the call anew.
-_FRESH_DIRECTIVES = frozenset({"no-cache", "no-store", "max-age=0"})
+# Request directives (RFC 9111, 5.2.1) that ask for a reply not taken from a cache, beside a max-age of 0: each runs
+# the call anew.
+_FRESH_DIRECTIVES = frozenset({"no-cache", "no-store"})
 
 
-def _no_cache(cache_control: list[str]) -> bool:
-    """Whether ``Cache-Control`` headers (several, comma-separated) ask for a fresh reply (``no-cache``, ``no-store``
-    or ``max-age=0``): skip the response cache's lookup."""
-    return any("".join(d.split()).lower() in _FRESH_DIRECTIVES for header in cache_control for d in header.split(","))
+def _no_cache(cache_control: list[str], pragma: list[str]) -> bool:
+    """Whether a request asks for a fresh reply, skipping the response cache's lookup: ``Cache-Control`` headers
+    (several, comma-separated) with ``no-cache``, ``no-store`` or a ``max-age`` of 0 (``0``, ``00``, ``"0"``), or,
+    without any (RFC 9111, 5.4: an HTTP/1.0 cache's way), ``Pragma: no-cache``."""
+    if not cache_control:
+        return any(d.strip().lower() == "no-cache" for header in pragma for d in header.split(","))
+    for header in cache_control:
+        for directive in header.split(","):
+            name, _, value = "".join(directive.split()).lower().partition("=")
+            seconds = value.strip('"')
+            if name in _FRESH_DIRECTIVES or (name == "max-age" and seconds.isdigit() and int(seconds) == 0):
+                return True
+    return False
 
 
 def _shared_headers(reply: Reply, keyed: bool) -> tuple[tuple[str, str], ...]:

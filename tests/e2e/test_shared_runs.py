@@ -658,10 +658,17 @@ def test_cache_control_asking_for_a_fresh_reply_runs_anew_and_refreshes_the_entr
     assert (hit.headers["x-cache"], hit.json()) == ("hit", {"tag": tag, "run": 2})
     assert runs(store, tag) == 2
     # The other ways to ask for a fresh reply do the same, as does a directive among others.
-    for run, directive in enumerate(["no-store", "max-age=0", "private, No-Cache"], start=3):
+    fresh_ways = ["no-store", "max-age=0", "max-age=00", 'max-age="0"', "private, No-Cache"]
+    for run, directive in enumerate(fresh_ways, start=3):
         fresh = post(farm.base_url, "/cached", {"tag": tag}, None, **{"Cache-Control": directive})
         assert (fresh.headers["x-cache"], fresh.json()) == ("miss", {"tag": tag, "run": run}), directive
-    assert post(farm.base_url, "/cached", {"tag": tag}, None, **{"Cache-Control": "max-age=60"}).json()["run"] == 5
+    last = 2 + len(fresh_ways)
+    assert post(farm.base_url, "/cached", {"tag": tag}, None, **{"Cache-Control": "max-age=60"}).json()["run"] == last
+    # An HTTP/1.0 cache's Pragma: no-cache, when no Cache-Control says otherwise.
+    fresh = post(farm.base_url, "/cached", {"tag": tag}, None, Pragma="no-cache")
+    assert (fresh.headers["x-cache"], fresh.json()) == ("miss", {"tag": tag, "run": last + 1})
+    hit = post(farm.base_url, "/cached", {"tag": tag}, None, **{"Pragma": "no-cache", "Cache-Control": "max-age=60"})
+    assert (hit.headers["x-cache"], hit.json()["run"]) == ("hit", last + 1)
 
 
 def test_a_gateway_answers_hits_from_its_copy_for_at_most_local_ttl_s(farm: Farm, store: redis.Redis, tag: str) -> None:
