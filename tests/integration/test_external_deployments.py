@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import orjson
+import redis
 import redis.asyncio as aioredis
 
+from streamserve.client import Client
 from streamserve.runtime.settings import Settings
 from streamserve.wire.priorities import Priority
-from tests.harness.waiting import wait_for_async
+from tests.harness.waiting import wait_for, wait_for_async
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_gateway_app import wait_for_routes
 
@@ -79,3 +82,25 @@ async def test_scaling_it_is_refused_with_the_reason(http: httpx.AsyncClient, se
     assert refused.status_code == 409, refused.text
     assert refused.json()["error"] == "ConflictError"
     assert "scaled externally (external_scaler_enabled: true)" in refused.json()["message"]
+
+
+async def test_calls_submitted_one_after_another_are_queued_in_that_order(settings: Settings) -> None:
+    """A fresh client's calls, submitted one after the other: each goes in the round trip of its loop turn, and
+    round trips overlap (each on a connection of its own, the first ones still connecting), yet they reach the
+    queue in the order made: a later round trip never writes first."""
+    await deploy(settings, external_scaler_enabled=True, max_queued_requests=200)
+    calls = 60
+    requests = settings.keys.requests("rec")
+    store = redis.Redis.from_url(settings.effective_redis_url)
+
+    def queued_bodies() -> list[object]:
+        with Client(settings=settings) as client:
+            for i in range(calls):
+                client.submit("rec", i, timeout=30)
+            wait_for(lambda: store.xlen(requests) == calls, 10, "the calls were not all queued")
+            return [orjson.loads(fields[b"body"]) for _id, fields in store.xrange(requests)]
+
+    try:
+        assert await asyncio.to_thread(queued_bodies) == list(range(calls))
+    finally:
+        store.close()

@@ -73,8 +73,11 @@ class ClientCore:
         if self._replies is not None:
             return
         self._tracer = tracing.tracer()  # a provider the program set up after making the client
-        await self._connect()
+        # One hold of the lock for both steps: the calls that wait for a start go on in the order they were made (a
+        # second wait for the lock put the first call behind the others, and their requests were queued out of
+        # order).
         async with self._start_guard():
+            await self._connect_guarded()
             if self._replies is None:
                 replies = ReplyStream(
                     self.redis, self._keys.reply_stream(self.caller_id), self.caller_id, self._refusals
@@ -89,20 +92,24 @@ class ClientCore:
         if self._redis is not None:
             return
         async with self._start_guard():
-            if self._redis is not None:
-                return
-            redis = async_redis(self._settings.effective_redis_url)
-            routes = RouteCache(redis, self._keys)
-            try:
-                with self._refusals:
-                    await routes.start()
-            except BaseException:
-                await redis.aclose()
-                raise
-            self._pipeliner = Pipeliner(redis)
-            self._canceller = Canceller(redis, self._pipeliner, self._keys)
-            self._hits = HitCounts(self._pipeliner, self._keys, CACHE_REQUESTS.field("hit"))
-            self._redis, self._routes = redis, routes
+            await self._connect_guarded()
+
+    async def _connect_guarded(self) -> None:
+        """``_connect``'s work, under the start lock."""
+        if self._redis is not None:
+            return
+        redis = async_redis(self._settings.effective_redis_url)
+        routes = RouteCache(redis, self._keys)
+        try:
+            with self._refusals:
+                await routes.start()
+        except BaseException:
+            await redis.aclose()
+            raise
+        self._pipeliner = Pipeliner(redis)
+        self._canceller = Canceller(redis, self._pipeliner, self._keys)
+        self._hits = HitCounts(self._pipeliner, self._keys, CACHE_REQUESTS.field("hit"))
+        self._redis, self._routes = redis, routes
 
     def _start_guard(self) -> asyncio.Lock:
         """One start at a time (made on first use: it belongs to the loop that starts the client)."""
