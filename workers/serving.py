@@ -249,30 +249,35 @@ class Serving:
 
     async def _read_until_stopped(self) -> None:
         backoff = Backoff()
-        lost_a_read = False
+        lost_a_read = lost_groups = False
         while not self._stopping.is_set():
             free = self._slots.free(self.config.max_ongoing_requests)
             if free <= 0:
                 await self._slots.wait_for_room()
                 continue
             try:
+                if lost_groups:  # a stream was deleted and made again
+                    await ensure_groups(self._redis, self._keys, self._name)
+                    if self.models is not None:
+                        await self.models.renew()  # (its routed stream, given back while this replica was away)
+                    lost_groups = False
                 if lost_a_read:
                     await self._take(await self._undelivered())
                     lost_a_read = False
                 batches = await self._read(free)
                 backoff.reset()
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                await ensure_groups(self._redis, self._keys, self._name)  # a stream was deleted and made again
-                if self.models is not None:
-                    await self.models.renew()  # (its routed stream, given back while this replica was away)
-                continue
+            # Before ResponseError: a Redis Cluster failing over refuses with CLUSTERDOWN or TRYAGAIN, which redis-py
+            # raises as ResponseErrors; they mean Redis is away for a moment, as a lost connection does.
             except RETRYABLE_ERRORS as exc:
                 lost_a_read = True
                 delay = backoff.next()
                 logger.warning("replica %s: read failed (%s); retrying in %.1fs", self._consumer, exc, delay)
                 await asyncio.sleep(delay)
+                continue
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                lost_groups = True
                 continue
             await self._take(batches, free)
 

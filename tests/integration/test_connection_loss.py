@@ -8,6 +8,7 @@ from typing import Any, cast
 import pytest
 import redis.asyncio as aioredis
 import uvloop
+from redis.exceptions import ClusterDownError, MasterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from streamserve.client import AsyncClient
@@ -16,6 +17,7 @@ from streamserve.transport.connections import async_redis
 from streamserve.transport.pipelining import Pipeliner
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import Request, now_ms
+from streamserve.workers.serving import Serving
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica
 
@@ -96,3 +98,27 @@ def test_a_write_to_a_socket_redis_closed_is_retried_on_uvloop(redis_url: str) -
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(scenario())
+
+
+async def test_a_read_refused_by_a_cluster_failing_over_is_tried_again(
+    start_replica: StartReplica, client: AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Redis Cluster failing over refuses commands (CLUSTERDOWN, TRYAGAIN, ...) for longer than its routing tries
+    them; redis-py raises those refusals as ResponseErrors. The replica's read loop backs off and reads again, as
+    after a lost connection, instead of taking them for a failed command and exiting."""
+    refusals: list[Exception] = [
+        ClusterDownError("The cluster is down"),
+        TryAgainError("Multiple keys request during rehashing of slot"),
+        MasterDownError("Link with MASTER is down and replica-serve-stale-data is set to 'no'."),
+    ]
+    read = Serving._read
+
+    async def refused_at_first(self: Serving, free: int) -> Any:
+        if refusals:
+            raise refusals.pop(0)
+        return await read(self, free)
+
+    monkeypatch.setattr(Serving, "_read", refused_at_first)
+    await start_replica()
+    assert (await client.call("rec", "after the failover", timeout=5))["body"] == "after the failover"
+    assert refusals == []

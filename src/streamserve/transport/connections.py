@@ -24,9 +24,12 @@ from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import (
+    AskError,
     AuthenticationError,
     ClusterDownError,
     ExecAbortError,
+    MasterDownError,
+    MovedError,
     OutOfMemoryError,
     ResponseError,
     SlotNotCoveredError,
@@ -39,6 +42,8 @@ from redis.retry import Retry
 from streamserve.wire.errors import OverloadedError, RedisUnavailableError, StreamServeError
 
 # Errors worth retrying: the connection, not the command, failed; or a Redis Cluster is failing over or resharding.
+# The cluster's refusals (CLUSTERDOWN, TRYAGAIN, MOVED, ASK, MASTERDOWN: the command did not run) are ResponseErrors
+# to redis-py: a loop that tells a failed command from Redis away must test for these first.
 RETRYABLE_ERRORS: tuple[type[Exception], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
@@ -46,6 +51,9 @@ RETRYABLE_ERRORS: tuple[type[Exception], ...] = (
     ClusterDownError,
     TryAgainError,
     SlotNotCoveredError,
+    MovedError,
+    AskError,
+    MasterDownError,
 )
 
 RETRY_ATTEMPTS = 5
