@@ -3,8 +3,11 @@ joined by ``redis-cli --cluster create``. Every server is stopped again by proce
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -184,8 +187,25 @@ class LocalRedisCluster:
         proc.kill()
         proc.wait(10)
 
+    def pause_node(self, port: int) -> None:
+        """SIGSTOP the node at ``port``: to the cluster it is as good as dead (it answers nobody) until resumed."""
+        os.kill(self._procs[self.ports.index(port)].pid, signal.SIGSTOP)
+
+    def resume_node(self, port: int) -> None:
+        os.kill(self._procs[self.ports.index(port)].pid, signal.SIGCONT)
+
+    def replica_port_of(self, master_port: int) -> int:
+        """The port of the (first) replica of the master at ``master_port``."""
+        client = self.node(master_port)
+        try:
+            return int(client.info("replication")["slave0"]["port"])
+        finally:
+            client.close()
+
     def stop(self) -> None:
         for proc in self._procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)  # a paused node would not take its SIGTERM
             stop_group(proc, timeout_s=5)
         self._procs = []
         self._dir.cleanup()

@@ -17,7 +17,9 @@ import pytest
 
 from streamserve.control.long_poll import LongPollSubscriber
 from streamserve.runtime.settings import Settings
-from streamserve.transport.connections import async_redis
+from streamserve.transport.cluster_routing import ClusterRouter
+from streamserve.transport.connections import RETRY_ATTEMPTS, async_redis
+from streamserve.transport.pipelining import BlockingReader
 from streamserve.wire.keys import ConfigKey, Keys
 from tests.harness.redis_cluster import LocalRedisCluster
 from tests.harness.waiting import wait_for, wait_for_async
@@ -129,3 +131,51 @@ async def test_a_long_poll_alone_follows_its_master_failing_over(
     finally:
         await sub.close()
         await listener.aclose()
+
+
+async def test_a_blocking_read_waits_out_a_failover_longer_than_its_retries(
+    cluster_with_replicas: LocalRedisCluster, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every master refuses every command (CLUSTERDOWN) while a failed master's replica has not taken over: a
+    blocking read on a healthy master rides that out for as long as a failover may take, and then reads."""
+    cluster = cluster_with_replicas
+    reads_on = cluster.master_port_of(KEYS.requests("d0"))
+    url_node = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    victim = min({cluster.master_port_of(KEYS.requests(f"d{i}")) for i in range(50)} - {reads_on, url_node})
+    standby = cluster.replica_port_of(victim)
+    pauses = 0
+    pause = ClusterRouter.pause
+
+    async def counted(self: ClusterRouter, attempt: int) -> None:
+        nonlocal pauses
+        pauses += 1
+        await pause(self, attempt)
+
+    monkeypatch.setattr(ClusterRouter, "pause", counted)
+    redis = async_redis(redis_url)
+    reader = BlockingReader(redis)
+    stream = KEYS.requests("d0")
+    try:
+        await redis.xadd(stream, {"n": 1})
+        cluster.pause_node(standby)  # the failover waits until the test lets it happen
+        cluster.kill_node(victim)
+
+        def down() -> bool:
+            node = cluster.node(reads_on)
+            try:
+                return node.cluster("info")["cluster_state"] == "fail"
+            finally:
+                node.close()
+
+        await asyncio.to_thread(wait_for, down, 30, "the cluster never noticed the master had failed")
+        read = asyncio.create_task(reader.read(("XREAD", "BLOCK", 100, "STREAMS", stream, "0-0"), 100))
+        refused = f"the read was not refused more than {RETRY_ATTEMPTS} times"
+        await wait_for_async(lambda: pauses > RETRY_ATTEMPTS or read.done(), 30, refused, interval_s=0.05)
+        assert not read.done() or read.result()  # (raises the read's error, if it failed)
+        cluster.resume_node(standby)
+        [(_, [(_, fields)])] = await asyncio.wait_for(read, 30)
+        assert fields == {b"n": b"1"}
+    finally:
+        cluster.resume_node(standby)
+        await reader.aclose()
+        await redis.aclose()

@@ -7,7 +7,9 @@ are grouped by master and each group goes out as one write, all at once. A
 command refused with MOVED (the slot moved: resharding, a failover) is sent
 again after the slot map is re-read; with ASK, to the node named, after
 ASKING; with TRYAGAIN or CLUSTERDOWN, again after a pause. Only when that
-fails RETRY_ATTEMPTS times does a caller see the error.
+fails RETRY_ATTEMPTS times does a caller see the error; a blocking read, whose
+caller is a loop that only reads again, tries for as long as a failover may
+take (FAILOVER_WAIT_S) instead.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ Command = tuple[EncodableT, ...]
 
 # Replies that mean "not here, not now": the command was not run, so sending it again is safe.
 _REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
+
+# How long a blocking read is refused (CLUSTERDOWN, mostly) before its caller hears of it: a failed master's
+# failover takes cluster-node-timeout (Redis's default: 15 s) to notice it, then a replica's election (1-2 s).
+# Every master refuses every command meanwhile, so RETRY_ATTEMPTS (about a second) would end well within it.
+FAILOVER_WAIT_S = 20.0
 
 
 def command_key(command: Command) -> EncodableT:
@@ -174,7 +181,9 @@ class ClusterBlockingReader:
 
     async def read_raw(self, command: Command, block_ms: int, before: Command | None = None) -> Any:
         """The raw reply of the blocking read (``before``, on the same stream, goes ahead of it in one write)."""
-        for attempt in range(RETRY_ATTEMPTS + 1):
+        refused_until: float | None = None  # (the loop's clock) when a refusal that keeps coming is raised
+        attempt = 0
+        while True:
             node = await self._router.node_of(command)
             if node is not self._node:
                 await self.aclose()
@@ -192,10 +201,13 @@ class ClusterBlockingReader:
                         await read_reply(connection)
                     return await connection.read_response(timeout=math.inf)
             except _REDIRECTED:
-                if attempt == RETRY_ATTEMPTS:
+                now = asyncio.get_running_loop().time()
+                refused_until = refused_until or now + FAILOVER_WAIT_S
+                if now >= refused_until:
                     raise
                 await self._router.refresh()
                 await self._router.pause(attempt)
+                attempt = min(attempt + 1, RETRY_ATTEMPTS)  # the pauses grow up to the backoff's cap
             except ResponseError:
                 raise  # the command failed (e.g. NOGROUP); the connection is fine
             except BaseException as exc:
@@ -205,7 +217,6 @@ class ClusterBlockingReader:
                 if isinstance(exc, TimeoutError):
                     raise RedisTimeoutError(f"no reply from Redis within {limit_s:g}s") from exc
                 raise
-        raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
         """Give the connection back (disconnected: a read may still be running on it)."""
