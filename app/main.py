@@ -59,6 +59,7 @@ def worker_app() -> GatewayApp:
     first process wrote (Settings.to_env), its own logging, its own client and reply stream."""
     end_with_spawning_process()
     settings = Settings()
+    settings.give_cluster_nodes()
     setup_logging(settings.debug, settings.log_format, role="gateway")
     tracing.start("gateway")
     use_connection_limits(settings)

@@ -38,6 +38,7 @@ from streamserve.runtime.lifeline import inherited
 from streamserve.runtime.processes import die_with_parent, role_command
 from streamserve.runtime.settings import Settings
 from streamserve.transport.backoff import Backoff
+from streamserve.transport.cluster_nodes import nodes_env
 from streamserve.transport.connections import MemoryRefusals, sync_redis
 
 logger = logging.getLogger(__name__)
@@ -87,8 +88,9 @@ class JobWorkerPool:
             return
         while len(self._procs) - len(self._signalled) < self.size:
             cmd = role_command("job-worker")
+            env = {**self._env, **nodes_env(self._settings.effective_redis_url)}  # (as scheduler/launcher.py)
             proc = subprocess.Popen(
-                cmd, env=self._env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent, pass_fds=self._pass_fds
+                cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent, pass_fds=self._pass_fds
             )
             self._procs.append(proc)
             logger.info("job worker started (pid %d)", proc.pid)

@@ -19,6 +19,7 @@ from streamserve.control.resources import GPU_DEVICES_ENV
 from streamserve.runtime.lifeline import inherited
 from streamserve.runtime.processes import role_command, runs_replica
 from streamserve.runtime.settings import Settings
+from streamserve.transport.cluster_nodes import nodes_env
 from streamserve.wire.ids import ReplicaID
 
 logger = logging.getLogger(__name__)
@@ -33,16 +34,26 @@ class ProcessLauncher:
         lifeline = inherited(settings.lifeline_fd)
         self._pass_fds = () if lifeline is None else (lifeline,)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._redis_url = settings.effective_redis_url
         self.host = socket.gethostname()
 
     def start(self, replica_id: ReplicaID, gpus: tuple[str, ...] = ()) -> int:
         """Spawn the replica in a new session, seeing only ``gpus`` if it asked for any; return its pid (also
         its process group id)."""
         cmd = role_command("worker", replica_id.deployment, "--replica-id", replica_id.to_str())
-        env = {**self._env, GPU_DEVICES_ENV: ",".join(gpus)} if gpus else self._env
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=self._pass_fds)
+        proc = subprocess.Popen(
+            cmd, env=self.env(gpus), stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=self._pass_fds
+        )
         self._children[proc.pid] = proc
         return proc.pid
+
+    def env(self, gpus: tuple[str, ...] = ()) -> dict[str, str]:
+        """A replica's environment, started now: with the Redis Cluster's nodes as known now (the URL's node may be
+        the one that is down: transport/cluster_nodes.py), seeing only ``gpus`` if it asked for any."""
+        env = {**self._env, **nodes_env(self._redis_url)}
+        if gpus:
+            env[GPU_DEVICES_ENV] = ",".join(gpus)
+        return env
 
     def is_alive(self, pid: int, replica_id: ReplicaID) -> bool:
         """True while the process runs and still is this replica (guards against pid reuse)."""

@@ -2,11 +2,15 @@
 
 Every master refuses every command (CLUSTERDOWN) from the moment the cluster marks the dead one failed until its
 replica has taken over: the deployment's own master too. The farm's processes ride that out as they ride out a lost
-connection: none exits, and the same ones serve again afterwards.
+connection: none exits, and the same ones serve again afterwards. When the master killed is the node the farm's URL
+names, the processes started afterwards (a replacement replica) still find the cluster, through the nodes their
+scheduler hands them.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -95,5 +99,28 @@ def test_a_master_with_no_slot_of_the_deployment_fails_over_and_the_same_process
         after = farm.role_pids()
         for role in ("worker", "gateway", "scheduler"):
             assert after[role] == before[role], farm.fail(f"the {role} was not the same after the failover")
+    finally:
+        farm.stop()
+
+
+def test_a_replacement_replica_starts_when_the_urls_node_has_failed_over(
+    cluster: LocalRedisCluster, tmp_path: Path
+) -> None:
+    seed = cluster.ports[0]  # the farm's URL names it, and only it
+    masters = {cluster.master_port_of(KEYS.requests(f"d{i}")) for i in range(50)}
+    assert seed in masters
+    farm = start_farm(cluster, name_on(cluster, masters - {seed}), tmp_path)
+    try:
+        wait_for(lambda: serves(farm), 30, fails(farm, "the farm did not serve"))
+        [worker] = farm.role_pids()["worker"]
+
+        fail_over(cluster, seed)
+        wait_for(lambda: serves(farm), 30, fails(farm, "the farm did not serve after the failover"))
+        os.kill(worker, signal.SIGKILL)  # its scheduler starts a replacement, which knows only the URL's node
+
+        def replaced() -> bool:
+            return worker not in farm.role_pids().get("worker", [worker]) and serves(farm)
+
+        wait_for(replaced, 30, fails(farm, "no replacement replica served"))
     finally:
         farm.stop()

@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     settings: Settings | None = None
     try:
         settings = beside_running_farm(args, Settings.from_command_line(args))
+        settings.give_cluster_nodes()
         return COMMANDS[args.command](args, settings)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -54,6 +54,7 @@ from streamserve.runtime.processes import (
     wait_until,
 )
 from streamserve.runtime.settings import Settings
+from streamserve.transport.cluster_nodes import nodes_env
 from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, async_redis, redacted, sync_redis
 from streamserve.transport.redis_checks import full_memory_warning, redis_problems, warning_text
 from streamserve.wire.config import AppConfig, load_config
@@ -323,6 +324,8 @@ class Farm:
         lifeline = () if self._lifeline is None else (self._lifeline.read_fd,)
         # Only the gateway checks the API key: the scheduler, and the replicas it starts, never see it.
         env = self._env if "gateway" in cmd else self.settings.user_code_env(os.environ)
+        # The cluster's nodes as known now: the URL's node may be the one that is down (transport/cluster_nodes.py).
+        env = {**env, **nodes_env(self.settings.effective_redis_url)}
         return subprocess.Popen(
             cmd,
             env=env,

@@ -92,6 +92,7 @@ def start_process(parser: argparse.ArgumentParser, argv: list[str] | None) -> tu
     add_redis_url_option(parser)
     args = parser.parse_args(argv)
     settings = Settings.from_command_line(args)
+    settings.give_cluster_nodes()
     role = parser.prog.removeprefix("streamserve ").strip()
     setup_logging(settings.debug, settings.log_format, role=role)
     tracing.start(TRACED_ROLES.get(role, role))

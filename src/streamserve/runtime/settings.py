@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamserve.control.resources import GPU_LIST_RE
 from streamserve.control.security import ImportAllowList
+from streamserve.transport.cluster_nodes import CLUSTER_NODES_ENV, give_nodes, parse_nodes
 from streamserve.transport.connections import redacted
 from streamserve.wire.errors import ConfigError
 from streamserve.wire.keys import DEFAULT_PREFIX, Keys
@@ -96,6 +97,10 @@ class Settings(BaseSettings):
 
     # redis://, rediss:// (TLS) or unix:// URL, with password if any; None: the default local one.
     redis_url: str | None = Field(None, validation_alias=AliasChoices("STREAMSERVE_REDIS_URL", "REDIS_URL"))
+
+    # More nodes of the Redis Cluster the URL names, "host:port,..." (transport/cluster_nodes.py): tried when the URL's
+    # is down. `up` and the scheduler set it on the processes they start, with the nodes they know.
+    redis_cluster_nodes: str | None = Field(None, validation_alias=AliasChoices(CLUSTER_NODES_ENV))
 
     # The Redis password, kept out of the URL (e.g. from a Kubernetes Secret); a password in the URL wins.
     redis_password: SecretStr | None = None
@@ -207,6 +212,13 @@ class Settings(BaseSettings):
             raise ValueError("set but blank; set a secret, or unset it for no key")
         return value
 
+    @field_validator("redis_cluster_nodes")
+    @classmethod
+    def _cluster_nodes_parse(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_nodes(value)  # ValueError: pydantic names the setting
+        return value
+
     @field_validator("redis_url", mode="before")
     @classmethod
     def _blank_url_is_none(cls, value: object) -> object:
@@ -269,6 +281,10 @@ class Settings(BaseSettings):
     def config_limit_values(self) -> ConfigLimits:
         """The maxima a config this process writes is checked against (``config_limits`` over the defaults)."""
         return ConfigLimits.parse(self.config_limits)
+
+    def give_cluster_nodes(self) -> None:
+        """Make this process's Redis clients try ``redis_cluster_nodes`` too, when the URL's node is down."""
+        give_nodes(self.effective_redis_url, self.redis_cluster_nodes)
 
     @property
     def keys(self) -> Keys:

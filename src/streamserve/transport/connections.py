@@ -20,9 +20,11 @@ from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.cluster import ClusterNode
 from redis.exceptions import (
     AskError,
     AuthenticationError,
@@ -39,6 +41,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from streamserve.transport.cluster_nodes import found_by, known_nodes
 from streamserve.wire.errors import OverloadedError, RedisUnavailableError, StreamServeError
 
 # Errors worth retrying: the connection, not the command, failed; or a Redis Cluster is failing over or resharding.
@@ -171,19 +174,38 @@ def is_cluster(url: str) -> bool:
     """
     known = _CLUSTER_URLS.get(url)
     if known is None:
-        # One try, bounded: it runs where the client is made, maybe on an event loop.
-        options = {**_options(Retry(NoBackoff(), 0)), "socket_connect_timeout": PROBE_TIMEOUT_S}
-        probe = redis.Redis.from_url(url, **{**options, "socket_timeout": PROBE_TIMEOUT_S})
-        try:
-            known = str(probe.info("cluster").get("cluster_enabled", 0)) == "1"
-        except RETRYABLE_ERRORS:
+        # The URL's node first, then any other node this process was given (cluster_nodes): the URL's may be down.
+        for node_url in [url, *(_url_at(url, host, port) for host, port in known_nodes(url))]:
+            known = _probe_cluster(node_url)
+            if known is not None:
+                break
+        else:
             return False  # not remembered: a later client asks again
-        except redis.RedisError:
-            known = False  # INFO refused: only single servers are run with users that may not ask it
-        finally:
-            probe.close()
         _CLUSTER_URLS[url] = known
     return known
+
+
+def _probe_cluster(url: str) -> bool | None:
+    """Whether the node at ``url`` runs in cluster mode; None when it cannot be reached."""
+    # One try, bounded: it runs where the client is made, maybe on an event loop.
+    options = {**_options(Retry(NoBackoff(), 0)), "socket_connect_timeout": PROBE_TIMEOUT_S}
+    probe = redis.Redis.from_url(url, **{**options, "socket_timeout": PROBE_TIMEOUT_S})
+    try:
+        return str(probe.info("cluster").get("cluster_enabled", 0)) == "1"
+    except RETRYABLE_ERRORS:
+        return None
+    except redis.RedisError:
+        return False  # INFO refused: only single servers are run with users that may not ask it
+    finally:
+        probe.close()
+
+
+def _url_at(url: str, host: str, port: int) -> str:
+    """``url`` with another node's address in it (the same user, password and options)."""
+    parts = urllib.parse.urlsplit(url)
+    user, at, _address = parts.netloc.rpartition("@")
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}{at}{address}"))
 
 
 _CLUSTER_URLS: dict[str, bool] = {}
@@ -203,12 +225,14 @@ async def refresh_cluster_map(client: aioredis.Redis) -> None:
             await client.nodes_manager.initialize()
 
 
-def _cluster_options(retry: Retry | AsyncRetry) -> dict[str, Any]:
+def _cluster_options(url: str, retry: Retry | AsyncRetry, node: type[Any]) -> dict[str, Any]:
     """A cluster client's options: the shared ones, with the retry policy applied by the cluster client itself
-    (which also follows MOVED and ASK redirections and re-reads the slot map after a failover)."""
+    (which also follows MOVED and ASK redirections and re-reads the slot map after a failover), and every node of
+    the cluster this process knows besides the URL's (cluster_nodes) to start from as ``node``s."""
     options = _options(retry)
     del options["retry_on_error"]  # the cluster client retries its own ERRORS_ALLOW_RETRY
-    return {**options, "max_connections": CLUSTER_NODE_CONNECTIONS}
+    startup_nodes = [node(host, port) for host, port in known_nodes(url)]
+    return {**options, "max_connections": CLUSTER_NODE_CONNECTIONS, "startup_nodes": startup_nodes}
 
 
 def async_redis(url: str, *, max_connections: int = POOL_SIZE) -> aioredis.Redis:
@@ -223,8 +247,9 @@ def async_redis(url: str, *, max_connections: int = POOL_SIZE) -> aioredis.Redis
     """
     retry = OutermostAsyncRetry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS)
     if is_cluster(url):
-        cluster = aioredis.RedisCluster.from_url(url, **_cluster_options(retry))
+        cluster = aioredis.RedisCluster.from_url(url, **_cluster_options(url, retry, AsyncClusterNode))
         _guard_cluster_connections(cluster)
+        found_by(url, cluster.nodes_manager)
         return cast(aioredis.Redis, cluster)
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=POOL_WAIT_S, **_options(retry)
@@ -304,7 +329,9 @@ def sync_redis(url: str, *, max_connections: int | None = None) -> redis.Redis:
     """
     retry = OutermostRetry(ExponentialWithJitterBackoff(BACKOFF_CAP_S, BACKOFF_BASE_S), RETRY_ATTEMPTS)
     if is_cluster(url):
-        return cast(redis.Redis, redis.RedisCluster.from_url(url, **_cluster_options(retry)))
+        cluster = redis.RedisCluster.from_url(url, **_cluster_options(url, retry, ClusterNode))
+        found_by(url, cluster.nodes_manager)
+        return cast(redis.Redis, cluster)
     options = _options(retry)
     if max_connections is None:
         return redis.Redis.from_url(url, **options)
