@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -233,6 +234,13 @@ async def test_a_password_from_its_own_setting_works(password_redis: int) -> Non
     assert status.returncode == 0, status.stderr
 
 
+async def run_scheduler(url: str) -> subprocess.CompletedProcess[str]:
+    """`streamserve scheduler` against ``url``, to its end (bounded: one that waits for Redis is killed at 60 s)."""
+    env = {**os.environ, "REDIS_URL": url, "STREAMSERVE_REDIS_URL": url}
+    run = functools.partial(subprocess.run, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False, env=env)
+    return await asyncio.to_thread(run, [STREAMSERVE, "scheduler"])
+
+
 async def test_a_wrong_password_is_a_clear_error_not_a_hang(password_redis: int) -> None:
     wrong = f"redis://:nope@127.0.0.1:{password_redis}/0"
     client = AsyncClient(settings=settings_for(wrong))
@@ -261,16 +269,7 @@ async def test_a_wrong_password_is_a_clear_error_not_a_hang(password_redis: int)
     assert "Traceback" not in cli.stderr and "nope" not in cli.stderr
 
     # A scheduler retries a Redis that is down (it may be on its way up); a refused password, no retry mends.
-    scheduler = await asyncio.to_thread(
-        subprocess.run,
-        [STREAMSERVE, "scheduler"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "REDIS_URL": wrong, "STREAMSERVE_REDIS_URL": wrong},
-    )
+    scheduler = await run_scheduler(wrong)
     assert scheduler.returncode == 1, scheduler.stderr
     assert "invalid username-password pair" in scheduler.stderr and "retrying" not in scheduler.stderr
     assert "Traceback" not in scheduler.stderr and "nope" not in scheduler.stderr
@@ -328,15 +327,6 @@ async def test_rediss_url_works_for_replica_client_and_gateway(tmp_path: Path) -
         await assert_serves(settings_for(url))
         # A server certificate the CA given (here: the system's) does not vouch for: no retry mends it.
         unverified = f"rediss://127.0.0.1:{port}/0"
-        scheduler = await asyncio.to_thread(
-            subprocess.run,
-            [STREAMSERVE, "scheduler"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            env={**os.environ, "REDIS_URL": unverified, "STREAMSERVE_REDIS_URL": unverified},
-        )
+        scheduler = await run_scheduler(unverified)
         assert scheduler.returncode == 1, scheduler.stderr
         assert "CERTIFICATE_VERIFY_FAILED" in scheduler.stderr and "retrying" not in scheduler.stderr
