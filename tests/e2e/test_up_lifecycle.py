@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from streamserve.runtime.processes import free_port, port_is_free
 from tests.harness.farm import Farm, pids_with_marker
@@ -35,7 +37,14 @@ def test_up_serves_the_example_and_ctrl_c_leaves_nothing_behind(tmp_path: Path) 
     try:
         log = farm.log().decode()
         assert f"gateway   {farm.base_url}" in log
-        assert f"redis     redis://127.0.0.1:{farm.redis_port}/0  (embedded)" in log
+        assert f"redis     redis://***@127.0.0.1:{farm.redis_port}/0  (embedded)" in log
+        # The embedded Redis takes a password (whoever writes Redis deploys code), which the banner never shows.
+        password = (farm.data_dir / "redis_password").read_text().strip()
+        assert password not in log and len(password) >= 32
+        assert f"redis-cli REDISCLI_AUTH=$(cat {farm.data_dir}/redis_password) redis-cli -p {farm.redis_port}" in log
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=farm.redis_port).ping()
+        assert stat.S_IMODE(farm.data_dir.stat().st_mode) == 0o700
         assert {name: d["running"] for name, d in farm.status().items()} == {
             "echo": 2,
             "sleepy": 1,

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import orjson
 
+from streamserve.runtime.farm_files import redis_password_path
 from streamserve.runtime.processes import free_port
 from tests.harness.paths import ROOT, STREAMSERVE
 from tests.harness.waiting import wait_for
@@ -133,7 +134,11 @@ class Farm:
 
     @property
     def effective_redis_url(self) -> str:
-        return self.redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
+        """Its Redis: the one given, else the embedded one, with the password `up` keeps in its data directory."""
+        if self.redis_url:
+            return self.redis_url
+        password = redis_password_path(self.data_dir).read_text().strip()
+        return f"redis://default:{password}@127.0.0.1:{self.redis_port}/0"
 
     def env(self) -> dict[str, str]:
         return marked_env(self.token, self.extra_env)

@@ -62,3 +62,9 @@ def test_only_what_no_retry_mends_stops_a_process_that_waits_for_redis(tmp_path:
     assert not no_retry_mends(url, RedisConnectionError("Error 111 connecting to 127.0.0.1:6380. Connection refused."))
     assert not no_retry_mends("redis://127.0.0.1:6380/0", RedisConnectionError("(104, 'Connection reset by peer')"))
     assert not no_retry_mends(url, RedisTimeoutError("Timeout connecting to server"))
+
+
+def test_a_url_without_a_password_at_a_redis_that_wants_one_names_where_up_keeps_it() -> None:
+    refused = AuthenticationError("Authentication required.")
+    assert "its data directory's redis_password" in connection_hint("redis://127.0.0.1:6379/0", refused)
+    assert connection_hint("redis://:wrong@127.0.0.1:6379/0", refused) == ""

@@ -11,6 +11,8 @@ from streamserve.runtime.farm_files import (
     FarmRecord,
     UnsafeFileError,
     ensure_api_key,
+    ensure_redis_password,
+    keep_private,
     read_api_key,
     remove_farm,
     running_farm,
@@ -27,6 +29,23 @@ def test_the_token_is_made_private_once_and_kept(tmp_path: Path) -> None:
     assert data_dir.stat().st_mode & 0o777 == 0o700
     assert ensure_api_key(data_dir) == token == read_api_key(data_dir)
     assert ensure_api_key(tmp_path / "other") != token
+
+
+def test_the_embedded_redis_password_is_made_private_once_and_kept_apart_from_the_token(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    password = ensure_redis_password(data_dir)
+    assert len(password) >= 40 and password.replace("-", "").replace("_", "").isalnum()  # URL-safe as it is
+    assert (data_dir / "redis_password").stat().st_mode & 0o777 == 0o600
+    assert ensure_redis_password(data_dir) == password != ensure_api_key(data_dir)
+
+
+def test_a_data_dir_others_may_read_is_made_private(tmp_path: Path) -> None:
+    """It holds the embedded Redis's files (requests, replies, configs) beside the secrets."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir(mode=0o755)
+    data_dir.chmod(0o777)
+    keep_private(data_dir)
+    assert data_dir.stat().st_mode & 0o777 == 0o700
 
 
 def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:

@@ -38,6 +38,9 @@ from streamserve.runtime.farm_files import (
     FarmRecord,
     api_key_path,
     ensure_api_key,
+    ensure_redis_password,
+    keep_private,
+    redis_password_path,
     remove_farm,
     running_farm,
     write_farm,
@@ -204,6 +207,7 @@ class Farm:
         Redis's files and each other's replica records: the second one's scheduler would kill the first one's
         replicas as dead."""
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        keep_private(self.data_dir)
         self._dir_lock = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self._dir_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -219,7 +223,12 @@ class Farm:
             self.settings = self.settings.model_copy(update={"api_key": SecretStr(ensure_api_key(self.data_dir))})
             self._token_file = api_key_path(self.data_dir)
         if self.settings.redis_url is None:
-            self.redis = EmbeddedRedis(port=opts.redis_port, maxmemory=opts.redis_maxmemory, data_dir=self.data_dir)
+            self.redis = EmbeddedRedis(
+                port=opts.redis_port,
+                maxmemory=opts.redis_maxmemory,
+                data_dir=self.data_dir,
+                password=ensure_redis_password(self.data_dir),
+            )
             if opts.fresh:
                 self.redis.forget_data()
             self.redis.start()
@@ -388,6 +397,14 @@ class Farm:
             + (f"  ({self.options.gateway_workers} processes)" if self.options.gateway_workers > 1 else ""),
             f"  dashboard {gateway_url}/-/dashboard   (metrics: {gateway_url}/metrics, logs: streamserve logs NAME)",
             f"  redis     {redacted(redis_url)}" + ("  (embedded)" if self.redis else ""),
+            *(
+                [
+                    f"  redis-cli REDISCLI_AUTH=$(cat {redis_password_path(self.data_dir)}) redis-cli -p "
+                    f"{self.redis.port}   (its password, mode 0600: whoever can write Redis can deploy code)"
+                ]
+                if self.redis is not None
+                else []
+            ),
             *(
                 [f"  data      {self.redis.data_dir}/  (append-only file, written every second; --fresh starts empty)"]
                 if self.redis is not None and self.redis.data_dir is not None

@@ -69,10 +69,13 @@ class EmbeddedRedis:
         tie_to_parent: bool = True,
         maxmemory: str | None = None,
         data_dir: Path | None = None,
+        password: str | None = None,
     ) -> None:
-        """``maxmemory``: Redis's own notation ("512mb", "2gb"); default a quarter of this machine's memory."""
+        """``maxmemory``: Redis's own notation ("512mb", "2gb"); default a quarter of this machine's memory.
+        ``password``: what every client must give (URL-safe characters); none by default."""
         self.host = host
         self.data_dir = data_dir
+        self.password = password
         self.maxmemory = maxmemory or default_maxmemory()
         if port is None:
             port = DEFAULT_PORT if port_is_free(host, DEFAULT_PORT) else free_port(host)
@@ -83,7 +86,9 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        # Named as the default user: redis-cli 6.2 (`-u`) sends an empty user name otherwise, which Redis refuses.
+        auth = f"default:{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
 
     def _storage(self) -> list[str]:
         if self.data_dir is None:
@@ -113,6 +118,7 @@ class EmbeddedRedis:
         """Start it and wait until it answers (loading a large append-only file takes a while)."""
         cmd = [
             redis_server_binary(),
+            "-",  # more of its config from its standard input: the password, kept off its command line (ps)
             "--port", str(self.port),
             "--bind", self.host,
             "--save", "",
@@ -124,12 +130,16 @@ class EmbeddedRedis:
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             start_new_session=True,
             preexec_fn=die_with_parent if self._tie_to_parent else None,
         )
-        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.5)
+        assert self.proc.stdin is not None
+        with self.proc.stdin:
+            if self.password:
+                self.proc.stdin.write(f"requirepass {self.password}\n".encode())
+        client = redis.Redis(host=self.host, port=self.port, password=self.password, socket_connect_timeout=0.5)
 
         def answers() -> bool:
             if self.proc is not None and self.proc.poll() is not None:

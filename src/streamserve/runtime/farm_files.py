@@ -1,11 +1,13 @@
-"""What `streamserve up` leaves in its data directory for the commands run beside it: the admin token, the farm.
+"""What `streamserve up` leaves in its data directory for the commands run beside it: the admin token, the embedded
+Redis's password, the farm.
 
 ``<data dir>/api_key`` holds the token admin writes need when no
 ``STREAMSERVE_API_KEY`` is set; it is made once and kept, so that scripts
 which read it keep working across restarts. ``<data dir>/farm.json`` says
 where the running farm's Redis and gateway are, so that ``streamserve
-status`` in the same directory finds them. Both are mode 0600: the Redis
-URL may hold a password, and the token deploys code.
+status`` in the same directory finds them. ``<data dir>/redis_password`` is
+the embedded Redis's. All are mode 0600: the Redis URL may hold a password,
+and the token deploys code.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from streamserve.wire.errors import ConfigError
 # Where `up` keeps its files (and the embedded Redis its data) unless --data-dir says otherwise.
 DEFAULT_DATA_DIR = Path(".streamserve")
 TOKEN_FILE = "api_key"
+# The password of the embedded Redis: whoever can write Redis can deploy code (docs: "Redis is the trust boundary"),
+# and a loopback port is open to every user of the machine.
+REDIS_PASSWORD_FILE = "redis_password"
 FARM_FILE = "farm.json"
 # Held (flock) by the `up` that runs from the directory, for as long as it runs.
 LOCK_FILE = "up.lock"
@@ -50,6 +55,16 @@ def _write_private(path: Path, data: bytes) -> None:
     os.replace(temporary, path)
 
 
+def keep_private(data_dir: Path) -> None:
+    """Make ``data_dir`` this user's alone (0700): it holds the embedded Redis's files (requests, replies, configs)
+    beside the secrets. UnsafeFileError when another user owns it (who could replace what is in it)."""
+    info = data_dir.stat()
+    if info.st_uid != os.getuid():
+        raise UnsafeFileError(f"{data_dir} belongs to another user: give `up` a --data-dir of your own")
+    if stat.S_IMODE(info.st_mode) & (stat.S_IRWXG | stat.S_IRWXO):
+        data_dir.chmod(0o700)
+
+
 def _read_private(path: Path) -> bytes | None:
     """The file's bytes; None when it does not exist; UnsafeFileError when others could read or change it."""
     try:
@@ -67,13 +82,27 @@ def api_key_path(data_dir: Path | None) -> Path:
 
 def ensure_api_key(data_dir: Path | None) -> str:
     """The token in the data directory, made (random, 256 bits) if there is none yet."""
-    path = api_key_path(data_dir)
+    return _ensure_secret(api_key_path(data_dir))
+
+
+def redis_password_path(data_dir: Path | None) -> Path:
+    return (data_dir or DEFAULT_DATA_DIR) / REDIS_PASSWORD_FILE
+
+
+def ensure_redis_password(data_dir: Path | None) -> str:
+    """The embedded Redis's password in the data directory, made (random, 256 bits) if there is none yet."""
+    return _ensure_secret(redis_password_path(data_dir))
+
+
+def _ensure_secret(path: Path) -> str:
+    """The secret kept in ``path``, made (random, 256 bits, URL-safe) if there is none yet; kept across restarts,
+    so that scripts which read it keep working."""
     existing = _read_private(path)
     if existing is not None and existing.strip():
         return existing.decode().strip()
-    token = secrets.token_urlsafe(32)
-    _write_private(path, token.encode() + b"\n")
-    return token
+    secret = secrets.token_urlsafe(32)
+    _write_private(path, secret.encode() + b"\n")
+    return secret
 
 
 def read_api_key(data_dir: Path | None) -> str | None:

@@ -424,6 +424,12 @@ def connection_hint(url: str, exc: BaseException) -> str:
     missing = _missing_tls_files(url)
     if missing:
         return f" (no such file: {', '.join(missing)})"
+    if "authentication required" in str(exc).lower() and not parsed.password:
+        return (
+            " (the Redis `streamserve up` embeds takes the password in its data directory's redis_password: run "
+            "the command beside the farm, or with --data-dir, or give the password in the URL or "
+            "STREAMSERVE_REDIS_PASSWORD)"
+        )
     if parsed.scheme.lower() == "redis" and "reset by peer" in str(exc).lower():
         return " (if that port speaks TLS, the URL starts with rediss://)"
     if parsed.scheme.lower() == "rediss" and "timeout connecting" in str(exc).lower():
