@@ -84,16 +84,18 @@ async def test_scaling_it_is_refused_with_the_reason(http: httpx.AsyncClient, se
     assert "scaled externally (external_scaler_enabled: true)" in refused.json()["message"]
 
 
-async def test_calls_submitted_one_after_another_are_queued_in_that_order(settings: Settings) -> None:
+async def test_calls_submitted_one_after_another_are_queued_about_in_that_order(settings: Settings) -> None:
     """A fresh client's calls, submitted one after the other: each goes in the round trip of its loop turn, and
-    round trips overlap (each on a connection of its own, the first ones still connecting), yet they reach the
-    queue in the order made: a later round trip never writes first."""
+    round trips overlap, each on a connection of its own. None overtakes calls made long before it: not while the
+    client starts or looks up the deployment (calls made meanwhile wait in line), not while a connection opens (a
+    round trip writes after the one before it), not while Redis loads the enqueue script (it goes whole until then).
+    Two round trips written a moment apart on two connections may still be read by Redis in either order."""
     await deploy(settings, external_scaler_enabled=True, max_queued_requests=200)
     calls = 60
     requests = settings.keys.requests("rec")
     store = redis.Redis.from_url(settings.effective_redis_url)
 
-    def queued_bodies() -> list[object]:
+    def queued_bodies() -> list[int]:
         with Client(settings=settings) as client:
             for i in range(calls):
                 client.submit("rec", i, timeout=30)
@@ -101,6 +103,7 @@ async def test_calls_submitted_one_after_another_are_queued_in_that_order(settin
             return [orjson.loads(fields[b"body"]) for _id, fields in store.xrange(requests)]
 
     try:
-        assert await asyncio.to_thread(queued_bodies) == list(range(calls))
+        queued = await asyncio.to_thread(queued_bodies)
     finally:
         store.close()
+    assert queued == list(range(calls))  # (before: 0, 1, 13, 14, ..., or 12, 14, 16, 13, 15, ...)

@@ -48,6 +48,10 @@ class RouteCache:
     async def close(self) -> None:
         await self._longpoll.close()
 
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is a deployment or endpoint it has seen (``route`` answers it without a look-up)."""
+        return name in self._deployments or name in self._endpoints
+
     def deployment(self, name: str) -> DeploymentConfig:
         """The deployment's config as last seen."""
         try:
