@@ -533,4 +533,4 @@ def load_config(path: str | Path, limits: ConfigLimits = DEFAULT_LIMITS) -> AppC
         raise ConfigError(
             f"{path} is not UTF-8 text (YAML is): byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
         ) from None
-    return parse_config(load_yaml(text, str(path)), str(path), limits)
+    return parse_config(load_yaml(text, str(path), limits), str(path), limits)

@@ -107,10 +107,12 @@ class ConfigLimits:
         maximum = getattr(self, limit)
         if value <= maximum:
             return None
-        return (
-            f"{value if shown is None else shown} is above the maximum, {maximum} "
-            f"(to allow more, set {SETTING}={limit}=N for the gateway or command that writes the config)"
-        )
+        return f"{value if shown is None else shown} is above the maximum, {maximum} ({self.how_to_raise(limit)})"
+
+    @staticmethod
+    def how_to_raise(limit: str) -> str:
+        """The hint every refusal ends with: the setting that raises the maximum called ``limit``."""
+        return f"to allow more, set {SETTING}={limit}=N for the gateway or command that writes the config"
 
 
 DEFAULT_LIMITS = ConfigLimits()
