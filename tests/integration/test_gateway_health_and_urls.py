@@ -275,6 +275,42 @@ async def test_a_wrong_password_is_a_clear_error_not_a_hang(password_redis: int)
     assert "Traceback" not in scheduler.stderr and "nope" not in scheduler.stderr
 
 
+async def run_cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``streamserve ARGS`` to its end, with ``env`` over this process's environment (bounded at 60 s)."""
+    run = functools.partial(
+        subprocess.run,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+    return await asyncio.to_thread(run, [STREAMSERVE, *args])
+
+
+async def test_a_password_s_unencoded_question_mark_is_one_line_exit_2_without_it(tmp_path: Path) -> None:
+    """``Wr?ong`` as it is: redis-py read ``Wr`` as the port, a 41-line traceback (exit 1) from every command."""
+    port = free_port()
+    password = "Wr?o#n/g"
+    args = ["--port", str(port), "--requirepass", password]
+    encoded = f"redis://:Wr%3Fo%23n%2Fg@127.0.0.1:{port}/0"
+    with redis_server(redis_server_binary(), args, encoded, tmp_path):
+        assert (await run_cli(["status", "--redis-url", encoded])).returncode == 0  # percent-encoded, it works
+        bad = f"redis://:{password}@127.0.0.1:{port}/0"
+        for cli_args, env in [
+            (["status", "--redis-url", bad], None),
+            (["up", "--redis-url", bad, str(ROOT / "examples" / "streamserve.yaml")], None),
+            (["status"], {"REDIS_URL": bad}),
+            (["scheduler"], {"REDIS_URL": bad}),  # a role, started by `up` or a unit file
+        ]:
+            cli = await run_cli(cli_args, env)
+            assert cli.returncode == 2, cli.stderr
+            assert cli.stderr.startswith("error: --redis-url / REDIS_URL: cannot be parsed: "), cli.stderr
+            assert cli.stderr.count("\n") == 1 and "%3F" in cli.stderr, cli.stderr
+            assert "Wr" not in cli.stderr and "o#n" not in cli.stderr, cli.stderr
+
+
 # -- rediss:// (TLS) ---------------------------------------------------------------------------------
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from streamserve.control.security import ImportAllowList, check_exposure, is_loopback
 from streamserve.runtime.processes import without_secret_urls
@@ -87,6 +87,50 @@ def test_a_url_that_is_no_redis_url_is_a_config_error_naming_the_setting(
     )
     for fine in ("redis://127.0.0.1:6379/0", "rediss://h:6380/0", "unix:///tmp/redis.sock", "REDIS://h/0"):
         assert Settings.from_command_line(argparse.Namespace(redis_url=fine)).redis_url == fine
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("redis://:Wr?ong@127.0.0.1:6399/0", "its port is not a number from 0 to 65535"),
+        ("redis://:Wr#ong@127.0.0.1:6399/0", "its port is not a number from 0 to 65535"),
+        ("rediss://u:Wr/ong@h:6380/0", "its port is not a number from 0 to 65535"),
+        ("redis://:12?ong@127.0.0.1:6399/0", "it holds an '@' after its host"),  # read as 127.0.0.1 port 12
+        ("redis://:12#ong@127.0.0.1:6399/0", "it holds a '#', which ends a URL"),
+        ("unix:///run/redis.sock?password=Wr#ong", "it holds a '#', which ends a URL"),
+        ("redis://[::1:6379/0", "its host in [ ] is not an IPv6 address"),
+    ],
+)
+@pytest.mark.parametrize("where", ["REDIS_URL", "--redis-url", "STREAMSERVE_JOBS_REDIS_URL"])
+def test_a_url_redis_py_cannot_take_apart_is_a_config_error_without_its_password(
+    monkeypatch: pytest.MonkeyPatch, url: str, problem: str, where: str
+) -> None:
+    """A password's unencoded ? # / made redis-py read part of it as the port: a traceback at the first command."""
+    if where.startswith("--"):
+        args = argparse.Namespace(redis_url=url)
+    else:
+        monkeypatch.setenv(where, url)
+        args = argparse.Namespace(redis_url=None)
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_command_line(args)
+    message = str(refused.value)
+    setting = "STREAMSERVE_JOBS_REDIS_URL" if where.endswith("JOBS_REDIS_URL") else "--redis-url / REDIS_URL"
+    assert message.startswith(f"{setting}: cannot be parsed: {problem}; a password with ?, #, / or @ in it must be ")
+    assert "? as %3F" in message and "\n" not in message
+    assert "Wr" not in message and "ong" not in message and "12" not in message
+
+
+def test_a_percent_encoded_password_or_one_with_an_at_sign_is_taken() -> None:
+    """redis-py takes the last '@' as the end of the password, and decodes %3F and the like."""
+    for fine in ("redis://:Wr%3Fo%23n%2Fg%40@127.0.0.1:6399/0", "redis://u:W@r@h:6379/0?ssl_cert_reqs=none"):
+        assert Settings.from_command_line(argparse.Namespace(redis_url=fine)).redis_url == fine
+
+
+def test_a_settings_error_quotes_no_url() -> None:
+    """Settings() built by a library user raises pydantic's own error: it names the setting, not the value."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(redis_url="redis://:Wr?ong@127.0.0.1:6399/0")
+    assert "Wr" not in str(refused.value) and "cannot be parsed" in str(refused.value)
 
 
 def test_admin_off_and_allow_list_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

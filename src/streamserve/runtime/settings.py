@@ -29,6 +29,36 @@ GATEWAY_SECRETS_ENV = (API_KEY_ENV, TENANT_KEYS_ENV)
 
 
 REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")
+# What a URL's user:password part may not hold as it is (each but '@' ends the host part early), and how it is written.
+PERCENT_ENCODED = {"?": "%3F", "#": "%23", "/": "%2F", "@": "%40"}
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Why redis-py cannot take ``url`` apart as it was meant, None when it can; never a word of the URL itself.
+
+    A password's unencoded ``?``, ``#`` or ``/`` ends the host part early, so redis-py read the rest of the password
+    as the port (a ValueError, and a 41-line traceback) or, when that was a number, connected elsewhere without it.
+    urllib's own messages quote the would-be port, a piece of the password: they are not passed on.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # (urllib's only refusal here: a "[" host that is no IPv6 address)
+        return _unparsable("its host in [ ] is not an IPv6 address")
+    try:
+        _ = parts.port
+    except ValueError:
+        return _unparsable("its port is not a number from 0 to 65535")
+    if parts.fragment:
+        return _unparsable("it holds a '#', which ends a URL")
+    after_host = url.partition("://")[2][len(parts.netloc) :]
+    if parts.scheme.lower() != "unix" and "@" in after_host:
+        return _unparsable("it holds an '@' after its host")
+    return None
+
+
+def _unparsable(problem: str) -> str:
+    encoded = ", ".join(f"{char} as {code}" for char, code in PERCENT_ENCODED.items())
+    return f"cannot be parsed: {problem}; a password with ?, #, / or @ in it must be percent-encoded ({encoded})"
 
 
 def _setting_name(loc: tuple[int | str, ...]) -> str:
@@ -93,7 +123,10 @@ class Settings(BaseSettings):
     through ``to_env()``.
     """
 
-    model_config = SettingsConfigDict(env_prefix="STREAMSERVE_", frozen=True, extra="forbid", populate_by_name=True)
+    # hide_input_in_errors: a ValidationError of Settings() (a client's, a library user's) quotes no URL or key.
+    model_config = SettingsConfigDict(
+        env_prefix="STREAMSERVE_", frozen=True, extra="forbid", populate_by_name=True, hide_input_in_errors=True
+    )
 
     # redis://, rediss:// (TLS) or unix:// URL, with password if any; None: the default local one.
     redis_url: str | None = Field(None, validation_alias=AliasChoices("STREAMSERVE_REDIS_URL", "REDIS_URL"))
@@ -219,15 +252,18 @@ class Settings(BaseSettings):
             parse_nodes(value)  # ValueError: pydantic names the setting
         return value
 
-    @field_validator("redis_url", mode="before")
+    @field_validator("redis_url", "jobs_redis_url", mode="before")
     @classmethod
     def _blank_url_is_none(cls, value: object) -> object:
         """``REDIS_URL=`` (set, but empty) names no Redis: the farm `up` runs here is found as when it is unset (it
-        meant the default, 127.0.0.1:6379, whichever farm that is)."""
+        meant the default, 127.0.0.1:6379, whichever farm that is). Otherwise a Redis URL redis-py can take apart,
+        refused here, where every command and role builds its settings, rather than where it connects."""
         if isinstance(value, str) and not value.strip():
             return None
         if isinstance(value, str) and not value.strip().lower().startswith(REDIS_URL_SCHEMES):
             raise ValueError(f"{redacted(value)!r} is not a Redis URL: it starts with redis://, rediss:// or unix://")
+        if isinstance(value, str) and (problem := redis_url_problem(value)):
+            raise ValueError(problem)
         return value
 
     @field_validator("import_allow")
