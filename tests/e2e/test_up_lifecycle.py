@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from streamserve.runtime.processes import free_port, port_is_free
-from tests.harness.farm import Farm, pids_with_marker
+from tests.harness.farm import Farm, farm_on, pids_with_marker
 from tests.harness.paths import ROOT, STREAMSERVE
 from tests.harness.waiting import wait_for
 
@@ -174,3 +174,42 @@ def test_second_ctrl_c_stops_at_once_even_while_the_gateway_drains(tmp_path: Pat
         held.join(5)
     finally:
         farm.stop()
+
+
+RESTART_CONFIG = """
+deployments:
+  - {name: slow, import_path: 'tests.deployments:SlowStart', init_kwargs: {seconds: 2}, num_replicas: 2,
+     route_prefix: /slow, graceful_shutdown_timeout_s: 1}
+  - name: idle
+    import_path: examples.functions:noop
+    autoscaling_config: {min_replicas: 0, max_replicas: 2}
+  - {name: outside, import_path: 'examples.functions:noop', external_scaler_enabled: true}
+"""
+
+
+def test_up_again_on_the_same_config_prints_its_banner_once_the_replicas_run(tmp_path: Path) -> None:
+    """`up` again, nothing in the config changed (so no goal to wait on): the banner still waits for the replicas,
+    and names the deployments kept in Redis that the config does not."""
+    farm = farm_on(RESTART_CONFIG, tmp_path)
+    farm.start()
+    try:
+        extra = tmp_path / "extra.yaml"
+        extra.write_text("deployments:\n  - {name: extra, import_path: 'examples.functions:noop'}\n")
+        farm.cli("deploy", str(extra), "--wait")
+    finally:
+        assert farm.stop() == 0
+
+    farm.start()  # same data directory: Redis holds the same config, so this `up` changes nothing
+    try:
+        status = farm.status()  # at once: no waiting after the banner
+        assert {n: (d["running"], d["target"]) for n, d in status.items() if n in ("slow", "idle")} == {
+            "slow": (2, 2),
+            "idle": (0, 0),
+        }, status
+        log = farm.log().decode()
+        assert "config    " in log and "(updated:" not in log, log
+        assert "NOT RUNNING" not in log, log
+        assert f"  - extra: 1 replica(s), POST {farm.base_url}/extra  (kept from Redis, not in the config)" in log, log
+        assert farm.post("/slow", [1]).json() == [1]
+    finally:
+        assert farm.stop() == 0

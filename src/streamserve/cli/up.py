@@ -26,10 +26,10 @@ import httpx
 import redis
 from pydantic import SecretStr
 
+from streamserve.cli.start_wait import deployments_beyond, replicas_not_running
 from streamserve.cli.writes import apply_file
 from streamserve.client.jobs import jobs_redis_url
 from streamserve.control.desired_state import Applied, DesiredState
-from streamserve.control.goal_records import GoalStore
 from streamserve.control.security import check_exposure
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.farm_files import (
@@ -58,13 +58,12 @@ from streamserve.runtime.processes import (
 )
 from streamserve.runtime.settings import Settings
 from streamserve.transport.cluster_nodes import nodes_env
-from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, async_redis, redacted, sync_redis
+from streamserve.transport.connections import RedisRefusals, async_redis, redacted, sync_redis
 from streamserve.transport.redis_checks import full_memory_warning, redis_problems, warning_text
-from streamserve.wire.config import AppConfig, load_config
+from streamserve.wire.config import AppConfig, DeploymentConfig, load_config
 from streamserve.wire.errors import ConfigError, OverloadedError, RedisUnavailableError, StreamServeError
 from streamserve.wire.ids import ReplicaID
-from streamserve.wire.messages import GoalRecord, ReplicaRecord
-from streamserve.wire.states import FINAL_GOAL_STATUSES, GoalStatus
+from streamserve.wire.messages import ReplicaRecord, now_ms
 
 GATEWAY_READY_TIMEOUT_S = 30.0
 # How long the gateway may take to answer what it holds after Ctrl-C (a second Ctrl-C cuts it short).
@@ -127,6 +126,17 @@ def _own_command() -> str:
     return argv0 if os.sep in argv0 else "streamserve"
 
 
+def _deployment_line(d: DeploymentConfig, gateway_url: str) -> str:
+    """The banner's line on one deployment: its replicas and where to send to it."""
+    route = f"POST {gateway_url}{d.route_prefix}" if d.route_prefix else "client only"
+    count = f"{d.wanted_replicas()} replica(s)"
+    if d.autoscaling_config is not None:
+        count = f"{d.autoscaling_config.min_replicas}-{d.autoscaling_config.max_replicas} replicas (autoscaled)"
+    if d.external_scaler_enabled:
+        count = f"externally scaled (start workers with `streamserve worker {d.name}`)"
+    return f"  - {d.name}: {count}, {route}"
+
+
 class FarmDown(Exception):
     """A process of the farm keeps dying: `up` stops the farm (the message says which)."""
 
@@ -146,6 +156,7 @@ class Farm:
         self._env: dict[str, str] = {}
         self._restarts: dict[str, list[float]] = {}  # when each child of the farm was last started again
         self._signals = 0
+        self._started_ms = now_ms()  # a deployment verdict older than this is an earlier farm's
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._signals += 1
@@ -358,36 +369,15 @@ class Farm:
         return not self._signals and self.gateway is not None and self.gateway.poll() is None
 
     def _wait_for_replicas(self, url: str, goal_ids: dict[str, str]) -> dict[str, str]:
-        """Wait (bounded; Ctrl-C stops it) until the config's replicas run; {deployment: why} for those that cannot."""
-        goals = asyncio.run(self._final_goals(url, list(goal_ids.values())))
-        pending = f"still starting after {self.settings.start_timeout_s:g}s"
-        return {
-            g.deployment: g.message or (pending if g.status is GoalStatus.PENDING else g.status.value)
-            for g in goals
-            if g.status is not GoalStatus.DONE
-        }
+        """Wait (bounded; Ctrl-C stops it) until the config's replicas run, changed or not (cli/start_wait.py);
+        {deployment: why} for those that cannot."""
 
-    async def _final_goals(self, url: str, goal_ids: list[str]) -> list[GoalRecord]:
-        """The goals once all are final, or as they stand at the start timeout or Ctrl-C."""
-        redis = async_redis(url)
-        try:
-            store = GoalStore(redis, self.settings.keys)
-            deadline = time.monotonic() + self.settings.start_timeout_s
-            goals: list[GoalRecord] = []
-            while True:
-                self._supervise("scheduler", "gateway")
-                try:
-                    goals = await store.many(goal_ids)
-                except RETRYABLE_ERRORS:
-                    pass  # Redis died, and was started again just now or will be: the wait rides it out
-                else:
-                    if all(g.status in FINAL_GOAL_STATUSES for g in goals):
-                        return goals
-                if self._signals or time.monotonic() > deadline:
-                    return goals
-                await asyncio.sleep(0.1)
-        finally:
-            await redis.aclose()
+        def stop() -> bool:
+            self._supervise("scheduler", "gateway")
+            return self._signals > 0
+
+        keys, config, timeout_s = self.settings.keys, self.options.config, self.settings.start_timeout_s
+        return asyncio.run(replicas_not_running(url, keys, config, goal_ids, self._started_ms, timeout_s, stop))
 
     def _banner(self, gateway_url: str, redis_url: str, changed: Applied, failed: dict[str, str]) -> None:
         deployments = self.options.config.deployments
@@ -419,15 +409,10 @@ class Farm:
                 " then GET /-/jobs/ID"
             )
         for d in deployments:
-            route = f"POST {gateway_url}{d.route_prefix}" if d.route_prefix else "client only"
-            auto = d.autoscaling_config
-            count = f"{d.wanted_replicas()} replica(s)"
-            if auto is not None:
-                count = f"{auto.min_replicas}-{auto.max_replicas} replicas (autoscaled)"
-            if d.external_scaler_enabled:
-                count = f"externally scaled (start workers with `streamserve worker {d.name}`)"
             trouble = f"  NOT RUNNING: {failed[d.name]}" if d.name in failed else ""
-            lines.append(f"  - {d.name}: {count}, {route}{trouble}")
+            lines.append(_deployment_line(d, gateway_url) + trouble)
+        for d in asyncio.run(deployments_beyond(redis_url, self.settings.keys, self.options.config)):
+            lines.append(_deployment_line(d, gateway_url) + "  (kept from Redis, not in the config)")
         for e in self.options.config.endpoints:
             route = f"POST {gateway_url}{e.route_prefix}" if e.route_prefix else "client only"
             lines.append(f"  - {e.name}: endpoint over {', '.join(sorted(e.traffic))}, {route}")
