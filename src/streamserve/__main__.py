@@ -1,3 +1,26 @@
-from streamserve.cli.main import run
+"""The ``streamserve`` command and ``python -m streamserve``: Ctrl-C answered from the first moment, then the CLI.
 
-run()
+The command line's imports take most of a second (more on a loaded host); a Ctrl-C in them raised
+KeyboardInterrupt, a traceback, where every later one says ``interrupted`` (cli/interrupt.py). The handler is set
+before those imports; a role command gets Python's own back before its process starts (cli/roles.py).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import NoReturn
+
+
+def run() -> NoReturn:
+    if threading.current_thread() is threading.main_thread():
+        from streamserve.cli.interrupt import on_interrupt
+
+        signal.signal(signal.SIGINT, on_interrupt)
+    from streamserve.cli.main import run as run_command
+
+    run_command()
+
+
+if __name__ == "__main__":
+    run()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +48,13 @@ def test_streamserve_errors_holds_every_exception_class() -> None:
 def test_the_package_exports_what_it_lists() -> None:
     assert streamserve.__all__ == sorted(streamserve.__all__)
     assert {"Client", "AsyncClient", "batch", "StreamServeError", "OverloadedError"} <= set(streamserve.__all__)
+
+
+def test_the_lazy_exports_are_the_names_type_checkers_see() -> None:
+    """The package imports its public names on first use (PEP 562): the table it imports them from, ``__all__`` and
+    the imports type checkers read name the same ones."""
+    tree = ast.parse(Path(streamserve.__file__).read_text())
+    [block] = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    seen = {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert seen == streamserve._EXPORTS
+    assert sorted(seen) == streamserve.__all__

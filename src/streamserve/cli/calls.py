@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 import threading
-from typing import NoReturn
 
 import orjson
 
+from streamserve.cli.interrupt import exit_interrupted
 from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
 
@@ -69,10 +68,3 @@ def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
     return asyncio.run(until_done_or_interrupted())
-
-
-def exit_interrupted() -> NoReturn:
-    """Ctrl-C: exit at once (every command but a call's first Ctrl-C: cli/main.py), saying so."""
-    sys.stdout.flush()
-    print("interrupted", file=sys.stderr, flush=True)
-    os._exit(130)

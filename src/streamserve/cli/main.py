@@ -13,14 +13,14 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from types import FrameType
 from typing import NoReturn
 
 from redis.exceptions import ConnectionError, RedisError
 
-from streamserve.cli.calls import cmd_call, exit_interrupted
+from streamserve.cli.calls import cmd_call
 from streamserve.cli.farm_lookup import beside_running_farm, no_farm_hint
 from streamserve.cli.inspection import cmd_health, cmd_logs, cmd_status
+from streamserve.cli.interrupt import on_interrupt
 from streamserve.cli.kubernetes import cmd_manifests
 from streamserve.cli.parser import parse_command_line
 from streamserve.cli.roles import ROLE_COMMANDS, run_role
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C exits at once. asyncio.run's own handler only cancels the main task, and a cancellation that
     # lands inside redis-py's pool wait can be swallowed (asyncio.wait_for before 3.12), leaving --wait hanging.
     restore = (
-        signal.signal(signal.SIGINT, _interrupt) if threading.current_thread() is threading.main_thread() else None
+        signal.signal(signal.SIGINT, on_interrupt) if threading.current_thread() is threading.main_thread() else None
     )
     settings: Settings | None = None
     try:
@@ -76,11 +76,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if restore is not None:
             signal.signal(signal.SIGINT, restore)
-
-
-def _interrupt(_signum: int, _frame: FrameType | None) -> None:
-    """Ctrl-C: exit at once. Nothing a command does needs undoing: each write is one transaction, waits only read."""
-    exit_interrupted()
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:

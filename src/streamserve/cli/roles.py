@@ -6,7 +6,9 @@ A role's package is imported only when its command is chosen, by module name: th
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import threading
 from collections.abc import Callable
 
 from streamserve.runtime.propagators import drop_missing_propagators
@@ -26,6 +28,8 @@ def run_role(command: str, argv: list[str]) -> int:
     if dropped := drop_missing_propagators():  # before the role's imports: they would raise for it
         print(f"warning: {dropped}", file=sys.stderr)
     role_main: Callable[[list[str]], int] = importlib.import_module(ROLE_COMMANDS[command]).main
+    if threading.current_thread() is threading.main_thread():  # the role answers signals its own way, from Python's
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # (the CLI's Ctrl-C covered its imports: __main__.py)
     try:
         return role_main(argv)
     except ConfigError as exc:
