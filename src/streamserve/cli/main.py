@@ -29,7 +29,7 @@ from streamserve.runtime.process_exit import end_process
 from streamserve.runtime.processes import hide_passwords_from_ps
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import connection_hint
-from streamserve.wire.errors import ConfigError, StreamServeError
+from streamserve.wire.errors import ConfigError, RedisUnavailableError, StreamServeError
 
 
 def run() -> NoReturn:
@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RedisUnavailableError as exc:  # (from the client and the probes: `call`, `health`)
+        print(f"error: {exc}{no_farm_hint(args, settings) if settings is not None else ''}", file=sys.stderr)
+        return 1
     except StreamServeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
