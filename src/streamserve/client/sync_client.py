@@ -16,7 +16,9 @@ import concurrent.futures
 import contextlib
 import functools
 import inspect
+import os
 import threading
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
@@ -34,6 +36,13 @@ T = TypeVar("T")
 CANCEL_SENT_WITHIN_S = 1.0
 # How often a thread waiting for a call looks at the signals it was sent.
 SIGNAL_CHECK_S = 0.2
+
+# Every Client not closed: a forked child renews each (see Client._renew_after_fork).
+_LIVE: weakref.WeakSet[Client] = weakref.WeakSet()
+# What a forked child's Clients had from the parent (AsyncClients, loops, threads, streams), held for good and never
+# used: their sockets, selector and wake-up pipe are shared with the parent, which a finalizer run here would close,
+# re-register or write to.
+_INHERITED: list[object] = []
 
 # AsyncClient's public names that Client has no blocking twin of, and why.
 ASYNC_ONLY = frozenset(
@@ -103,14 +112,29 @@ class Client:
 
     Every public method of AsyncClient has its blocking twin here, except those
     named in ``ASYNC_ONLY`` (the connection's own lifecycle and the gateway's entry points).
+    Made before os.fork(), it serves both processes (see ``_renew_after_fork``).
     """
 
     def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
+        self._made_with = (redis_url, settings)
+        self._closed = False
+        self._start_loop()
+        _LIVE.add(self)
+
+    def _start_loop(self) -> None:
+        """A new AsyncClient on a new event loop, run by a thread of its own."""
+        redis_url, settings = self._made_with
         self._async = AsyncClient(redis_url, settings=settings)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="streamserve-client", daemon=True)
         self._thread.start()
-        self._closed = False
+
+    def _renew_after_fork(self) -> None:
+        """In a forked child: the loop's thread did not come along (only the forking thread does), so a call would
+        wait for ever. The child gets a client of its own (a new AsyncClient, with its own reply stream, on a new
+        loop) and leaves the parent's untouched."""
+        _INHERITED.extend((self._async, self._loop, self._thread))
+        self._start_loop()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         if self._closed:
@@ -269,6 +293,7 @@ class Client:
         with contextlib.suppress(Exception):
             self._run(self._async.aclose()).result(timeout=5)
         self._closed = True
+        _LIVE.discard(self)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()
@@ -280,6 +305,14 @@ class Client:
         self.close()
 
 
+def _renew_clients_after_fork() -> None:
+    for client in list(_LIVE):
+        client._renew_after_fork()
+
+
+os.register_at_fork(after_in_child=_renew_clients_after_fork)
+
+
 class ChunkIterator:
     """What ``Client.stream`` returns: AsyncClient's ChunkStream, stepped on the client's loop from any thread.
 
@@ -289,11 +322,18 @@ class ChunkIterator:
     def __init__(self, client: Client, chunks: ChunkStream) -> None:
         self._client = client
         self._chunks = chunks
+        self._of = client._async  # a forked child's client has another: this stream is the parent's
+
+    def _inherited(self) -> bool:
+        """Whether this stream was started by the parent of this (forked) process, on its connections."""
+        return self._client._async is not self._of
 
     def __iter__(self) -> Self:
         return self
 
     def __next__(self) -> Any:
+        if self._inherited():
+            raise UnavailableError("a stream started before os.fork() goes on in the parent only: start it anew here")
         step = self._client._run(self._chunks.__anext__())
         try:
             return _awaited(step)
@@ -306,7 +346,9 @@ class ChunkIterator:
     def close(self) -> None:
         """Stop here: the request is forgotten (the stream is closed on the client's loop)."""
         client = self._client
-        if not client._closed:
+        if self._inherited():
+            _INHERITED.append(self._chunks)  # never closed here: closing it would cancel the parent's request
+        elif not client._closed:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: so did the stream
                 client._loop.call_soon_threadsafe(self._chunks.close)
 
