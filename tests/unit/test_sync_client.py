@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
+from collections.abc import Callable
 
 import pytest
 
@@ -44,3 +46,35 @@ def test_a_closed_client_refuses_every_kind_of_twin() -> None:
         client.deployments()  # made from a local read
     with pytest.raises(UnavailableError, match="client closed"):
         client.submit("echo")  # written out
+
+
+def test_every_blocking_kind_of_method_refuses_the_client_s_own_thread_before_it_sends() -> None:
+    """What a done-callback of a submit() future would do: it runs on the client's loop thread (these refusals come
+    before any connection, which a unit test may not open)."""
+    client = Client("redis://127.0.0.1:1")
+    attempts: dict[str, Callable[[], object]] = {
+        "call": lambda: client.call("echo", 1),  # written out
+        "send": lambda: client.send("echo", 1),
+        "scale": lambda: client.scale("echo", 1),  # made from a coroutine method
+        "deployments": client.deployments,  # made from a local read
+        "stream": lambda: next(client.stream("echo", 1)),
+        "close": client.close,
+    }
+    raised: concurrent.futures.Future[dict[str, str]] = concurrent.futures.Future()
+
+    def on_the_client_s_thread() -> None:
+        errors = {}
+        for name, attempt in attempts.items():
+            try:
+                attempt()
+            except RuntimeError as exc:
+                errors[name] = str(exc)
+        raised.set_result(errors)
+
+    try:
+        client._loop.call_soon_threadsafe(on_the_client_s_thread)
+        errors = raised.result(timeout=5)
+        assert errors.keys() == attempts.keys()
+        assert all("client's own thread" in error for error in errors.values())
+    finally:
+        client.close()

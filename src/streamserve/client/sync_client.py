@@ -136,12 +136,28 @@ class Client:
         _INHERITED.extend((self._async, self._loop, self._thread))
         self._start_loop()
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    def _run(self, coro: Coroutine[Any, Any, T], *, waited: bool = True) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on the client's loop; ``waited``: the caller then blocks until it ends."""
         if self._closed:
             coro.close()
             raise UnavailableError("client closed")
+        if waited:
+            try:
+                self._refuse_own_thread()
+            except RuntimeError:
+                coro.close()
+                raise
         # (The call's task runs in a copy of this thread's context: a trace current here is current there.)
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _refuse_own_thread(self) -> None:
+        """Raise RuntimeError on the client's loop thread, where a done-callback of a ``submit()`` future runs: a
+        blocking call there waits for the loop that it blocks, and the client never answers again."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError(
+                "a blocking Client call from the client's own thread (a submit() future's done-callback, say) would "
+                "wait for itself: use AsyncClient there, or hand the call to another thread"
+            )
 
     def _result(self, running: concurrent.futures.Future[T]) -> T:
         """What ``running`` (from ``_run``) ends with. A wait cut short (Ctrl-C: KeyboardInterrupt) leaves nobody to
@@ -173,6 +189,7 @@ class Client:
 
         ``idempotency_key``: calls with one key run the handler once; ``priority``: high, normal or low;
         ``tenant``: whom it is for; ``model_id``: the model it runs with (see AsyncClient.call)."""
+        self._refuse_own_thread()  # before the request goes
         future = self.submit(
             name,
             body,
@@ -197,7 +214,9 @@ class Client:
         tenant: str | None = None,
         model_id: str | None = None,
     ) -> concurrent.futures.Future[Any]:
-        """Start a call; the Future resolves to its result or raises its error."""
+        """Start a call; the Future resolves to its result or raises its error.
+
+        Its done-callbacks run on the client's own thread, where a blocking call raises RuntimeError."""
         parse_priority(priority)  # a bad one raises here, not from the Future
         tenant_of(tenant)
         model_id_of(model_id)
@@ -211,7 +230,7 @@ class Client:
             tenant=tenant,
             model_id=model_id,
         )
-        return self._run(calling)
+        return self._run(calling, waited=False)
 
     def send(
         self,
@@ -290,6 +309,7 @@ class Client:
         """Disconnect and stop the background loop."""
         if self._closed:
             return
+        self._refuse_own_thread()  # it would wait for its own loop to stop, and then join its own thread
         with contextlib.suppress(Exception):
             self._run(self._async.aclose()).result(timeout=5)
         self._closed = True
