@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 # The most characters of a caller's value that an error message repeats (a header may be 64 KiB).
 SHOWN_MAX_CHARS = 100
 
@@ -17,6 +19,17 @@ def shown(value: object) -> str:
 
 class StreamServeError(Exception):
     """Root of every error streamserve raises on purpose."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its ``args`` and attributes, rebuilt without calling ``__init__``: an error whose ``__init__``
+        takes other arguments than its ``args`` (RemoteError's four) could not be unpickled, and a multiprocessing
+        pool or a ProcessPoolExecutor whose worker raised it hung or broke."""
+        return _rebuilt, (type(self), self.args), self.__dict__ or None
+
+
+def _rebuilt(cls: type[StreamServeError], args: tuple[object, ...]) -> StreamServeError:
+    """An unpickled ``cls`` with its ``args``, before its attributes are set back (see StreamServeError.__reduce__)."""
+    return cls.__new__(cls, *args)
 
 
 # -- the caller sent something wrong ------------------------------------------
