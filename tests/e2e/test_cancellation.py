@@ -355,9 +355,10 @@ def test_cancelling_a_submitted_future_cancels_the_handler(farm: Farm, store: re
         assert wait_events(store, tag, "finally") == ["start", "cancelled", "finally"]
 
 
-# A script whose blocking call is cut short by Ctrl-C, then ends (its Client left open, as a script's often is). With
-# "loop-thread", the SIGINT lands on the client's loop thread, as the kernel may hand a process's signal to any of its
-# threads: the waiting main thread must see it all the same.
+# A script whose blocking call, or loop over a blocking stream, is cut short by Ctrl-C that it does not catch, then
+# ends (its Client left open, as a script's often is). With "loop-thread", the SIGINT lands on the client's loop
+# thread, as the kernel may hand a process's signal to any of its threads: the waiting main thread must see it all the
+# same.
 INTERRUPTED_SCRIPT = """
 import signal, sys, threading, time
 import redis
@@ -366,7 +367,7 @@ from tests.cancel_deployments import events_key
 
 # Ctrl-C raises KeyboardInterrupt, as in a terminal (a test run started in the background hands SIGINT down ignored).
 signal.signal(signal.SIGINT, signal.default_int_handler)
-url, tag, to = sys.argv[1:4]
+url, tag, to, what = sys.argv[1:5]
 client = Client(url)
 
 def interrupt_the_loop_thread_once_started():
@@ -379,13 +380,24 @@ def interrupt_the_loop_thread_once_started():
 
 if to == "loop-thread":
     threading.Thread(target=interrupt_the_loop_thread_once_started, daemon=True).start()
-client.call("await", {"tag": tag}, timeout=60)
+if what == "call":
+    client.call("await", {"tag": tag}, timeout=60)
+elif what == "stream":
+    for chunk in client.stream("gen-async", {"tag": tag}, timeout=60):
+        pass
+else:  # Ctrl-C between two steps of the stream, in the loop's body
+    for chunk in client.stream("gen-async", {"tag": tag}, timeout=60):
+        time.sleep(0.5)
 """
 
 
+@pytest.mark.parametrize("what", ["call", "stream", "stream-body"])
 @pytest.mark.parametrize("to", ["process", "loop-thread"])
-def test_ctrl_c_during_a_blocking_call_cancels_the_handler(farm: Farm, store: redis.Redis, tag: str, to: str) -> None:
-    command = [sys.executable, "-c", INTERRUPTED_SCRIPT, farm.effective_redis_url, tag, to]
+def test_ctrl_c_during_a_blocking_call_or_stream_cancels_the_handler(
+    farm: Farm, store: redis.Redis, tag: str, to: str, what: str
+) -> None:
+    """A stream is cancelled wherever its handler was: awaiting (CancelledError) or paused at a yield (closed)."""
+    command = [sys.executable, "-c", INTERRUPTED_SCRIPT, farm.effective_redis_url, tag, to, what]
     env = {**os.environ, "PYTHONPATH": python_path()}
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as script:
         try:
@@ -398,7 +410,8 @@ def test_ctrl_c_during_a_blocking_call_cancels_the_handler(farm: Farm, store: re
                 script.kill()
                 script.communicate()
     assert b"KeyboardInterrupt" in err, err
-    assert wait_events(store, tag, "finally") == ["start", "cancelled", "finally"]
+    stopped = ["cancelled"] if what == "call" else ["cancelled", "generator-exit"]
+    assert wait_events(store, tag, "finally") in (["start", how, "finally"] for how in stopped)
 
 
 # -- the deadline passes while it runs -------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ AsyncClient's own, so that its name, parameters and docstring are AsyncClient's:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import functools
@@ -167,9 +168,13 @@ class Client:
             return _awaited(running)
         except BaseException:
             if running.cancel():
-                with contextlib.suppress(Exception, KeyboardInterrupt):
-                    self._run(self._async._cancels_sent(CANCEL_SENT_WITHIN_S)).result(CANCEL_SENT_WITHIN_S + 1)
+                self._send_cancels()
             raise
+
+    def _send_cancels(self) -> None:
+        """Wait (at most CANCEL_SENT_WITHIN_S) for the cancellations on their way to Redis."""
+        with contextlib.suppress(Exception, KeyboardInterrupt):
+            self._run(self._async._cancels_sent(CANCEL_SENT_WITHIN_S)).result(CANCEL_SENT_WITHIN_S + 1)
 
     # -- the hot path, written out --------------------------------------------------
 
@@ -330,7 +335,16 @@ def _renew_clients_after_fork() -> None:
         client._renew_after_fork()
 
 
+def _send_cancels_at_exit() -> None:
+    """Before the interpreter stops the clients' (daemon) loop threads: the cancellations on their way go out. A
+    Ctrl-C that a stream's ``for`` loop got between two chunks (in its body, say) drops the iterator as it unwinds,
+    which asks for the stream's cancellation, and the program ends."""
+    for client in list(_LIVE):
+        client._send_cancels()
+
+
 os.register_at_fork(after_in_child=_renew_clients_after_fork)
+atexit.register(_send_cancels_at_exit)
 
 
 class ChunkIterator:
@@ -354,13 +368,19 @@ class ChunkIterator:
     def __next__(self) -> Any:
         if self._inherited():
             raise UnavailableError("a stream started before os.fork() goes on in the parent only: start it anew here")
-        step = self._client._run(self._chunks.__anext__())
+        client = self._client
+        step = client._run(self._chunks.__anext__())
         try:
             return _awaited(step)
         except StopAsyncIteration:
             raise StopIteration from None
-        except BaseException:  # e.g. KeyboardInterrupt while waiting: the stream stops (closes) with the step
+        except BaseException:
+            # A wait cut short (Ctrl-C: KeyboardInterrupt) stops the stream, even when its step had just ended with a
+            # chunk; and, as for a call's, the cancellation is sent before the interruption goes on (a script that
+            # does not catch it ends at once, and its client's loop thread with it).
             step.cancel()
+            self.close()
+            client._send_cancels()
             raise
 
     def close(self) -> None:
