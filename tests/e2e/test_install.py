@@ -103,6 +103,32 @@ def test_version_and_usage_exit_codes(venv: Path, tmp_path: Path) -> None:
     assert module.stdout.strip() == f"streamserve {__version__}"
 
 
+# A user's program, checked with mypy --strict against the installed wheel: one line right, one wrong.
+USER_PROGRAM = """\
+from streamserve import Client
+
+
+def queue(client: Client) -> str:
+    return client.send("echo", {"x": 1})
+
+
+def wrong(client: Client) -> int:
+    return client.send("echo", {"x": 1})
+"""
+
+
+def test_a_user_program_is_type_checked_against_the_installed_package(venv: Path, tmp_path: Path) -> None:
+    """The wheel is a typed package (PEP 561, its py.typed): mypy reads its annotations, and does not report it
+    installed "but missing library stubs or py.typed marker"."""
+    (tmp_path / "program.py").write_text(USER_PROGRAM)
+    mypy = [sys.executable, "-m", "mypy", "--strict", "--python-executable", str(venv / "bin" / "python")]
+    checked = subprocess.run([*mypy, "program.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert checked.stdout.splitlines() == [
+        'program.py:9: error: Incompatible return value type (got "str", expected "int")  [return-value]',
+        "Found 1 error in 1 file (checked 1 source file)",
+    ], checked.stdout
+
+
 @pytest.fixture(params=["wheel", "editable"])
 def user_farm(request: pytest.FixtureRequest, project: Path) -> Iterator[Farm]:
     """``up`` in a user project's folder: from the wheel's venv, and from this checkout's editable install (the
