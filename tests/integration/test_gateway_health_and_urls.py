@@ -311,6 +311,28 @@ async def test_a_password_s_unencoded_question_mark_is_one_line_exit_2_without_i
             assert "Wr" not in cli.stderr and "o#n" not in cli.stderr, cli.stderr
 
 
+async def answer_as_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """What an HTTP server (a gateway's port, say) says to a Redis command: 400, and it hangs up."""
+    await reader.read(1024)
+    writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    await writer.drain()
+    writer.close()
+
+
+async def test_a_url_at_a_server_that_is_not_redis_is_a_clear_error() -> None:
+    """redis-py's own words (InvalidResponse: Protocol error, got "H") became a StreamServeError naming the URL."""
+    server = await asyncio.start_server(answer_as_http, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = AsyncClient(f"redis://127.0.0.1:{port}/0")
+    try:
+        with pytest.raises(RedisUnavailableError, match=f"the server at redis://127.0.0.1:{port}/0 does not answer as"):
+            await asyncio.wait_for(client.call("rec", 1, timeout=5), timeout=30)
+    finally:
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+
+
 # -- rediss:// (TLS) ---------------------------------------------------------------------------------
 
 

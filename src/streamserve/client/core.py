@@ -23,7 +23,7 @@ from streamserve.client.route_table import Route, RouteCache
 from streamserve.metrics.definitions import CACHE_REQUESTS
 from streamserve.runtime import tracing
 from streamserve.runtime.farm_files import running_farm
-from streamserve.runtime.settings import Settings
+from streamserve.runtime.settings import Settings, redis_url_problem
 from streamserve.transport.connections import JOB_POOL_SIZE, RedisRefusals, async_redis, sync_redis
 from streamserve.transport.pipelining import Pipeliner
 from streamserve.wire.errors import ConfigError, PayloadTooLargeError, UnavailableError
@@ -36,10 +36,12 @@ class ClientCore:
     def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
         """``redis_url``, else the settings' (``REDIS_URL``), else that of the farm `streamserve up` runs from
         ``.streamserve`` here (as the CLI finds it), else redis://127.0.0.1:6379."""
-        settings = settings or Settings()
+        settings = settings or Settings.checked()
         if redis_url is None and settings.redis_url is None and (farm := running_farm(None)) is not None:
             settings = farm.serving(settings)
         elif redis_url is not None:
+            if (problem := redis_url_problem(redis_url)) is not None:  # (model_copy validates nothing)
+                raise ConfigError(f"redis_url: {problem}")
             settings = settings.model_copy(update={"redis_url": redis_url})
         self._settings = settings
         self._keys = settings.keys

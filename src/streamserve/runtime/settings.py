@@ -38,8 +38,14 @@ def redis_url_problem(url: str) -> str | None:
 
     A password's unencoded ``?``, ``#`` or ``/`` ends the host part early, so redis-py read the rest of the password
     as the port (a ValueError, and a 41-line traceback) or, when that was a number, connected elsewhere without it.
-    urllib's own messages quote the would-be port, a piece of the password: they are not passed on.
+    urllib's own messages quote the would-be port, a piece of the password: they are not passed on. A URL of another
+    scheme (an http:// one, a bare host:port) redis-py would refuse only once a first command connects; a blank one
+    names no Redis (the default).
     """
+    if not url.strip():
+        return None
+    if not url.strip().lower().startswith(REDIS_URL_SCHEMES):
+        return f"{redacted(url)!r} is not a Redis URL: it starts with redis://, rediss:// or unix://"
     try:
         parts = urlsplit(url)
     except ValueError:  # (urllib's only refusal here: a "[" host that is no IPv6 address)
@@ -260,9 +266,7 @@ class Settings(BaseSettings):
         refused here, where every command and role builds its settings, rather than where it connects."""
         if isinstance(value, str) and not value.strip():
             return None
-        if isinstance(value, str) and not value.strip().lower().startswith(REDIS_URL_SCHEMES):
-            raise ValueError(f"{redacted(value)!r} is not a Redis URL: it starts with redis://, rediss:// or unix://")
-        if isinstance(value, str) and (problem := redis_url_problem(value)):
+        if isinstance(value, str) and (problem := redis_url_problem(value)) is not None:
             raise ValueError(problem)
         return value
 
@@ -288,6 +292,12 @@ class Settings(BaseSettings):
             overrides["redis_url"] = args.redis_url
         if getattr(args, "no_admin", False):
             overrides["admin"] = False
+        return cls.checked(**overrides)
+
+    @classmethod
+    def checked(cls, **overrides: object) -> Settings:
+        """The environment's settings with ``overrides`` on top, where a wrong one raises ConfigError (a
+        StreamServeError, exit 2 at the entry points) naming the setting, not pydantic's ValidationError."""
         try:
             return cls(**overrides)  # type: ignore[arg-type]
         except ValidationError as exc:

@@ -30,6 +30,7 @@ from redis.exceptions import (
     AuthenticationError,
     ClusterDownError,
     ExecAbortError,
+    InvalidResponse,
     MasterDownError,
     MovedError,
     OutOfMemoryError,
@@ -461,9 +462,10 @@ def no_retry_mends(url: str, exc: BaseException) -> bool:
 class RedisRefusals:
     """``with`` block: what Redis failures mean to a caller, as StreamServeErrors naming the (redacted) URL.
 
-    A lost connection becomes RedisUnavailableError; a write refused for memory becomes OverloadedError
-    (503: try again later). A class, not a generator-based context manager: one instance is reused on the
-    hot path (every enqueue), where a generator frame per call would show.
+    A lost connection, or a server that does not speak Redis's protocol (an HTTP port, say), becomes
+    RedisUnavailableError; a write refused for memory becomes OverloadedError (503: try again later). A class, not
+    a generator-based context manager: one instance is reused on the hot path (every enqueue), where a generator
+    frame per call would show.
     """
 
     def __init__(self, url: str) -> None:
@@ -483,6 +485,8 @@ class RedisRefusals:
         """What ``exc`` means to a caller, or None when it is not one of the failures above."""
         if isinstance(exc, RETRYABLE_ERRORS):
             return RedisUnavailableError(f"cannot reach Redis at {self._url}: {exc}{connection_hint(self._given, exc)}")
+        if isinstance(exc, InvalidResponse):
+            return RedisUnavailableError(f"the server at {self._url} does not answer as Redis: {exc}")
         if is_out_of_memory(exc):
             return OverloadedError(f"Redis at {self._url} is out of memory (maxmemory): nothing was written")
         return None
