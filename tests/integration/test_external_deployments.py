@@ -85,11 +85,11 @@ async def test_scaling_it_is_refused_with_the_reason(http: httpx.AsyncClient, se
 
 
 async def test_calls_submitted_one_after_another_are_queued_about_in_that_order(settings: Settings) -> None:
-    """A fresh client's calls, submitted one after the other: each goes in the round trip of its loop turn, and
-    round trips overlap, each on a connection of its own. None overtakes calls made long before it: not while the
-    client starts or looks up the deployment (calls made meanwhile wait in line), not while a connection opens (a
-    round trip writes after the one before it), not while Redis loads the enqueue script (it goes whole until then).
-    Two round trips written a moment apart on two connections may still be read by Redis in either order."""
+    """A fresh client's calls, submitted one after the other, each in a loop turn (and a round trip) of its own.
+    None is overtaken by a whole batch of later ones: not while the client starts or looks up the deployment (calls
+    made meanwhile wait in line), not while a connection opens (a round trip writes after the one before it), not
+    while Redis loads the enqueue script (it goes whole until then). Round trips written a moment apart on two
+    connections may still reach Redis in either order (docs/priorities.md)."""
     await deploy(settings, external_scaler_enabled=True, max_queued_requests=200)
     calls = 60
     requests = settings.keys.requests("rec")
@@ -106,4 +106,6 @@ async def test_calls_submitted_one_after_another_are_queued_about_in_that_order(
         queued = await asyncio.to_thread(queued_bodies)
     finally:
         store.close()
-    assert queued == list(range(calls))  # (before: 0, 1, 13, 14, ..., or 12, 14, 16, 13, 15, ...)
+    assert sorted(queued) == list(range(calls))
+    # Before: calls 2-12 were queued after 13 and later ones (0, 1, 13, 14, ...), each 11 places or more late.
+    assert max(call - place for place, call in enumerate(queued)) < 8, queued

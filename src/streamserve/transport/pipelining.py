@@ -4,9 +4,8 @@ Under load a gateway enqueues, and a replica acknowledges, many requests at
 once. Sent one by one, each pays a connection checkout, a write syscall and a
 read; profiles showed that as a third of the CPU a request costs on either
 side. Coalesced, a turn's commands share all three. A lone command waits one
-loop turn (microseconds) for company that may not come. One round trip is
-on its way at a time: what is queued meanwhile goes in the next, so Redis
-runs every command in the order it was queued.
+loop turn (microseconds) for company that may not come. Round trips are
+written in the order they were made.
 
 The round trip itself skips redis-py's pipeline: hiredis packs the commands
 in C (redis-py's asyncio connection packs them in Python, argument by
@@ -59,14 +58,15 @@ class Pipeliner:
         self._queued: list[tuple[Sequence[Command], Again | None, asyncio.Future[list[Any]], Abandoned | None]] = []
         self._sending: set[asyncio.Task[None]] = set()
         # A connection between round trips, kept out of the pool: checking one out and back costs redis-py a lock, a
-        # timeout context and its metrics hooks each time. (A round trip still retrying after a failed attempt keeps
-        # its own; the next one takes one from the pool.)
+        # timeout context and its metrics hooks each time. A round trip that starts while another holds it takes one
+        # from the pool.
         self._kept: AbstractConnection | None = None
-        # Held by a round trip from its start until its replies are in: one round trip at a time, so that Redis runs
-        # the commands in the order they were queued. Round trips that overlapped, each on a connection of its own,
-        # reached Redis in either order (one that had to connect, or just a moment's race between two sockets),
-        # and calls made one after the other (submit(), submit(), ...) reached their queue out of order. What is
-        # queued meanwhile goes in the next round trip, together.
+        # Held by a round trip from its start until its commands are written: round trips overlap, each on a
+        # connection of its own, and without it a later one could write first (one that had to open its connection,
+        # say, was overtaken by several), so that calls made one after the other (submit(), submit(), ...) reached
+        # their queue far out of order. Two written a moment apart on two connections may still reach Redis in
+        # either order: waiting for each round trip's replies before the next would keep the order whole, and cost
+        # the HTTP path a fifth of its throughput at c=32 (bench/RESULTS.md).
         self._write_turn = asyncio.Lock()
         self._loaded: set[str] = set()  # the SHAs of the scripts Redis has run for it (run_script)
         # On a Redis Cluster, a turn's commands go to the masters of their keys (cluster_routing).
@@ -152,11 +152,11 @@ class Pipeliner:
         pool = self._redis.connection_pool
         connection, self._kept = self._kept, None
         turn = self._write_turn
-        await turn.acquire()  # (at once unless another round trip is still on its way)
+        await turn.acquire()  # (at once unless another round trip is still on its way to writing)
         holding = True
 
         def written() -> None:
-            """Its commands have run (or will not be sent again in order): the next round trip may write."""
+            """Its commands are written (or will not be): the next round trip may write."""
             nonlocal holding
             if holding:
                 holding = False
@@ -178,6 +178,7 @@ class Pipeliner:
                     # Asked for only now, right before the write: what it depends on (has the caller its reply
                     # yet?) may have changed while the retry policy waited.
                     await connection.send_packed_command(packed if packed is not None else _pack(again()))
+                    written()
                     return [await read_reply(connection) for _ in commands]
             except TimeoutError as exc:
                 await connection.disconnect(nowait=True)
