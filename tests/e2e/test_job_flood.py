@@ -25,6 +25,7 @@ import redis
 from rq import Queue
 
 from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.transport.connections import redacted
 from streamserve.wire.keys import Keys
 from tests.harness.farm import FAST_HEARTBEATS, Farm, farm_on
 from tests.harness.waiting import wait_for
@@ -199,7 +200,7 @@ def test_a_farm_started_on_a_full_redis_comes_up_says_why_and_serves_once_it_has
     farm.config.write_text(CONFIG.replace(f"max_queued_jobs: {BOUND}", f"max_queued_jobs: {BOUND + 1}"))
     farm.start()  # on the full Redis, with a config it cannot write
     log = farm.log().decode(errors="replace")
-    assert f"warning: Redis at {farm.effective_redis_url} is out of memory" in log, log[-3000:]
+    assert f"warning: Redis at {redacted(farm.effective_redis_url)} is out of memory" in log, log[-3000:]
     assert f"{farm.config} was not applied, the farm runs what Redis holds" in log, log[-3000:]
     call = farm.post("/echo", {"n": 1})
     assert call.status_code == 503 and "out of memory" in call.json()["message"], call.text

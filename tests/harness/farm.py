@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import orjson
 
-from streamserve.runtime.farm_files import redis_password_path
+from streamserve.runtime.farm_files import ensure_redis_password
 from streamserve.runtime.processes import free_port
 from tests.harness.paths import ROOT, STREAMSERVE
 from tests.harness.waiting import wait_for
@@ -137,7 +137,7 @@ class Farm:
         """Its Redis: the one given, else the embedded one, with the password `up` keeps in its data directory."""
         if self.redis_url:
             return self.redis_url
-        password = redis_password_path(self.data_dir).read_text().strip()
+        password = ensure_redis_password(self.data_dir)  # (the one `up` takes, made here if it has not started)
         return f"redis://default:{password}@127.0.0.1:{self.redis_port}/0"
 
     def env(self) -> dict[str, str]:

@@ -6,14 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-import orjson
-import redis
 import redis.asyncio as aioredis
 
-from streamserve.client import Client
 from streamserve.runtime.settings import Settings
 from streamserve.wire.priorities import Priority
-from tests.harness.waiting import wait_for, wait_for_async
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
 from tests.integration.test_gateway_app import wait_for_routes
 
@@ -82,30 +79,3 @@ async def test_scaling_it_is_refused_with_the_reason(http: httpx.AsyncClient, se
     assert refused.status_code == 409, refused.text
     assert refused.json()["error"] == "ConflictError"
     assert "scaled externally (external_scaler_enabled: true)" in refused.json()["message"]
-
-
-async def test_calls_submitted_one_after_another_are_queued_about_in_that_order(settings: Settings) -> None:
-    """A fresh client's calls, submitted one after the other, each in a loop turn (and a round trip) of its own.
-    None is overtaken by a whole batch of later ones: not while the client starts or looks up the deployment (calls
-    made meanwhile wait in line), not while a connection opens (a round trip writes after the one before it), not
-    while Redis loads the enqueue script (it goes whole until then). Round trips written a moment apart on two
-    connections may still reach Redis in either order (docs/priorities.md)."""
-    await deploy(settings, external_scaler_enabled=True, max_queued_requests=200)
-    calls = 60
-    requests = settings.keys.requests("rec")
-    store = redis.Redis.from_url(settings.effective_redis_url)
-
-    def queued_bodies() -> list[int]:
-        with Client(settings=settings) as client:
-            for i in range(calls):
-                client.submit("rec", i, timeout=30)
-            wait_for(lambda: store.xlen(requests) == calls, 10, "the calls were not all queued")
-            return [orjson.loads(fields[b"body"]) for _id, fields in store.xrange(requests)]
-
-    try:
-        queued = await asyncio.to_thread(queued_bodies)
-    finally:
-        store.close()
-    assert sorted(queued) == list(range(calls))
-    # Before: calls 2-12 were queued after 13 and later ones (0, 1, 13, 14, ...), each 11 places or more late.
-    assert max(call - place for place, call in enumerate(queued)) < 8, queued

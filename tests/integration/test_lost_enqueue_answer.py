@@ -2,7 +2,7 @@
 it, a network cut) is sent again by the retry policy, and must not add the request a second time.
 
 A loopback proxy between the client and Redis forwards everything, except that once it drops Redis's answer to
-the first enqueue (an EVAL or EVALSHA) and closes that connection; the client reconnects through it and sends again.
+the first enqueue (EVALSHA) and closes that connection; the client reconnects through it and sends again.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from streamserve.client import AsyncClient
 from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
+from streamserve.wire import scripts
 from tests import deployments
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
@@ -32,7 +33,7 @@ class AnswerLosingProxy:
     loss until it is set (a client reconnecting slowly).
     """
 
-    def __init__(self, redis_url: str, marker: bytes = b"EVAL") -> None:  # (EVALSHA too)
+    def __init__(self, redis_url: str, marker: bytes = b"EVALSHA") -> None:
         target = urlsplit(redis_url)
         self._target = (target.hostname or "127.0.0.1", target.port or 6379)
         self.port = free_port()
@@ -111,6 +112,7 @@ class AnswerLosingProxy:
 
 @pytest.fixture
 async def proxy(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[AnswerLosingProxy]:
+    await aredis.script_load(scripts.ENQUEUE)  # so that the first EVALSHA runs (an answer of NOSCRIPT proves nothing)
     async with AnswerLosingProxy(redis_url) as p:
         yield p
 

@@ -61,9 +61,6 @@ class ClientCore:
         self._hot = HotEntries()
         self._hits: HitCounts | None = None
         self._start_lock: asyncio.Lock | None = None
-        # Calls waiting for their route, in the order they were made (see route).
-        self._route_line: asyncio.Lock | None = None
-        self._waiting_for_routes = 0
         # Where its calls' enqueue spans come from (runtime/tracing.py), looked up when it starts: None, no spans.
         self._tracer: Tracer | None = tracing.tracer()
 
@@ -169,24 +166,10 @@ class ClientCore:
         return self._redis
 
     async def route(self, name: str, sticky: str = "") -> Route:
-        """Where a request to ``name`` goes now (see RouteCache.route).
-
-        A call that has to wait for it (the client starting, a name not seen yet) waits in line, and so does any
-        call made while one waits: without the line, a call made later, finding its route at once, was queued
-        before the calls made before it. (A call goes on to queue its request without waiting again.)"""
-        routes = self._routes
-        if not self._waiting_for_routes and self._replies is not None and routes is not None and routes.knows(name):
-            return await routes.route(name, sticky)  # (at once: known)
-        self._waiting_for_routes += 1
-        try:
-            if self._route_line is None:
-                self._route_line = asyncio.Lock()
-            async with self._route_line:
-                await self.start()
-                assert self._routes is not None
-                return await self._routes.route(name, sticky)
-        finally:
-            self._waiting_for_routes -= 1
+        """Where a request to ``name`` goes now (see RouteCache.route)."""
+        await self.start()
+        assert self._routes is not None
+        return await self._routes.route(name, sticky)
 
     def _check_size(self, body: bytes) -> None:
         if len(body) > self._settings.max_request_bytes:

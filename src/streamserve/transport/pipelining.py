@@ -4,8 +4,7 @@ Under load a gateway enqueues, and a replica acknowledges, many requests at
 once. Sent one by one, each pays a connection checkout, a write syscall and a
 read; profiles showed that as a third of the CPU a request costs on either
 side. Coalesced, a turn's commands share all three. A lone command waits one
-loop turn (microseconds) for company that may not come. Round trips are
-written in the order they were made.
+loop turn (microseconds) for company that may not come.
 
 The round trip itself skips redis-py's pipeline: hiredis packs the commands
 in C (redis-py's asyncio connection packs them in Python, argument by
@@ -61,14 +60,6 @@ class Pipeliner:
         # timeout context and its metrics hooks each time. A round trip that starts while another holds it takes one
         # from the pool.
         self._kept: AbstractConnection | None = None
-        # Held by a round trip from its start until its commands are written: round trips overlap, each on a
-        # connection of its own, and without it a later one could write first (one that had to open its connection,
-        # say, was overtaken by several), so that calls made one after the other (submit(), submit(), ...) reached
-        # their queue far out of order. Two written a moment apart on two connections may still reach Redis in
-        # either order: waiting for each round trip's replies before the next would keep the order whole, and cost
-        # the HTTP path a fifth of its throughput at c=32 (bench/RESULTS.md).
-        self._write_turn = asyncio.Lock()
-        self._loaded: set[str] = set()  # the SHAs of the scripts Redis has run for it (run_script)
         # On a Redis Cluster, a turn's commands go to the masters of their keys (cluster_routing).
         self._send_commands: Callable[[list[Command], Callable[[], list[Command]]], Awaitable[list[Any]]] = (
             ClusterRoundTrip(redis) if is_cluster_client(redis) else self._round_trip  # type: ignore[arg-type]
@@ -101,18 +92,10 @@ class Pipeliner:
         abandoned: Abandoned | None = None,
     ) -> Any:
         """EVALSHA ``script`` in this turn's round trip (loading it once if Redis does not know it); ``again`` and
-        ``abandoned`` (its list holds the script's one reply) as for ``execute``.
-
-        Until Redis has answered one call of it, the script goes whole (EVAL, which loads it): calls sent by EVALSHA
-        before it was loaded would each fail and go again later, behind calls made after them."""
-        if script.sha in self._loaded:
-            command: Command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        else:
-            command = ("EVAL", script.source, len(keys), *keys, *args)
+        ``abandoned`` (its list holds the script's one reply) as for ``execute``."""
+        command: Command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         [reply] = await _replies(self.execute(command, again=again, abandoned=abandoned), abandoned)
-        if not isinstance(reply, NoScriptError):
-            self._loaded.add(script.sha)
-        else:
+        if isinstance(reply, NoScriptError):
             # A restarted or flushed Redis: sent whole, which loads it too (in one step: a flush in between cannot
             # make it miss again; and not by redis-py's script_load, which may swallow a cancellation of its caller).
             command = ("EVAL", script.source, len(keys), *keys, *args)
@@ -151,23 +134,8 @@ class Pipeliner:
         packed: bytes | None = _pack(commands)  # None once it may have run: then again() is sent
         pool = self._redis.connection_pool
         connection, self._kept = self._kept, None
-        turn = self._write_turn
-        await turn.acquire()  # (at once unless another round trip is still on its way to writing)
-        holding = True
-
-        def written() -> None:
-            """Its commands are written (or will not be): the next round trip may write."""
-            nonlocal holding
-            if holding:
-                holding = False
-                turn.release()
-
-        try:
-            if connection is None:
-                connection = await pool.get_connection()  # type: ignore[no-untyped-call]
-        except BaseException:
-            written()
-            raise
+        if connection is None:
+            connection = await pool.get_connection()  # type: ignore[no-untyped-call]
 
         async def exchange() -> list[Any]:
             # One socket timeout for the whole exchange: redis-py would open a timeout context per reply.
@@ -178,13 +146,10 @@ class Pipeliner:
                     # Asked for only now, right before the write: what it depends on (has the caller its reply
                     # yet?) may have changed while the retry policy waited.
                     await connection.send_packed_command(packed if packed is not None else _pack(again()))
-                    written()
                     return [await read_reply(connection) for _ in commands]
             except TimeoutError as exc:
                 await connection.disconnect(nowait=True)
                 raise RedisTimeoutError(f"no reply from Redis within {connection.socket_timeout}s") from exc
-            finally:
-                written()  # (a failed attempt's retry goes when it can: a lost connection's order is lost)
 
         async def reset(_error: Exception) -> None:
             nonlocal packed
