@@ -202,6 +202,7 @@ def test_a_farm_started_on_a_full_redis_comes_up_says_why_and_serves_once_it_has
     log = farm.log().decode(errors="replace")
     assert f"warning: Redis at {redacted(farm.effective_redis_url)} is out of memory" in log, log[-3000:]
     assert f"{farm.config} was not applied, the farm runs what Redis holds" in log, log[-3000:]
+    assert "NOT RUNNING: Redis is out of memory" in log, log[-3000:]  # the banner came at once, saying why
     call = farm.post("/echo", {"n": 1})
     assert call.status_code == 503 and "out of memory" in call.json()["message"], call.text
     assert call.headers["retry-after"] == "1"

@@ -576,7 +576,7 @@ def test_a_job_submitted_again_with_its_key_is_the_same_job(farm: Farm, store: r
     assert store.delete(Job.key_for(job_id)) == 1
     retried = post(farm.base_url, "/counted", {"tag": tag}, tag, **prefer)
     assert retried.status_code == 202 and retried.json()["job_id"] != job_id, retried.text
-    assert retried.json()["status"] == "queued"
+    assert retried.json()["status"] in {"queued", "started", "finished"}  # (the new job, as it is now: it may run)
     wait_for(lambda: runs(store, tag) == 2, WAIT_S, "the new job did not run")
 
 

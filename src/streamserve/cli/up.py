@@ -66,10 +66,10 @@ from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import ReplicaRecord, now_ms
 
 GATEWAY_READY_TIMEOUT_S = 30.0
-# How long the gateway may take to answer what it holds after Ctrl-C (a second Ctrl-C cuts it short).
 MAX_RESTARTS = 5
 # A child that exits more than MAX_RESTARTS times within RESTART_WINDOW_S brings the farm down.
 RESTART_WINDOW_S = 60.0
+REDIS_FULL_NOT_RUNNING = "Redis is out of memory (see the warning above); its replicas start once it has room"
 
 
 @dataclass
@@ -157,6 +157,7 @@ class Farm:
         self._restarts: dict[str, list[float]] = {}  # when each child of the farm was last started again
         self._signals = 0
         self._started_ms = now_ms()  # a deployment verdict older than this is an earlier farm's
+        self._redis_full = False  # Redis refused the config for want of memory: no replica can start until it has room
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._signals += 1
@@ -321,6 +322,7 @@ class Farm:
     async def _apply(self, url: str) -> Applied:
         """Apply the config file. On a full Redis the farm comes up all the same, and says what is refused and why."""
         if full := full_memory_warning(url):
+            self._redis_full = True
             print(f"warning: {full}", file=sys.stderr, flush=True)
         redis = async_redis(url)
         try:
@@ -330,6 +332,7 @@ class Farm:
                 desired = DesiredState(redis, settings.keys, settings.import_allow_list, settings.config_limit_values)
                 return await apply_file(desired, self.options.config, self.options.config_path)
         except OverloadedError as exc:
+            self._redis_full = True
             print(
                 f"warning: {exc}: {self.options.config_path} was not applied, the farm runs what Redis holds; apply it "
                 f"once Redis has room: {_own_command()} deploy {self.options.config_path} --redis-url {redacted(url)}",
@@ -370,7 +373,10 @@ class Farm:
 
     def _wait_for_replicas(self, url: str, goal_ids: dict[str, str]) -> dict[str, str]:
         """Wait (bounded; Ctrl-C stops it) until the config's replicas run, changed or not (cli/start_wait.py);
-        {deployment: why} for those that cannot."""
+        {deployment: why} for those that cannot. On a full Redis none can start (their records are writes): the
+        banner comes at once, saying so."""
+        if self._redis_full:
+            return {d.name: REDIS_FULL_NOT_RUNNING for d in self.options.config.deployments}
 
         def stop() -> bool:
             self._supervise("scheduler", "gateway")
