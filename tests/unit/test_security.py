@@ -69,18 +69,21 @@ def test_a_blank_api_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch, key:
     assert str(refused.value) == "STREAMSERVE_API_KEY: set but blank; set a secret, or unset it for no key"
 
 
+def settings_with_url(monkeypatch: pytest.MonkeyPatch, where: str, url: str) -> Settings:
+    """Settings read with ``url`` given ``where``: the --redis-url flag or the environment variable named."""
+    if where.startswith("--"):
+        return Settings.from_command_line(argparse.Namespace(redis_url=url))
+    monkeypatch.setenv(where, url)
+    return Settings.from_command_line(argparse.Namespace(redis_url=None))
+
+
 @pytest.mark.parametrize("where", ["REDIS_URL", "STREAMSERVE_REDIS_URL", "--redis-url"])
 def test_a_url_that_is_no_redis_url_is_a_config_error_naming_the_setting(
     monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     url = "http://user:secret@cache.example:6379/0"
-    if where.startswith("--"):
-        args = argparse.Namespace(redis_url=url)
-    else:
-        monkeypatch.setenv(where, url)
-        args = argparse.Namespace(redis_url=None)
     with pytest.raises(ConfigError) as refused:
-        Settings.from_command_line(args)
+        settings_with_url(monkeypatch, where, url)
     assert str(refused.value) == (
         "--redis-url / REDIS_URL: 'http://***@cache.example:6379/0' is not a Redis URL: it starts with redis://, "
         "rediss:// or unix://"
@@ -106,13 +109,8 @@ def test_a_url_redis_py_cannot_take_apart_is_a_config_error_without_its_password
     monkeypatch: pytest.MonkeyPatch, url: str, problem: str, where: str
 ) -> None:
     """A password's unencoded ? # / made redis-py read part of it as the port: a traceback at the first command."""
-    if where.startswith("--"):
-        args = argparse.Namespace(redis_url=url)
-    else:
-        monkeypatch.setenv(where, url)
-        args = argparse.Namespace(redis_url=None)
     with pytest.raises(ConfigError) as refused:
-        Settings.from_command_line(args)
+        settings_with_url(monkeypatch, where, url)
     message = str(refused.value)
     setting = "STREAMSERVE_JOBS_REDIS_URL" if where.endswith("JOBS_REDIS_URL") else "--redis-url / REDIS_URL"
     assert message.startswith(f"{setting}: cannot be parsed: {problem}; a password with ?, #, / or @ in it must be ")
