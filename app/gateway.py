@@ -498,7 +498,9 @@ def _no_cache(cache_control: list[str], pragma: list[str]) -> bool:
         for directive in header.split(","):
             name, _, value = "".join(directive.split()).lower().partition("=")
             seconds = value.strip('"')
-            if name in _FRESH_DIRECTIVES or (name == "max-age" and seconds.isdigit() and int(seconds) == 0):
+            if name in _FRESH_DIRECTIVES or (
+                name == "max-age" and seconds.isascii() and seconds.isdigit() and int(seconds) == 0
+            ):
                 return True
     return False
 

@@ -52,7 +52,7 @@ from streamserve.wire.errors import (
     ProtocolError,
     RequestTimeoutError,
     ResponseTooLargeError,
-    streams_its_answer,
+    streaming_only_message,
 )
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.json_values import dumps
@@ -529,7 +529,7 @@ class Serving:
         """Run a streaming handler (workers/streaming.py); a BAD_REQUEST for a caller that waits for one result (a
         request that nobody waits for, send()'s or an endpoint's shadow copy, runs with its chunks dropped)."""
         if request.reply_to and not request.stream:
-            message = streams_its_answer(self._name, request.method)
+            message = streaming_only_message(self._name, request.method)
             return request.reply(ReplyStatus.BAD_REQUEST, self._consumer, error_message=message)
         stream = self.streams.start(request, handler, body, self.config, scope)
         stream.outcome.add_done_callback(functools.partial(self._on_stream_done, entry_id, request, started_at, stream))

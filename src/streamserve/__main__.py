@@ -7,16 +7,13 @@ before those imports; a role command gets Python's own back before its process s
 
 from __future__ import annotations
 
-import signal
-import threading
 from typing import NoReturn
 
 
 def run() -> NoReturn:
-    if threading.current_thread() is threading.main_thread():
-        from streamserve.cli.interrupt import on_interrupt
+    from streamserve.cli.interrupt import on_interrupt, set_sigint
 
-        signal.signal(signal.SIGINT, on_interrupt)
+    set_sigint(on_interrupt)
     from streamserve.cli.main import run as run_command
 
     run_command()

@@ -118,7 +118,7 @@ def runs(store: redis.Redis, tag: str) -> int:
     return int(store.llen(runs_key(tag)))
 
 
-def post(url: str, path: str, body: Any, key: str | None, **headers: str) -> httpx.Response:
+def post(url: str, path: str, body: Any, key: str | None, **headers: str | bytes) -> httpx.Response:
     if key is not None:
         headers["Idempotency-Key"] = key
     return httpx.post(url + path, json=body, headers=headers, timeout=60)
@@ -664,6 +664,9 @@ def test_cache_control_asking_for_a_fresh_reply_runs_anew_and_refreshes_the_entr
         assert (fresh.headers["x-cache"], fresh.json()) == ("miss", {"tag": tag, "run": run}), directive
     last = 2 + len(fresh_ways)
     assert post(farm.base_url, "/cached", {"tag": tag}, None, **{"Cache-Control": "max-age=60"}).json()["run"] == last
+    # A max-age of no ASCII digits (a latin-1 superscript two, which str.isdigit() takes) asks for nothing: a hit.
+    odd = post(farm.base_url, "/cached", {"tag": tag}, None, **{"Cache-Control": b"max-age=\xb2"})
+    assert (odd.status_code, odd.headers.get("x-cache"), odd.json().get("run")) == (200, "hit", last), odd.text
     # An HTTP/1.0 cache's Pragma: no-cache, when no Cache-Control says otherwise.
     fresh = post(farm.base_url, "/cached", {"tag": tag}, None, Pragma="no-cache")
     assert (fresh.headers["x-cache"], fresh.json()) == ("miss", {"tag": tag, "run": last + 1})

@@ -26,7 +26,7 @@ from streamserve.client import AsyncClient
 from streamserve.runtime.embedded_redis import EmbeddedRedis, redis_server_binary
 from streamserve.runtime.processes import free_port, stop_group
 from streamserve.runtime.settings import Settings
-from streamserve.transport.connections import async_redis
+from streamserve.transport.connections import async_redis, sync_redis
 from streamserve.wire.errors import RedisUnavailableError
 from streamserve.wire.ids import ReplicaID
 from streamserve.workers.replica import Replica
@@ -239,6 +239,23 @@ async def run_scheduler(url: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "REDIS_URL": url, "STREAMSERVE_REDIS_URL": url}
     run = functools.partial(subprocess.run, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False, env=env)
     return await asyncio.to_thread(run, [STREAMSERVE, "scheduler"])
+
+
+async def test_a_wrong_password_is_refused_at_its_first_attempt_not_retried(password_redis: int) -> None:
+    """No retry mends a wrong password: each client tries once, where a connection error is tried six times."""
+    wrong = f"redis://:nope@127.0.0.1:{password_redis}/0"
+    admin = redis.Redis(port=password_redis, password="secret")
+
+    def connections() -> int:
+        return int(admin.info("stats")["total_connections_received"])
+
+    before = connections()
+    with pytest.raises(redis.AuthenticationError):
+        sync_redis(wrong).ping()
+    with pytest.raises(redis.AuthenticationError):
+        await async_redis(wrong).ping()
+    assert connections() - before == 2 * 2  # each client: its probe (is it a Redis Cluster?), then one attempt
+    admin.close()
 
 
 async def test_a_wrong_password_is_a_clear_error_not_a_hang(password_redis: int) -> None:

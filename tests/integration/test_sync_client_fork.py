@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import time
 
 import pytest
 
 from streamserve.client import Client
 from streamserve.runtime.settings import Settings
+from streamserve.wire.errors import UnavailableError
 from tests.integration.conftest import StartReplica
 
 # The child's call may take this long (the first call connects and makes a reply stream)...
@@ -65,5 +67,47 @@ async def test_a_client_made_before_fork_calls_from_the_child_and_still_from_the
         )
         assert status == CALLED
         assert (await asyncio.to_thread(client.call, "rec", "after", timeout=CALL_TIMEOUT_S))["body"] == "after"
+    finally:
+        await asyncio.to_thread(client.close)
+
+
+def test_a_subprocess_started_with_a_preexec_fn_gets_no_client_of_its_own(settings: Settings) -> None:
+    """Between its fork and its exec, a subprocess runs its preexec_fn, and the at-fork hooks: a client renewed there
+    would start a thread and build a connection for nothing (and risk a lock the parent held). It is renewed on use."""
+    client = Client(settings=settings)
+    read_end, write_end = os.pipe()
+    try:
+
+        def look() -> None:  # (runs in the child, before `true` replaces it)
+            os.write(write_end, b"a new loop thread" if client._thread.is_alive() else b"nothing")
+
+        subprocess.run(["true"], preexec_fn=look, check=True, timeout=30)
+        assert os.read(read_end, 64) == b"nothing"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+        client.close()
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+async def test_a_stream_started_before_fork_goes_on_in_the_parent_and_the_child_is_told(
+    start_replica: StartReplica, settings: Settings
+) -> None:
+    await start_replica(import_path="tests.stream_deployments:count_to")
+    client = Client(settings=settings)
+    try:
+        chunks = client.stream("rec", 3, timeout=CALL_TIMEOUT_S)
+        first = await asyncio.to_thread(next, chunks)
+        pid = os.fork()
+        if pid == 0:
+            status = CALL_FAILED
+            try:
+                next(chunks)
+            except UnavailableError as exc:
+                status = CALLED if "started before os.fork() goes on in the parent only" in str(exc) else WRONG_ANSWER
+            finally:
+                os._exit(status)
+        assert await exit_status(pid, CHILD_WITHIN_S) == CALLED
+        assert [first, *(await asyncio.to_thread(list, chunks))] == [{"i": 0}, {"i": 1}, {"i": 2}]
     finally:
         await asyncio.to_thread(client.close)

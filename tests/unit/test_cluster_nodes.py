@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
+from streamserve.client.sync_client import Client
 from streamserve.runtime.settings import Settings
 from streamserve.scheduler.launcher import ProcessLauncher
 from streamserve.transport import cluster_nodes
@@ -42,6 +43,16 @@ def test_a_process_knows_what_its_clients_found_first_then_what_it_was_given_nev
     found.nodes_cache = nodes_manager(("10.0.0.3", 7000)).nodes_cache  # a failover, seen by the client
     assert known_nodes(url) == [("10.0.0.3", 7000), ("10.0.0.9", 7000)]
     assert known_nodes("redis://10.0.0.5:6379/0") == []
+    # A URL without a port names the node on 6379.
+    give_nodes("redis://10.0.0.1/0", "10.0.0.1:6379,10.0.0.2:6379")
+    assert known_nodes("redis://10.0.0.1/0") == [("10.0.0.2", 6379)]
+
+
+def test_a_client_of_a_users_program_takes_the_nodes_of_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only the roles: a program's own Client tries the nodes STREAMSERVE_REDIS_CLUSTER_NODES names."""
+    monkeypatch.setenv(CLUSTER_NODES_ENV, "10.0.0.2:7000")
+    Client("redis://10.0.0.1:7000/0").close()
+    assert known_nodes("redis://10.0.0.1:7000/0") == [("10.0.0.2", 7000)]
 
 
 def test_a_replica_is_started_with_the_cluster_nodes_known_at_its_start() -> None:

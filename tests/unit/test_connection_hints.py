@@ -10,7 +10,7 @@ from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from streamserve.transport.connections import RedisRefusals, connection_hint, no_retry_mends
+from streamserve.transport.connections import RedisRefusals, connection_hint, retry_cannot_mend
 
 
 def test_a_tls_file_the_url_names_that_is_not_there_is_named(tmp_path: Path) -> None:
@@ -56,15 +56,17 @@ def test_only_what_no_retry_mends_stops_a_process_that_waits_for_redis(tmp_path:
     url = "rediss://127.0.0.1:6380/0"
     unverified = RedisConnectionError("Error 1 connecting to 127.0.0.1:6380. [SSL: CERTIFICATE_VERIFY_FAILED] ...")
     unverified.__cause__ = ssl.SSLCertVerificationError("certificate verify failed")
-    assert no_retry_mends(url, unverified)
-    assert no_retry_mends(url, AuthenticationError("invalid username-password pair or user is disabled."))
-    assert no_retry_mends(f"{url}?ssl_ca_certs={tmp_path / 'nope.pem'}", RedisConnectionError("Error 2 connecting"))
-    assert not no_retry_mends(url, RedisConnectionError("Error 111 connecting to 127.0.0.1:6380. Connection refused."))
-    assert not no_retry_mends("redis://127.0.0.1:6380/0", RedisConnectionError("(104, 'Connection reset by peer')"))
-    assert not no_retry_mends(url, RedisTimeoutError("Timeout connecting to server"))
+    assert retry_cannot_mend(url, unverified)
+    assert retry_cannot_mend(url, AuthenticationError("invalid username-password pair or user is disabled."))
+    assert retry_cannot_mend(f"{url}?ssl_ca_certs={tmp_path / 'nope.pem'}", RedisConnectionError("Error 2 connecting"))
+    assert not retry_cannot_mend(
+        url, RedisConnectionError("Error 111 connecting to 127.0.0.1:6380. Connection refused.")
+    )
+    assert not retry_cannot_mend("redis://127.0.0.1:6380/0", RedisConnectionError("(104, 'Connection reset by peer')"))
+    assert not retry_cannot_mend(url, RedisTimeoutError("Timeout connecting to server"))
 
 
 def test_a_url_without_a_password_at_a_redis_that_wants_one_names_where_up_keeps_it() -> None:
     refused = AuthenticationError("Authentication required.")
-    assert "its data directory's redis_password" in connection_hint("redis://127.0.0.1:6379/0", refused)
+    assert "the data directory's redis_password" in connection_hint("redis://127.0.0.1:6379/0", refused)
     assert connection_hint("redis://:wrong@127.0.0.1:6379/0", refused) == ""

@@ -6,7 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
+import redis
 
+from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.farm_files import (
     FarmRecord,
     UnsafeFileError,
@@ -19,6 +21,8 @@ from streamserve.runtime.farm_files import (
     write_farm,
 )
 from streamserve.runtime.processes import process_ref
+from streamserve.runtime.settings import redis_url_problem
+from streamserve.wire.errors import ConfigError
 
 
 def test_the_token_is_made_private_once_and_kept(tmp_path: Path) -> None:
@@ -37,6 +41,25 @@ def test_the_embedded_redis_password_is_made_private_once_and_kept_apart_from_th
     assert len(password) >= 40 and password.replace("-", "").replace("_", "").isalnum()  # URL-safe as it is
     assert (data_dir / "redis_password").stat().st_mode & 0o777 == 0o600
     assert ensure_redis_password(data_dir) == password != ensure_api_key(data_dir)
+
+
+@pytest.mark.parametrize("password", ["pass word", 'a"b', "it's", "back\\slash", "caf\u00e9"])
+def test_a_password_put_in_by_hand_that_redis_server_would_misread_is_refused_naming_the_file(
+    tmp_path: Path, password: str
+) -> None:
+    (tmp_path / "redis_password").write_text(password + "\n")
+    (tmp_path / "redis_password").chmod(0o600)
+    with pytest.raises(ConfigError, match="redis_password: the password holds a space, a quote"):
+        ensure_redis_password(tmp_path)
+
+
+def test_a_password_put_in_by_hand_with_url_characters_is_percent_encoded_in_the_url(tmp_path: Path) -> None:
+    (tmp_path / "redis_password").write_text("p@ss/w?rd#%:1\n")
+    (tmp_path / "redis_password").chmod(0o600)
+    password = ensure_redis_password(tmp_path)
+    url = EmbeddedRedis(port=6399, password=password).url  # (nothing started)
+    assert redis.connection.parse_url(url)["password"] == "p@ss/w?rd#%:1"
+    assert redis_url_problem(url) is None
 
 
 def test_a_data_dir_others_may_read_is_made_private(tmp_path: Path) -> None:

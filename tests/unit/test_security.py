@@ -119,8 +119,13 @@ def test_a_url_redis_py_cannot_take_apart_is_a_config_error_without_its_password
 
 
 def test_a_percent_encoded_password_or_one_with_an_at_sign_is_taken() -> None:
-    """redis-py takes the last '@' as the end of the password, and decodes %3F and the like."""
-    for fine in ("redis://:Wr%3Fo%23n%2Fg%40@127.0.0.1:6399/0", "redis://u:W@r@h:6379/0?ssl_cert_reqs=none"):
+    """redis-py takes the last '@' as the end of the password, and decodes %3F and the like; an '@' in a query's
+    value (a path) is no password cut short."""
+    for fine in (
+        "redis://:Wr%3Fo%23n%2Fg%40@127.0.0.1:6399/0",
+        "redis://u:W@r@h:6379/0?ssl_cert_reqs=none",
+        "rediss://h:6380/0?ssl_ca_certs=/home/me@corp/ca.pem&ssl_certfile=/srv/a@b/c.pem",
+    ):
         assert Settings.from_command_line(argparse.Namespace(redis_url=fine)).redis_url == fine
 
 

@@ -11,7 +11,6 @@ import argparse
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -20,7 +19,7 @@ from redis.exceptions import ConnectionError, RedisError
 from streamserve.cli.calls import cmd_call
 from streamserve.cli.farm_lookup import beside_running_farm, no_farm_hint
 from streamserve.cli.inspection import cmd_health, cmd_logs, cmd_status
-from streamserve.cli.interrupt import on_interrupt
+from streamserve.cli.interrupt import on_interrupt, set_sigint
 from streamserve.cli.kubernetes import cmd_manifests
 from streamserve.cli.parser import parse_command_line
 from streamserve.cli.roles import ROLE_COMMANDS, run_role
@@ -33,8 +32,8 @@ from streamserve.wire.errors import ConfigError, RedisUnavailableError, StreamSe
 
 
 def run() -> NoReturn:
-    """The ``streamserve`` command (and ``python -m streamserve``): main's exit code, the process ended as soon as the
-    command is done (runtime/process_exit.py). An exception main does not turn into a code takes Python's own way
+    """The ``streamserve`` command (and ``python -m streamserve``), once streamserve/__main__.py has set its Ctrl-C
+    handler: main's exit code, the process ended as soon as the command is done (runtime/process_exit.py). An exception main does not turn into a code takes Python's own way
     out, with its traceback."""
     end_process(main())
 
@@ -48,9 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_command_line(argv)
     # Ctrl-C exits at once. asyncio.run's own handler only cancels the main task, and a cancellation that
     # lands inside redis-py's pool wait can be swallowed (asyncio.wait_for before 3.12), leaving --wait hanging.
-    restore = (
-        signal.signal(signal.SIGINT, on_interrupt) if threading.current_thread() is threading.main_thread() else None
-    )
+    restore = set_sigint(on_interrupt)
     settings: Settings | None = None
     try:
         settings = beside_running_farm(args, Settings.from_command_line(args))
@@ -78,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     finally:
         if restore is not None:
-            signal.signal(signal.SIGINT, restore)
+            set_sigint(restore)
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:

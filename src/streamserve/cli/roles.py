@@ -8,9 +8,9 @@ from __future__ import annotations
 import importlib
 import signal
 import sys
-import threading
 from collections.abc import Callable
 
+from streamserve.cli.interrupt import set_sigint
 from streamserve.runtime.propagators import drop_missing_propagators
 from streamserve.wire.errors import ConfigError
 
@@ -28,8 +28,8 @@ def run_role(command: str, argv: list[str]) -> int:
     if dropped := drop_missing_propagators():  # before the role's imports: they would raise for it
         print(f"warning: {dropped}", file=sys.stderr)
     role_main: Callable[[list[str]], int] = importlib.import_module(ROLE_COMMANDS[command]).main
-    if threading.current_thread() is threading.main_thread():  # the role answers signals its own way, from Python's
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # (the CLI's Ctrl-C covered its imports: __main__.py)
+    # The role answers signals its own way, from Python's (the CLI's Ctrl-C covered its imports: __main__.py).
+    set_sigint(signal.default_int_handler)
     try:
         return role_main(argv)
     except ConfigError as exc:

@@ -376,7 +376,10 @@ class Farm:
         {deployment: why} for those that cannot. On a full Redis none can start (their records are writes): the
         banner comes at once, saying so."""
         if self._redis_full:
-            return {d.name: REDIS_FULL_NOT_RUNNING for d in self.options.config.deployments}
+            # (externally scaled deployments run the workers someone else starts: as in the wait, nothing to say)
+            return {
+                d.name: REDIS_FULL_NOT_RUNNING for d in self.options.config.deployments if not d.external_scaler_enabled
+            }
 
         def stop() -> bool:
             self._supervise("scheduler", "gateway")

@@ -51,7 +51,7 @@ from streamserve.wire.errors import (
     OverloadedError,
     RequestCancelledError,
     RequestTimeoutError,
-    streams_its_answer,
+    streaming_only_message,
 )
 from streamserve.wire.idempotency import check_key
 from streamserve.wire.ids import new_request_id
@@ -397,7 +397,7 @@ class Calls(ClientCore):
         if not stream and (reply.status in STREAM_REPLIES or kept_stream(reply)):
             # A stream where one result is awaited: a shared run's, made by stream() with this idempotency key (a
             # replica itself answers such a call BAD_REQUEST without running it).
-            message = streams_its_answer(cfg.name, method)
+            message = streaming_only_message(cfg.name, method)
             return request.reply(ReplyStatus.BAD_REQUEST, reply.replica_id, error_message=message)
         return reply
 
@@ -455,7 +455,7 @@ class Calls(ClientCore):
 
     def _gone(self, deployment: str) -> bool:
         """Whether ``deployment`` was deleted (as far as this client's routes know)."""
-        return self._routes is not None and deployment not in self._routes.deployments()
+        return self._routes is not None and not self._routes.has_deployment(deployment)
 
     async def _run_shared(
         self, route: Route, request: Request, fut: asyncio.Future[Reply], sharing: Sharing, span: Span | None

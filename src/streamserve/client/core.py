@@ -44,6 +44,7 @@ class ClientCore:
                 raise ConfigError(f"redis_url: {problem}")
             settings = settings.model_copy(update={"redis_url": redis_url})
         self._settings = settings
+        settings.give_cluster_nodes()  # (STREAMSERVE_REDIS_CLUSTER_NODES: a program of the user's reads it here)
         self._keys = settings.keys
         self.caller_id = new_caller_id()
         self._refusals = RedisRefusals(settings.effective_redis_url)
@@ -79,7 +80,7 @@ class ClientCore:
         # second wait for the lock put the first call behind the others, and their requests were queued out of
         # order).
         async with self._start_guard():
-            await self._connect_guarded()
+            await self._connect_locked()
             if self._replies is None:
                 replies = ReplyStream(
                     self.redis, self._keys.reply_stream(self.caller_id), self.caller_id, self._refusals
@@ -94,10 +95,10 @@ class ClientCore:
         if self._redis is not None:
             return
         async with self._start_guard():
-            await self._connect_guarded()
+            await self._connect_locked()
 
-    async def _connect_guarded(self) -> None:
-        """``_connect``'s work, under the start lock."""
+    async def _connect_locked(self) -> None:
+        """``_connect``'s work; the caller holds the start lock (``_start_guard``)."""
         if self._redis is not None:
             return
         redis = async_redis(self._settings.effective_redis_url)

@@ -52,6 +52,9 @@ class RouteCache:
         """Whether ``name`` is a deployment or endpoint it has seen (``route`` answers it without a look-up)."""
         return name in self._deployments or name in self._endpoints
 
+    def has_deployment(self, name: str) -> bool:
+        return name in self._deployments
+
     def deployment(self, name: str) -> DeploymentConfig:
         """The deployment's config as last seen."""
         try:

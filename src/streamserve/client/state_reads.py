@@ -30,7 +30,7 @@ class StateReads(ClientCore):
     def knows(self, name: str) -> bool:
         """Whether ``name`` is a deployment or endpoint this client's routes know of (True before they are loaded)."""
         routes = self._routes
-        return routes is None or name in routes.deployments() or name in routes.endpoints()
+        return routes is None or routes.knows(name)
 
     @property
     def routes_loaded(self) -> bool:

@@ -38,7 +38,7 @@ CANCEL_SENT_WITHIN_S = 1.0
 # How often a thread waiting for a call looks at the signals it was sent.
 SIGNAL_CHECK_S = 0.2
 
-# Every Client not closed: a forked child renews each (see Client._renew_after_fork).
+# Every Client not closed: their cancellations on the way go out at exit.
 _LIVE: weakref.WeakSet[Client] = weakref.WeakSet()
 # What a forked child's Clients had from the parent (AsyncClients, loops, threads, streams), held for good and never
 # used: their sockets, selector and wake-up pipe are shared with the parent, which a finalizer run here would close,
@@ -69,7 +69,7 @@ def _blocking(
     """The Client method that runs AsyncClient's coroutine ``method`` on the client's loop and waits for its end."""
 
     def run(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._result(self._run(method(self._async, *args, **kwargs)))
+        return self._result(self._run(method(self._fresh(), *args, **kwargs)))
 
     return _twin_of(method, run, "waits while it runs on the client's event loop")
 
@@ -78,7 +78,7 @@ def _connected(method: Callable[Concatenate[AsyncClient, P], T]) -> Callable[Con
     """The Client method for AsyncClient's local read ``method``: connect (loading the routes) if need be, then read."""
 
     def read(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        self._run(self._async.start()).result()
+        self._run(self._fresh().start()).result()
         return method(self._async, *args, **kwargs)
 
     return _twin_of(method, read, "connects first if the client has not yet")
@@ -129,6 +129,15 @@ class Client:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="streamserve-client", daemon=True)
         self._thread.start()
+        self._pid = os.getpid()
+
+    def _fresh(self) -> AsyncClient:
+        """The AsyncClient of this process: in a forked child, at its first use, a new one (``_renew_after_fork``).
+        Looked at on use, not by an os.register_at_fork hook: that would also run in every subprocess started with
+        a preexec_fn, between its fork and its exec, making a client and a thread there for nothing."""
+        if self._pid != os.getpid():
+            self._renew_after_fork()
+        return self._async
 
     def _renew_after_fork(self) -> None:
         """In a forked child: the loop's thread did not come along (only the forking thread does), so a call would
@@ -173,6 +182,8 @@ class Client:
 
     def _send_cancels(self) -> None:
         """Wait (at most CANCEL_SENT_WITHIN_S) for the cancellations on their way to Redis."""
+        if self._pid != os.getpid():
+            return  # a forked child's, not yet used here: the cancellations on their way are the parent's
         with contextlib.suppress(Exception, KeyboardInterrupt):
             self._run(self._async._cancels_sent(CANCEL_SENT_WITHIN_S)).result(CANCEL_SENT_WITHIN_S + 1)
 
@@ -225,7 +236,7 @@ class Client:
         parse_priority(priority)  # a bad one raises here, not from the Future
         tenant_of(tenant)
         model_id_of(model_id)
-        calling = self._async.call(
+        calling = self._fresh().call(
             name,
             body,
             timeout=timeout,
@@ -250,7 +261,7 @@ class Client:
         model_id: str | None = None,
     ) -> str:
         """Enqueue without waiting for the result; return the request id."""
-        sending = self._async.send(
+        sending = self._fresh().send(
             name,
             body,
             timeout=timeout,
@@ -280,7 +291,7 @@ class Client:
         ...     print(token)
 
         Blocking: each step waits on the client's event loop for the next chunk."""
-        chunks = self._async.stream(
+        chunks = self._fresh().stream(
             name,
             body,
             method=method,
@@ -315,6 +326,11 @@ class Client:
         if self._closed:
             return
         self._refuse_own_thread()  # it would wait for its own loop to stop, and then join its own thread
+        if self._pid != os.getpid():  # a forked child's, never used here: the parent's loop is not to be touched
+            self._closed = True
+            _LIVE.discard(self)
+            _INHERITED.extend((self._async, self._loop, self._thread))
+            return
         with contextlib.suppress(Exception):
             self._run(self._async.aclose()).result(timeout=5)
         self._closed = True
@@ -330,11 +346,6 @@ class Client:
         self.close()
 
 
-def _renew_clients_after_fork() -> None:
-    for client in list(_LIVE):
-        client._renew_after_fork()
-
-
 def _send_cancels_at_exit() -> None:
     """Before the interpreter stops the clients' (daemon) loop threads: the cancellations on their way go out. A
     Ctrl-C that a stream's ``for`` loop got between two chunks (in its body, say) drops the iterator as it unwinds,
@@ -343,7 +354,6 @@ def _send_cancels_at_exit() -> None:
         client._send_cancels()
 
 
-os.register_at_fork(after_in_child=_renew_clients_after_fork)
 atexit.register(_send_cancels_at_exit)
 
 
@@ -356,11 +366,11 @@ class ChunkIterator:
     def __init__(self, client: Client, chunks: ChunkStream) -> None:
         self._client = client
         self._chunks = chunks
-        self._of = client._async  # a forked child's client has another: this stream is the parent's
+        self._pid = os.getpid()  # a forked child's client has another: this stream is the parent's
 
     def _inherited(self) -> bool:
         """Whether this stream was started by the parent of this (forked) process, on its connections."""
-        return self._client._async is not self._of
+        return self._pid != os.getpid()
 
     def __iter__(self) -> Self:
         return self
@@ -377,7 +387,9 @@ class ChunkIterator:
         except BaseException:
             # A wait cut short (Ctrl-C: KeyboardInterrupt) stops the stream, even when its step had just ended with a
             # chunk; and, as for a call's, the cancellation is sent before the interruption goes on (a script that
-            # does not catch it ends at once, and its client's loop thread with it).
+            # does not catch it ends at once, and its client's loop thread with it). A stream that ended with an
+            # error of its own (RemoteError, a deadline) is over already: closing it does nothing, and no
+            # cancellation is on its way to wait for.
             step.cancel()
             self.close()
             client._send_cancels()

@@ -98,7 +98,7 @@ class LongPollSubscriber:
     async def _heard(self, data: str) -> None:
         """A change message: report it when its id is news; one without a readable id means "compare ids"."""
         config_key, _, raw_id = data.rpartition(_ID_SEPARATOR)
-        if not config_key or not raw_id.isdigit():
+        if not config_key or not (raw_id.isascii() and raw_id.isdigit()):
             if self._watched(data):
                 await self.sync()
             return

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import urllib.parse
 from pathlib import Path
 
 import redis
@@ -72,7 +73,8 @@ class EmbeddedRedis:
         password: str | None = None,
     ) -> None:
         """``maxmemory``: Redis's own notation ("512mb", "2gb"); default a quarter of this machine's memory.
-        ``password``: what every client must give (URL-safe characters); none by default."""
+        ``password``: what every client must give (printable ASCII but a space, a quote or a backslash); none by
+        default."""
         self.host = host
         self.data_dir = data_dir
         self.password = password
@@ -87,7 +89,7 @@ class EmbeddedRedis:
     @property
     def url(self) -> str:
         # Named as the default user: redis-cli 6.2 (`-u`) sends an empty user name otherwise, which Redis refuses.
-        auth = f"default:{self.password}@" if self.password else ""
+        auth = f"default:{urllib.parse.quote(self.password, safe='')}@" if self.password else ""
         return f"redis://{auth}{self.host}:{self.port}/0"
 
     def _storage(self) -> list[str]:

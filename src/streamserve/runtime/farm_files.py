@@ -90,8 +90,17 @@ def redis_password_path(data_dir: Path | None) -> Path:
 
 
 def ensure_redis_password(data_dir: Path | None) -> str:
-    """The embedded Redis's password in the data directory, made (random, 256 bits) if there is none yet."""
-    return _ensure_secret(redis_password_path(data_dir))
+    """The embedded Redis's password in the data directory, made (random, 256 bits) if there is none yet. One put
+    there by hand may be any printable ASCII but a space, a quote or a backslash (redis-server's config line would
+    read those otherwise); ConfigError names the file when it is not."""
+    path = redis_password_path(data_dir)
+    password = _ensure_secret(path)
+    if not all("!" <= char <= "~" and char not in "\"'\\" for char in password):
+        raise ConfigError(
+            f"{path}: the password holds a space, a quote, a backslash or a character beyond printable ASCII; "
+            "put another one there (or delete the file: `up` makes one)"
+        )
+    return password
 
 
 def _ensure_secret(path: Path) -> str:

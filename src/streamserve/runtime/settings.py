@@ -56,9 +56,13 @@ def redis_url_problem(url: str) -> str | None:
         return _unparsable("its port is not a number from 0 to 65535")
     if parts.fragment:
         return _unparsable("it holds a '#', which ends a URL")
+    # A password cut short by its ? or / leaves its '@' in the path, in a query parameter's name, or behind no host;
+    # an '@' in a query's value (a CA file's path: ssl_ca_certs=/home/me@corp/ca.pem) is fine.
     after_host = url.partition("://")[2][len(parts.netloc) :]
     if parts.scheme.lower() != "unix" and "@" in after_host:
-        return _unparsable("it holds an '@' after its host")
+        names = [pair.partition("=")[0] for pair in parts.query.split("&")]
+        if "@" in parts.path or any("@" in name for name in names) or not parts.hostname:
+            return _unparsable("it holds an '@' after its host")
     return None
 
 

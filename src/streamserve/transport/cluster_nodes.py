@@ -23,6 +23,7 @@ _GIVEN: dict[str, list[tuple[str, int]]] = {}
 # leaves it, its replica comes in), and it stays readable after its client is closed.
 _FOUND: dict[str, collections.deque[Any]] = {}
 _FOUND_KEPT = 4
+DEFAULT_PORT = 6379  # a URL's port when it names none (redis-py's)
 
 
 def parse_nodes(text: str) -> list[tuple[str, int]]:
@@ -31,7 +32,7 @@ def parse_nodes(text: str) -> list[tuple[str, int]]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         host, sep, port = item.rpartition(":")
         host = host.removeprefix("[").removesuffix("]")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             raise ValueError(f"{item!r} is not host:port")
         nodes.append((host, int(port)))
     return nodes
@@ -62,7 +63,7 @@ def known_nodes(url: str) -> list[tuple[str, int]]:
             known[(node.host, int(node.port))] = None
     for node in _GIVEN.get(url, ()):
         known[node] = None
-    known.pop((own.hostname or "", own.port or 0), None)
+    known.pop((own.hostname or "", own.port or DEFAULT_PORT), None)
     return list(known)
 
 

@@ -84,6 +84,12 @@ def stop_retrying() -> None:
     _GIVEN_UP.set()
 
 
+# Errors that end the retry loops below at their first attempt (once the failure handler has closed the connection).
+# redis-py counts an AuthenticationError a connection error, worth another attempt after a backoff, but no attempt
+# mends a wrong password: one took 0.5-1.8 s to be reported, past the gateway's 2 s probe on a busy machine.
+UNMENDABLE_ERRORS: tuple[type[Exception], ...] = (AuthenticationError,)
+
+
 class OutermostRetry(Retry):
     """The shared retry policy (blocking connections), applied once per operation: see OutermostAsyncRetry."""
 
@@ -92,8 +98,14 @@ class OutermostRetry(Retry):
         if _RETRYING.get() == owner or _GIVEN_UP.is_set():
             return Retry(NoBackoff(), 0, _errors(self)).call_with_retry(do, fail, *args, **kwargs)
         token = _RETRYING.set(owner)
+
+        def fail_once(error: Exception, *count: int) -> Any:
+            fail(error, *count)
+            if isinstance(error, UNMENDABLE_ERRORS):
+                raise error
+
         try:
-            return super().call_with_retry(do, fail, *args, **kwargs)
+            return super().call_with_retry(do, fail_once, *args, **kwargs)
         finally:
             _RETRYING.reset(token)
 
@@ -114,8 +126,14 @@ class OutermostAsyncRetry(AsyncRetry):
         if _RETRYING.get() is owner or _GIVEN_UP.is_set():
             return await AsyncRetry(NoBackoff(), 0, _errors(self)).call_with_retry(do, fail, *args, **kwargs)
         token = _RETRYING.set(owner)
+
+        async def fail_once(error: Exception, *count: int) -> Any:
+            await fail(error, *count)
+            if isinstance(error, UNMENDABLE_ERRORS):
+                raise error
+
         try:
-            return await super().call_with_retry(do, fail, *args, **kwargs)
+            return await super().call_with_retry(do, fail_once, *args, **kwargs)
         finally:
             _RETRYING.reset(token)
 
@@ -427,9 +445,9 @@ def connection_hint(url: str, exc: BaseException) -> str:
         return f" (no such file: {', '.join(missing)})"
     if "authentication required" in str(exc).lower() and not parsed.password:
         return (
-            " (the Redis `streamserve up` embeds takes the password in its data directory's redis_password: run "
-            "the command beside the farm, or with --data-dir, or give the password in the URL or "
-            "STREAMSERVE_REDIS_PASSWORD)"
+            " (give the password in the URL or STREAMSERVE_REDIS_PASSWORD; if this is the Redis `streamserve up` "
+            "embeds, its password is in the data directory's redis_password: run the command beside the farm, or "
+            "with --data-dir)"
         )
     if parsed.scheme.lower() == "redis" and "reset by peer" in str(exc).lower():
         return " (if that port speaks TLS, the URL starts with rediss://)"
@@ -445,7 +463,7 @@ def _missing_tls_files(url: str) -> list[str]:
     return [f"{name} {path}" for name in _TLS_FILE_PARAMS for path in query.get(name, []) if not os.path.exists(path)]
 
 
-def no_retry_mends(url: str, exc: BaseException) -> bool:
+def retry_cannot_mend(url: str, exc: BaseException) -> bool:
     """Whether ``exc``, a failure to connect to ``url``, is the set-up's, not a Redis on its way up: a refused
     password, a server certificate that does not verify, a TLS file the URL names that is not there. A process that
     waits for Redis to come up (the scheduler) stops on these at once, as the others do."""

@@ -39,7 +39,7 @@ class BadRequestError(StreamServeError):
     """The caller's input is invalid (not JSON, bad header, bad argument)."""
 
 
-def streams_its_answer(deployment: str, method: str) -> str:
+def streaming_only_message(deployment: str, method: str) -> str:
     """What a call that waits for one result is told of a streaming handler: by its replica, which does not run it,
     and by the client, when the reply found is a stream (an idempotency key's run made by stream())."""
     named = f" (method {method!r})" if method else ""
