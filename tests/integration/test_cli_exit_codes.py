@@ -7,6 +7,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from streamserve.runtime.processes import free_port
 from tests.harness.paths import STREAMSERVE
 
 
@@ -85,3 +86,22 @@ def test_a_propagator_not_installed_keeps_no_role_from_starting() -> None:
     )
     assert shown.returncode == 0, shown.stderr
     assert "warning: OTEL_PROPAGATORS names b3, not installed here" in shown.stderr
+
+
+def test_up_with_embedded_options_beside_a_named_redis_says_where_it_was_named(redis_url: str, tmp_path: Path) -> None:
+    """REDIS_URL set in the environment (no --redis-url given): the message names it, not only the option."""
+    config = tmp_path / "c.yaml"
+    config.write_text("deployments:\n  - name: first\n    import_path: examples.echo:Echo\n")
+    env = {**os.environ, "REDIS_URL": redis_url}
+    port = str(free_port())  # (nothing listens there: the check comes first)
+    refused = subprocess.run(
+        [STREAMSERVE, "up", str(config), "--redis-port", "6399", "--data-dir", str(tmp_path / "d"), "--port", port],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "are for the embedded Redis, and a Redis is named" in refused.stderr
+    assert "REDIS_URL" in refused.stderr and "drop them, or name no Redis" in refused.stderr

@@ -33,8 +33,8 @@ from streamserve.wire.errors import ConfigError, RedisUnavailableError, StreamSe
 
 def run() -> NoReturn:
     """The ``streamserve`` command (and ``python -m streamserve``), once streamserve/__main__.py has set its Ctrl-C
-    handler: main's exit code, the process ended as soon as the command is done (runtime/process_exit.py). An exception main does not turn into a code takes Python's own way
-    out, with its traceback."""
+    handler: main's exit code, the process ended as soon as the command is done (runtime/process_exit.py). An
+    exception main does not turn into a code takes Python's own way out, with its traceback."""
     end_process(main())
 
 

@@ -185,8 +185,9 @@ class Farm:
         embedded_only = opts.redis_port is not None or opts.redis_maxmemory or opts.fresh
         if embedded_only and self.settings.redis_url is not None:
             print(
-                "error: --redis-port, --redis-maxmemory and --fresh are for the embedded Redis; "
-                "drop them or drop --redis-url",
+                "error: --redis-port, --redis-maxmemory and --fresh are for the embedded Redis, and a Redis is named "
+                f"({redacted(self.settings.redis_url)}, by --redis-url, REDIS_URL or STREAMSERVE_REDIS_URL): drop "
+                "them, or name no Redis",
                 file=sys.stderr,
             )
             return 2

@@ -79,7 +79,11 @@ def _setting_name(loc: tuple[int | str, ...]) -> str:
 
 def add_redis_url_option(parser: argparse.ArgumentParser) -> None:
     """The ``--redis-url`` option every streamserve command takes; read it with Settings.from_command_line."""
-    parser.add_argument("--redis-url", help=f"Redis URL (default: $REDIS_URL or {DEFAULT_REDIS_URL})")
+    parser.add_argument(
+        "--redis-url",
+        help="the farm's Redis (default: $REDIS_URL or $STREAMSERVE_REDIS_URL; else `up` embeds one, and the other "
+        f"commands use the Redis of the `up` that runs from --data-dir, else {DEFAULT_REDIS_URL})",
+    )
 
 
 def add_no_admin_option(parser: argparse.ArgumentParser) -> None:
