@@ -270,6 +270,13 @@ def chatty(body: Any) -> Any:
     return body
 
 
+def last_words(body: dict[str, Any]) -> None:
+    """Prints a line, then says so in the file ``body["marker"]`` and waits to be killed: output just before a crash."""
+    print(f"last words {body['words']}", flush=True)
+    Path(body["marker"]).write_text("printed")
+    time.sleep(60)
+
+
 def flood(body: dict[str, Any]) -> int:
     """Prints ``body["lines"]`` lines ``flood BURST N`` (N from 0) to stdout, BURST being ``body["burst"]``: a burst
     of output for the cap on a deployment's log stream."""

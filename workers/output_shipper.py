@@ -32,8 +32,10 @@ logger = logging.getLogger(__name__)
 LOG_STREAM_LINES = 10_000
 # Lines waiting for Redis at most; older ones are dropped (and counted) past it.
 BUFFERED_LINES = 10_000
-# How often waiting lines are sent.
-SHIP_EVERY_S = 0.2
+# How often lines are tried again while Redis refuses them. Otherwise each line goes as soon as it is read (those read
+# while a batch is on its way go in the next): a replica that dies moments after it printed (kill -9, os._exit, the
+# kernel's OOM killer) takes only what its threads had not yet read out of the pipe with it.
+RETRY_EVERY_S = 0.2
 # A line longer than this (in bytes) is shipped cut, marked with its length (a handler printing a whole tensor).
 MAX_LINE_BYTES = 16 * 1024
 # How long a read from the pipe is at most.
@@ -59,6 +61,7 @@ class OutputShipper:
         self._originals: dict[int, int] = {}
         self._readers: list[threading.Thread] = []
         self._stop = threading.Event()
+        self._waiting = threading.Event()  # lines wait (or the block ends): the sender goes
         self._sender: threading.Thread | None = None
 
     def __enter__(self) -> OutputShipper:
@@ -93,6 +96,7 @@ class OutputShipper:
         for original in self._originals.values():
             os.close(original)  # only now: the readers pass their last lines on through it
         self._stop.set()
+        self._waiting.set()
         if self._sender is not None:
             self._sender.join(STOP_WAIT_S)
 
@@ -116,24 +120,30 @@ class OutputShipper:
             while len(self._lines) > BUFFERED_LINES:
                 self._lines.popleft()
                 self._dropped += 1
+        self._waiting.set()
 
     def _send_loop(self) -> None:
         redis = sync_redis(self._redis_url, max_connections=1)
         try:
-            while not self._stop.wait(SHIP_EVERY_S):
-                self._send(redis)
+            while not self._stop.is_set():
+                self._waiting.wait()
+                self._waiting.clear()  # (before the lines are taken: one kept after this wakes the next turn)
+                if not self._send(redis):
+                    self._stop.wait(RETRY_EVERY_S)
+                    self._waiting.set()
             self._send(redis)  # what the readers passed on last
         finally:
             redis.close()
 
-    def _send(self, redis: redis_sync.Redis) -> None:
+    def _send(self, redis: redis_sync.Redis) -> bool:
+        """Send the waiting lines; False when Redis could not take them (they wait again, in front)."""
         with self._lock:
             lines, self._lines = list(self._lines), deque()
             dropped, self._dropped = self._dropped, 0
         if dropped:
             lines.insert(0, f"[streamserve: {dropped} line(s) of output dropped while Redis could not be reached]")
         if not lines:
-            return
+            return True
         try:
             pipe = redis.pipeline(transaction=False)
             for line in lines:
@@ -148,6 +158,8 @@ class OutputShipper:
                 while len(self._lines) > BUFFERED_LINES:
                     self._lines.popleft()
                     self._dropped += 1
+            return False
+        return True
 
 
 class LineCutter:

@@ -155,3 +155,28 @@ def test_the_log_stream_keeps_only_the_newest_lines(processes: Processes, settin
     printed = [f"flood {burst} {n}" for burst in range(FLOOD_BURSTS) for n in range(FLOOD_BURST_LINES)]
     flooded = [line for line in kept if line.startswith("flood ")]
     assert flooded == printed[-len(flooded) :]  # the newest, in order, none missing up to the last one printed
+
+
+def test_what_a_replica_printed_just_before_it_was_killed_is_in_its_logs(
+    processes: Processes, settings: Settings, tmp_path: Path
+) -> None:
+    """Each line is shipped as soon as it is read, not at the next of a timer's ticks: a replica killed (-9, the OOM
+    killer) moments after it printed leaves the line in `streamserve logs` (with a 0.2 s tick, most were lost)."""
+    replicas = ["last_words#aaaa0001", "last_words#bbbb0002", "last_words#cccc0003"]
+    with Client(settings.effective_redis_url) as client:
+        run_workers(client, processes, settings, "last_words", [])
+        for n, replica_id in enumerate(replicas):
+            worker = processes.spawn(f"worker-{replica_id}", "worker", "last_words", "--replica-id", replica_id)
+            ready = f"replica {replica_id}: ready"  # (shipped: its shipper has connected, and waits for lines)
+            wait_for(lambda: ready in logs(processes, "last_words").stdout, 30, f"{replica_id} not ready")  # noqa: B023
+            marker = tmp_path / f"printed-{n}"
+            client.submit("last_words", {"words": f"of {replica_id}", "marker": str(marker)})
+            wait_for(marker.exists, 30, f"{replica_id} did not print", interval_s=0.01)
+            worker.kill()
+            worker.wait(10)
+
+    def shown() -> str:
+        out = logs(processes, "last_words").stdout
+        return out if all(f"last words of {r}" in out for r in replicas) else ""
+
+    wait_for(shown, 10, lambda: str(logs(processes, "last_words")))
