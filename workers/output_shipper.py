@@ -32,10 +32,12 @@ logger = logging.getLogger(__name__)
 LOG_STREAM_LINES = 10_000
 # Lines waiting for Redis at most; older ones are dropped (and counted) past it.
 BUFFERED_LINES = 10_000
-# How often lines are tried again while Redis refuses them. Otherwise each line goes as soon as it is read (those read
-# while a batch is on its way go in the next): a replica that dies moments after it printed (kill -9, os._exit, the
-# kernel's OOM killer) takes only what its threads had not yet read out of the pipe with it.
+# How often lines are tried again while Redis refuses them. Otherwise a line goes as soon as it is read, unless a
+# batch went less than BATCH_GAP_S ago (a handler that prints on every request costs a round trip per BATCH_GAP_S,
+# not per line): a replica that dies moments after it printed (kill -9, the kernel's OOM killer) takes with it only
+# what its threads had not yet read out of the pipe, or read less than BATCH_GAP_S after a batch.
 RETRY_EVERY_S = 0.2
+BATCH_GAP_S = 0.02
 # A line longer than this (in bytes) is shipped cut, marked with its length (a handler printing a whole tensor).
 MAX_LINE_BYTES = 16 * 1024
 # How long a read from the pipe is at most.
@@ -131,6 +133,8 @@ class OutputShipper:
                 if not self._send(redis):
                     self._stop.wait(RETRY_EVERY_S)
                     self._waiting.set()
+                else:
+                    self._stop.wait(BATCH_GAP_S)
             self._send(redis)  # what the readers passed on last
         finally:
             redis.close()
