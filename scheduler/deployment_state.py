@@ -102,6 +102,7 @@ class DeploymentState:
         self._start_backoff = Backoff(FIRST_START_BACKOFF_S, MAX_START_BACKOFF_S)
         self._next_start_ms = 0
         self._last_failure = ""
+        self.failed_starts = 0  # every replica that failed to start, ever (a goal judges those since it was written)
         self._waiting = ""  # why SHOULD_START replicas wait (e.g. for GPUs), "" when nothing holds them back
         # When and why a replica was last replaced for failing its check_health() (shown for REPLACED_NOTE_MS).
         self._replaced: tuple[int, str] = (0, "")
@@ -445,6 +446,7 @@ class DeploymentState:
 
     def _note_start_failure(self, reason: str, now_ms: int) -> None:
         self._last_failure = reason
+        self.failed_starts += 1
         backoff_s = self._start_backoff.next()
         self._next_start_ms = now_ms + int(backoff_s * 1000)
         logger.warning(

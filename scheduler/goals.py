@@ -24,6 +24,9 @@ class GoalTracker:
 
     def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self._store = GoalStore(redis, keys)
+        # Goal id -> its deployment's failed starts when this scheduler first saw the goal pending: a goal fails on
+        # starts tried for it, not on the failures that made the deployment UNHEALTHY before it was written.
+        self._failures_before: dict[str, int] = {}
 
     async def load(self) -> list[GoalRecord]:
         """Read before the desired state: a goal and its config are written together, so its config is then visible."""
@@ -38,11 +41,14 @@ class GoalTracker:
     ) -> None:
         for goal in goals:
             if goal.status in FINAL_GOAL_STATUSES:
+                self._failures_before.pop(goal.goal_id, None)
                 if now_ms - goal.updated_ms > GOAL_RETENTION_MS:
                     await self._store.remove(goal.goal_id)
                 continue
             state = states.get(goal.deployment)
-            verdict = _judge(goal, desired.get(goal.deployment), state)
+            failed_starts = state.failed_starts if state is not None else 0
+            before = self._failures_before.setdefault(goal.goal_id, failed_starts)
+            verdict = _judge(goal, desired.get(goal.deployment), state, failed_starts > before)
             if verdict is not None:
                 status, message = verdict
                 update: dict[str, object] = {"status": status, "message": message, "updated_ms": now_ms}
@@ -55,9 +61,10 @@ class GoalTracker:
 
 
 def _judge(
-    goal: GoalRecord, cfg: DeploymentConfig | None, state: DeploymentState | None
+    goal: GoalRecord, cfg: DeploymentConfig | None, state: DeploymentState | None, failed_since: bool
 ) -> tuple[GoalStatus, str] | None:
-    """The goal's new status and why, or None while it is still pending."""
+    """The goal's new status and why, or None while it is still pending. ``failed_since``: a replica failed to start
+    since the goal was first seen."""
     if goal.kind == "delete":
         if cfg is not None:
             return GoalStatus.CANCELLED, "the deployment was created again"
@@ -71,7 +78,7 @@ def _judge(
     # An autoscaled deployment is judged against the count autoscaling keeps now (min_replicas before any decision).
     if state.settled(Target(cfg, autoscaled=state.autoscaled)):
         return GoalStatus.DONE, ""
-    if state.unhealthy:
+    if state.unhealthy and failed_since:
         return GoalStatus.FAILED, state.last_failure
     if state.unschedulable:
         return GoalStatus.FAILED, state.unschedulable

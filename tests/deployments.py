@@ -270,6 +270,17 @@ def chatty(body: Any) -> Any:
     return body
 
 
+class NeedsFile:
+    """Cannot start until the file ``path`` exists: a start failure that goes away (a volume mounted late, say)."""
+
+    def __init__(self, path: str) -> None:
+        if not os.path.exists(path):
+            raise RuntimeError(f"{path} is missing")
+
+    def __call__(self, body: Any) -> Any:
+        return body
+
+
 def last_words(body: dict[str, Any]) -> None:
     """Prints a line, then says so in the file ``body["marker"]`` and waits to be killed: output just before a crash."""
     print(f"last words {body['words']}", flush=True)

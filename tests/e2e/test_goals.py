@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from streamserve import Client, GoalFailedError
@@ -38,6 +40,25 @@ def test_failed_goal_says_why(farm: Farm) -> None:
         with pytest.raises(GoalFailedError, match="cannot import module 'no_such_module'"):
             client.wait_for_goal(goals["nomodule"], timeout=60)
         client.wait_for_goal(client.delete("nomodule"), timeout=60)
+
+
+def test_a_goal_written_while_its_deployment_is_unhealthy_is_judged_by_its_own_starts(
+    farm: Farm, tmp_path: Path
+) -> None:
+    """The failures that made a deployment UNHEALTHY before a goal was written do not fail it: mended meanwhile,
+    a scale's goal is DONE once its replicas run (it was FAILED at once, with the old reason)."""
+    flag = tmp_path / "flag"
+    cfg = {"name": "mended", "import_path": "tests.deployments:NeedsFile", "init_kwargs": {"path": str(flag)}}
+    with Client(farm.effective_redis_url) as client:
+        goals = client.deploy(parse_config({"deployments": [cfg]}))
+        with pytest.raises(GoalFailedError, match="is missing"):
+            client.wait_for_goal(goals["mended"], timeout=60)
+        flag.touch()
+        scale_goal = client.scale("mended", 2)
+        assert scale_goal is not None
+        assert client.wait_for_goal(scale_goal, timeout=90).status.value == "DONE"
+        assert next(s for s in client.status() if s.name == "mended").running == 2
+        client.wait_for_goal(client.delete("mended"), timeout=60)
 
 
 def test_superseded_goal_is_cancelled(farm: Farm) -> None:
