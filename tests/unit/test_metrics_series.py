@@ -53,3 +53,23 @@ def test_a_counter_reset_gives_no_point() -> None:
     b = sample(totals({"200": 5}, {0.001: 5}), 5000)  # the hash was deleted and made again
     c = sample(totals({"200": 15}, {0.001: 15}), 10000)
     assert [p["t"] for p in series([a, b, c])] == [10000]
+
+
+def test_errors_and_calls_the_gateways_never_saw_are_charted_from_the_replicas_figures() -> None:
+    """Calls through handles or the Python client reach no gateway: their errors count, and beside HTTP traffic
+    their calls do too (the charts showed 0 errors/s for a child whose every call failed)."""
+
+    def replicas(ok: int, user_error: int, deadline: int, cancelled: int) -> dict[str, str]:
+        outcomes = {"ok": ok, "user_error": user_error, "deadline_exceeded": deadline, "cancelled": cancelled}
+        return {f"handled_requests_total|outcome={name}": str(n) for name, n in outcomes.items()}
+
+    a = sample(replicas(0, 0, 0, 0), 0)
+    b = sample(replicas(2, 2, 2, 4), 2000)  # cancelled: nobody waited, no error
+    [point] = series([a, b])
+    assert (point["rps"], point["errors_per_s"]) == (5.0, 2.0)
+    # One HTTP call beside four through handles: five calls, not one.
+    c = sample({**totals({"200": 1}, {0.001: 1}), **replicas(7, 2, 2, 4)}, 4000)
+    [_, mixed] = series([a, b, c])
+    assert mixed["rps"] == 2.5
+    old = {k: v for k, v in a.items() if k != "handled_errors"}  # a sample taken before handled_errors was
+    assert series([old, b])[0]["errors_per_s"] == 2.0

@@ -9,22 +9,28 @@ from typing import Any
 
 from streamserve.metrics.definitions import HANDLED, HANDLER_DURATION, REQUEST_DURATION, REQUESTS, Histogram
 
+# The outcomes of handled requests that count as errors on the charts (a user's error, a deadline, a bad request, a
+# dead letter; not a cancellation: nobody waited for it).
+_HANDLED_ERRORS = frozenset({"user_error", "deadline_exceeded", "bad_request", "dead_letter"})
+
 
 def sample(totals: Mapping[str, str], t_ms: int) -> dict[str, Any]:
     """One compact sample of a metrics hash (field -> number as text) at ``t_ms``."""
-    requests = errors = handled = 0
+    requests = errors = handled = handled_errors = 0
     for name, value in totals.items():
         if (code := REQUESTS.label_of(name)) is not None:
             requests += int(value)
             errors += int(value) if code.startswith("5") else 0
-        elif HANDLED.label_of(name) is not None:
+        elif (outcome := HANDLED.label_of(name)) is not None:
             handled += int(value)
+            handled_errors += int(value) if outcome in _HANDLED_ERRORS else 0
     return {
         "t": t_ms,
         "requests": requests,
         "errors": errors,
         "latency": _buckets(REQUEST_DURATION, totals),
         "handled": handled,
+        "handled_errors": handled_errors,
         "handler": _buckets(HANDLER_DURATION, totals),
     }
 
@@ -36,8 +42,10 @@ def _buckets(histogram: Histogram, totals: Mapping[str, str]) -> list[int]:
 def series(samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One point per pair of consecutive samples: time (ms), requests/s, errors/s, p50 and p99 in ms.
 
-    Requests are the gateways' when there were any, else the replicas' (the Python client's calls); the
-    latencies likewise (end to end, else the handler's). A pair across a counter reset gives no point.
+    Requests and errors are the gateways' or the replicas', whichever counted more (the replicas' hold the calls of
+    the Python client and of handles besides HTTP's; the gateways', the requests refused before any replica took
+    them); the latencies are end to end when the gateways saw any, else the handler's. A pair across a counter reset
+    gives no point.
     """
     points = []
     for before, after in itertools.pairwise(samples):
@@ -46,12 +54,13 @@ def series(samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if http < 0 or after["handled"] < before["handled"]:
             continue
         use_http = http > 0
-        count = http if use_http else after["handled"] - before["handled"]
+        count = max(http, after["handled"] - before["handled"])
         kind = "latency" if use_http else "handler"
         buckets = [a - b for a, b in zip(after[kind], before[kind], strict=True)]
-        if seconds <= 0 or count < 0 or any(b < 0 for b in buckets):
+        if seconds <= 0 or any(b < 0 for b in buckets):
             continue
-        errors = max(0, after["errors"] - before["errors"]) if use_http else 0
+        handled_errors = after.get("handled_errors", 0) - before.get("handled_errors", 0)  # (older samples: none)
+        errors = max(0, after["errors"] - before["errors"], handled_errors)
         histogram = REQUEST_DURATION if use_http else HANDLER_DURATION
         points.append(
             {
