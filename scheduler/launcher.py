@@ -93,10 +93,28 @@ class ProcessLauncher:
                 os.killpg(pid, signal.SIGKILL)
 
     def forget(self, pid: int) -> None:
-        """Drop a reaped child."""
+        """Drop a replica's process that has ended: ours is reaped, what it left in its process group killed first
+        (_ended); one an earlier scheduler started (adopted), whose group is its pid too, has its group swept."""
         child = self._children.pop(pid, None)
         if child is not None:
             _ended(child)
+        else:
+            _sweep_group_of_ended(pid)
+
+
+def _sweep_group_of_ended(pid: int) -> None:
+    """SIGKILL what is left in the process group of ``pid``, an adopted replica that has ended, as _ended does for
+    ours. Only once ``pid`` names no live process: a live one is the replica still, or already another process. Linux
+    gives out no pid that still names a process group, so the group's members are the replica's (unless its group
+    emptied and the pid was taken and made a group again in the seconds since: not in practice)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        stat = ""
+    if stat and stat.rpartition(")")[2].split()[0] != "Z":  # (a zombie has ended: only its parent's wait is left)
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def _ended(child: subprocess.Popen[bytes]) -> bool:

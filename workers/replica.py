@@ -27,6 +27,7 @@ from streamserve.control.long_poll import LongPollSubscriber
 from streamserve.metrics.figures import Figures
 from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.runtime.lifeline import FARM_GONE_WIND_DOWN_S
+from streamserve.runtime.processes import end_own_group
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RETRYABLE_ERRORS, redacted, stop_retrying
 from streamserve.transport.model_streams import ModelStreams
@@ -88,6 +89,7 @@ class Replica:
         self._exit_code = 0
         self._drain_limit_s = math.inf  # shortened when the farm is gone: nobody is left to answer
         self._farm_gone = False  # its `up` died: after the drain, its exit is brief (_wind_down)
+        self._loading = False  # its deployment's code is being imported and constructed
         self._wind_down_until = math.inf  # the loop time by which its exit's steps end (set after a farm-gone drain)
         # Set when an externally started worker should run again as a new process on the deployment's new code.
         self.restart_reason = ""
@@ -118,6 +120,11 @@ class Replica:
             self.restart_reason = departure.restart_reason
         self._drain_limit_s = min(self._drain_limit_s, departure.drain_limit_s)
         if departure.farm_gone:
+            if self._loading:
+                # Its constructor runs on a thread nothing can stop (a hung one would keep it for ever), and nobody
+                # is left to kill it: it goes now, with what its code started so far.
+                end_own_group()
+                os._exit(departure.exit_code)
             # Nobody is left to restart it or its Redis: every write from here on (the drain's replies, heartbeats,
             # the last writes) is tried once, and the exit's steps all end within FARM_GONE_WIND_DOWN_S.
             stop_retrying()
@@ -159,7 +166,11 @@ class Replica:
         control: ControlReader | None = None
         serve_handles_on(asyncio.get_running_loop(), self._settings)  # where its handlers' handles call from
         try:
-            serving = await self._load()
+            self._loading = True
+            try:
+                serving = await self._load()
+            finally:
+                self._loading = False
             if serving is None:
                 return 1  # the FAILED heartbeat stays: it tells the scheduler why
             await ensure_groups(self._redis, self._keys, self._name)

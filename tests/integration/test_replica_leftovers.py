@@ -74,3 +74,26 @@ def test_a_replica_killed_9_or_stopped_leaves_no_process_of_its_own_behind(
         assert replica_pid(client) != killed and running(sleepers[-1])
         deploy(client, 0)  # the replica drains and exits
         wait_for(lambda: not running(sleepers[1]), 30, "a stopped replica's process outlived it")
+
+
+def test_a_replica_adopted_from_a_killed_scheduler_leaves_no_process_of_its_own_behind_either(
+    processes: Processes, settings: Settings, sleepers: list[int]
+) -> None:
+    """A scheduler killed -9 leaves its replicas running; the next one adopts them. When an adopted replica ends,
+    stopped or killed -9, what its code started goes too (it outlived it: the group was swept only for the
+    scheduler's own children)."""
+    scheduler = processes.spawn("scheduler-1", "scheduler")
+    with Client(settings.effective_redis_url) as client:
+        for n, end in enumerate(("stopped", "killed")):
+            deploy(client, 1)
+            replica = replica_pid(client)
+            scheduler.kill()
+            scheduler.wait(10)
+            scheduler = processes.spawn(f"scheduler-{n + 2}", "scheduler")  # it adopts the replica
+            sleepers.append(client.call("starter", None, timeout=60))
+            assert running(sleepers[-1])
+            if end == "stopped":
+                deploy(client, 0)  # the replica drains and exits
+            else:
+                os.kill(replica, signal.SIGKILL)
+            wait_for(lambda: not running(sleepers[-1]), 30, f"an adopted replica's process outlived it ({end})")

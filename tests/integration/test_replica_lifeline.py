@@ -42,10 +42,11 @@ def running(pid: int) -> bool:
 
 @contextlib.contextmanager
 def replica_on_a_lifeline(
-    processes: Processes, settings: Settings, connection: redis.Redis, cfg: DeploymentConfig
+    processes: Processes, settings: Settings, connection: redis.Redis, cfg: DeploymentConfig, health: str = "ready"
 ) -> Iterator[tuple[subprocess.Popen[bytes], Callable[[], None], ReplicaID]]:
     """``cfg`` deployed and one `streamserve worker` of it started as the scheduler starts one (a session of its own,
-    `up`'s lifeline handed down), ready: the process, what cuts its lifeline (`up` died), its id."""
+    `up`'s lifeline handed down), once its heartbeat says ``health``: the process, what cuts its lifeline (`up`
+    died), its id."""
     with Client(settings.effective_redis_url) as client:
         client.deploy(AppConfig(deployments=[cfg]))
     replica_id = ReplicaID.new(cfg.name)
@@ -68,9 +69,9 @@ def replica_on_a_lifeline(
         def ready() -> bool:
             assert proc.poll() is None, processes.log(cfg.name).read_text()
             raw = connection.hget(settings.keys.heartbeats(cfg.name), replica_id.to_str())
-            return raw is not None and Heartbeat.decode(raw).health == "ready"
+            return raw is not None and Heartbeat.decode(raw).health == health
 
-        wait_for(ready, 30, lambda: f"the replica did not become ready:\n{processes.log(cfg.name).read_text()}")
+        wait_for(ready, 30, lambda: f"the replica did not say {health}:\n{processes.log(cfg.name).read_text()}")
         yield proc, cut, replica_id
     finally:
         cut()
@@ -129,3 +130,18 @@ def test_what_a_replica_started_leaves_with_it_when_up_dies(
             5,
             lambda: f"what the replica started outlived it: {[p for p in started_by_replica if running(p)]}",
         )
+
+
+def test_a_replica_whose_constructor_hangs_leaves_when_up_dies(
+    processes: Processes, settings: Settings, connection: redis.Redis
+) -> None:
+    """Its constructor runs on a thread nothing can stop: the replica saw `up` was gone, and stayed for ever."""
+    cfg = DeploymentConfig(name="hung", import_path="tests.deployments:SlowStart", init_kwargs={"seconds": 3600})
+    with replica_on_a_lifeline(processes, settings, connection, cfg, health="starting") as (proc, cut, _replica_id):
+        cut()  # `up` died
+        wait_for(
+            lambda: proc.poll() is not None,
+            EXIT_BOUND_S,
+            lambda: f"the replica did not leave:\n{processes.log(cfg.name).read_text()[-3000:]}",
+        )
+        assert "is gone" in processes.log(cfg.name).read_text()
