@@ -64,6 +64,11 @@ class Target:
         with it: at 100,000 replicas, hashing the config each time was most of a tick)."""
         return self.cfg.code_version() if self.cfg is not None else None
 
+    @cached_property
+    def user_config(self) -> str:
+        """The digest of the user_config the replicas must run with ("" for a deleted deployment)."""
+        return self.cfg.user_config_digest() if self.cfg is not None else ""
+
     @property
     def graceful_shutdown_timeout_s(self) -> float:
         return self.cfg.graceful_shutdown_timeout_s if self.cfg is not None else 20.0
@@ -103,6 +108,10 @@ class DeploymentState:
         self._next_start_ms = 0
         self._last_failure = ""
         self.failed_starts = 0  # every replica that failed to start, ever (a goal judges those since it was written)
+        # As of the last tick: whether a RUNNING replica does not yet run the target's user_config, and why one
+        # whose reconfigure() refused it keeps the one before ("" when none did).
+        self.user_config_behind = False
+        self.user_config_refused = ""
         self._waiting = ""  # why SHOULD_START replicas wait (e.g. for GPUs), "" when nothing holds them back
         # When and why a replica was last replaced for failing its check_health() (shown for REPLACED_NOTE_MS).
         self._replaced: tuple[int, str] = (0, "")
@@ -155,7 +164,7 @@ class DeploymentState:
         if target.cfg is not None:
             await self._observe_unrecorded(target, beats, now_ms)
         await self._observe_starting(beats, now_ms)
-        await self._observe_running(beats, now_ms)
+        await self._observe_running(target, beats, now_ms)
         await self._observe_stopping(beats, now_ms)
         await self._drop_stopped()
         target = await self._autoscale(target, load, now_ms)
@@ -226,11 +235,17 @@ class DeploymentState:
                 await r.transition(ReplicaState.STOPPED, now_ms, message="stopped before it was ready")
 
     # 2. RUNNING replicas whose process died or whose heartbeat expired are written off.
-    async def _observe_running(self, beats: Beats, now_ms: int) -> None:
+    async def _observe_running(self, target: Target, beats: Beats, now_ms: int) -> None:
         timeout_ms = self._timeouts.heartbeat_timeout_ms
+        self.user_config_refused, self.user_config_behind = "", False
         for r in self._in(ReplicaState.RUNNING):
             rid = r.record.replica_id
-            probe = r.check_alive(beats.said.get(rid), beats.last_beat_ms(rid), now_ms, timeout_ms)
+            beat = beats.said.get(rid)
+            if beat is not None and beat.user_config not in ("", target.user_config):  # ("": an older replica's)
+                self.user_config_behind = True
+                if beat.refused_user_config == target.user_config:
+                    self.user_config_refused = f"replica {rid}: {beat.message}"
+            probe = r.check_alive(beat, beats.last_beat_ms(rid), now_ms, timeout_ms)
             if probe is Alive.DEAD:
                 logger.warning("replica %s is dead: %s", r.id, r.failure)
                 r.force_kill()  # a hung process must not come back and serve twice
@@ -396,6 +411,8 @@ class DeploymentState:
         failed_alone = target.external and running == 0 and bool(self._last_failure)
         if self.unhealthy or self._fits_none:
             health, message = DeploymentHealth.UNHEALTHY, self._last_failure or self.unschedulable
+        elif self.user_config_refused:  # it serves, but not with the config asked for
+            health, message = DeploymentHealth.UNHEALTHY, self.user_config_refused
         elif self.settled(target) and not failed_alone:
             health, message = DeploymentHealth.HEALTHY, self._recent_replacement(now_ms)
         else:

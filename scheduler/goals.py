@@ -76,7 +76,9 @@ def _judge(
     if state is None:
         return None
     # An autoscaled deployment is judged against the count autoscaling keeps now (min_replicas before any decision).
-    if state.settled(Target(cfg, autoscaled=state.autoscaled)):
+    if state.user_config_refused:
+        return GoalStatus.FAILED, state.user_config_refused
+    if state.settled(Target(cfg, autoscaled=state.autoscaled)) and not state.user_config_behind:
         return GoalStatus.DONE, ""
     if state.unhealthy and failed_since:
         return GoalStatus.FAILED, state.last_failure

@@ -270,6 +270,24 @@ def chatty(body: Any) -> Any:
     return body
 
 
+class Picky:
+    """Answers with the tag of its user_config; its reconfigure() refuses the tag ``bad``, and takes a second over a
+    tag that starts with ``slow``."""
+
+    def __init__(self) -> None:
+        self.tag = None
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        if user_config.get("tag") == "bad":
+            raise ValueError("the tag 'bad' is not allowed")
+        if str(user_config.get("tag")).startswith("slow"):
+            time.sleep(1)
+        self.tag = user_config.get("tag")
+
+    def __call__(self, body: Any) -> Any:
+        return {"tag": self.tag}
+
+
 class NeedsFile:
     """Cannot start until the file ``path`` exists: a start failure that goes away (a volume mounted late, say)."""
 

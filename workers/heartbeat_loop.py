@@ -68,6 +68,8 @@ class ReplicaHeartbeat:
         self.health = ReplicaHealth.STARTING
         self.message = ""  # why it failed or is unhealthy, for `status`
         self.version = ""  # the code version it runs, once loaded (the config may move on meanwhile)
+        self.user_config = ""  # the user_config it runs with, once loaded, and one it refused (Heartbeat's fields)
+        self.refused_user_config = ""
         self.models: Callable[[], list[str]] = list  # the models it holds (a multiplexing deployment's)
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()  # set when the replica exits: the loop ends
@@ -121,6 +123,12 @@ class ReplicaHeartbeat:
     async def set_health(self, health: ReplicaHealth) -> None:
         """Report a change of health at once (or with the loop's next beat, if Redis cannot take this one)."""
         self.health = health
+        await self.say_now()
+
+    async def say_now(self) -> None:
+        """Beat now, for what changed (health, user_config) to reach the scheduler's next tick (or with the loop's
+        next beat, if Redis cannot take this one)."""
+        health = self.health
         try:
             await self._beat()
         except Exception as exc:
@@ -145,6 +153,8 @@ class ReplicaHeartbeat:
             message=self.message,
             version=self.version,
             models=self.models(),
+            user_config=self.user_config,
+            refused_user_config=self.refused_user_config,
         )
         news = news_of(beat)
         async with self._redis.pipeline(transaction=True) as pipe:

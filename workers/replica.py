@@ -274,6 +274,7 @@ class Replica:
                     figures=self._figures,
                 )
                 await serving.reconfigure(cfg)
+                self._heartbeat.user_config = cfg.user_config_digest()
                 if self._after_load is not None:
                     self._after_load()
             except BaseException:
@@ -343,14 +344,30 @@ class Replica:
             self._leave(departure)
             return
         if new.user_config != old.user_config:
-            logger.info("replica %s: reconfiguring with new user_config", self.replica_id)
-            try:
-                await serving.reconfigure(new)
-            except Exception as exc:
-                logger.error("replica %s: reconfigure failed: %s: %s", self.replica_id, type(exc).__name__, exc)
+            await self._reconfigure(serving, new)
         if new.max_ongoing_requests != old.max_ongoing_requests:
             logger.info("replica %s: max_ongoing_requests %d", self.replica_id, new.max_ongoing_requests)
             serving.resize(new.max_ongoing_requests)
+
+    async def _reconfigure(self, serving: Serving, new: DeploymentConfig) -> None:
+        """Run ``new``'s user_config, or keep the one it runs when its reconfigure() refuses this one; the heartbeat
+        says which at once (the scheduler judges the goal and the deployment's health by it)."""
+        logger.info("replica %s: reconfiguring with new user_config", self.replica_id)
+        beat = self._heartbeat
+        try:
+            await serving.reconfigure(new)
+        except Exception as exc:
+            logger.error("replica %s: reconfigure failed: %s: %s", self.replica_id, type(exc).__name__, exc)
+            beat.refused_user_config = new.user_config_digest()
+            beat.message = (
+                f"its reconfigure() refused the new user_config ({type(exc).__name__}: {exc}); it runs with the one "
+                "before"
+            )
+        else:
+            if beat.refused_user_config:
+                beat.refused_user_config, beat.message = "", ""
+            beat.user_config = new.user_config_digest()
+        await beat.say_now()
 
     async def _hold_models(self, serving: Serving) -> asyncio.Task[None] | None:
         """For a deployment that multiplexes models: read a routed stream, hold the models its caches load

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from streamserve import Client, GoalFailedError
 from streamserve.wire.config import parse_config
 from tests.harness.farm import Farm
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -59,6 +61,37 @@ def test_a_goal_written_while_its_deployment_is_unhealthy_is_judged_by_its_own_s
         assert client.wait_for_goal(scale_goal, timeout=90).status.value == "DONE"
         assert next(s for s in client.status() if s.name == "mended").running == 2
         client.wait_for_goal(client.delete("mended"), timeout=60)
+
+
+def test_a_user_config_that_reconfigure_refuses_fails_its_goal_and_the_old_one_keeps_serving(farm: Farm) -> None:
+    """A live user_config change is DONE once every replica runs it; one that its reconfigure() refuses fails the
+    goal (deploy --wait exits 1) and makes the deployment UNHEALTHY, saying why, while the replicas serve with the
+    one before. It was reported DONE, and status said HEALTHY."""
+
+    def picky(tag: str) -> Any:
+        cfg = {
+            "name": "picky",
+            "import_path": "tests.deployments:Picky",
+            "num_replicas": 2,
+            "user_config": {"tag": tag},
+        }
+        return parse_config({"deployments": [cfg]})
+
+    def health() -> tuple[str, str]:
+        status = next(s for s in client.status() if s.name == "picky")
+        return str(status.health), status.message
+
+    with Client(farm.effective_redis_url) as client:
+        client.wait_for_goal(client.deploy(picky("good"))["picky"], timeout=60)
+        with pytest.raises(GoalFailedError, match=r"refused the new user_config \(ValueError: the tag 'bad' is not"):
+            client.wait_for_goal(client.deploy(picky("bad"))["picky"], timeout=60)
+        assert health()[0] == "UNHEALTHY" and "it runs with the one before" in health()[1], health()
+        assert {client.call("picky", n)["tag"] for n in range(8)} == {"good"}
+        # Mended: DONE once both replicas run it, and not before.
+        assert client.wait_for_goal(client.deploy(picky("slowly"))["picky"], timeout=60).status.value == "DONE"
+        assert {client.call("picky", n)["tag"] for n in range(8)} == {"slowly"}
+        wait_for(lambda: health() == ("HEALTHY", ""), 30, lambda: str(health()))
+        client.wait_for_goal(client.delete("picky"), timeout=60)
 
 
 def test_superseded_goal_is_cancelled(farm: Farm) -> None:

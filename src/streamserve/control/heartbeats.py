@@ -19,12 +19,20 @@ from streamserve.wire.keys import Keys
 from streamserve.wire.messages import Heartbeat
 
 # What a replica's heartbeat says that the scheduler acts on; the time and the in-flight count are not news.
-News = tuple[str, str, str, int, str]
+News = tuple[str, str, str, int, str, str, str]
 
 
 def news_of(beat: Heartbeat) -> News:
     """The part of ``beat`` whose change the scheduler must hear about."""
-    return (beat.health.value, beat.message, beat.version, beat.pid, beat.host)
+    return (
+        beat.health.value,
+        beat.message,
+        beat.version,
+        beat.pid,
+        beat.host,
+        beat.user_config,
+        beat.refused_user_config,
+    )
 
 
 def queue_beats(pipe: Any, keys: Keys, deployment: str, beats: Mapping[str, tuple[int, bytes]], news: bool) -> None:

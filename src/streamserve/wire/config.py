@@ -354,6 +354,10 @@ class DeploymentConfig(_Strict):
         code = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
         return hashlib.sha256(code).hexdigest()[:12]
 
+    def user_config_digest(self) -> str:
+        """A digest of ``user_config``: which one a replica runs with, or refused (its heartbeat says)."""
+        return hashlib.sha256(orjson.dumps(self.user_config, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
+
     def to_json(self) -> bytes:
         return orjson.dumps(self.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
 

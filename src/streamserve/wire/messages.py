@@ -465,6 +465,10 @@ class Heartbeat(_Record):
     version: str = ""
     # The models it holds loaded, for a deployment that multiplexes them (wire/models.py).
     models: list[str] = []
+    # The user_config its state reflects (DeploymentConfig.user_config_digest; "" until loaded), and the last one its
+    # reconfigure() refused while it kept that one ("" when none: ``message`` says why it refused).
+    user_config: str = ""
+    refused_user_config: str = ""
 
 
 class ReplicaRecord(_Record):
