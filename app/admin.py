@@ -97,7 +97,9 @@ def _add_job_writes(router: APIRouter, guard: AdminGuard, tenant_keys: TenantKey
         canceled; 409 once it has ended, 404 unknown or past its TTL. With the admin token, any job; with a tenant's
         API key (STREAMSERVE_TENANT_KEYS), the jobs sent with a key of that tenant (403 for another's)."""
         tenant = _key_tenant(request, tenant_keys)
-        if tenant is None:
+        if tenant is not None:
+            guard.check_site(request)  # an admin write, whose key it is: from no other site either
+        else:
             try:
                 guard(request)
             except UnauthorizedError as exc:

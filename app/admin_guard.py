@@ -92,15 +92,19 @@ class AdminGuard:
                 "admin writes need a token and this gateway has none: set STREAMSERVE_API_KEY for it "
                 "(`streamserve up` makes one), or deploy with the streamserve CLI or the Python client"
             )
+        self.check_site(request)
         headers = request.headers
-        host = headers.get("host", "")
-        self.check_host(host)
-        self.check_origin(headers.get("origin"), f"{request.url.scheme}://{host.strip().lower()}")
         scheme, _, credentials = headers.get("authorization", "").partition(" ")
         given = headers.get("x-api-key") or (credentials.strip() if scheme.lower() == "bearer" else "")
         if not hmac.compare_digest(given.encode(), self.token):
             raise UnauthorizedError(TOKEN_HINT)
         self.check_media_type(request.method, headers)
+
+    def check_site(self, request: Request) -> None:
+        """ForbiddenError for a write sent by way of another site: its Host (check_host) or Origin (check_origin)."""
+        host = request.headers.get("host", "")
+        self.check_host(host)
+        self.check_origin(request.headers.get("origin"), f"{request.url.scheme}://{host.strip().lower()}")
 
     def check_host(self, header: str) -> None:
         """ForbiddenError for a Host this gateway is not known by (DNS rebinding sends the attacker's name)."""

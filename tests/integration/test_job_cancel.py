@@ -301,6 +301,9 @@ async def test_a_tenants_api_key_cancels_the_jobs_sent_for_its_tenant_only(
         unknown_key = await http.delete(f"/-/jobs/{own}", headers={"Authorization": "Bearer " + "x" * 32})
         assert unknown_key.status_code == 401 and "a tenant's API key" in unknown_key.json()["message"]
         assert [(await http.get(f"/-/jobs/{job}")).json()["status"] for job in (own, others, untold)] == ["queued"] * 3
+        # An admin write whichever key it carries: a web page of another site is refused, as for the admin token.
+        from_a_page = await http.delete(f"/-/jobs/{own}", headers={**as_acme, "Origin": "http://evil.example"})
+        assert from_a_page.status_code == 403 and "Origin" in from_a_page.json()["message"], from_a_page.text
         cancelled = await http.delete(f"/-/jobs/{own}", headers=as_acme)
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "canceled", cancelled.text
         # The admin token still cancels any job.
