@@ -112,6 +112,9 @@ class DeploymentState:
         # whose reconfigure() refused it keeps the one before ("" when none did).
         self.user_config_behind = False
         self.user_config_refused = ""
+        # Replicas this scheduler stopped (a rollout, a scale-down) that went: what they still held when their drain
+        # ended is queued again uncharged, not as a dead replica's suspects (scheduler.py, _reclaim).
+        self.retired: set[str] = set()
         self._waiting = ""  # why SHOULD_START replicas wait (e.g. for GPUs), "" when nothing holds them back
         # When and why a replica was last replaced for failing its check_health() (shown for REPLACED_NOTE_MS).
         self._replaced: tuple[int, str] = (0, "")
@@ -264,7 +267,10 @@ class DeploymentState:
     async def _observe_stopping(self, beats: Beats, now_ms: int) -> None:
         for r in self._in(ReplicaState.STOPPING):
             last_beat_ms = beats.last_beat_ms(r.record.replica_id)
-            if r.check_stopped(last_beat_ms, now_ms, self._timeouts.heartbeat_timeout_ms) is Stopped.GONE:
+            stopped = r.check_stopped(last_beat_ms, now_ms, self._timeouts.heartbeat_timeout_ms)
+            if stopped is not Stopped.DRAINING:  # (gone at its own drain limit, or killed at the deadline)
+                self.retired.add(r.record.replica_id)
+            if stopped is Stopped.GONE:
                 await r.transition(ReplicaState.STOPPED, now_ms)
 
     # 4. STOPPED records are removed, with their heartbeats.

@@ -44,9 +44,12 @@ class Reclaimer:
         self._keys = keys
         self._requeuer = Requeuer(redis, keys)
 
-    async def reclaim(self, cfg: DeploymentConfig, live: Set[str]) -> ReclaimResult:
+    async def reclaim(self, cfg: DeploymentConfig, live: Set[str], retired: Set[str] = frozenset()) -> ReclaimResult:
         """Free everything held by consumers not in ``live`` (replica ids still running or draining), in each of the
-        deployment's request streams (one per priority level, and each replica's routed one: wire/models.py)."""
+        deployment's request streams (one per priority level, and each replica's routed one: wire/models.py).
+        ``retired``: replicas the scheduler stopped (a rollout, a scale-down) whose drain ended with requests still
+        running (at their own drain limit, or killed at the deadline): none of those caused their end, so each is
+        queued again as it was, not charged an attempt (nor run alone, nor dead-lettered for it)."""
         result = ReclaimResult()
         lanes = [priority_lane(priority) for priority in PRIORITIES]
         routed = await self._redis.zrange(self._keys.routed_replicas(cfg.name), 0, -1)
@@ -62,12 +65,14 @@ class Reclaimer:
                 if name in live:
                     continue
                 if int(consumer["pending"]) > 0:
-                    await self._free(cfg, lane, name, result)
+                    await self._free(cfg, lane, name, result, charge=name not in retired)
                 await self._redis.xgroup_delconsumer(stream, CONSUMER_GROUP, name)
                 result.consumers_removed += 1
         return result
 
-    async def _free(self, cfg: DeploymentConfig, lane: bytes, consumer: str, result: ReclaimResult) -> None:
+    async def _free(
+        self, cfg: DeploymentConfig, lane: bytes, consumer: str, result: ReclaimResult, *, charge: bool
+    ) -> None:
         reason = f"its replica died while running it (the last one: {consumer})"
         stream = self._keys.lane_stream(cfg.name, lane)
         while True:
@@ -78,10 +83,11 @@ class Reclaimer:
             dead = await self._requeuer.requeue(
                 cfg.name,
                 ids,
-                charge=True,
+                charge=charge,
                 max_delivery_attempts=cfg.max_delivery_attempts,
                 reason=reason,
                 lane=lane,
+                holder_gone=True,
             )
             result.dead_lettered += len(dead)
             result.requeued += len(ids) - len(dead)
@@ -90,10 +96,10 @@ class Reclaimer:
                 if letter.run:  # it never ran to its end: a retry with its key (or an identical request) runs
                     await settling.release(self._redis, self._keys, cfg.name, letter)
             logger.warning(
-                "deployment %s: freed %d request(s) of dead replica %s (%d to the dead-letter stream)",
+                "deployment %s: freed %d request(s) of %s (%d to the dead-letter stream)",
                 cfg.name,
                 len(ids),
-                consumer,
+                f"dead replica {consumer}" if charge else f"replica {consumer}, stopped at its drain deadline",
                 len(dead),
             )
 

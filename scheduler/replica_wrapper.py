@@ -43,6 +43,7 @@ class Stopped(str, Enum):
 
     GONE = "gone"  # its process has exited (or, on another host, its heartbeat is gone)
     DRAINING = "draining"  # still finishing what it holds (killed once its deadline passes)
+    KILLED = "killed"  # its drain deadline passed: it was killed, with what it still ran (it is gone by a later look)
 
 
 class ReplicaWrapper:
@@ -202,4 +203,5 @@ class ReplicaWrapper:
             return Stopped.GONE
         if now_ms >= self.record.stop_deadline_ms:
             self.force_kill()
+            return Stopped.KILLED
         return Stopped.DRAINING

@@ -274,7 +274,7 @@ class Scheduler:
         state = self._state(name)
         await state.update(Target(cfg, shutting_down), beats, now, ongoing)
         if cfg is not None:
-            await self._reclaim(cfg, set(state.replicas) | beats.heard(), now)
+            await self._reclaim(cfg, set(state.replicas) | beats.heard(), now, state.retired)
         if cfg is None and state.is_gone:
             told = await answer_left_requests(self._redis, self._keys, name)
             if told:
@@ -329,7 +329,7 @@ class Scheduler:
         finally:
             await jobs.aclose()
 
-    async def _reclaim(self, cfg: DeploymentConfig, live: set[str], now: int) -> None:
+    async def _reclaim(self, cfg: DeploymentConfig, live: set[str], now: int, retired: set[str]) -> None:
         """Free what dead consumers hold: at once when the live set changed (a replica was written off), and every
         FULL_RECLAIM_EVERY_MS in any case (a consumer no replica of ours answers for, left by an earlier farm).
 
@@ -339,7 +339,8 @@ class Scheduler:
         last = self._reclaimed.get(cfg.name)
         if last is not None and last[0] == live and now < last[1]:
             return
-        await self._reclaimer.reclaim(cfg, live)
+        await self._reclaimer.reclaim(cfg, live, retired)
+        retired.intersection_update(live)  # freed (those still live are freed once gone)
         # Spread over the interval, so that the deployments' full listings do not all land on one tick.
         self._reclaimed[cfg.name] = (live, now + int(FULL_RECLAIM_EVERY_MS * random.uniform(0.5, 1.0)))
 

@@ -118,3 +118,31 @@ def test_admin_http_deploy_and_wait_for_the_goal(farm: Farm) -> None:
     assert farm.post("/viahttp", {"a": 1}).json() == {"a": 1}
     gone = httpx.delete(f"{farm.base_url}/-/deployments/viahttp", headers=admin, timeout=10).json()["goal_id"]
     assert httpx.get(f"{farm.base_url}/-/goals/{gone}", params={"wait": 30}, timeout=40).json()["status"] == "DONE"
+
+
+def test_requests_a_rollout_kills_at_the_drain_deadline_run_again_uncharged(farm: Farm) -> None:
+    """Replicas of the old version still running a request at graceful_shutdown_timeout_s are killed: what they ran
+    is queued again as it was, not charged as a dead replica's (with max_delivery_attempts 1 each was a
+    DeadLetterError, with more it was run alone, one at a time)."""
+
+    def sleepy(version: str) -> Any:
+        cfg = {
+            "name": "drained",
+            "import_path": "examples.sleepy:Sleepy",
+            "num_replicas": 1,
+            "max_ongoing_requests": 4,
+            "graceful_shutdown_timeout_s": 1,
+            "max_delivery_attempts": 1,
+            "request_timeout_s": 60,
+            "version": version,
+        }
+        return parse_config({"deployments": [cfg]})
+
+    with Client(farm.effective_redis_url) as client:
+        client.wait_for_goal(client.deploy(sleepy("1"))["drained"], timeout=60)
+        calls = [client.submit("drained", {"seconds": 4}) for _ in range(3)]
+        wait_for(lambda: next(s for s in client.status() if s.name == "drained").in_flight == 3, 30, "not running")
+        client.wait_for_goal(client.deploy(sleepy("2"))["drained"], timeout=60)
+        assert [call.result(timeout=60) for call in calls] == [{"slept": 4}] * 3
+        assert next(s for s in client.status() if s.name == "drained").dead_letters == 0
+        client.wait_for_goal(client.delete("drained"), timeout=60)

@@ -96,6 +96,7 @@ class Requeuer:
         max_delivery_attempts: int,
         reason: str = "",
         lane: bytes = b"",
+        holder_gone: bool = False,
     ) -> list[DeadLetter]:
         """Move ``entry_ids`` (pending in the group of ``deployment``'s stream of ``lane``: wire/priorities.py) back
         to that queue, atomically one by one; those cancelled while held are dropped instead (Keys.cancelled). A
@@ -104,7 +105,9 @@ class Requeuer:
 
         ``charge``: the replica died holding them, so each counts one more delivery attempt and goes to the
         dead-letter stream (with ``reason``) once it reaches ``max_delivery_attempts``. Without it they
-        were handed back unrun and nothing is counted. Returns the entries that were dead-lettered.
+        were handed back unrun and nothing is counted. ``holder_gone``: the replica that held them is gone (died, or
+        was killed at its drain deadline): a routed stream's go to the deployment's. Returns the entries that were
+        dead-lettered.
         """
         if not entry_ids:
             return []
@@ -113,7 +116,7 @@ class Requeuer:
                 self._keys.lane_stream(deployment, lane),
                 self._keys.dead_letters(deployment),
                 self._keys.cancelled(deployment),
-                *([self._keys.requests(deployment)] if charge and replica_of_lane(lane) is not None else []),
+                *([self._keys.requests(deployment)] if holder_gone and replica_of_lane(lane) is not None else []),
             ],
             args=[
                 CONSUMER_GROUP,
