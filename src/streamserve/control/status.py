@@ -127,7 +127,8 @@ class StatusReader:
         except NotFoundError:
             return f"{goal.deployment}: deleted"
         ready = sum(1 for r in records if r.state is ReplicaState.RUNNING and r.version == goal.version)
-        others = sum(1 for r in records if r.version != goal.version)
+        # (those of another version never started, SHOULD_START still, are not up: they will not be)
+        others = sum(1 for r in records if r.version != goal.version and r.state is not ReplicaState.SHOULD_START)
         if cfg.external_scaler_enabled:
             line = f"{goal.deployment}: {ready}/{len(records)} live worker(s) run version {goal.version}"
             return line + " (externally scaled: workers on the old code start again on the new one)"
