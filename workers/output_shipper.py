@@ -15,6 +15,7 @@ import contextlib
 import faulthandler
 import logging
 import os
+import select
 import socket
 import sys
 import threading
@@ -42,6 +43,8 @@ BATCH_GAP_S = 0.02
 MAX_LINE_BYTES = 16 * 1024
 # How long a read from the pipe is at most.
 READ_BYTES = 65536
+# How long output without its line's end waits for it before it is passed on all the same (PassedOn).
+HOLD_S = 0.1
 # How long stopping waits for the readers to see the end of their pipes and for the last batch.
 STOP_WAIT_S = 3.0
 
@@ -105,12 +108,18 @@ class OutputShipper:
     # -- threads ------------------------------------------------------------------------------------
 
     def _read(self, read_end: int, passthrough: int) -> None:
-        lines = LineCutter()
+        lines, held = LineCutter(), PassedOn(passthrough)
         with contextlib.suppress(OSError):
-            while chunk := os.read(read_end, READ_BYTES):
-                with contextlib.suppress(OSError):
-                    os.write(passthrough, chunk)
+            while True:
+                if held.waiting and not select.select([read_end], [], [], HOLD_S)[0]:
+                    held.flush()  # a prompt, a progress bar: what comes without its line's end, after a pause
+                    continue
+                chunk = os.read(read_end, READ_BYTES)
+                if not chunk:
+                    break
+                held.feed(chunk)
                 self._keep(lines.feed(chunk))
+        held.flush()
         self._keep(lines.end())
         os.close(read_end)
 
@@ -164,6 +173,41 @@ class OutputShipper:
                     self._dropped += 1
             return False
         return True
+
+
+class PassedOn:
+    """Output passed on to where it went before, a whole line a write: a line printed in two writes (its text, then
+    its end, as print() does unbuffered: PYTHONUNBUFFERED=1) reached the terminal in two, and another process's
+    line could land between them. What comes without a line's end (\\n, or \\r: a progress bar) waits for it,
+    for HOLD_S of silence at most, and for READ_BYTES at most."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._held = b""
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._held)
+
+    def feed(self, chunk: bytes) -> None:
+        end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r")) + 1
+        if end:
+            self._write(self._held + chunk[:end])
+            self._held = chunk[end:]
+        else:
+            self._held += chunk
+        if len(self._held) > READ_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._held:
+            self._write(self._held)
+            self._held = b""
+
+    def _write(self, data: bytes) -> None:
+        with contextlib.suppress(OSError):  # (where it went is gone: a closed terminal)
+            while data:
+                data = data[os.write(self._fd, data) :]
 
 
 class LineCutter:

@@ -3,7 +3,10 @@ however its pipe's reads fall (workers/output_shipper.LineCutter)."""
 
 from __future__ import annotations
 
-from streamserve.workers.output_shipper import MAX_LINE_BYTES, READ_BYTES, LineCutter, cut_marker
+import os
+import select
+
+from streamserve.workers.output_shipper import MAX_LINE_BYTES, READ_BYTES, LineCutter, PassedOn, cut_marker
 
 
 def _cut(output: bytes, read: int = READ_BYTES) -> list[str]:
@@ -40,3 +43,27 @@ def test_a_character_cut_in_two_by_the_cap_is_left_out() -> None:
     odd = b"a" + line  # ... and here inside one
     assert _cut(line + b"\n") == ["é" * (MAX_LINE_BYTES // 2) + cut_marker(len(line))]
     assert _cut(odd + b"\n", 1000) == ["a" + "é" * ((MAX_LINE_BYTES - 1) // 2) + cut_marker(len(odd))]
+
+
+def test_output_is_passed_on_a_whole_line_a_write() -> None:
+    """print() unbuffered writes a line's text, then its end: passed on as they came, another process's line could
+    land between them on the terminal. Each write holds whole lines; what has no end yet waits for it."""
+    read_end, write_end = os.pipe()
+    passed = PassedOn(write_end)
+    try:
+        passed.feed(b"PRINTED {'x': 1}")
+        assert not _readable(read_end) and passed.waiting
+        passed.feed(b"\nnext")
+        assert os.read(read_end, 100) == b"PRINTED {'x': 1}\n"  # one write: text and end together
+        passed.feed(b" 50%\r")  # a progress bar's line ends with \r
+        assert os.read(read_end, 100) == b"next 50%\r"
+        passed.feed(b"prompt: ")
+        passed.flush()  # (after HOLD_S of silence, or at the end)
+        assert os.read(read_end, 100) == b"prompt: " and not passed.waiting
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
