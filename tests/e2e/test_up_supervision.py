@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -182,5 +183,34 @@ def test_each_child_of_up_is_replaced_on_a_restart_budget_of_its_own(tmp_path: P
         replaced("redis-server", again)
         wait_for(lambda: serves(farm), 30, lambda: farm.fail("the farm does not serve after Redis came back").args[0])
         assert farm.stop() == 0
+    finally:
+        farm.stop()
+
+
+SLOW_CALLS = """\
+deployments:
+  - {name: sleepy, import_path: 'examples.sleepy:Sleepy', max_ongoing_requests: 4, graceful_shutdown_timeout_s: 20}
+"""
+
+
+def test_an_embedded_redis_that_dies_while_up_stops_is_restarted_for_what_still_drains(tmp_path: Path) -> None:
+    """Ctrl-C, then the embedded Redis killed while the gateway drains: the calls under way still get their
+    answers (they got 503: Redis was restarted only until the stop began)."""
+    config = tmp_path / "sleepy.yaml"
+    config.write_text(SLOW_CALLS)
+    farm = Farm(config, tmp_path / "up.log")
+    try:
+        farm.start()
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            calls = [pool.submit(farm.post, "/sleepy", {"seconds": 3}) for _ in range(3)]
+            wait_for(lambda: farm.status()["sleepy"]["in_flight"] == 3, 30, "the calls did not start")
+            [redis_pid] = farm.role_pids()["redis-server"]
+            assert farm.proc is not None
+            farm.proc.send_signal(signal.SIGINT)
+            wait_for(lambda: b"stopping" in farm.log(), 10, "up did not begin to stop")
+            os.kill(redis_pid, signal.SIGKILL)
+            answers = [call.result(timeout=60) for call in calls]
+        assert [(a.status_code, a.json()) for a in answers] == [(200, {"slept": 3})] * 3, farm.log()[-3000:]
+        assert b"the embedded redis-server died; restarting it" in farm.log()
     finally:
         farm.stop()

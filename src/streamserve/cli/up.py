@@ -465,11 +465,20 @@ class Farm:
             print("streamserve: stopped", flush=True)
 
     def _stop(self, proc: subprocess.Popen[bytes], graceful_s: float) -> None:
-        """SIGTERM the child's group; wait up to ``graceful_s`` (a second Ctrl-C cuts it short); then SIGKILL it."""
+        """SIGTERM the child's group; wait up to ``graceful_s`` (a second Ctrl-C cuts it short); then SIGKILL it.
+        Meanwhile an embedded Redis that dies is started again, as before the stop: what the child still finishes
+        (the replies it drains, a job's result) needs it."""
+
+        def stopped() -> bool:
+            if self._signals < 2:
+                with contextlib.suppress(FarmDown):  # (it keeps dying: the stop goes on without it)
+                    self._supervise()
+            return self._signals > 1 or proc.poll() is not None
+
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            wait_until(lambda: self._signals > 1 or proc.poll() is not None, graceful_s)
+            wait_until(stopped, graceful_s)
         stop_group(proc, timeout_s=0)
 
     def _kill_leftover_replicas(self) -> None:
