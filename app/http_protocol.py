@@ -318,7 +318,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         cls.head_answer = raw_response(HeadersTooLargeError(long_head))
         cls.url_answer = raw_response(URITooLongError(f"the request's URL passed {MAX_URL_BYTES} bytes"))
         cls.malformed_answer = raw_response(
-            BadRequestError("the request is not valid HTTP/1.1 (a header holds a character HTTP does not allow, say)")
+            BadRequestError(
+                "the request is not valid HTTP/1.1: its method is none of HTTP's own (GET, POST, ...; a deployment "
+                "takes POST), or its line or a header holds a character HTTP does not allow"
+            )
         )
 
     def send_400_response(self, msg: str) -> None:

@@ -143,14 +143,23 @@ async def test_a_head_within_its_limit_is_served_however_it_arrives() -> None:
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
 
 
-async def test_bytes_that_are_no_http_request_get_a_json_400() -> None:
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        b"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: k\x01z\r\nContent-Length: 0\r\n\r\n",
+        b"FOO /x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n",  # a token, but no method HTTP has
+    ],
+)
+async def test_bytes_that_are_no_http_request_get_a_json_400(request_head: bytes) -> None:
     async with serving(max_connections=4) as served:
         sock = served.connect()
-        sock.sendall(b"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: k\x01z\r\nContent-Length: 0\r\n\r\n")
+        sock.sendall(request_head)
         answer = await asyncio.to_thread(_read_until_closed, sock)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head.lower(), answer
-    assert orjson.loads(body)["error"] == "BadRequestError", answer
+    error = orjson.loads(body)
+    assert error["error"] == "BadRequestError", answer
+    assert "its method is none of HTTP's own" in error["message"] and "a header holds a character" in error["message"]
 
 
 async def test_at_the_cap_the_connection_waiting_longest_makes_room() -> None:
