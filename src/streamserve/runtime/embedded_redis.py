@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -138,7 +139,9 @@ class EmbeddedRedis:
             preexec_fn=die_with_parent if self._tie_to_parent else None,
         )
         assert self.proc.stdin is not None
-        with self.proc.stdin:
+        # One killed as it starts has no reader of the pipe left: that is an exit at start, reported below (`up`
+        # ended with SIGPIPE's code instead, when it restarted its Redis at such a moment).
+        with contextlib.suppress(BrokenPipeError), self.proc.stdin:
             if self.password:
                 self.proc.stdin.write(f"requirepass {self.password}\n".encode())
         client = redis.Redis(host=self.host, port=self.port, password=self.password, socket_connect_timeout=0.5)
