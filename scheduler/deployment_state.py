@@ -25,6 +25,9 @@ logger = logging.getLogger(__name__)
 UNHEALTHY_AFTER_FAILURES = 3
 # How long the deployment's status says that a replica was replaced for failing its check_health().
 REPLACED_NOTE_MS = 5 * 60 * 1000
+# How the record of a replica stopped for failing its check_health() begins: its end may be a request's doing (one
+# that wedges it), so what it still ran is charged as a dead replica's, unlike a rollout's or a scale-down's.
+UNHEALTHY_STOP = "unhealthy: "
 # ACTIVE_REPLICA_STATES in lifecycle order (the enum's): walked in one order, ties in the retire order break alike.
 _ACTIVE_IN_ORDER = tuple(state for state in ReplicaState if state in ACTIVE_REPLICA_STATES)
 FIRST_START_BACKOFF_S = 0.5
@@ -257,7 +260,7 @@ class DeploymentState:
                 # Replaced as Ray Serve does: stopped (it drains what it holds), and step 6 starts another.
                 logger.warning("replica %s is unhealthy: %s; replacing it", r.id, r.failure)
                 self._replaced = (now_ms, f"replaced unhealthy replica {r.id}: {r.failure}")
-                await r.transition(ReplicaState.SHOULD_STOP, now_ms, message=f"unhealthy: {r.failure}")
+                await r.transition(ReplicaState.SHOULD_STOP, now_ms, message=f"{UNHEALTHY_STOP}{r.failure}")
             elif probe is Alive.DRAINING:
                 await r.transition(ReplicaState.STOPPING, now_ms, message="draining: asked to stop")
             elif probe is Alive.GONE:
@@ -268,8 +271,8 @@ class DeploymentState:
         for r in self._in(ReplicaState.STOPPING):
             last_beat_ms = beats.last_beat_ms(r.record.replica_id)
             stopped = r.check_stopped(last_beat_ms, now_ms, self._timeouts.heartbeat_timeout_ms)
-            if stopped is not Stopped.DRAINING:  # (gone at its own drain limit, or killed at the deadline)
-                self.retired.add(r.record.replica_id)
+            if stopped is not Stopped.DRAINING and not r.record.message.startswith(UNHEALTHY_STOP):
+                self.retired.add(r.record.replica_id)  # (gone at its own drain limit, or killed at the deadline)
             if stopped is Stopped.GONE:
                 await r.transition(ReplicaState.STOPPED, now_ms)
 

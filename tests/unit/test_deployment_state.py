@@ -237,3 +237,28 @@ async def test_a_replica_spawned_but_not_recorded_is_taken_over_not_started_twic
     await h.tick(target(1))
     assert h.by_state(ReplicaState.STARTING)[0].pid == orphan_pid
     assert list(h.launcher.alive) == [orphan_pid]
+
+
+async def test_replicas_it_stopped_are_retired_and_those_stopped_as_unhealthy_are_not(h: Harness) -> None:
+    """What a replica still ran when a scale-down's drain ended is queued again uncharged (``retired``); a replica
+    replaced for failing its check_health() may have been wedged by one of its requests: those stay charged."""
+    await bring_up(h, target(3))
+    await h.tick(target(1, graceful_shutdown_timeout_s=2))
+    stopping = h.by_state(ReplicaState.STOPPING)
+    h.launcher.exit(stopping[0].pid)  # leaves at its own drain limit
+    await h.tick(target(1))
+    await h.tick(target(1), advance_ms=5000)  # the other is killed at the deadline
+    await h.tick(target(1))
+    assert h.counts() == {ReplicaState.RUNNING: 1}
+    assert h.state.retired == {r.replica_id for r in stopping}
+    h.state.retired.clear()
+    [running] = h.by_state(ReplicaState.RUNNING)
+    h.beat_all(ReplicaHealth.UNHEALTHY, message="the database is gone")
+    await h.tick(target(1))
+    await h.tick(target(1))
+    [replaced] = h.by_state(ReplicaState.STOPPING)
+    assert replaced.replica_id == running.replica_id, replaced
+    assert replaced.message.startswith("unhealthy: "), replaced
+    h.launcher.exit(running.pid)
+    await h.tick(target(1))
+    assert h.state.retired == set()
