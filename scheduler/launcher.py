@@ -17,7 +17,7 @@ from pathlib import Path
 
 from streamserve.control.resources import GPU_DEVICES_ENV
 from streamserve.runtime.lifeline import inherited
-from streamserve.runtime.processes import role_command, runs_replica
+from streamserve.runtime.processes import process_ref, role_command, runs_replica
 from streamserve.runtime.settings import Settings
 from streamserve.transport.cluster_nodes import nodes_env
 from streamserve.wire.ids import ReplicaID
@@ -107,11 +107,7 @@ def _sweep_group_of_ended(pid: int) -> None:
     ours. Only once ``pid`` names no live process: a live one is the replica still, or already another process. Linux
     gives out no pid that still names a process group, so the group's members are the replica's (unless its group
     emptied and the pid was taken and made a group again in the seconds since: not in practice)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        stat = ""
-    if stat and stat.rpartition(")")[2].split()[0] != "Z":  # (a zombie has ended: only its parent's wait is left)
+    if process_ref(pid) is not None:  # (None too for a zombie: it has ended, only its parent's wait is left)
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)

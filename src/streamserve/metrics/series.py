@@ -8,10 +8,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from streamserve.metrics.definitions import HANDLED, HANDLER_DURATION, REQUEST_DURATION, REQUESTS, Histogram
+from streamserve.wire.messages import ReplyStatus
 
 # The outcomes of handled requests that count as errors on the charts (a user's error, a deadline, a bad request, a
 # dead letter; not a cancellation: nobody waited for it).
-_HANDLED_ERRORS = frozenset({"user_error", "deadline_exceeded", "bad_request", "dead_letter"})
+_HANDLED_ERRORS = frozenset(
+    status.value
+    for status in (
+        ReplyStatus.USER_ERROR,
+        ReplyStatus.DEADLINE_EXCEEDED,
+        ReplyStatus.BAD_REQUEST,
+        ReplyStatus.DEAD_LETTER,
+    )
+)
 
 
 def sample(totals: Mapping[str, str], t_ms: int) -> dict[str, Any]:
