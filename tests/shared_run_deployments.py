@@ -65,18 +65,36 @@ class Configured:
         self.v: Any = None
 
     def reconfigure(self, config: dict[str, Any]) -> None:
-        hold = config.get("hold")
-        if hold:
-            store = redis.Redis.from_url(os.environ["REDIS_URL"])
-            try:
-                store.set(f"{hold}:begun", 1, ex=60)
-                until = time.monotonic() + HOLD_MAX_S
-                while store.exists(hold) and time.monotonic() < until:
-                    time.sleep(POLL_S)
-            finally:
-                store.close()
+        _wait_while(config.get("hold"))
         self.v = config["v"]
 
     async def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
         await farm_redis().rpush(runs_key(body["tag"]), os.getpid())
         return {"tag": body["tag"], "v": self.v}
+
+
+class Versioned(Configured):
+    """``Configured`` that also answers with its ``name`` (an init kwarg: a new one is new code). Its constructor
+    waits as ``reconfigure`` does while its ``hold`` key exists: a test keeps the old code serving during a rollout."""
+
+    def __init__(self, name: str, hold: str = "") -> None:
+        super().__init__()
+        self.name = name
+        _wait_while(hold)
+
+    async def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {**await super().__call__(body), "name": self.name}
+
+
+def _wait_while(hold: str | None) -> None:
+    """Say that the wait has begun (the key ``<hold>:begun``), then wait while ``hold`` exists (no wait without)."""
+    if not hold:
+        return
+    store = redis.Redis.from_url(os.environ["REDIS_URL"])
+    try:
+        store.set(f"{hold}:begun", 1, ex=60)
+        until = time.monotonic() + HOLD_MAX_S
+        while store.exists(hold) and time.monotonic() < until:
+            time.sleep(POLL_S)
+    finally:
+        store.close()

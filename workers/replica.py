@@ -343,8 +343,14 @@ class Replica:
         if departure is not None:
             self._leave(departure)
             return
-        if new.user_config != old.user_config:
-            await self._reconfigure(serving, new)
+        loaded = serving.applied
+        if new.code_version() != loaded.code_version():
+            # Its code is no longer the deployment's: it keeps the user_config it runs until the scheduler replaces
+            # it (so its replies are never kept as the new code's cache entries, and old code never runs a new one).
+            if new.user_config != old.user_config:
+                logger.info("replica %s: the new user_config is for new code; not reconfiguring", self.replica_id)
+        elif new.user_config != (old if old.code_version() == loaded.code_version() else loaded).user_config:
+            await self._reconfigure(serving, new)  # (after a move back to its code: if the user_config differs)
         if new.max_ongoing_requests != old.max_ongoing_requests:
             logger.info("replica %s: max_ongoing_requests %d", self.replica_id, new.max_ongoing_requests)
             serving.resize(new.max_ongoing_requests)

@@ -93,6 +93,13 @@ deployments:
     user_config: {v: 1}
     response_cache: {}
     graceful_shutdown_timeout_s: 2
+  - name: versioned
+    import_path: tests.shared_run_deployments:Versioned
+    init_kwargs: {name: one}
+    num_replicas: 1
+    user_config: {v: 1}
+    response_cache: {}
+    graceful_shutdown_timeout_s: 2
   - name: streamed
     import_path: tests.shared_run_deployments:counted_stream
     num_replicas: 1
@@ -831,6 +838,48 @@ def test_a_reply_made_before_the_new_user_config_took_effect_is_not_kept_for_it(
     wait_for(new_state, WAIT_S, "the new user_config never took effect")
     kept = post(farm.base_url, "/slow-config", body, None)
     assert (kept.headers["x-cache"], kept.json()) == ("hit", {"tag": tag, "v": 2})
+
+
+def test_old_code_serving_through_a_rollout_runs_its_own_user_config_and_fills_no_new_entry(
+    farm: Farm, store: redis.Redis, tag: str
+) -> None:
+    """A deploy that changes the code and the user_config at once: the old replica, which serves until the new one
+    is up, keeps its user_config, and what it answers is not kept as the new version's entry."""
+    body = {"tag": tag}
+    assert post(farm.base_url, "/versioned", body, None).json() == {"tag": tag, "v": 1, "name": "one"}
+    hold = f"hold:{tag}"
+    store.set(hold, 1)
+    changed = DeploymentConfig(
+        name="versioned",
+        import_path="tests.shared_run_deployments:Versioned",
+        init_kwargs={"name": "two", "hold": hold},
+        num_replicas=1,
+        user_config={"v": 2},
+        response_cache=ResponseCacheConfig(),
+        graceful_shutdown_timeout_s=2,
+    )
+    with Client(farm.effective_redis_url) as client:
+        try:
+            (goal,) = client.deploy(AppConfig(deployments=[changed])).values()
+            wait_for(lambda: store.exists(f"{hold}:begun"), WAIT_S, "the new code did not begin to load")
+
+            def missed() -> bool:  # hits until the gateway has the new config (long-polled), then a miss
+                return bool(post(farm.base_url, "/versioned", body, None).headers["x-cache"] == "miss")
+
+            wait_for(missed, WAIT_S, "the new version was never a miss")
+            for _ in range(2):  # answered by the old code as it was, and never kept for the new version
+                meanwhile = post(farm.base_url, "/versioned", body, None)
+                assert (meanwhile.headers["x-cache"], meanwhile.json()) == ("miss", {"tag": tag, "v": 1, "name": "one"})
+        finally:
+            store.delete(hold)
+        client.wait_for_goal(goal, timeout=WAIT_S)
+
+    def new_code() -> bool:  # the gateway's own copy of an old entry lives local_ttl_s at most
+        return bool(post(farm.base_url, "/versioned", body, None).json()["name"] == "two")
+
+    wait_for(new_code, WAIT_S, "the new code never answered")
+    kept = post(farm.base_url, "/versioned", body, None)
+    assert (kept.headers["x-cache"], kept.json()) == ("hit", {"tag": tag, "v": 2, "name": "two"})
 
 
 def test_a_streaming_deployment_with_response_cache_is_a_config_error(farm: Farm) -> None:
