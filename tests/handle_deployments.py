@@ -104,3 +104,18 @@ async def parent_stream_async(body: dict[str, Any]) -> AsyncIterator[dict[str, A
     """``parent_stream_sync`` as an async generator."""
     async for chunk in streamserve.handle(body.get("child", "tokens")).astream(body):
         yield chunk
+
+
+async def recursive(body: dict[str, Any]) -> dict[str, Any]:
+    """Calls itself through a handle ``depth`` times; the innermost call notes that it started and waits while the
+    body's ``hold`` key exists (30 s at most)."""
+    if body["depth"] > 0:
+        inner = await streamserve.handle("recursive").acall({**body, "depth": body["depth"] - 1})
+        return {"depth": body["depth"], "inner": inner}
+    _note(body, f"innermost started {_served()['request_id']}")
+    with redis.Redis.from_url(os.environ["REDIS_URL"]) as store:
+        for _ in range(1500):
+            if not store.exists(body["hold"]):
+                break
+            await asyncio.sleep(0.02)
+    return {"depth": 0}

@@ -176,6 +176,9 @@ class Serving:
         self._loop = asyncio.get_running_loop()
         # The requests whose handler runs, by entry id.
         self._running: dict[bytes, RequestScope] = {}
+        # Set when a request this replica runs first calls a deployment through a handle (_run_alone).
+        self._call_made = asyncio.Event()
+        self._note_call = self._call_made.set
         # Entry ids cancelled while this replica did not hold them -> when (monotonic), oldest first.
         self._early_cancels: dict[bytes, float] = {}
 
@@ -372,7 +375,10 @@ class Serving:
                 suspects.append((ref, fields))
             else:
                 self._accept(ref, fields)
-        if suspects:
+        if suspects and self._calls_out():  # they run beside the others: see _run_alone
+            for ref, fields in suspects:
+                self._accept(ref, fields)
+        elif suspects:
             # Hand the others back first: had this replica still held them, a death would charge them too.
             await self._hand_back([ref for ref, _ in suspects[1:]])
             await self._run_alone(*suspects[0])
@@ -409,25 +415,37 @@ class Serving:
         its neighbours down with it on every delivery until they too reached the
         dead-letter stream; alone, a death is charged to the culprit only.
 
+        Except where a request calls a deployment through a handle: its call may wait behind what this replica
+        would read next (a deployment that calls itself, or calls one that calls it), and so for ever if the
+        replica read nothing. Once a request this replica runs has made such a call, suspects run beside the rest,
+        and the one run alone makes the replica read again once it calls.
+
         A stop ends either wait: the read loop must return for the drain to begin, whose bound (the deployment's
         graceful_shutdown_timeout_s; FARM_GONE_DRAIN_S once its `up` died and its replies may never go out) holds
         this request as any other. One that has not started by then goes back to the queue, unrun and uncharged.
         """
+        self._call_made.clear()
         if not await self._idle_unless_stopping():
             with contextlib.suppress(*RETRYABLE_ERRORS):  # else it stays pending: freed once this replica is gone
                 await self._hand_back([entry_id])
             return
         self._accept(entry_id, fields)
-        await self._idle_unless_stopping()
+        await self._idle_unless_stopping()  # at once if a call ended the first wait: it runs beside the others
+
+    def _calls_out(self) -> bool:
+        """Whether a request this replica runs has called a deployment through a handle."""
+        return any(scope.made_calls for scope in self._running.values())
 
     async def _idle_unless_stopping(self) -> bool:
-        """Wait until the replica holds no request, or it stops; whether it goes on (it does not stop)."""
-        waits = [asyncio.ensure_future(self._slots.wait_idle()), asyncio.ensure_future(self._stopping.wait())]
+        """Wait until the replica holds no request, or a request it runs calls a deployment through a handle, or it
+        stops; whether it goes on (it does not stop)."""
+        waits = [self._slots.wait_idle(), self._stopping.wait(), self._call_made.wait()]
+        tasks = [asyncio.ensure_future(wait) for wait in waits]
         try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for wait in waits:
-                wait.cancel()
+            for task in tasks:
+                task.cancel()
         return not self._stopping.is_set()
 
     async def _hand_back(self, entry_ids: list[bytes]) -> None:
@@ -459,6 +477,7 @@ class Serving:
         if request.cache:
             self._made_under[entry_id] = self.applied
         scope = RequestScope(request.request_id, request.deadline_ms, request.priority, request.tenant, request.model)
+        scope.on_call = self._note_call
         if self._spans is not None:
             self._spans.started(entry_id, request, scope)
         started = self._start_handler(entry_id, request, scope, started_at)

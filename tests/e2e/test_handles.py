@@ -4,6 +4,9 @@ hangs up; streams go through a handle; a plain script uses handles with REDIS_UR
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -60,6 +63,10 @@ deployments:
     graceful_shutdown_timeout_s: 2
   - name: parent-stream-async
     import_path: tests.handle_deployments:parent_stream_async
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 2
+  - name: recursive
+    import_path: tests.handle_deployments:recursive
     num_replicas: 1
     graceful_shutdown_timeout_s: 2
 """
@@ -190,6 +197,26 @@ def test_the_blocking_call_in_an_async_handler_says_to_await_acall(farm: Farm) -
     response = farm.post("/blocking-in-async", {"echo": 1})
     assert response.status_code == 500
     assert response.json()["error"] == "RuntimeError" and "await handle.acall" in response.json()["message"]
+
+
+def test_a_deployment_that_calls_itself_goes_on_after_its_only_replica_died(
+    farm: Farm, notes: tuple[str, redis.Redis]
+) -> None:
+    """The dead replica's requests are delivered again, each run alone (nothing else read beside it), in case it is
+    what killed the replica; one that calls its own deployment must let the replica read its call."""
+    key, store = notes
+    hold = f"{key}:hold"
+    store.set(hold, 1)
+    body = {"notes": key, "hold": hold, "depth": 1}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(farm.post, "/recursive", body, headers={"X-Request-Timeout": "25"})
+        wait_for(lambda: _noted(notes), 10, "the innermost call never started")
+        [replica] = farm.status()["recursive"]["replicas"]
+        os.kill(int(replica["pid"]), signal.SIGKILL)
+        store.delete(hold)
+        response = answer.result(timeout=40)
+    assert response.status_code == 200, response.text
+    assert response.json() == {"depth": 1, "inner": {"depth": 0}}
 
 
 SCRIPT = """\
