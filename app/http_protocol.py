@@ -22,7 +22,10 @@ a connection never reaches. Here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
+import struct
 from asyncio import TimerHandle
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
@@ -45,6 +48,8 @@ from streamserve.wire.errors import (
 logger = logging.getLogger(__name__)
 
 # Connections a gateway process holds unless STREAMSERVE_MAX_CONNECTIONS says otherwise.
+# SO_LINGER on, for 0 s: closing the socket resets the connection at once.
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 DEFAULT_MAX_CONNECTIONS = 10_000
 # Open files a gateway needs besides its clients' connections (the listening socket, its Redis pool of 64, logs,
 # connections in their last second, CLOSING_MAX) at most; at most a quarter of a small limit.
@@ -153,10 +158,20 @@ def end_stuck_stream(scope: Mapping[str, object], last: bytes, complete: bool, l
         return False
     transport.write(data)
     transport.close()  # asyncio writes out the buffer first
-    asyncio.get_running_loop().call_later(linger_s, transport.abort)
+    asyncio.get_running_loop().call_later(linger_s, reset, transport)
     if complete:
         cycle.on_response()
     return True
+
+
+def reset(transport: asyncio.Transport) -> None:
+    """Cut the connection now, with a TCP reset: what the kernel still holds to send is dropped, not sent on to a
+    client that reads too slowly to take it (a plain close would leave the kernel sending, for minutes)."""
+    sock = transport.get_extra_info("socket")  # (once closed, one whose fd is -1: setsockopt raises OSError)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+    transport.abort()
 
 
 def write_response(scope: Mapping[str, object], status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:

@@ -252,32 +252,33 @@ def test_a_reader_stopped_past_the_deadline_still_learns_why_its_stream_ended(
     assert error["error"] == "RequestTimeoutError" and "too slowly" in error["message"], error
 
 
-def test_a_reader_that_never_reads_on_does_not_hold_the_gateway(farm: Farm, tmp_path: Path) -> None:
+def test_a_reader_that_never_reads_on_is_cut_off(farm: Farm, tmp_path: Path) -> None:
     """The end of a stream whose client stopped reading waits behind what its connection holds only for a while
-    (STUCK_LINGER_S): then the gateway lets go of the connection (what the kernel still holds is the kernel's)."""
+    (STUCK_LINGER_S): then the gateway resets the connection, and the kernel drops what it still held to send (a
+    plain close would leave it sending to the slow reader for minutes)."""
     port = int(farm.base_url.rpartition(":")[2])
     headers = "Accept: text/event-stream\r\nX-Request-Timeout: 1\r\n"
     with big_stream_to_a_slow_reader(farm, tmp_path / "progress", headers) as sock:
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
         mine = sock.getsockname()[1]
-        assert held_by_a_process(port, mine)
+        assert gateway_end(port, mine) == "held"
         wait_for(
-            lambda: not held_by_a_process(port, mine),
+            lambda: gateway_end(port, mine) == "gone",
             STUCK_WRITE_GRACE_S + STUCK_LINGER_S + 20,
-            "the gateway held the connection of a client that never read on",
+            lambda: f"the gateway's end of the connection of a client that never read on is {gateway_end(port, mine)}",
             interval_s=0.5,
         )
 
 
-def held_by_a_process(local_port: int, remote_port: int) -> bool:
-    """Whether a process holds the TCP connection from ``local_port`` to ``remote_port`` on 127.0.0.1: the kernel
-    lists a socket no process holds any more (closed with data still to send) with inode 0."""
+def gateway_end(local_port: int, remote_port: int) -> str:
+    """The TCP connection from ``local_port`` to ``remote_port`` on 127.0.0.1: "held" by a process, "orphaned"
+    (closed by its process, its kernel still sending what it holds: listed with inode 0), or "gone"."""
     ends = (f"0100007F:{local_port:04X}", f"0100007F:{remote_port:04X}")
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
         if (fields[1], fields[2]) == ends:
-            return fields[9] != "0"
-    return False
+            return "held" if fields[9] != "0" else "orphaned"
+    return "gone"
 
 
 def counted(farm: Farm, series: str) -> float:
