@@ -89,6 +89,7 @@ def test_logs_show_prints_and_tracebacks_prefixed_with_the_replica(
     assert logs(processes, "chatty", "-n", "3").stdout.count("\n") == 3
     assert logs(processes, "chatty", "--since", "10m").stdout == out
     assert logs(processes, "chatty", "--since", "30000d").stdout == out  # from before 1970: all there is
+    assert logs(processes, "chatty", "--since", "10m", "-n", "3").stdout.splitlines() == lines[-3:]
     assert logs(processes, "chatty", "--since", "1s").stdout.count("\n") <= len(lines)
 
 

@@ -83,6 +83,28 @@ deployments:
     assert two.init_args == [["a", "b"], ["a", "b"]] and two.init_kwargs == {"config": one.user_config}
 
 
+def test_a_top_level_x_key_holds_an_anchor_and_is_no_config(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+x-base: &base {import_path: examples.echo:Echo, max_ongoing_requests: 4}
+deployments:
+  - {<<: *base, name: one}
+  - {<<: *base, name: two}
+""",
+    )
+    assert [(d.name, d.max_ongoing_requests) for d in load_config(path, LIMITS).deployments] == [("one", 4), ("two", 4)]
+    with pytest.raises(ConfigError, match="y-base: unknown field"):
+        load_config(write(tmp_path, "y-base: 1\ndeployments: []\n"), LIMITS)
+
+
+def test_a_mapping_given_a_scalar_is_told_to_be_one_without_naming_our_classes(tmp_path: Path) -> None:
+    text = "deployments:\n  - {name: one, import_path: examples.echo:Echo, response_cache: true}\n"
+    with pytest.raises(ConfigError) as refused:
+        load_config(write(tmp_path, text), LIMITS)
+    assert str(refused.value).endswith("deployment 'one' (deployments[0]): response_cache: Input should be a mapping")
+
+
 def test_a_file_without_aliases_is_not_measured_against_the_limit(tmp_path: Path) -> None:
     """What aliases add is bounded, not the file: each deployment is still held to config_bytes as before."""
     deployments = "".join(

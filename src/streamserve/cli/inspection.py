@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from streamserve.cli.health import farm_problems
-from streamserve.cli.log_reader import LogReader, parse_since
+from streamserve.cli.log_reader import DEFAULT_LINES, LogReader, parse_since
 from streamserve.cli.stores import Stores, with_stores
 from streamserve.cli.tables import format_endpoints, format_status
 from streamserve.runtime.settings import Settings
@@ -66,7 +66,7 @@ def cmd_logs(args: argparse.Namespace, settings: Settings) -> int:
         since_s = None if args.since is None else parse_since(args.since)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if args.lines < 1:
+    if args.lines is not None and args.lines < 1:
         raise ConfigError("--lines must be at least 1")
 
     async def show(stores: Stores) -> int:
@@ -75,8 +75,9 @@ def cmd_logs(args: argparse.Namespace, settings: Settings) -> int:
         after = await reader.latest_id()
         if since_s is not None:
             lines = await reader.since(max(0, int((time.time() - since_s) * 1000)), args.replica)  # (or all)
+            lines = lines if args.lines is None else lines[-args.lines :]
         else:
-            lines = await reader.last(args.lines, args.replica)
+            lines = await reader.last(args.lines or DEFAULT_LINES, args.replica)
         for line in lines:
             print(line.format(args.raw))
         sys.stdout.flush()

@@ -145,8 +145,7 @@ def _add_logs(sub: Subcommands) -> None:
         "-n",
         "--lines",
         type=int,
-        default=DEFAULT_LINES,
-        help=f"without --since: the newest N (default {DEFAULT_LINES})",
+        help=f"the newest N lines (default {DEFAULT_LINES}; with --since, the newest N of that AGE, default all)",
     )
 
 

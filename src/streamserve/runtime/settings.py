@@ -81,7 +81,7 @@ def add_redis_url_option(parser: argparse.ArgumentParser) -> None:
     """The ``--redis-url`` option every streamserve command takes; read it with Settings.from_command_line."""
     parser.add_argument(
         "--redis-url",
-        help="the farm's Redis (default: $REDIS_URL or $STREAMSERVE_REDIS_URL; else `up` embeds one, and the other "
+        help="the farm's Redis (default: $STREAMSERVE_REDIS_URL, else $REDIS_URL; else `up` embeds one, and the other "
         f"commands use the Redis of the `up` that runs from --data-dir, else {DEFAULT_REDIS_URL})",
     )
 

@@ -512,6 +512,8 @@ def format_validation_error(exc: ValidationError, data: Any) -> str:
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown field"
+        elif err["type"] == "model_type":  # (not "... or instance of ResponseCacheConfig": a class name of ours)
+            message = "Input should be a mapping"
         lines.append(f"{where}: {message}")
     return "\n".join(lines)
 
@@ -537,4 +539,7 @@ def load_config(path: str | Path, limits: ConfigLimits = DEFAULT_LIMITS) -> AppC
         raise ConfigError(
             f"{path} is not UTF-8 text (YAML is): byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
         ) from None
-    return parse_config(load_yaml(text, str(path), limits), str(path), limits)
+    data = load_yaml(text, str(path), limits)
+    if isinstance(data, dict):  # a top-level x- key is a place for YAML anchors (as in a Compose file): not config
+        data = {key: value for key, value in data.items() if not (isinstance(key, str) and key.startswith("x-"))}
+    return parse_config(data, str(path), limits)
