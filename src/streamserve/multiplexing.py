@@ -118,13 +118,15 @@ class _Models:
     def _call_loader(self, model_id: str) -> Any:
         return self._loader(model_id) if self._owner is None else self._loader(self._owner, model_id)
 
-    def _over_capacity(self) -> list[tuple[str, Any]]:
-        """Models past the most kept (loads side by side can overshoot it), unloaded (_unload_some)."""
-        return self._unload_some(lambda: len(self.models) > self._most)
-
     def _room_for_one(self) -> list[tuple[str, Any]]:
-        """Models unloaded so that one more fits (loads on their way count)."""
+        """Models unloaded so that one more fits beside those loaded and those on their way (_full: not while those
+        on their way fill every place)."""
         return self._unload_some(lambda: bool(self.models) and len(self.models) + len(self._loading) >= self._most)
+
+    def _full(self) -> bool:
+        """Whether loads on their way take every place: another waits for one of them (then unloads a model), so
+        that no more than the most are ever kept or loading at once."""
+        return len(self._loading) >= self._most
 
     def _unload_some(self, more: Callable[[], bool]) -> list[tuple[str, Any]]:
         """Models taken out while ``more()``: the least recently used of those another replica holds too first, then
@@ -146,7 +148,11 @@ class _Models:
             _tell("used", model_id, True)
             return self.models[model_id]
         _tell("used", model_id, False)
-        load = self._loading.get(model_id)
+        while (load := self._loading.get(model_id)) is None and model_id not in self.models and self._full():
+            await asyncio.wait(list(self._loading.values()), return_when=asyncio.FIRST_COMPLETED)
+        if model_id in self.models:  # loaded by a caller whose load started while this one waited for room
+            self.models.move_to_end(model_id)
+            return self.models[model_id]
         if load is None:
             unloaded = self._room_for_one()
             # A task of its own: a caller cancelled while it loads stops waiting, not the load the others wait for.
@@ -167,8 +173,6 @@ class _Models:
                 raise
             self.models[model_id] = model
             _tell("loaded", model_id, time.perf_counter() - started)
-            for gone, extra in self._over_capacity():  # loads that ran side by side, with nothing to unload then
-                await _unload(gone, extra)
             return model
         finally:
             del self._loading[model_id]
@@ -176,19 +180,27 @@ class _Models:
     # -- a sync loader -------------------------------------------------------------
 
     def get_sync(self, model_id: str) -> Any:
-        with self._lock:
-            if model_id in self.models:
-                self.models.move_to_end(model_id)
-                _tell("used", model_id, True)
-                return self.models[model_id]
-            _tell("used", model_id, False)
-            waited: concurrent.futures.Future[Any] | None = self._loading.get(model_id)
-            if waited is None:
-                unloaded = self._room_for_one()
-                load: concurrent.futures.Future[Any] = concurrent.futures.Future()
-                self._loading[model_id] = load
-        if waited is not None:
-            return waited.result()
+        told = False
+        while True:
+            with self._lock:
+                if model_id in self.models:
+                    self.models.move_to_end(model_id)
+                    if not told:
+                        _tell("used", model_id, True)
+                    return self.models[model_id]
+                if not told:
+                    _tell("used", model_id, False)
+                    told = True
+                waited: concurrent.futures.Future[Any] | None = self._loading.get(model_id)
+                busy = list(self._loading.values()) if waited is None and self._full() else []
+                if waited is None and not busy:
+                    unloaded = self._room_for_one()
+                    load: concurrent.futures.Future[Any] = concurrent.futures.Future()
+                    self._loading[model_id] = load
+                    break
+            if waited is not None:
+                return waited.result()
+            concurrent.futures.wait(busy, return_when=concurrent.futures.FIRST_COMPLETED)  # then look again
         try:
             for gone, model in unloaded:
                 _unload_now(gone, model)
@@ -205,10 +217,7 @@ class _Models:
             self.models[model_id] = model
             del self._loading[model_id]
             _tell("loaded", model_id, time.perf_counter() - started)
-            extra = self._over_capacity()
         load.set_result(model)
-        for gone, unloaded in extra:
-            _unload_now(gone, unloaded)
         return model
 
 
