@@ -63,7 +63,7 @@ def format_status(statuses: list[DeploymentStatus]) -> str:
     lines += [printable(f"{replica}: models {', '.join(models)}") for replica, models in held]
     lines += [printable(f"{s.name}: {s.message}") for s in statuses if s.message]
     lines += [
-        f"{s.name}: tenants over their limits in the last minute: {', '.join(s.limited_tenants)}"
+        f"{s.name}: tenants over their limits in the last minute: {_some(s.limited_tenants)}"
         for s in statuses
         if s.limited_tenants
     ]
@@ -82,3 +82,13 @@ def _target_cell(s: DeploymentStatus) -> str:
     if s.autoscaling is None:
         return str(s.target)
     return f"{s.target} (auto {s.autoscaling.min_replicas}-{s.autoscaling.max_replicas})"
+
+
+# The most names of one kind the status table lists on a line (--json has them all).
+NAMES_SHOWN = 10
+
+
+def _some(names: list[str]) -> str:
+    """``names`` as a list, the first NAMES_SHOWN of them and how many more."""
+    shown = ", ".join(names[:NAMES_SHOWN])
+    return shown if len(names) <= NAMES_SHOWN else f"{shown} and {len(names) - NAMES_SHOWN} more (status --json)"
