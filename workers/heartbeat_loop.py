@@ -50,11 +50,12 @@ class ReplicaHeartbeat:
         replica_id: ReplicaID,
         slots: Slots,
         leave: Callable[[Departure], None],
-        obeys_its_record: Callable[[], bool],
+        retired_exit: Callable[[], int | None],
         takes_over: str | None,
     ) -> None:
-        """``leave``: stops the replica. ``obeys_its_record``: whether the record decides now (not once it is
-        leaving anyway). ``takes_over``: the replica whose last heartbeat the first beat replaces."""
+        """``leave``: stops the replica. ``retired_exit``: the exit code it leaves with once its record retires it
+        (or vanishes), None while that does not decide (it is leaving anyway). ``takes_over``: the replica whose
+        last heartbeat the first beat replaces."""
         self._settings = settings
         self._redis = redis
         self._keys = settings.keys
@@ -63,7 +64,7 @@ class ReplicaHeartbeat:
         self._name = replica_id.deployment
         self._slots = slots
         self._leave = leave
-        self._obeys_its_record = obeys_its_record
+        self._retired_exit = retired_exit
         self._takes_over = takes_over
         self.health = ReplicaHealth.STARTING
         self.message = ""  # why it failed or is unhealthy, for `status`
@@ -173,13 +174,12 @@ class ReplicaHeartbeat:
 
         The scheduler signals the replicas it can see; this covers the rest (another host's, a killed farm's,
         one started by hand that the scheduler found it has no room for). A replica that never had a record
-        (no scheduler runs, or one has not looked yet) goes on serving.
+        (no scheduler runs, or one has not looked yet) goes on serving. An externally scaled worker leaves with
+        exit code 1 (DepartureRules.retired_exit_code).
         """
-        if not self._obeys_its_record():
-            return
         if raw_record is None:
             if self._counted:
-                self._leave(Departure(0, "its record is gone from the scheduler's replica hash: no farm counts it"))
+                self._retired("its record is gone from the scheduler's replica hash")
             return
         self._counted = True
         try:
@@ -187,4 +187,11 @@ class ReplicaHeartbeat:
         except ProtocolError:
             return
         if state in RETIRED_REPLICA_STATES:
-            self._leave(Departure(0, f"the scheduler retired it (its record says {state.value})"))
+            self._retired(f"its record says {state.value}")
+
+    def _retired(self, why: str) -> None:
+        code = self._retired_exit()
+        if code == 0:
+            self._leave(Departure(0, f"the scheduler retired it ({why}): no farm counts it"))
+        elif code is not None:
+            self._leave(Departure(code, f"the scheduler wrote it off ({why}): exiting, for its supervisor to start it"))

@@ -135,3 +135,24 @@ def test_a_worker_with_nothing_to_serve_says_so_and_exits(processes: Processes, 
     processes.run("deploy", str(write_config(tmp_path / "ext.yaml", "2")))
     assert pinned.wait(20) == 1
     assert "moved on from version 1" in processes.log("worker-pinned").read_text()
+
+
+def test_a_worker_written_off_while_it_stalled_exits_1_when_it_comes_back(
+    processes: Processes, gateway: str, tmp_path: Path
+) -> None:
+    """A worker whose heartbeats stopped (here: stopped by SIGSTOP; a host cut off from Redis alike) is written off,
+    and what it held is freed for others. Back, it must not serve on unseen (what it read would be freed and run
+    again, over and over): it exits 1, for its supervisor to start it again, and a new worker joins."""
+    processes.spawn("scheduler", "scheduler")
+    processes.run("deploy", str(write_config(tmp_path / "ext.yaml", "1")))
+    stalled = processes.spawn("worker-stalled", "worker", "ext")
+    wait_for(lambda: status(processes)["running"] == 1, 30, "the worker was not counted")
+    os.kill(stalled.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: status(processes)["running"] == 0, 30, "the stalled worker was never written off")
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)
+    assert stalled.wait(30) == 1
+    fresh = processes.spawn("worker-fresh", "worker", "ext")
+    reply = httpx.post(f"{gateway}/ext", json="after", timeout=30)
+    assert reply.status_code == 200 and reply.json()["pid"] == fresh.pid, reply.text

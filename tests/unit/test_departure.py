@@ -22,8 +22,8 @@ def test_a_pinned_worker_refuses_another_version_and_takes_its_own() -> None:
 
 
 @pytest.mark.parametrize("external", [False, True])
-def test_only_a_scheduled_replica_obeys_its_record(external: bool) -> None:
-    assert DepartureRules.obeys_its_record(config(external)) is not external
+def test_an_externally_scaled_worker_leaves_a_retired_record_for_its_supervisor(external: bool) -> None:
+    assert DepartureRules.retired_exit_code(config(external)) == (1 if external else 0)
 
 
 def test_an_unhealthy_or_deleted_external_worker_exits_1_and_a_scheduled_replica_stays() -> None:
