@@ -39,7 +39,7 @@ from streamserve.runtime.processes import die_with_parent, role_command
 from streamserve.runtime.settings import Settings
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.cluster_nodes import nodes_env
-from streamserve.transport.connections import MemoryRefusals, sync_redis
+from streamserve.transport.connections import WriteRefusals, sync_redis
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class JobWorkerPool:
         self._settings = settings
         self._jobs: JobQueue | None = None
         self._sweep_at = 0.0  # at once, on the first tick
-        self._refusals = MemoryRefusals(logger, "job workers' sweep")
+        self._refusals = WriteRefusals(logger, "job workers' sweep")
         lifeline = inherited(settings.lifeline_fd)  # `up`'s, handed on as the launcher does to replicas
         self._pass_fds = () if lifeline is None else (lifeline,)
 

@@ -3,14 +3,16 @@
 The lock is a Redis string holding the leader's id with an expiry; the
 leader renews it well before it expires. A leader that cannot renew stops
 acting at once, so two schedulers never act together for longer than one
-renewal period.
+renewal period; but where Redis refuses every write (it cannot persist),
+it goes on, since nobody can take the lock then either.
 """
 
 from __future__ import annotations
 
 import redis.asyncio as aioredis
+from redis.exceptions import OutOfMemoryError
 
-from streamserve.transport.connections import is_out_of_memory
+from streamserve.transport.connections import refuses_writes
 from streamserve.wire import scripts
 from streamserve.wire.ids import new_caller_id
 from streamserve.wire.keys import Keys
@@ -28,25 +30,32 @@ class LeaderLock:
         self._renew = redis.register_script(scripts.RENEW_LOCK)
         self._release = redis.register_script(scripts.DELETE_IF_VALUE)
         self.held = False
-        self.writes_refused = False  # the last renewal found Redis out of memory
+        # Why the last renewal found Redis refusing writes (out of memory, or unable to persist), None if it did not.
+        self.writes_refused: Exception | None = None
 
     async def acquire_or_renew(self) -> bool:
         """Take the lock if free, or extend it if ours; return whether we lead now.
 
         A Redis out of memory still lets us keep the lock, but refuses to let us take a free one: then this raises,
-        and the lock is not held. ``writes_refused`` says whether the last renewal found Redis refusing writes.
+        and the lock is not held. One that cannot persist (MISCONF) refuses even the renewal: the lock stays ours
+        until it lapses, and nobody can take it meanwhile. ``writes_refused`` says why the last renewal found Redis
+        refusing writes.
         """
-        self.writes_refused = False
+        self.writes_refused = None
         try:
             if self.held:
                 held, refused = await self._renew(keys=[self._key], args=[self.holder_id, self._ttl_ms])
-                self.held, self.writes_refused = bool(held), bool(refused)
+                self.held = bool(held)
+                if refused:
+                    self.writes_refused = OutOfMemoryError("the leader lock's renewal was refused for lack of memory")
             else:
                 self.held = bool(await self._redis.set(self._key, self.holder_id, nx=True, px=self._ttl_ms))
         except Exception as exc:
-            if is_out_of_memory(exc):
-                self.held = False  # the lock was free (the script writes only then), and stays free
-            raise
+            if not refuses_writes(exc):
+                raise
+            if not self.held:  # the lock was free (the script writes only then), and stays free
+                raise
+            self.writes_refused = exc
         return self.held
 
     async def release(self) -> None:

@@ -16,7 +16,7 @@ from streamserve.scheduler.job_pool import JobWorkerPool
 from streamserve.scheduler.launcher import ProcessLauncher
 from streamserve.scheduler.scheduler import Scheduler
 from streamserve.scheduler.stop_signals import StopSignals
-from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, async_redis, retry_cannot_mend
+from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, async_redis, ping, retry_cannot_mend
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ async def run(settings: Settings, stop_replicas_on_exit: bool) -> int:
     url = settings.effective_redis_url
     redis = async_redis(url)
     try:
-        await redis.ping()
+        await ping(redis)
     except RETRYABLE_ERRORS as exc:
         if retry_cannot_mend(url, exc):
             # Not a Redis still on its way up, which the scheduler waits for (started before it, say).

@@ -17,7 +17,6 @@ import random
 from collections.abc import Mapping
 
 import redis.asyncio as aioredis
-from redis.exceptions import OutOfMemoryError
 
 from streamserve.client.jobs import jobs_redis_url
 from streamserve.control.desired_state import DesiredState
@@ -38,7 +37,7 @@ from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.scheduler.types import Clock, Launcher, Timeouts
 from streamserve.transport.connections import (
     RETRYABLE_ERRORS,
-    MemoryRefusals,
+    WriteRefusals,
     async_redis,
     connection_hint,
     stop_retrying,
@@ -105,7 +104,7 @@ class Scheduler:
         self._silence_from_ms = 0
         # When the last tick read the heartbeats (this clock's ms; 0: none yet), to tell a stall between two reads.
         self._last_read_ms = 0
-        self._memory = MemoryRefusals(logger, f"scheduler {self._lock.holder_id}")
+        self._memory = WriteRefusals(logger, f"scheduler {self._lock.holder_id}")
         self.should_exit = asyncio.Event()
         self.ticks = 0
 
@@ -156,8 +155,8 @@ class Scheduler:
                 self._job_pool.stop()  # only the leader runs job workers: the pool's size is the farm's
             return
         self._standing_by = False
-        if self._lock.writes_refused:
-            self._memory.refused(OutOfMemoryError("the leader lock's renewal was refused for lack of memory"))
+        if self._lock.writes_refused is not None:
+            self._memory.refused(self._lock.writes_refused)
             self._redis_was_away = True
         else:
             self._memory.accepted()

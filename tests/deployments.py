@@ -388,3 +388,24 @@ class GroupStarter:
 
     def __call__(self, body: Any) -> list[int]:
         return [self.server, start_sleeper(body)]
+
+
+def start_daemon(body: Any) -> int:
+    """Starts a process detached from the replica's process group and session (a double fork and setsid, as a daemon
+    does), which outlives the call; returns its pid."""
+    read, write = os.pipe()
+    if os.fork() == 0:  # the first child: a session of its own, then the daemon, then gone
+        os.setsid()
+        daemon = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL)
+        os.write(write, str(daemon.pid).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as told:
+        return int(told.read())
+
+
+def started_environment(body: Any) -> list[str]:
+    """The names of the variables in the environment this process started with (/proc/self/environ: what any code
+    in it can read, whatever os.environ says)."""
+    raw = Path("/proc/self/environ").read_bytes()
+    return sorted(entry.partition(b"=")[0].decode() for entry in raw.split(b"\0") if entry)

@@ -36,7 +36,7 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from streamserve.transport.backoff import Backoff
-from streamserve.transport.connections import RETRYABLE_ERRORS, is_out_of_memory
+from streamserve.transport.connections import OUT_OF_MEMORY, RETRYABLE_ERRORS, refuses_writes, why_writes_refused
 from streamserve.transport.pipelining import Command, Pipeliner
 from streamserve.transport.settling import Settlement
 from streamserve.transport.streams import reply_command
@@ -81,7 +81,8 @@ class Finisher:
         # Commands the finished requests' ends release besides their entries (a tenant's held tokens: ZREM).
         self._releases: list[Command] = []
         self._backoff = Backoff(cap=RETRY_CAP_S)  # Redis away
-        self._refusals = Backoff(cap=RETRY_CAP_S)  # replies refused for lack of memory
+        self._refusals = Backoff(cap=RETRY_CAP_S)  # replies refused for lack of memory (or a full disk)
+        self._refused_why = OUT_OF_MEMORY  # why Redis refused the last one refused (why_writes_refused)
 
     def finish(
         self,
@@ -219,8 +220,9 @@ class Finisher:
         for index, failed in enumerate(results):
             if not isinstance(failed, Exception):
                 continue
-            if index < len(outgoing) and is_out_of_memory(failed):  # the replies come first
+            if index < len(outgoing) and refuses_writes(failed):  # the replies come first
                 refused.append(outgoing[index])
+                self._refused_why = why_writes_refused(failed)
             else:
                 logger.warning("replica %s: finishing requests: %s", self._who, failed)
         return refused
@@ -232,10 +234,10 @@ class Finisher:
         late = [out for out in refused if 0 < out[3] < now]
         if late:
             logger.warning(
-                "replica %s: Redis had no memory for the replies to %d request(s) before their deadlines passed: "
-                "dropped",
+                "replica %s: Redis took no reply to %d request(s) before their deadlines passed (%s): dropped",
                 self._who,
                 len(late),
+                self._refused_why,
             )
             self._on_finished([entry_id for entry_id, *_ in late])
         again = [self._smaller(out) for out in refused if not 0 < out[3] < now]
@@ -243,9 +245,10 @@ class Finisher:
             return
         delay = self._refusals.next()
         logger.warning(
-            "replica %s: Redis refused %d reply(ies) for lack of memory (maxmemory); sending again in %.1fs",
+            "replica %s: Redis refused %d reply(ies), %s; sending again in %.1fs",
             self._who,
             len(again),
+            self._refused_why,
             delay,
         )
         entry_ids = [entry_id for entry_id, *_ in again]
@@ -255,7 +258,7 @@ class Finisher:
         """``out`` itself, or an error reply in its place when its reply is too large to try again."""
         entry_id, reply_to, reply, deadline_ms = out
         size = len(reply.body) + len(reply.error_message)
-        if size < LARGE_REPLY_BYTES:
+        if size < LARGE_REPLY_BYTES or self._refused_why != OUT_OF_MEMORY:  # (a full disk refuses any reply alike)
             return out
         logger.error(
             "replica %s: Redis has no memory for the %d-byte reply to request %s: its caller gets an error instead",

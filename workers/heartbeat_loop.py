@@ -22,7 +22,7 @@ from streamserve.control.heartbeats import News, news_of, queue_beats, queue_rem
 from streamserve.runtime.lifeline import FARM_GONE_DRAIN_S, inherited, watch
 from streamserve.runtime.processes import is_running
 from streamserve.runtime.settings import Settings
-from streamserve.transport.connections import RETRYABLE_ERRORS, MemoryRefusals, is_out_of_memory
+from streamserve.transport.connections import RETRYABLE_ERRORS, WriteRefusals, refuses_writes
 from streamserve.wire.errors import ProtocolError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import Heartbeat, ReplicaRecord, now_ms
@@ -37,7 +37,7 @@ def beat_may_fail(exc: BaseException) -> bool:
     """Whether a beat that failed with ``exc`` is simply tried again at the next interval: Redis is away, or refused
     the write for lack of memory (a transaction says EXECABORT), which may last only a moment, as while a large reply
     arrives. Only a replica that stays silent for heartbeat_timeout_s is dead to the scheduler."""
-    return isinstance(exc, (*RETRYABLE_ERRORS, ExecAbortError)) or is_out_of_memory(exc)
+    return isinstance(exc, (*RETRYABLE_ERRORS, ExecAbortError)) or refuses_writes(exc)
 
 
 class ReplicaHeartbeat:
@@ -76,7 +76,7 @@ class ReplicaHeartbeat:
         self._stop = asyncio.Event()  # set when the replica exits: the loop ends
         self._told: News | None = None  # what its last heartbeat said (heartbeats.news_of), None before the first
         # A full Redis refuses every beat: said once per episode, not once a beat.
-        self._memory = MemoryRefusals(logger, f"replica {replica_id}")
+        self._memory = WriteRefusals(logger, f"replica {replica_id}")
         self._counted = False  # a scheduler has recorded this replica (so a record that vanishes means "leave")
 
     def stop(self) -> None:

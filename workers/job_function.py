@@ -56,7 +56,7 @@ from streamserve.client.jobs import (
 from streamserve.runtime import trace_context, tracing
 from streamserve.runtime.settings import Settings
 from streamserve.transport.backoff import Backoff
-from streamserve.transport.connections import is_out_of_memory
+from streamserve.transport.connections import refuses_writes
 from streamserve.wire.errors import (
     OverloadedError,
     RateLimitedError,
@@ -219,7 +219,7 @@ def _call_when_redis_has_room(
                 raise
             time.sleep(min(exc.retry_after_s, left_s))
         except OverloadedError as exc:
-            refused_for_memory = exc.__cause__ is not None and is_out_of_memory(exc.__cause__)
+            refused_for_memory = exc.__cause__ is not None and refuses_writes(exc.__cause__)
             if not refused_for_memory or time.monotonic() >= give_up_at:
                 raise
             time.sleep(backoff.next())

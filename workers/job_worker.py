@@ -45,7 +45,7 @@ from streamserve.runtime.lifeline import FARM_GONE_DRAIN_S, FARM_GONE_WIND_DOWN_
 from streamserve.runtime.logging_setup import start_process
 from streamserve.runtime.settings import Settings, forget_gateway_secrets
 from streamserve.transport.backoff import Backoff
-from streamserve.transport.connections import MemoryRefusals, redacted, stop_retrying, sync_redis
+from streamserve.transport.connections import WriteRefusals, redacted, stop_retrying, sync_redis
 from streamserve.wire.errors import RequestCancelledError
 from streamserve.workers import job_function
 
@@ -68,13 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Set once the worker is asked to stop: a write Redis refuses is no longer waited for (its last writes are tried once).
+_STOPPING = threading.Event()
+
+
 class WaitWhileFull(Retry):
-    """The connection's retry policy, and besides: a command Redis refuses for memory is sent again until taken.
+    """The connection's retry policy, and besides: a command Redis refuses (for memory, or a full disk) is sent again
+    until taken, or until the worker is asked to stop.
 
     A refused command did not run (a transaction that held one was discarded whole), so sending it again is safe.
     """
 
-    def __init__(self, policy: Retry, refusals: MemoryRefusals) -> None:
+    def __init__(self, policy: Retry, refusals: WriteRefusals) -> None:
         super().__init__(NoBackoff(), 0)
         self._policy = policy
         self._refusals = refusals  # shared by the copies each connection makes
@@ -91,7 +96,7 @@ class WaitWhileFull(Retry):
             try:
                 result = self._policy.call_with_retry(do, fail, *args, **kwargs)
             except redis.ResponseError as exc:
-                if not self._refusals.refused(exc):
+                if not self._refusals.refused(exc) or _STOPPING.is_set():
                     raise
                 time.sleep(backoff.next())
                 continue
@@ -130,6 +135,7 @@ class JobWorker(SimpleWorker):
         (BLMOVE, to RQ's intermediate list) and before it ran it, the job was lost, 'queued' and in no queue, until
         RQ's own cleanup failed it minutes later. The job taken in that moment is run now, then the worker stops.
         """
+        _STOPPING.set()
         if self.get_state() == WorkerStatus.BUSY:
             super()._shutdown()  # type: ignore[no-untyped-call]
             return
@@ -184,6 +190,7 @@ class JobWorker(SimpleWorker):
         (its retries of a Redis gone with `up` would take far longer)."""
         logger.warning("job worker %s: %s; stopping", self.name, why)
         stop_retrying()
+        _STOPPING.set()
         self._stop_requested = True  # what RQ's warm shutdown sets; its own would first write to Redis
         deadline = threading.Timer(FARM_GONE_DRAIN_S + FARM_GONE_WIND_DOWN_S, self._end_now)
         deadline.daemon = True
@@ -224,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     connection = sync_redis(url)
     policy = connection.get_retry()
     assert policy is not None  # sync_redis gives every connection the shared policy
-    connection.set_retry(WaitWhileFull(policy, MemoryRefusals(logger, f"job worker {os.getpid()}")))
+    connection.set_retry(WaitWhileFull(policy, WriteRefusals(logger, f"job worker {os.getpid()}")))
     queue = JobQueue(connection, settings.keys, settings.job_result_ttl_s).queue
     job_function.configure(settings)
     try:  # (RQ's worker asks Redis as it is made)

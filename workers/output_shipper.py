@@ -25,7 +25,7 @@ from types import TracebackType
 import redis as redis_sync
 from redis.typing import EncodableT, FieldT
 
-from streamserve.transport.connections import RETRYABLE_ERRORS, is_out_of_memory, sync_redis
+from streamserve.transport.connections import RETRYABLE_ERRORS, refuses_writes, sync_redis
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class OutputShipper:
                 pipe.xadd(self._key, fields, maxlen=LOG_STREAM_LINES, approximate=True)
             pipe.execute()
         except Exception as exc:
-            if not (isinstance(exc, RETRYABLE_ERRORS) or is_out_of_memory(exc)):  # Redis away, or full for a while
+            if not (isinstance(exc, RETRYABLE_ERRORS) or refuses_writes(exc)):  # Redis away, or full for a while
                 raise
             with self._lock:  # back in front, for the next try (the bound still holds)
                 self._lines.extendleft(reversed(lines))

@@ -42,7 +42,7 @@ from streamserve.runtime.request_scope import RequestScope, run_in
 from streamserve.runtime.settings import Settings
 from streamserve.transport import settling
 from streamserve.transport.backoff import Backoff
-from streamserve.transport.connections import RETRYABLE_ERRORS
+from streamserve.transport.connections import RETRYABLE_ERRORS, WriteRefusals
 from streamserve.transport.pipelining import BlockingReader, Command, Pipeliner
 from streamserve.transport.streams import Requeuer, ensure_groups
 from streamserve.wire import scripts
@@ -176,6 +176,8 @@ class Serving:
         self._loop = asyncio.get_running_loop()
         # The requests whose handler runs, by entry id.
         self._running: dict[bytes, RequestScope] = {}
+        # Redis refusing its reads (a full disk): told once per episode.
+        self._refusals = WriteRefusals(logger, f"replica {self._consumer}")
         # Set when a request this replica runs first calls a deployment through a handle (_run_alone).
         self._call_made = asyncio.Event()
         self._note_call = self._call_made.set
@@ -278,10 +280,14 @@ class Serving:
                 await asyncio.sleep(delay)
                 continue
             except ResponseError as exc:
+                if self._refusals.refused(exc):  # XREADGROUP writes (its pending entries): no read until Redis can
+                    await asyncio.sleep(backoff.next())
+                    continue
                 if "NOGROUP" not in str(exc):
                     raise
                 lost_groups = True
                 continue
+            self._refusals.accepted()
             await self._take(batches, free)
 
     async def _read(self, free: int) -> StreamBatches:

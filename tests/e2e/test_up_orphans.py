@@ -151,6 +151,30 @@ def test_kill_9_of_an_unreaped_up_leaves_nothing_within_15_s(
         farm.stop()
 
 
+def test_a_daemon_a_replica_detached_is_ended_by_the_next_up_after_a_kill_9(tmp_path: Path) -> None:
+    """A process that a handler detached from its replica's process group and session outlives `up` killed with -9
+    (nothing can find it then but the mark every process of the farm carries): the next `up` from the same data
+    directory ends it."""
+    config = tmp_path / "farm.yaml"
+    config.write_text("deployments:\n  - {name: daemons, import_path: 'tests.deployments:start_daemon'}\n")
+    farm = Farm(config, tmp_path / "up.log")
+    try:
+        farm.start()
+        daemon = farm.post("/daemons", {}).json()
+        assert daemon in pids_with_marker(farm.token)
+        assert farm.proc is not None
+        os.kill(farm.proc.pid, signal.SIGKILL)
+        farm.proc.wait()
+        wait_for(lambda: pids_with_marker(farm.token) == [daemon], 15, lambda: f"left: {farm.processes()}")
+        farm.start()
+        wait_for(lambda: daemon not in pids_with_marker(farm.token), 10, "the next `up` left the daemon running")
+        assert f"ended what the farm killed before left running here (pid {daemon})".encode() in farm.log()
+    finally:
+        farm.stop()
+        for pid in pids_with_marker(farm.token):  # (the daemon, should the test fail: it is the test's to end)
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_kill_9_of_up_and_its_scheduler_leaves_no_job_worker_running_its_job(
     tmp_path: Path, external_redis: EmbeddedRedis
 ) -> None:

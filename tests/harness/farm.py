@@ -107,8 +107,10 @@ class Farm:
         command: str = STREAMSERVE,
         cwd: Path = ROOT,
         extra_env: Mapping[str, str] = FAST_HEARTBEATS,
+        data_dir: Path | None = None,
     ) -> None:
         self.config = config
+        self._data_dir = data_dir
         self.command = command
         self.cwd = cwd
         self.extra_env = dict(extra_env)
@@ -124,8 +126,8 @@ class Farm:
     @property
     def data_dir(self) -> Path:
         """Where the embedded Redis keeps its data (a second `start` with the same farm finds it again) and `up` the
-        admin token."""
-        return self.log_path.parent / f"redis-data-{self.port}"
+        admin token; beside its log unless given."""
+        return self._data_dir or self.log_path.parent / f"redis-data-{self.port}"
 
     def admin_headers(self) -> dict[str, str]:
         """What an admin write needs: the token `up` keeps in its data directory."""

@@ -151,9 +151,7 @@ async def test_entries_kept_under_a_longer_ttl_go_once_a_deploy_lowers_it(
     assert await aredis.zrange(index, 0, -1) == [new.cache.encode()]
 
 
-async def test_a_kept_reply_is_served_while_redis_is_out_of_memory(
-    aredis: aioredis.Redis, pipeliner: Pipeliner
-) -> None:
+async def test_a_kept_reply_is_served_while_redis_refuses_writes(aredis: aioredis.Redis, pipeliner: Pipeliner) -> None:
     """A hit writes nothing but its count: Redis refusing writes for memory must not refuse the hit."""
     first = request("r1")
     await enqueue(pipeliner, first)

@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 from redis.retry import Retry
 
-from streamserve.transport.connections import MemoryRefusals, is_out_of_memory
+from streamserve.transport.connections import WriteRefusals, refuses_writes
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import OverloadedError
 from streamserve.workers import job_function, job_worker
@@ -46,7 +46,7 @@ def discarded_transaction() -> ExecAbortError:
     ],
 )
 def test_what_counts_as_refused_for_memory(exc: Exception, refused: bool) -> None:
-    assert is_out_of_memory(exc) is refused
+    assert refuses_writes(exc) is refused
 
 
 class Clock:
@@ -59,7 +59,7 @@ class Clock:
 
 def test_an_episode_is_told_once_and_its_end_once(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
-    refusals = MemoryRefusals(logging.getLogger("test"), "scheduler x", clock)
+    refusals = WriteRefusals(logging.getLogger("test"), "scheduler x", clock)
     caplog.set_level(logging.INFO, "test")
     assert not refusals.refused(RedisConnectionError("gone"))  # not a refusal: not counted, not told
     for _tick in range(50):
@@ -74,14 +74,14 @@ def test_an_episode_is_told_once_and_its_end_once(caplog: pytest.LogCaptureFixtu
 
 def test_a_redis_that_hovers_at_its_limit_is_told_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
-    refusals = MemoryRefusals(logging.getLogger("test"), "w", clock)
+    refusals = WriteRefusals(logging.getLogger("test"), "w", clock)
     caplog.set_level(logging.INFO, "test")
     for _ in range(30):  # refused and taken by turns, every second
         refusals.refused(OutOfMemoryError(OOM))
         refusals.accepted()
         clock.now += 1
     assert len(caplog.records) == 2
-    clock.now += MemoryRefusals.QUIET_S
+    clock.now += WriteRefusals.QUIET_S
     refusals.refused(OutOfMemoryError(OOM))
     assert len(caplog.records) == 3
 
@@ -91,7 +91,7 @@ def test_a_job_workers_command_waits_while_redis_refuses_it_for_memory(
 ) -> None:
     monkeypatch.setattr(job_worker.time, "sleep", lambda _s: None)
     caplog.set_level(logging.INFO, job_worker.logger.name)
-    retry = WaitWhileFull(Retry(NoBackoff(), 2), MemoryRefusals(job_worker.logger, "job worker 7"))
+    retry = WaitWhileFull(Retry(NoBackoff(), 2), WriteRefusals(job_worker.logger, "job worker 7"))
     command = commands(*[OutOfMemoryError(OOM)] * 5, "OK")
     assert retry.call_with_retry(command, lambda _e: None) == "OK"
     assert len(caplog.records) == 2  # refused, then taken again: nothing in between
@@ -118,7 +118,7 @@ def commands(*answers: Any) -> Callable[[], Any]:
 
 def test_every_connections_copy_of_the_policy_shares_one_episode(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(job_worker.time, "sleep", lambda _s: None)
-    refusals = MemoryRefusals(job_worker.logger, "job worker 7")
+    refusals = WriteRefusals(job_worker.logger, "job worker 7")
     retry = WaitWhileFull(Retry(NoBackoff(), 2), refusals)
     copied = copy.deepcopy(retry)  # what redis-py does for each connection, then adds its retry_on_error
     copied.update_supported_errors([Flaky])

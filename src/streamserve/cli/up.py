@@ -37,6 +37,7 @@ from streamserve.runtime.farm_files import (
     LOCK_FILE,
     FarmRecord,
     api_key_path,
+    dead_farm,
     ensure_api_key,
     ensure_redis_password,
     keep_private,
@@ -58,7 +59,7 @@ from streamserve.runtime.processes import (
 )
 from streamserve.runtime.settings import Settings
 from streamserve.transport.cluster_nodes import nodes_env
-from streamserve.transport.connections import RedisRefusals, async_redis, redacted, sync_redis
+from streamserve.transport.connections import RedisRefusals, async_redis, ping, ping_sync, redacted, sync_redis
 from streamserve.transport.redis_checks import full_memory_warning, redis_problems, warning_text
 from streamserve.wire.config import AppConfig, DeploymentConfig, load_config
 from streamserve.wire.errors import ConfigError, OverloadedError, RedisUnavailableError, StreamServeError
@@ -113,7 +114,7 @@ def _check_answers(url: str) -> None:
     connection = sync_redis(url)
     try:
         with RedisRefusals(url):
-            connection.ping()
+            ping_sync(connection)
     finally:
         connection.close()
 
@@ -175,6 +176,7 @@ class Farm:
                 file=sys.stderr,
             )
             return 1
+        self._end_what_a_dead_farm_left()
         problem = bind_problem(opts.host, opts.port)
         if problem == "in use":
             print(f"error: {opts.host}:{opts.port} is in use; pass --port to pick another", file=sys.stderr)
@@ -213,6 +215,21 @@ class Farm:
                 self._lifeline.close()  # last: the replicas it ties to this process are stopped by now
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _end_what_a_dead_farm_left(self) -> None:
+        """End what still carries the mark of an `up` that ran from this data directory and was killed with -9: its
+        own processes left by themselves, but a process its replicas' code detached from their process groups (a
+        daemon: a double fork and setsid) did not."""
+        dead = dead_farm(self.data_dir)
+        if dead is None:
+            return
+        left = pids_with_env("STREAMSERVE_SUPERVISOR", dead.supervisor)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if left:
+            pids = ", ".join(str(pid) for pid in left)
+            print(f"streamserve: ended what the farm killed before left running here (pid {pids})", file=sys.stderr)
 
     def _take_data_dir(self) -> bool:
         """Hold the data directory for as long as this process lives (a lock the system drops when it ends, even
@@ -276,7 +293,11 @@ class Farm:
             print("error: the gateway did not come up; see the log above", file=sys.stderr)
             return 1
         record = FarmRecord(self.settings.supervisor or "", url, gateway_url, self.settings.import_allow)
-        write_farm(self.data_dir, record)
+        try:
+            write_farm(self.data_dir, record)
+        except OSError as exc:  # a full disk, say: where its Redis keeps its data too
+            print(f"error: cannot write to the data directory {self.data_dir}: {exc.strerror}", file=sys.stderr)
+            return 1
         if changed.goals:
             print(f"streamserve: starting the replicas of {', '.join(changed.goals)}", flush=True)
         failed = self._wait_for_replicas(url, changed.goals)
@@ -328,7 +349,7 @@ class Farm:
         redis = async_redis(url)
         try:
             with RedisRefusals(url):
-                await redis.ping()
+                await ping(redis)
                 settings = self.settings
                 desired = DesiredState(redis, settings.keys, settings.import_allow_list, settings.config_limit_values)
                 return await apply_file(desired, self.options.config, self.options.config_path)

@@ -34,10 +34,11 @@ import itertools
 import logging
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from streamserve.client.chunk_feed import ChunkFeed
 from streamserve.transport.backoff import Backoff
-from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals
+from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, refuses_writes
 from streamserve.transport.pipelining import BlockingReader, Command
 from streamserve.wire.errors import ProtocolError, RedisUnavailableError, StreamServeError
 from streamserve.wire.messages import ChunkBatch, Fields, Reply, ReplyStatus
@@ -144,9 +145,14 @@ class ReplyStream:
         """Stop reading, fail every request still waiting with ``error`` (cancelling the streams that have not ended),
         delete the stream."""
         self._closing = True
-        # Cancelling a blocked XREAD inside redis-py can stall; wake the reader with an entry instead.
+        # Cancelling a blocked XREAD inside redis-py can stall; wake the reader with an entry instead. (A Redis that
+        # refuses writes refuses it: the reader is then woken by its block's end.)
         with contextlib.suppress(*RETRYABLE_ERRORS):
-            await self._redis.xadd(self.name, {"wake": b""}, nomkstream=True)
+            try:
+                await self._redis.xadd(self.name, {"wake": b""}, nomkstream=True)
+            except ResponseError as exc:
+                if not refuses_writes(exc):
+                    raise
         for task in self._tasks:
             if task.get_name() != _READER_TASK:
                 task.cancel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from streamserve.client.core import ClientCore
 from streamserve.control.status import DeploymentStatus, StatusReader
+from streamserve.transport.connections import ping
 from streamserve.wire.config import DeploymentConfig, EndpointConfig
 from streamserve.wire.errors import NotFoundError
 
@@ -20,7 +21,7 @@ class StateReads(ClientCore):
         """Raise unless Redis answers."""
         await self._connect()
         with self._refusals:
-            await self.redis.ping()
+            await ping(self.redis)
 
     @property
     def generation(self) -> int:

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 from streamserve.metrics.definitions import TENANT_REQUESTS
 from streamserve.metrics.figures import Figures
-from streamserve.transport.connections import RETRYABLE_ERRORS, MemoryRefusals
+from streamserve.transport.connections import RETRYABLE_ERRORS, WriteRefusals
 from streamserve.wire import scripts
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import text
@@ -50,7 +50,7 @@ class MetricsFlusher:
         self._interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
         self._closing = False  # the loop ends on it too: redis-py can swallow a cancellation that lands in a write
-        self._refusals = MemoryRefusals(logger, "metrics")
+        self._refusals = WriteRefusals(logger, "metrics")
         self._label = redis.register_script(scripts.TENANT_LABELS)
 
     def start(self) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import redis
 
 from streamserve.runtime.processes import die_with_parent, free_port, port_is_free, stop_group, wait_until
+from streamserve.transport.connections import ping_sync
 from streamserve.wire.errors import RedisUnavailableError
 
 DEFAULT_PORT = 6379
@@ -150,7 +151,8 @@ class EmbeddedRedis:
             if self.proc is not None and self.proc.poll() is not None:
                 return True  # exited: stop waiting, report below
             try:
-                return bool(client.ping())
+                ping_sync(client)
+                return True
             except redis.RedisError:
                 return False
 

@@ -160,6 +160,16 @@ def read_farm_file(path: Path) -> FarmRecord | None:
     return None if raw is None else FarmRecord(**orjson.loads(raw))
 
 
+def dead_farm(data_dir: Path | None) -> FarmRecord | None:
+    """The farm file of an `up` from this data directory that no longer runs (killed with -9, it could not remove
+    it); None when there is none, or it is unreadable, or its `up` runs."""
+    try:
+        record = read_farm_file((data_dir or DEFAULT_DATA_DIR) / FARM_FILE)
+    except (OSError, ValueError, TypeError):
+        return None
+    return record if record is not None and record.supervisor and not record.is_running() else None
+
+
 def running_farm(data_dir: Path | None) -> FarmRecord | None:
     """The farm `up` runs from this data directory, if it still runs; a stale or unreadable file counts as none."""
     try:

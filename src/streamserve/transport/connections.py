@@ -374,20 +374,56 @@ def redacted(url: str) -> str:
 _QUERY_PASSWORD = re.compile(r"(?<![^&])(password)=[^&]*", re.IGNORECASE)
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether Redis refused a write for lack of memory (maxmemory reached with the noeviction policy)."""
+def refuses_writes(exc: BaseException) -> bool:
+    """Whether Redis refused a write it would take once it has room again: it is out of memory (maxmemory reached
+    with the noeviction policy), or it cannot write its persistence files (MISCONF: a full disk, say)."""
     # redis-py raises OutOfMemoryError for a plain command or a transaction; inside a Lua script the refusal
     # arrives as "Error running script ... -OOM command not allowed ...". A transaction that held a refused command
     # is discarded as a whole (EXECABORT): redis-py raises the refusal itself, from the ExecAbortError.
     if isinstance(exc, ExecAbortError):
-        return any(is_out_of_memory(cause) for cause in (exc.__cause__, exc.__context__) if cause is not None)
+        return any(refuses_writes(cause) for cause in (exc.__cause__, exc.__context__) if cause is not None)
     return isinstance(exc, OutOfMemoryError) or (
-        isinstance(exc, ResponseError) and "OOM command not allowed" in str(exc)
+        isinstance(exc, ResponseError) and any(sign in str(exc) for sign in _REFUSED_WRITE_SIGNS)
     )
 
 
-class MemoryRefusals:
-    """Tells once per episode that Redis refuses writes for lack of memory, and once that it takes them again.
+# How Redis refuses a write for lack of memory, and for a persistence file it cannot write.
+_REFUSED_WRITE_SIGNS = ("OOM command not allowed", "MISCONF")
+
+
+async def ping(client: aioredis.Redis) -> None:
+    """PING: raises unless Redis answers. A Redis that cannot write its persistence files refuses PING too (MISCONF,
+    so that a monitor sees it), and answers all the same."""
+    try:
+        await client.ping()
+    except ResponseError as exc:
+        if "MISCONF" not in str(exc):
+            raise
+
+
+def ping_sync(client: redis.Redis) -> None:
+    """``ping`` for a synchronous client."""
+    try:
+        client.ping()
+    except ResponseError as exc:
+        if "MISCONF" not in str(exc):
+            raise
+
+
+# Why Redis refuses writes, in words for a message (why_writes_refused).
+OUT_OF_MEMORY = "it is out of memory (maxmemory)"
+CANNOT_PERSIST = "it cannot write its persistence files (is its disk full?)"
+
+
+def why_writes_refused(exc: BaseException) -> str:
+    """Why Redis refuses writes (``exc``: refuses_writes)."""
+    if "MISCONF" in str(exc) or "MISCONF" in str(exc.__cause__ or exc.__context__ or ""):
+        return CANNOT_PERSIST
+    return OUT_OF_MEMORY
+
+
+class WriteRefusals:
+    """Tells once per episode that Redis refuses writes (refuses_writes), and once that it takes them again.
 
     For the loops that carry on through a full Redis (the scheduler's tick, a job worker's commands, a gateway's
     metrics): a line per refused write would repeat every tick for as long as Redis stays full. A Redis whose memory
@@ -401,13 +437,13 @@ class MemoryRefusals:
         self._logger = logger
         self._who = who
         self._clock = clock
-        self.full = False  # within an episode: the last write was refused for memory
+        self.full = False  # within an episode: the last write was refused
         self._told = False  # the episode under way was told
         self._told_at = -self.QUIET_S
 
     def refused(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is Redis refusing a write for memory; the first of an episode is logged."""
-        if not is_out_of_memory(exc):
+        """Whether ``exc`` is Redis refusing a write (refuses_writes); the first of an episode is logged."""
+        if not refuses_writes(exc):
             return False
         if not self.full:
             self.full = True
@@ -415,14 +451,15 @@ class MemoryRefusals:
             if self._told:
                 self._told_at = self._clock()
                 self._logger.warning(
-                    "%s: Redis refuses writes, it is out of memory (maxmemory): %s; carrying on, and trying again",
+                    "%s: Redis refuses writes, %s: %s; carrying on, and trying again",
                     self._who,
+                    why_writes_refused(exc),
                     exc,
                 )
         return True
 
     def accepted(self) -> None:
-        """A write that needs memory went through: the episode, if one was on, is over."""
+        """A write went through: the episode, if one was on, is over."""
         if self.full:
             self.full = False
             if self._told:
@@ -505,6 +542,8 @@ class RedisRefusals:
             return RedisUnavailableError(f"cannot reach Redis at {self._url}: {exc}{connection_hint(self._given, exc)}")
         if isinstance(exc, InvalidResponse):
             return RedisUnavailableError(f"the server at {self._url} does not answer as Redis: {exc}")
-        if is_out_of_memory(exc):
-            return OverloadedError(f"Redis at {self._url} is out of memory (maxmemory): nothing was written")
+        if refuses_writes(exc):
+            return OverloadedError(
+                f"Redis at {self._url} refuses writes, {why_writes_refused(exc)}: nothing was written"
+            )
         return None
