@@ -14,14 +14,24 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
 from typing import NoReturn
+
+# The longest the exit handlers may take. Some wait on what may never end: multiprocessing's joins the non-daemon
+# children a handler started, concurrent.futures' the threads of its pools (a handler stuck in one). The process ends
+# all the same; what it leaves in its process group is its supervisor's to end (the scheduler's group sweep).
+EXIT_HANDLERS_S = 3.0
 
 
 def end_process(code: int) -> NoReturn:
-    """Run the exit handlers (logging's flush among them), flush the standard streams, and end this process with
-    ``code``."""
+    """Run the exit handlers (logging's flush among them) for EXIT_HANDLERS_S at most, flush the standard streams,
+    and end this process with ``code``."""
     try:
-        atexit._run_exitfuncs()  # logging's flush is one (logging.shutdown)
+        handlers = threading.Thread(target=atexit._run_exitfuncs, name="exit handlers", daemon=True)
+        handlers.start()  # logging's flush is one (logging.shutdown)
+        handlers.join(EXIT_HANDLERS_S)
+        if handlers.is_alive():
+            print(f"streamserve: exit handlers still running after {EXIT_HANDLERS_S:g}s; exiting", file=sys.stderr)
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
