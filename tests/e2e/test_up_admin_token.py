@@ -26,6 +26,10 @@ deployments:
     import_path: tests.deployments:streamserve_environment
     num_replicas: 1
     graceful_shutdown_timeout_s: 2
+  - name: env-ext
+    import_path: tests.deployments:started_environment
+    external_scaler_enabled: true
+    graceful_shutdown_timeout_s: 2
 """
 PWN = '{"deployments":[{"name":"pwn","import_path":"os:system"}]}'
 
@@ -86,6 +90,25 @@ def test_replicas_never_see_the_token(farm: Farm) -> None:
         environ = Path(f"/proc/{pid}/environ").read_bytes() if Path(f"/proc/{pid}/environ").exists() else b""
         if "worker" in argv or "scheduler" in argv:
             assert token.encode() not in environ, argv
+
+
+def test_a_worker_started_with_the_gateway_s_secrets_starts_again_without_them(farm: Farm, tmp_path: Path) -> None:
+    """A worker run by hand (or by a unit sharing the gateway's environment) with the API key and the tenant keys:
+    neither is in the environment its user code can read, /proc/self/environ included."""
+    env = {**farm.env(), "REDIS_URL": farm.effective_redis_url}
+    env |= {"STREAMSERVE_API_KEY": "the-gateway-secret", "STREAMSERVE_TENANT_KEYS": str(tmp_path / "tenant-keys")}
+    with subprocess.Popen(
+        [farm.command, "worker", "env-ext"], cwd=farm.cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    ) as worker:
+        try:
+            answer = farm.post("/env-ext", None, headers={"X-Request-Timeout": "20"})
+            assert answer.status_code == 200, answer.text
+            names = answer.json()
+            assert "REDIS_URL" in names and "STREAMSERVE_API_KEY" not in names, names
+            assert "STREAMSERVE_TENANT_KEYS" not in names, names
+        finally:
+            worker.terminate()
+            worker.wait(30)
 
 
 ATTACK_PAGE = """<!doctype html><html><body>

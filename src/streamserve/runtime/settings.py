@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -415,10 +416,17 @@ class Settings(BaseSettings):
 
 
 def forget_gateway_secrets() -> None:
-    """Take the gateway's secrets out of this process's own environment: a process that runs user code and was
-    started with them (a systemd unit or a compose service sharing the gateway's environment) must not pass them on."""
-    for name in GATEWAY_SECRETS_ENV:
-        os.environ.pop(name, None)
+    """Take the gateway's secrets out of this process's environment: a process that runs user code and was started
+    with them (a systemd unit or a compose service sharing the gateway's environment) must not show them to it, nor
+    pass them on. Out of ``os.environ`` alone, they would still be in the environment it started with, which
+    ``/proc/self/environ`` shows: the process starts again without them (its argv, its open inheritable files), at
+    once, before it has done anything but read its settings."""
+    if not any(name in os.environ for name in GATEWAY_SECRETS_ENV):
+        return
+    env = {name: value for name, value in os.environ.items() if name not in GATEWAY_SECRETS_ENV}
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.execve(sys.executable, sys.orig_argv, env)
 
 
 def _with_query(url: str, name: str, secret: SecretStr) -> str:
