@@ -42,3 +42,30 @@ def test_a_server_that_does_not_answer_as_redis_is_redis_unavailable() -> None:
     assert str(error) == (
         'the server at redis://***@127.0.0.1:8000/0 does not answer as Redis: Protocol error, got "H" as reply'
     )
+
+
+@pytest.mark.parametrize(
+    ("query", "said"),
+    [
+        ("foo=bar", "its query names foo, which redis-py does not take"),
+        ("socket_timeout=abc", "its query: Invalid value for 'socket_timeout' in connection URL."),
+        ("ssl_ca_certs=/etc/ca.pem", "its query names ssl_ca_certs, which only a rediss:// (TLS) URL takes"),
+    ],
+)
+def test_an_option_redis_py_would_not_take_is_refused_when_the_client_is_made(query: str, said: str) -> None:
+    """(redis-py refuses it only once a first command connects, in a TypeError's traceback.)"""
+    with pytest.raises(ConfigError) as raised:
+        Client(f"redis://:secret@127.0.0.1:6379/0?{query}")
+    assert said in str(raised.value) and "secret" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "rediss://:pw@127.0.0.1:6380/0?ssl_ca_certs=/etc/ca.pem&ssl_cert_reqs=required",
+        "unix:///run/redis.sock?password=pw&db=1",
+        "redis://127.0.0.1:6379/0?socket_keepalive=true&health_check_interval=5&protocol=3",
+    ],
+)
+def test_the_options_redis_py_takes_are_taken(url: str) -> None:
+    Client(url).close()

@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from streamserve.control.resources import GPU_LIST_RE
 from streamserve.control.security import ImportAllowList
 from streamserve.transport.cluster_nodes import CLUSTER_NODES_ENV, give_nodes, parse_nodes
-from streamserve.transport.connections import redacted
+from streamserve.transport.connections import redacted, url_option_problem
 from streamserve.wire.errors import ConfigError
 from streamserve.wire.keys import DEFAULT_PREFIX, Keys
 from streamserve.wire.limits import ConfigLimits
@@ -64,6 +64,8 @@ def redis_url_problem(url: str) -> str | None:
         names = [pair.partition("=")[0] for pair in parts.query.split("&")]
         if "@" in parts.path or any("@" in name for name in names) or not parts.hostname:
             return _unparsable("it holds an '@' after its host")
+    if (problem := url_option_problem(url)) is not None:
+        return f"{redacted(url)!r}: {problem}"
     return None
 
 

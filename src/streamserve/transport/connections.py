@@ -25,6 +25,8 @@ from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.cluster import ClusterNode
+from redis.connection import Connection as SyncConnection
+from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.exceptions import (
     AskError,
     AuthenticationError,
@@ -464,6 +466,35 @@ class WriteRefusals:
             self.full = False
             if self._told:
                 self._logger.info("%s: Redis takes writes again", self._who)
+
+
+def url_option_problem(url: str) -> str | None:
+    """What is wrong with the options in a Redis URL's query (a misspelt name, a value of the wrong kind, a TLS
+    option on a plain redis:// URL), said without its password; None when redis-py takes them all. redis-py itself
+    says so only when a first command connects, in a TypeError's traceback."""
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()  # (REDIS:// is taken as redis://)
+    try:
+        options: dict[str, Any] = parse_url(f"{scheme}://{rest}")  # type: ignore[no-untyped-call]
+    except ValueError as exc:  # ("Invalid value for 'socket_timeout' in connection URL.": no part of the password)
+        return f"its query: {exc}"
+    kind = UnixDomainSocketConnection if scheme == "unix" else SSLConnection if scheme == "rediss" else SyncConnection
+    unknown = sorted(set(options) - _taken_by(kind) - {"connection_class"})  # (parse_url's own, for the scheme)
+    if not unknown:
+        return None
+    if scheme == "redis" and not set(unknown) - _taken_by(SSLConnection):
+        return f"its query names {', '.join(unknown)}, which only a rediss:// (TLS) URL takes"
+    return f"its query names {', '.join(unknown)}, which redis-py does not take"
+
+
+def _taken_by(kind: type[Any]) -> set[str]:
+    """The keyword arguments a redis-py connection class takes (its own and its bases')."""
+    taken: set[str] = set()
+    for cls in kind.__mro__:
+        if "__init__" in cls.__dict__:
+            parameters = inspect.signature(cls.__dict__["__init__"]).parameters.values()
+            taken |= {p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return taken
 
 
 _TLS_FILE_PARAMS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
