@@ -167,9 +167,9 @@ def end_stuck_stream(scope: Mapping[str, object], last: bytes, complete: bool, l
 def reset(transport: asyncio.Transport) -> None:
     """Cut the connection now, with a TCP reset: what the kernel still holds to send is dropped, not sent on to a
     client that reads too slowly to take it (a plain close would leave the kernel sending, for minutes)."""
-    sock = transport.get_extra_info("socket")  # (once closed, one whose fd is -1: setsockopt raises OSError)
-    if sock is not None:
-        with contextlib.suppress(OSError):
+    sock = transport.get_extra_info("socket")  # (once closed, one whose fd is -1: setsockopt raises)
+    if sock is not None and sock.fileno() >= 0:
+        with contextlib.suppress(OSError, ValueError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
     transport.abort()
 

@@ -46,15 +46,6 @@ class DepartureRules:
             f"not {self._pinned_version} (--version); this worker will not serve it"
         )
 
-    @staticmethod
-    def retired_exit_code(cfg: DeploymentConfig) -> int:
-        """How a replica leaves once the scheduler's record of it retires it: exit 0, as any replica the scheduler
-        stops; an externally scaled worker, which the scheduler never stops, but writes off when its heartbeat stops
-        (a host cut off from Redis, a stalled process), exits 1, for its supervisor to start it again (a new worker,
-        which joins). What it held was freed for others to run: going on unseen, what it read next would be freed
-        and run again, over and over."""
-        return 1 if cfg.external_scaler_enabled else 0
-
     def when_unhealthy(self, cfg: DeploymentConfig, problem: str) -> Departure | None:
         """An externally scaled worker whose check failed has no scheduler to replace it: it exits 1, for whatever
         runs it to start it again. Any other replica stays, reports UNHEALTHY, and is replaced by its scheduler."""

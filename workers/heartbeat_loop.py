@@ -50,12 +50,11 @@ class ReplicaHeartbeat:
         replica_id: ReplicaID,
         slots: Slots,
         leave: Callable[[Departure], None],
-        retired_exit: Callable[[], int | None],
+        leaving: Callable[[], bool],
         takes_over: str | None,
     ) -> None:
-        """``leave``: stops the replica. ``retired_exit``: the exit code it leaves with once its record retires it
-        (or vanishes), None while that does not decide (it is leaving anyway). ``takes_over``: the replica whose
-        last heartbeat the first beat replaces."""
+        """``leave``: stops the replica. ``leaving``: whether it is leaving anyway (its record decides nothing then).
+        ``takes_over``: the replica whose last heartbeat the first beat replaces."""
         self._settings = settings
         self._redis = redis
         self._keys = settings.keys
@@ -64,7 +63,7 @@ class ReplicaHeartbeat:
         self._name = replica_id.deployment
         self._slots = slots
         self._leave = leave
-        self._retired_exit = retired_exit
+        self._leaving = leaving
         self._takes_over = takes_over
         self.health = ReplicaHealth.STARTING
         self.message = ""  # why it failed or is unhealthy, for `status`
@@ -77,7 +76,9 @@ class ReplicaHeartbeat:
         self._told: News | None = None  # what its last heartbeat said (heartbeats.news_of), None before the first
         # A full Redis refuses every beat: said once per episode, not once a beat.
         self._memory = WriteRefusals(logger, f"replica {replica_id}")
-        self._counted = False  # a scheduler has recorded this replica (so a record that vanishes means "leave")
+        # None until a scheduler has recorded this replica (then a record that vanishes means "leave"); then whether
+        # its record says it is an externally started worker.
+        self._counted: bool | None = None
 
     def stop(self) -> None:
         """End the loop (at once, if it is waiting for its next beat)."""
@@ -174,24 +175,29 @@ class ReplicaHeartbeat:
 
         The scheduler signals the replicas it can see; this covers the rest (another host's, a killed farm's,
         one started by hand that the scheduler found it has no room for). A replica that never had a record
-        (no scheduler runs, or one has not looked yet) goes on serving. An externally scaled worker leaves with
-        exit code 1 (DepartureRules.retired_exit_code).
+        (no scheduler runs, or one has not looked yet) goes on serving.
+
+        An externally scaled worker (its record says so) is never stopped by the scheduler, which writes it off only
+        when its heartbeat stops (a host cut off from Redis, a stalled process) and frees what it held for other
+        workers to run. Back, it exits 1, for its supervisor to start it again (a new worker, which joins): serving
+        on unseen, what it read would be freed and run again, over and over.
         """
-        if raw_record is None:
-            if self._counted:
-                self._retired("its record is gone from the scheduler's replica hash")
+        if self._leaving():
             return
-        self._counted = True
+        if raw_record is None:
+            if self._counted is not None:
+                self._leave_retired("its record is gone from the scheduler's replica hash: no farm counts it")
+            return
         try:
-            state = ReplicaRecord.decode(raw_record).state
+            record = ReplicaRecord.decode(raw_record)
         except ProtocolError:
             return
-        if state in RETIRED_REPLICA_STATES:
-            self._retired(f"its record says {state.value}")
+        self._counted = record.external
+        if record.state in RETIRED_REPLICA_STATES:
+            self._leave_retired(f"its record says {record.state.value}")
 
-    def _retired(self, why: str) -> None:
-        code = self._retired_exit()
-        if code == 0:
-            self._leave(Departure(0, f"the scheduler retired it ({why}): no farm counts it"))
-        elif code is not None:
-            self._leave(Departure(code, f"the scheduler wrote it off ({why}): exiting, for its supervisor to start it"))
+    def _leave_retired(self, why: str) -> None:
+        if self._counted:
+            self._leave(Departure(1, f"the scheduler wrote it off ({why}): exiting, for its supervisor to start it"))
+        else:
+            self._leave(Departure(0, f"the scheduler retired it ({why})"))

@@ -17,10 +17,12 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable
 
+from redis.exceptions import ResponseError
+
 from streamserve.metrics.definitions import MODEL_HIT, MODEL_LOAD, MODEL_LOAD_DURATION, MODEL_LOADS, MODEL_REQUESTS
 from streamserve.metrics.figures import Figures
 from streamserve.runtime.settings import Settings
-from streamserve.transport.connections import RETRYABLE_ERRORS
+from streamserve.transport.connections import RETRYABLE_ERRORS, refuses_writes
 from streamserve.transport.model_streams import ModelStreams
 from streamserve.wire.models import hold_ms
 
@@ -153,6 +155,10 @@ class ModelHolder:
             try:
                 await self.renew()
             except RETRYABLE_ERRORS as exc:
+                logger.warning("replica %s: renewing its models failed: %s", self._replica_id, exc)
+            except ResponseError as exc:  # Redis refusing writes (out of memory, a full disk): the next renewal
+                if not refuses_writes(exc):
+                    raise
                 logger.warning("replica %s: renewing its models failed: %s", self._replica_id, exc)
 
     async def leave(self) -> None:

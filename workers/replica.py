@@ -97,7 +97,7 @@ class Replica:
         # The deployment's config as last read, None until loading reads it; the serving half is given each one.
         self._config: DeploymentConfig | None = None
         self._heartbeat = ReplicaHeartbeat(
-            settings, redis, replica_id, self._slots, self._leave, self._retired_exit, takes_over
+            settings, redis, replica_id, self._slots, self._leave, self._stopping.is_set, takes_over
         )
 
     # -- stopping --------------------------------------------------------------
@@ -136,13 +136,6 @@ class Replica:
     def farm_gone(self) -> bool:
         """Whether it leaves because its `streamserve up` died: then no scheduler will end what it leaves behind."""
         return self._farm_gone
-
-    def _retired_exit(self) -> int | None:
-        """The exit code to leave with once the scheduler's record of it retires it (DepartureRules); None once it is
-        leaving anyway. Before its config is read, as for a replica the scheduler started."""
-        if self._stopping.is_set():
-            return None
-        return 0 if self._config is None else self._rules.retired_exit_code(self._config)
 
     # -- the lifecycle ---------------------------------------------------------
 

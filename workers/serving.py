@@ -431,6 +431,9 @@ class Serving:
         this request as any other. One that has not started by then goes back to the queue, unrun and uncharged.
         """
         self._call_made.clear()
+        if self._calls_out():  # (a call made while the others were handed back)
+            self._accept(entry_id, fields)
+            return
         if not await self._idle_unless_stopping():
             with contextlib.suppress(*RETRYABLE_ERRORS):  # else it stays pending: freed once this replica is gone
                 await self._hand_back([entry_id])

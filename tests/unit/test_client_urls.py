@@ -65,6 +65,7 @@ def test_an_option_redis_py_would_not_take_is_refused_when_the_client_is_made(qu
         "rediss://:pw@127.0.0.1:6380/0?ssl_ca_certs=/etc/ca.pem&ssl_cert_reqs=required",
         "unix:///run/redis.sock?password=pw&db=1",
         "redis://127.0.0.1:6379/0?socket_keepalive=true&health_check_interval=5&protocol=3",
+        "redis://127.0.0.1:6379/0?max_connections=50&timeout=5",
     ],
 )
 def test_the_options_redis_py_takes_are_taken(url: str) -> None:

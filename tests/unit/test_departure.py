@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from streamserve.wire.config import DeploymentConfig
 from streamserve.workers.departure import Departure, DepartureRules
 
@@ -19,11 +17,6 @@ def test_a_pinned_worker_refuses_another_version_and_takes_its_own() -> None:
     at_code = config()
     assert DepartureRules("echo", at_code.code_version()).refusal(at_code) == ""
     assert "not v1 (--version)" in DepartureRules("echo", "v1").refusal(config(version="v2"))
-
-
-@pytest.mark.parametrize("external", [False, True])
-def test_an_externally_scaled_worker_leaves_a_retired_record_for_its_supervisor(external: bool) -> None:
-    assert DepartureRules.retired_exit_code(config(external)) == (1 if external else 0)
 
 
 def test_an_unhealthy_or_deleted_external_worker_exits_1_and_a_scheduled_replica_stays() -> None:

@@ -53,6 +53,7 @@ from streamserve.runtime.processes import (
     pids_with_env,
     process_ref,
     role_command,
+    runs_a_role,
     runs_replica,
     stop_group,
     wait_until,
@@ -218,12 +219,12 @@ class Farm:
 
     def _end_what_a_dead_farm_left(self) -> None:
         """End what still carries the mark of an `up` that ran from this data directory and was killed with -9: its
-        own processes left by themselves, but a process its replicas' code detached from their process groups (a
-        daemon: a double fork and setsid) did not."""
+        own processes leave by themselves (within their drain), but a process its replicas' code detached from their
+        process groups (a daemon: a double fork and setsid) does not."""
         dead = dead_farm(self.data_dir)
         if dead is None:
             return
-        left = pids_with_env("STREAMSERVE_SUPERVISOR", dead.supervisor)
+        left = [pid for pid in pids_with_env("STREAMSERVE_SUPERVISOR", dead.supervisor) if not runs_a_role(pid)]
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)

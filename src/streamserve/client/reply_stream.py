@@ -168,15 +168,24 @@ class ReplyStream:
             feed.fail(error)
             feed.close()  # a stream not ended is cancelled: nobody will read its chunks
         with contextlib.suppress(*RETRYABLE_ERRORS):
-            await self._redis.delete(self.name)
+            try:
+                await self._redis.delete(self.name)
+            except ResponseError as exc:  # (it lapses by itself)
+                if not refuses_writes(exc):
+                    raise
 
     async def _keep(self) -> None:
-        """Refresh the expiry; recreate the stream if Redis lost it (restarted without its data)."""
+        """Refresh the expiry; recreate the stream if Redis lost it (restarted without its data). Redis away, or
+        refusing writes (a full disk refuses EXPIRE), is tried again at the next refresh."""
         while True:
             await asyncio.sleep(REPLY_STREAM_TTL_S / 3)
             try:
                 await self._ensure_exists()
             except RETRYABLE_ERRORS as exc:
+                logger.warning("reply stream upkeep failed: %s", exc)
+            except ResponseError as exc:
+                if not refuses_writes(exc):
+                    raise
                 logger.warning("reply stream upkeep failed: %s", exc)
 
     async def _ensure_exists(self) -> None:

@@ -12,6 +12,7 @@ streams) happens here, and the process ends at once.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import sys
 import threading
@@ -30,10 +31,12 @@ def end_process(code: int) -> NoReturn:
         handlers = threading.Thread(target=atexit._run_exitfuncs, name="exit handlers", daemon=True)
         handlers.start()  # logging's flush is one (logging.shutdown)
         handlers.join(EXIT_HANDLERS_S)
-        if handlers.is_alive():
-            print(f"streamserve: exit handlers still running after {EXIT_HANDLERS_S:g}s; exiting", file=sys.stderr)
-        for stream in (sys.stdout, sys.stderr):
-            if stream is not None:
-                stream.flush()
+        if handlers.is_alive():  # (the stuck one may hold a stream's lock: said by os.write, and no flush waited on)
+            os.write(2, f"streamserve: exit handlers still running after {EXIT_HANDLERS_S:g}s; exiting\n".encode())
+            logging.shutdown()  # the log's last lines: its handler, registered first, runs last, after the stuck one
+        else:
+            for stream in (sys.stdout, sys.stderr):
+                if stream is not None:
+                    stream.flush()
     finally:
         os._exit(code)

@@ -189,6 +189,15 @@ def pids_with_env(name: str, value: str) -> list[int]:
     return found
 
 
+def runs_a_role(pid: int) -> bool:
+    """Whether ``pid`` runs one of a farm's own processes (role_command's ``python -m streamserve ROLE``)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return argv[1:3] == [b"-m", b"streamserve"]
+
+
 def runs_replica(pid: int, replica_id: ReplicaID) -> bool:
     """Whether ``pid`` is a live replica process with this id (its command line says so; guards against pid reuse)."""
     try:

@@ -25,8 +25,8 @@ from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.cluster import ClusterNode
+from redis.connection import BlockingConnectionPool, SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.connection import Connection as SyncConnection
-from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.exceptions import (
     AskError,
     AuthenticationError,
@@ -479,7 +479,9 @@ def url_option_problem(url: str) -> str | None:
     except ValueError as exc:  # ("Invalid value for 'socket_timeout' in connection URL.": no part of the password)
         return f"its query: {exc}"
     kind = UnixDomainSocketConnection if scheme == "unix" else SSLConnection if scheme == "rediss" else SyncConnection
-    unknown = sorted(set(options) - _taken_by(kind) - {"connection_class"})  # (parse_url's own, for the scheme)
+    # (connection_class: parse_url's own, for the scheme; the pool's options, max_connections and the like, are
+    # taken by the pool from_url makes)
+    unknown = sorted(set(options) - _taken_by(kind) - _taken_by(BlockingConnectionPool) - {"connection_class"})
     if not unknown:
         return None
     if scheme == "redis" and not set(unknown) - _taken_by(SSLConnection):
