@@ -53,7 +53,7 @@ class LeaderLock:
         except Exception as exc:
             if not refuses_writes(exc):
                 raise
-            if not self.held:  # the lock was free (the script writes only then), and stays free
+            if not self.held:  # (SET NX of a free lock, refused: it stays free)
                 raise
             self.writes_refused = exc
         return self.held

@@ -68,13 +68,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Set once the worker is asked to stop: a write Redis refuses is no longer waited for (its last writes are tried once).
-_STOPPING = threading.Event()
+# When the worker was asked to stop (time.monotonic()), None before: from then on a write Redis refuses is waited for
+# REFUSED_AFTER_STOP_S at most (a job's result through a moment's want of memory; not through a full disk for ever).
+_stopped_at: float | None = None
+REFUSED_AFTER_STOP_S = 5.0
+
+
+def _stop_asked() -> None:
+    global _stopped_at
+    if _stopped_at is None:
+        _stopped_at = time.monotonic()
 
 
 class WaitWhileFull(Retry):
     """The connection's retry policy, and besides: a command Redis refuses (for memory, or a full disk) is sent again
-    until taken, or until the worker is asked to stop.
+    until taken; once the worker is asked to stop, for REFUSED_AFTER_STOP_S at most.
 
     A refused command did not run (a transaction that held one was discarded whole), so sending it again is safe.
     """
@@ -96,7 +104,10 @@ class WaitWhileFull(Retry):
             try:
                 result = self._policy.call_with_retry(do, fail, *args, **kwargs)
             except redis.ResponseError as exc:
-                if not self._refusals.refused(exc) or _STOPPING.is_set():
+                stopped_at = _stopped_at
+                if not self._refusals.refused(exc) or (
+                    stopped_at is not None and time.monotonic() - stopped_at > REFUSED_AFTER_STOP_S
+                ):
                     raise
                 time.sleep(backoff.next())
                 continue
@@ -135,7 +146,7 @@ class JobWorker(SimpleWorker):
         (BLMOVE, to RQ's intermediate list) and before it ran it, the job was lost, 'queued' and in no queue, until
         RQ's own cleanup failed it minutes later. The job taken in that moment is run now, then the worker stops.
         """
-        _STOPPING.set()
+        _stop_asked()
         if self.get_state() == WorkerStatus.BUSY:
             super()._shutdown()  # type: ignore[no-untyped-call]
             return
@@ -190,7 +201,7 @@ class JobWorker(SimpleWorker):
         (its retries of a Redis gone with `up` would take far longer)."""
         logger.warning("job worker %s: %s; stopping", self.name, why)
         stop_retrying()
-        _STOPPING.set()
+        _stop_asked()
         self._stop_requested = True  # what RQ's warm shutdown sets; its own would first write to Redis
         deadline = threading.Timer(FARM_GONE_DRAIN_S + FARM_GONE_WIND_DOWN_S, self._end_now)
         deadline.daemon = True

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import inspect
 import logging
@@ -104,6 +105,10 @@ def _unload_now(model_id: str, model: Any) -> None:
         logger.exception("model %s: closing it failed", model_id)
 
 
+# The cache whose loader the calling code runs in, if any (_Models._full).
+_LOADING: contextvars.ContextVar[_Models | None] = contextvars.ContextVar("streamserve_loading", default=None)
+
+
 class _Models:
     """The models one loader keeps for one owner (an instance, or a plain function): most recently used last."""
 
@@ -125,8 +130,10 @@ class _Models:
 
     def _full(self) -> bool:
         """Whether loads on their way take every place: another waits for one of them (then unloads a model), so
-        that no more than the most are ever kept or loading at once."""
-        return len(self._loading) >= self._most
+        that no more than the most are ever kept or loading at once. Not for a load its own loader asks for (an
+        adapter's loader that gets its base model from the same cache), which would wait on itself: it goes beside,
+        one more for a while."""
+        return len(self._loading) >= self._most and _LOADING.get() is not self
 
     def _unload_some(self, more: Callable[[], bool]) -> list[tuple[str, Any]]:
         """Models taken out while ``more()``: the least recently used of those another replica holds too first, then
@@ -166,11 +173,14 @@ class _Models:
                 await _unload(gone, model)
             del unloaded[:]  # the last references: __del__ runs now, before the new model takes the memory
             started = time.perf_counter()
+            loading = _LOADING.set(self)  # (this load's own task: its context only)
             try:
                 model = await self._call_loader(model_id)
             except BaseException:
                 _tell("failed", model_id)
                 raise
+            finally:
+                _LOADING.reset(loading)
             self.models[model_id] = model
             _tell("loaded", model_id, time.perf_counter() - started)
             return model
@@ -206,7 +216,11 @@ class _Models:
                 _unload_now(gone, model)
             del unloaded[:]
             started = time.perf_counter()
-            model = self._call_loader(model_id)
+            loading = _LOADING.set(self)
+            try:
+                model = self._call_loader(model_id)
+            finally:
+                _LOADING.reset(loading)
         except BaseException as exc:
             with self._lock:
                 del self._loading[model_id]

@@ -228,6 +228,7 @@ def test_redis_in_the_namespace_is_the_image_compose_pins_and_is_restarted_only_
     ready, live = server["readinessProbe"], server["livenessProbe"]
     assert live["exec"] == ready["exec"]
     assert "redis-cli ping" in " ".join(live["exec"]["command"])
+    assert "MISCONF" in " ".join(live["exec"]["command"])  # a full disk: Redis refuses PING, and runs
     # An AOF rewrite can stall Redis for seconds: a minute without an answer before a restart.
     assert live["periodSeconds"] * live["failureThreshold"] >= 60
     assert live["periodSeconds"] > ready["periodSeconds"] and live["timeoutSeconds"] >= ready["timeoutSeconds"]

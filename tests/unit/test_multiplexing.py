@@ -271,3 +271,39 @@ def test_a_request_without_a_model_id_is_told_how_each_caller_names_one() -> Non
     message = no_model_message("forecast")
     assert "'forecast' serves many models" in message
     assert all(way in message for way in ("X-Model-Id header", "model_id=", "--model-id"))
+
+
+async def test_a_loader_that_gets_from_its_own_cache_does_not_wait_on_itself() -> None:
+    """An adapter's loader that loads its base model through the same cache, with one place: the base's load goes
+    beside the adapter's (it would wait for the adapter's load, which waits for it)."""
+
+    class Adapters:
+        def __init__(self) -> None:
+            self.loads: list[str] = []
+
+        @streamserve.multiplexed(max_models_per_replica=1)
+        async def get_model(self, model_id: str) -> str:
+            self.loads.append(model_id)
+            if model_id.startswith("adapter-"):
+                base = await self.get_model("base")
+                return f"{model_id} on {base}"
+            return model_id
+
+    adapters = Adapters()
+    assert await asyncio.wait_for(adapters.get_model("adapter-a"), 5) == "adapter-a on base"
+    assert adapters.loads == ["adapter-a", "base"]
+
+
+def test_a_sync_loader_that_gets_from_its_own_cache_does_not_wait_on_itself() -> None:
+    class Adapters:
+        @streamserve.multiplexed(max_models_per_replica=1)
+        def get_model(self, model_id: str) -> str:
+            if model_id.startswith("adapter-"):
+                return f"{model_id} on {self.get_model('base')}"
+            return model_id
+
+    got: list[str] = []
+    loading = threading.Thread(target=lambda: got.append(Adapters().get_model("adapter-a")), daemon=True)
+    loading.start()
+    loading.join(5)  # (a daemon thread: should it wait on itself, the test fails, and ends)
+    assert got == ["adapter-a on base"]

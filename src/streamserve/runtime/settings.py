@@ -421,8 +421,8 @@ def forget_gateway_secrets() -> None:
     """Take the gateway's secrets out of this process's environment: a process that runs user code and was started
     with them (a systemd unit or a compose service sharing the gateway's environment) must not show them to it, nor
     pass them on. Out of ``os.environ`` alone, they would still be in the environment it started with, which
-    ``/proc/self/environ`` shows: the process starts again without them (its argv, its open inheritable files), at
-    once, before it has done anything but read its settings."""
+    ``/proc/self/environ`` shows: the process starts again without them (its argv, its open inheritable files),
+    before it imports any user code."""
     if not any(name in os.environ for name in GATEWAY_SECRETS_ENV):
         return
     env = {name: value for name, value in os.environ.items() if name not in GATEWAY_SECRETS_ENV}
