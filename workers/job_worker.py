@@ -43,6 +43,7 @@ from streamserve.client.job_guard import GuardedJob
 from streamserve.client.jobs import JOB_SERIALIZER, JobQueue, job_worker_name, jobs_redis_url
 from streamserve.runtime.lifeline import FARM_GONE_DRAIN_S, FARM_GONE_WIND_DOWN_S, inherited, watch_from_thread
 from streamserve.runtime.logging_setup import start_process
+from streamserve.runtime.processes import role_command
 from streamserve.runtime.settings import Settings, forget_gateway_secrets
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import WriteRefusals, redacted, stop_retrying, sync_redis
@@ -237,7 +238,9 @@ def leave_with_the_farm(worker: JobWorker, settings: Settings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _args, settings = start_process(build_parser(), argv)
-    forget_gateway_secrets()  # it needs none, and passes its environment on to nothing that should have them
+    forget_gateway_secrets(
+        role_command("job-worker", *(argv or []))
+    )  # it needs none, and passes its environment on to nothing that should have them
     url = jobs_redis_url(settings)
     connection = sync_redis(url)
     policy = connection.get_retry()

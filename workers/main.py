@@ -73,7 +73,7 @@ def restart_command(worker_args: list[str], replica_id: ReplicaID) -> list[str]:
 def main(argv: list[str]) -> int:
     """``argv``: the arguments after ``streamserve worker``."""
     args, settings = start_process(build_parser(), argv)
-    forget_gateway_secrets()  # before any user code is imported
+    forget_gateway_secrets(role_command("worker", *argv))  # before any user code is imported
     replica_id = ReplicaID.from_str(args.replica_id) if args.replica_id else ReplicaID.new(args.deployment)
     if replica_id.deployment != args.deployment:
         print(f"replica id {replica_id} does not belong to deployment {args.deployment!r}", file=sys.stderr)

@@ -417,18 +417,18 @@ class Settings(BaseSettings):
         return env
 
 
-def forget_gateway_secrets() -> None:
+def forget_gateway_secrets(command: list[str]) -> None:
     """Take the gateway's secrets out of this process's environment: a process that runs user code and was started
     with them (a systemd unit or a compose service sharing the gateway's environment) must not show them to it, nor
     pass them on. Out of ``os.environ`` alone, they would still be in the environment it started with, which
-    ``/proc/self/environ`` shows: the process starts again without them (its argv, its open inheritable files),
-    before it imports any user code."""
+    ``/proc/self/environ`` shows: the process starts again without them, as ``command`` (runtime.processes'
+    role_command: its open inheritable files stay), before it imports any user code."""
     if not any(name in os.environ for name in GATEWAY_SECRETS_ENV):
         return
     env = {name: value for name, value in os.environ.items() if name not in GATEWAY_SECRETS_ENV}
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    os.execve(sys.executable, sys.orig_argv, env)
+    os.execve(command[0], command, env)
 
 
 def _with_query(url: str, name: str, secret: SecretStr) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -489,14 +490,15 @@ def url_option_problem(url: str) -> str | None:
     return f"its query names {', '.join(unknown)}, which redis-py does not take"
 
 
-def _taken_by(kind: type[Any]) -> set[str]:
+@functools.cache
+def _taken_by(kind: type[Any]) -> frozenset[str]:
     """The keyword arguments a redis-py connection class takes (its own and its bases')."""
     taken: set[str] = set()
     for cls in kind.__mro__:
         if "__init__" in cls.__dict__:
             parameters = inspect.signature(cls.__dict__["__init__"]).parameters.values()
             taken |= {p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-    return taken
+    return frozenset(taken)
 
 
 _TLS_FILE_PARAMS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
