@@ -26,7 +26,7 @@ from streamserve.cli.roles import ROLE_COMMANDS, run_role
 from streamserve.cli.writes import cmd_delete, cmd_deploy, cmd_scale, cmd_traffic
 from streamserve.runtime.process_exit import end_process
 from streamserve.runtime.processes import hide_passwords_from_ps
-from streamserve.runtime.settings import Settings
+from streamserve.runtime.settings import Settings, unknown_settings
 from streamserve.transport.connections import connection_hint
 from streamserve.wire.errors import ConfigError, RedisUnavailableError, StreamServeError
 
@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     # lands inside redis-py's pool wait can be swallowed (asyncio.wait_for before 3.12), leaving --wait hanging.
     restore = set_sigint(on_interrupt)
     settings: Settings | None = None
+    for line in unknown_settings(os.environ):
+        print(f"warning: {line}", file=sys.stderr)
     try:
         settings = beside_running_farm(args, Settings.from_command_line(args))
         settings.give_cluster_nodes()

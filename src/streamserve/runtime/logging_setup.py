@@ -10,7 +10,7 @@ from pythonjsonlogger.json import JsonFormatter
 
 from streamserve.runtime import tracing
 from streamserve.runtime.fd_limit import raise_fd_limit
-from streamserve.runtime.settings import Settings, add_redis_url_option
+from streamserve.runtime.settings import Settings, add_redis_url_option, unknown_settings
 from streamserve.transport.redis_checks import redis_problems, warning_text
 from streamserve.wire.printable import printable, printable_lines
 
@@ -87,8 +87,8 @@ def setup_logging(debug: bool = False, log_format: str = "text", role: str = "")
 def start_process(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     """What every role's entry point does first: parse its command line (with ``--redis-url``), build its
     settings from that and the environment, set up logging (and tracing, if the environment asks: runtime/tracing.py),
-    and warn once if Redis may lose work (see redis_checks; the processes it starts get ``check_redis`` off, so that
-    they do not repeat it)."""
+    and warn once of STREAMSERVE_ variables that are no setting and if Redis may lose work (see redis_checks; the
+    processes it starts get ``check_redis`` off, so that they do not repeat either)."""
     add_redis_url_option(parser)
     args = parser.parse_args(argv)
     settings = Settings.from_command_line(args)
@@ -98,6 +98,8 @@ def start_process(parser: argparse.ArgumentParser, argv: list[str] | None) -> tu
     tracing.start(TRACED_ROLES.get(role, role))
     raise_fd_limit()  # every role holds connections (Redis, clients, replicas' pipes): as many as the system allows
     if settings.check_redis:
+        for line in unknown_settings(os.environ):
+            logger.warning("%s", line)
         if lines := redis_problems(settings.effective_redis_url):
             logger.warning("%s", warning_text(settings.effective_redis_url, lines))
         settings = settings.model_copy(update={"check_redis": False})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Mapping
@@ -415,6 +416,37 @@ class Settings(BaseSettings):
         for name in GATEWAY_SECRETS_ENV:
             env.pop(name, None)
         return env
+
+
+# STREAMSERVE_ names that are no setting of a streamserve process, and what reads them.
+OTHER_ENV_NAMES = {"STREAMSERVE_REDIS_MAXMEMORY": "docker/compose.yaml"}
+
+
+def setting_env_names() -> frozenset[str]:
+    """The environment variables a streamserve process reads its settings from (Settings' fields, by name or alias)."""
+    names = set(OTHER_ENV_NAMES)
+    for name, field in Settings.model_fields.items():
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices):
+            names.update(choice for choice in alias.choices if isinstance(choice, str))
+        else:
+            names.add(f"STREAMSERVE_{name.upper()}")
+    return frozenset(names)
+
+
+def unknown_settings(environ: Mapping[str, str]) -> list[str]:
+    """A line for each ``STREAMSERVE_`` variable of ``environ`` that is no setting, naming the nearest one: a misspelt
+    name (``STREAMSERVE_API_KEYS``) is otherwise ignored without a word, and the gateway runs without its key."""
+    prefix = "STREAMSERVE_"
+    known = setting_env_names()  # (names are read whatever their case, as pydantic-settings reads them)
+    endings = sorted(name.removeprefix(prefix) for name in known if name.startswith(prefix))
+    lines = []
+    for name in sorted(environ):
+        if name.upper().startswith(prefix) and name.upper() not in known:
+            near = difflib.get_close_matches(name.upper().removeprefix(prefix), endings, n=1, cutoff=0.6)
+            hint = f" (did you mean {prefix}{near[0]}?)" if near else " (docs/configuration.md lists the settings)"
+            lines.append(f"{name} is not a streamserve setting and is ignored{hint}")
+    return lines
 
 
 def forget_gateway_secrets(command: list[str]) -> None:
