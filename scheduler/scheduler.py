@@ -37,6 +37,7 @@ from streamserve.scheduler.store import RedisReplicaStore
 from streamserve.scheduler.types import Clock, Launcher, Timeouts
 from streamserve.transport.connections import (
     RETRYABLE_ERRORS,
+    OutageLog,
     WriteRefusals,
     async_redis,
     connection_hint,
@@ -105,6 +106,7 @@ class Scheduler:
         # When the last tick read the heartbeats (this clock's ms; 0: none yet), to tell a stall between two reads.
         self._last_read_ms = 0
         self._memory = WriteRefusals(logger, f"scheduler {self._lock.holder_id}")
+        self._outage = OutageLog(logger, f"scheduler {self._lock.holder_id}")
         self.should_exit = asyncio.Event()
         self.ticks = 0
 
@@ -115,9 +117,9 @@ class Scheduler:
             while not self.should_exit.is_set():
                 try:
                     await self._lead_or_wait()
+                    self._outage.answered()
                 except RETRYABLE_ERRORS as exc:
-                    hint = connection_hint(self._settings.effective_redis_url, exc)
-                    logger.warning("scheduler: Redis unavailable (%s%s); retrying", exc, hint)
+                    self._outage.lost(exc, connection_hint(self._settings.effective_redis_url, exc))
                     self._redis_was_away = True
                     self._last_read_ms = 0  # (said above: not a stall as well)
                 except Exception as exc:

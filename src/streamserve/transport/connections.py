@@ -469,6 +469,41 @@ class WriteRefusals:
                 self._logger.info("%s: Redis takes writes again", self._who)
 
 
+class OutageLog:
+    """Tells that Redis is unavailable once, again every REMIND_S while it stays so, and once that it answers again.
+
+    For loops that retry every tick (the scheduler's, 5 a second): a line per try filled the log for as long as an
+    outage lasted, and one that nobody fixes (a password changed under a running farm) lasts until someone looks.
+    """
+
+    REMIND_S = 60.0
+
+    def __init__(self, logger: logging.Logger, who: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._logger = logger
+        self._who = who
+        self._clock = clock
+        self._since: float | None = None  # when the outage under way began
+        self._told_at = 0.0
+
+    def lost(self, exc: BaseException, hint: str = "") -> None:
+        """A try failed for want of Redis (``exc``; ``hint``: what may fix it, connection_hint)."""
+        now = self._clock()
+        if self._since is None:
+            self._since = self._told_at = now
+            self._logger.warning("%s: Redis unavailable (%s%s); retrying", self._who, exc, hint)
+        elif now - self._told_at >= self.REMIND_S:
+            self._told_at = now
+            self._logger.warning(
+                "%s: Redis still unavailable after %.0fs (%s%s); retrying", self._who, now - self._since, exc, hint
+            )
+
+    def answered(self) -> None:
+        """A try went through: the outage, if one was on, is over."""
+        if self._since is not None:
+            self._logger.warning("%s: Redis answers again after %.1fs", self._who, self._clock() - self._since)
+            self._since = None
+
+
 def url_option_problem(url: str) -> str | None:
     """What is wrong with the options in a Redis URL's query (a misspelt name, a value of the wrong kind, a TLS
     option on a plain redis:// URL), said without its password; None when redis-py takes them all. redis-py itself
