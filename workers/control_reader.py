@@ -3,7 +3,8 @@
 Callers add to it with NOMKSTREAM (Keys.replica_control), so the replica makes
 it when it starts, with a first entry, and deletes it when it exits. Each read
 also renews the stream's expiry, so that one left by a replica killed with -9
-does not outlive it for long. Entries are dispatched by their ``kind`` field to
+does not outlive it for long; a renewal that finds it gone (it lapsed while
+Redis refused writes) makes it again. Entries are dispatched by their ``kind`` field to
 the handler of that kind; kinds with no handler (the first entry's, or a kind a
 newer caller sends) are skipped. A Redis outage is waited out, never fatal.
 """
@@ -86,6 +87,10 @@ class ControlReader:
                 renew = ("PEXPIRE", self._key, CONTROL_TTL_MS)
                 batches = await self._reader.read((*read, self._last), CONTROL_BLOCK_MS, before=renew)
                 backoff.reset()
+                if self._reader.before_reply == 0:
+                    # Gone: it lapsed while Redis refused its renewals (a full disk, out of memory), or a Redis that
+                    # restarted lost it. Callers add with NOMKSTREAM: made again, or their cancels go nowhere.
+                    self._made = False
             except Exception as exc:  # Redis away, or anything else: the replica serves on, and this tries again
                 self._made = False
                 delay = backoff.next()

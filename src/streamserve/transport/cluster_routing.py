@@ -178,9 +178,11 @@ class ClusterBlockingReader:
         self._router = ClusterRouter(cluster)
         self._node: ClusterNode | None = None
         self._connection: Connection | None = None
+        self.before_reply: Any = None  # the last read's ``before`` reply (an error as a ResponseError)
 
     async def read_raw(self, command: Command, block_ms: int, before: Command | None = None) -> Any:
         """The raw reply of the blocking read (``before``, on the same stream, goes ahead of it in one write)."""
+        self.before_reply = None
         refused_until: float | None = None  # (the loop's clock) when a refusal that keeps coming is raised
         attempt = 0
         while True:
@@ -198,7 +200,7 @@ class ClusterBlockingReader:
                 async with asyncio.timeout(limit_s):
                     await connection.send_packed_command(packed)
                     if before is not None:
-                        await read_reply(connection)
+                        self.before_reply = await read_reply(connection)
                     return await connection.read_response(timeout=math.inf)
             except _REDIRECTED:
                 now = asyncio.get_running_loop().time()

@@ -201,15 +201,20 @@ class BlockingReader:
         self._cluster = ClusterBlockingReader(redis) if is_cluster_client(redis) else None  # type: ignore[arg-type]
         self._pool = None if self._cluster is not None else redis.connection_pool
         self._connection: AbstractConnection | None = None
+        # The last read's ``before`` reply (an error reply as a ResponseError, not raised).
+        self.before_reply: Any = None
 
     async def read(self, command: Command, block_ms: int, before: Command | None = None) -> StreamBatches:
         """The read's entries, by stream (empty when BLOCK passed with none); a failed connection is dropped.
 
-        ``before``: a command sent ahead of the read in the same write (its reply, even an error, is
-        dropped), so that upkeep such as trimming costs no round trip of its own.
+        ``before``: a command sent ahead of the read in the same write (its reply, even an error, is kept in
+        ``before_reply``, not raised), so that upkeep such as an expiry's renewal costs no round trip of its own.
         """
+        self.before_reply = None
         if self._cluster is not None:
-            return _batches(await self._cluster.read_raw(command, block_ms, before))
+            reply = await self._cluster.read_raw(command, block_ms, before)
+            self.before_reply = self._cluster.before_reply
+            return _batches(reply)
         if self._connection is None:
             self._connection = await self._pool.get_connection()  # type: ignore[union-attr]
         connection = self._connection
@@ -222,7 +227,7 @@ class BlockingReader:
                     await connection.send_packed_command(packed)
                 else:
                     await connection.send_packed_command(hiredis.pack_command(before) + packed)  # type: ignore[arg-type]
-                    await read_reply(connection)
+                    self.before_reply = await read_reply(connection)
                 reply = await connection.read_response(timeout=math.inf)
         except ResponseError:
             raise  # the command failed (e.g. NOGROUP); the connection is fine
