@@ -133,6 +133,9 @@ async def test_a_queued_job_cancelled_never_runs(
     await wait_for_job(http, after, "finished", processes)
     assert events_of("cancelled") == []
     assert await status_of(http, job_id) == {"job_id": job_id, "status": "canceled"}
+    # Its record lapses after the result TTL, as a finished job's does; RQ's canceled registry does not keep it.
+    assert 0 < connection.ttl(f"rq:job:{job_id}") <= settings.job_result_ttl_s
+    assert connection.zscore(f"rq:canceled:{settings.keys.jobs_queue()}", job_id) is None
 
 
 async def test_a_job_cancelled_as_a_worker_takes_it_fails_without_calling(

@@ -42,6 +42,7 @@ from rq import Queue
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.job import JobStatus as RQJobStatus
+from rq.registry import CanceledJobRegistry
 from rq.serializers import JSONSerializer
 
 from streamserve.client.job_guard import JOB_FUNCTION as JOB_FUNCTION  # what RQ workers run, named here too
@@ -350,8 +351,20 @@ class JobQueue:
             # refuses only a job it has cancelled already (by hand, with RQ itself): then it is off the queue too.
             with contextlib.suppress(InvalidJobOperation):
                 job.cancel()
+            self._lapse_when_finished_would(job)
         uncount(job, self._keys)
         return JobInfo(job_id, JobStatus.CANCELED)
+
+    def _lapse_when_finished_would(self, job: Job) -> None:
+        """A job cancelled while queued never runs, so RQ never gives its record a TTL, and keeps its id in the queue's
+        canceled registry, which nothing cleans: both stayed for ever, and the job answered ``canceled`` for ever.
+        Its record now lapses after the result TTL, as a finished job's does (then 404); its cancel key, which
+        outlives it, says ``canceled`` meanwhile."""
+        canceled = CanceledJobRegistry(self.queue.name, connection=self.connection, serializer=JOB_SERIALIZER)
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.expire(job.key, self._result_ttl_s)
+            pipe.zrem(canceled.key, job.id)
+            pipe.execute()
 
     def _fetch(self, job_id: str) -> Job:
         """Job ``job_id`` of this queue; NotFoundError for a malformed id, one unknown or past its TTL (BadRequestError
