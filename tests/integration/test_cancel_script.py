@@ -10,7 +10,7 @@ from typing import cast
 import pytest
 import redis.asyncio as aioredis
 
-from streamserve.client.cancels import Canceller
+from streamserve.client.cancels import CANCEL_MARK_MARGIN_MS, Canceller
 from streamserve.metrics.definitions import CANCELLED, QUEUED_STAGE
 from streamserve.runtime.settings import Settings
 from streamserve.transport.pipelining import Pipeliner
@@ -39,8 +39,11 @@ class Queue:
         self.control = keys.replica_control(DEPLOYMENT, REPLICA)
 
     async def add(self, request_id: str) -> str:
-        request = Request(request_id, "streamserve:replies:caller1", now_ms() + 60_000, b'{"x":1}')
-        return cast(bytes, await self.redis.xadd(self.stream, dict(request.encode()))).decode()
+        return (await self.add_request(request_id))[0]
+
+    async def add_request(self, request_id: str, timeout_ms: int = 60_000) -> tuple[str, Request]:
+        request = Request(request_id, "streamserve:replies:caller1", now_ms() + timeout_ms, b'{"x":1}')
+        return cast(bytes, await self.redis.xadd(self.stream, dict(request.encode()))).decode(), request
 
     async def read(self, count: int = 100) -> list[str]:
         """What a replica's XREADGROUP takes: the entries become pending under REPLICA."""
@@ -119,9 +122,38 @@ async def test_the_script_names_the_replica_holding_the_request(queue: Queue) ->
     await queue.read()
 
     where = await queue.redis.eval(  # type: ignore[misc]
-        scripts.CANCEL, 3, queue.stream, queue.marks, queue.metrics, CONSUMER_GROUP, held, now_ms(), 60_000, "f", held
+        scripts.CANCEL,
+        3,
+        queue.stream,
+        queue.marks,
+        queue.metrics,
+        CONSUMER_GROUP,
+        held,
+        now_ms(),
+        now_ms() + 60_000,
+        "f",
+        held,
     )
     assert where == [b"running", REPLICA.encode()]
+
+
+async def test_a_mark_is_kept_past_its_requests_deadline_only_and_the_set_lapses_with_the_last(queue: Queue) -> None:
+    """A replica never starts a request past its deadline, so its mark is of no use after it: marks went on for a
+    day (24 h of every abandoned stream, with no expiry on the set)."""
+    soon, soon_request = await queue.add_request("soon", timeout_ms=1)
+    later, later_request = await queue.add_request("later", timeout_ms=30_000)
+    await queue.read()
+    assert await queue.canceller.cancel(DEPLOYMENT, soon, "soon", soon_request) == "running"
+    assert await queue.redis.zscore(queue.marks, soon) == soon_request.deadline_ms + CANCEL_MARK_MARGIN_MS
+    assert await queue.canceller.cancel(DEPLOYMENT, later, "later", later_request) == "running"
+    until = later_request.deadline_ms + CANCEL_MARK_MARGIN_MS
+    assert 0 < await queue.redis.pttl(queue.marks) <= until - now_ms()  # it lapses with its last mark
+    # A cancel after the first mark's end trims it.
+    await queue.redis.zadd(queue.marks, {soon: now_ms() - 1})
+    third, third_request = await queue.add_request("third")
+    await queue.read()
+    assert await queue.canceller.cancel(DEPLOYMENT, third, "third", third_request) == "running"
+    assert set(await queue.marked()) == {later.encode(), third.encode()}
 
 
 async def test_a_finished_request_is_left_alone(queue: Queue) -> None:

@@ -36,7 +36,11 @@ from streamserve.wire.priorities import lane_ref, priority_lane, split_ref
 logger = logging.getLogger(__name__)
 
 _CANCEL = Script(scripts.CANCEL)
-# How long a request cancelled while a replica held it stays marked (the reclaimer drops marked entries).
+# How long past its deadline a request cancelled while a replica held it stays marked (the reclaimer drops marked
+# entries): a replica never starts a request past its deadline, so a mark is of no use after it; the margin covers
+# clocks that differ between hosts.
+CANCEL_MARK_MARGIN_MS = 60_000
+# How long the mark of a request without a deadline is kept.
 CANCEL_MARK_KEEP_MS = 24 * 3600 * 1000
 
 
@@ -69,10 +73,13 @@ class Canceller:
             lane = priority_lane(request.priority)
         ref = lane_ref(lane, entry).decode()
         shared = request is not None and bool(request.run)
+        now = now_ms()
+        deadline_ms = request.deadline_ms if request is not None else 0
+        mark_until = deadline_ms + CANCEL_MARK_MARGIN_MS if deadline_ms else now + CANCEL_MARK_KEEP_MS
         where = await self._pipeliner.run_script(
             _CANCEL,
             [keys.lane_stream(deployment, lane), keys.cancelled(deployment), keys.metrics(deployment)],
-            [CONSUMER_GROUP, entry, now_ms(), CANCEL_MARK_KEEP_MS, CANCELLED.field(QUEUED_STAGE), ref, int(shared)],
+            [CONSUMER_GROUP, entry, now, mark_until, CANCELLED.field(QUEUED_STAGE), ref, int(shared)],
         )
         stage = text(where[0])
         if stage == "runs_on" and request is not None and request.stream:

@@ -247,8 +247,9 @@ class Keys:
         return self._tagged(deployment, f"control:{replica_id}")
 
     def cancelled(self, deployment: str) -> str:
-        """Sorted set: entry ids of requests cancelled while a replica held them (entry id -> when, epoch ms), so that
-        the reclaimer drops them instead of running them again if that replica dies. Trimmed by age (scripts.CANCEL)."""
+        """Sorted set: entry ids of requests cancelled while a replica held them (entry id -> until when the mark is
+        kept, epoch ms: the request's deadline and a margin), so that the reclaimer drops them instead of running them
+        again if that replica dies. Trimmed as marks lapse, and lapses with the last one (scripts.CANCEL)."""
         return self._tagged(deployment, "cancelled")
 
     def idempotency(self, deployment: str, key: str, tenant: str = DEFAULT_TENANT) -> str:

@@ -507,12 +507,13 @@ CANCEL = """
 -- caller tells that replica on its control stream, unless it is a shared run (ARGV[7]), which runs on unmarked;
 -- finished (acknowledged and deleted), nothing happens.
 -- KEYS[1]  the request stream of the request's priority
--- KEYS[2]  the deployment's cancelled-entries sorted set (entry ref -> when cancelled, epoch ms)
+-- KEYS[2]  the deployment's cancelled-entries sorted set (entry ref -> until when its mark is kept, epoch ms); it
+--          lapses with the last of its marks
 -- KEYS[3]  the deployment's metrics hash
 -- ARGV[1]  the consumer group name
 -- ARGV[2]  the request's entry id
--- ARGV[3]  now, epoch ms
--- ARGV[4]  how long a mark is kept (ms): marks older than that are trimmed
+-- ARGV[3]  now, epoch ms: marks kept until before it are trimmed
+-- ARGV[4]  until when this request's mark is kept, epoch ms (its deadline and a margin)
 -- ARGV[5]  the metrics field that counts requests cancelled while queued
 -- ARGV[6]  the entry's ref (wire/priorities.py: its id, prefixed by its level unless normal)
 -- ARGV[7]  '1' for a shared run (wire/shared_runs.py): cancelled only while queued
@@ -520,8 +521,10 @@ CANCEL = """
 local held = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if type(held) == 'table' and held[1] then
   if ARGV[7] == '1' then return {'runs_on', held[1][2]} end
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[6])
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (tonumber(ARGV[3]) - tonumber(ARGV[4])))
+  redis.call('ZADD', KEYS[2], ARGV[4], ARGV[6])
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[3])
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', KEYS[2], last[2])
   return {'running', held[1][2]}
 end
 if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 then
