@@ -303,7 +303,11 @@ async def test_a_tenants_api_key_cancels_the_jobs_sent_for_its_tenant_only(
         assert "was sent for another tenant" in refused[0].json()["message"]
         unknown_key = await http.delete(f"/-/jobs/{own}", headers={"Authorization": "Bearer " + "x" * 32})
         assert unknown_key.status_code == 401 and "a tenant's API key" in unknown_key.json()["message"]
-        assert [(await http.get(f"/-/jobs/{job}")).json()["status"] for job in (own, others, untold)] == ["queued"] * 3
+        as_admin = {"Authorization": "Bearer admin-token"}
+        statuses = [
+            (await http.get(f"/-/jobs/{job}", headers=as_admin)).json()["status"] for job in (own, others, untold)
+        ]
+        assert statuses == ["queued"] * 3
         # An admin write whichever key it carries: a web page of another site is refused, as for the admin token.
         from_a_page = await http.delete(f"/-/jobs/{own}", headers={**as_acme, "Origin": "http://evil.example"})
         assert from_a_page.status_code == 403 and "Origin" in from_a_page.json()["message"], from_a_page.text
@@ -315,6 +319,34 @@ async def test_a_tenants_api_key_cancels_the_jobs_sent_for_its_tenant_only(
     with pytest.raises(ForbiddenError, match="another tenant"):
         await client.cancel_job(untold, for_tenant="acme")
     assert (await client.cancel_job(untold, for_tenant=DEFAULT_TENANT)).status is JobStatus.CANCELED
+
+
+async def test_a_tenants_api_key_reads_the_jobs_sent_for_its_tenant_only(
+    replica: None, client: AsyncClient, settings: Settings, tmp_path: Path
+) -> None:
+    """With tenant keys, a job's status and result are its tenant's: anyone holding its id (it is in access logs and
+    Location headers) read them before."""
+    keys = tmp_path / "tenant-keys"
+    acme, globex = "acme-" + "k" * 27, "globex-" + "k" * 25
+    keys.write_text(f"{acme} acme\n{globex} globex\n")
+    own = await client.submit_job("rec", {"id": "acme's"}, tenant="acme")
+    async with gateway(settings, api_key=SecretStr("admin-token"), tenant_keys=str(keys)) as http:
+        refused = [
+            await http.get(f"/-/jobs/{own}"),
+            await http.get(f"/-/jobs/{own}", headers={"Authorization": "Bearer " + "x" * 32}),
+            await http.get(f"/-/jobs/{own}", headers={"Authorization": f"Bearer {globex}"}),
+        ]
+        assert [answer.status_code for answer in refused] == [401, 401, 403], [answer.text for answer in refused]
+        assert "tenant that sent them" in refused[0].json()["message"]
+        assert "was sent for another tenant" in refused[2].json()["message"]
+        for headers in ({"Authorization": f"Bearer {acme}"}, {"Authorization": "Bearer admin-token"}):
+            answer = await http.get(f"/-/jobs/{own}", headers=headers)
+            assert answer.status_code == 200 and answer.json() == {"job_id": own, "status": "queued"}, answer.text
+    async with gateway(settings) as http:  # without tenant keys, the id is all it takes, as before
+        assert (await http.get(f"/-/jobs/{own}")).json() == {"job_id": own, "status": "queued"}
+    with pytest.raises(ForbiddenError, match="another tenant"):
+        await client.job(own, for_tenant="globex")
+    assert (await client.job(own, for_tenant="acme")).status is JobStatus.QUEUED
 
 
 async def test_the_python_clients_cancel_jobs(replica: None, client: AsyncClient, settings: Settings) -> None:

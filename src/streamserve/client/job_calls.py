@@ -95,10 +95,12 @@ class JobCalls(ClientCore):
                 span.set_attribute(trace_context.JOB_ID, job_id)
         return job_id
 
-    async def job(self, job_id: str) -> JobInfo:
-        """A job's status, with its result once finished or its error once failed; NotFoundError after its TTL."""
+    async def job(self, job_id: str, *, for_tenant: str | None = None) -> JobInfo:
+        """A job's status, with its result once finished or its error once failed; NotFoundError after its TTL.
+        ``for_tenant``: read it only if it was sent for this tenant (ForbiddenError otherwise), as the gateway does
+        for a tenant's API key."""
         jobs = self._job_queue()
-        return await self._in_thread(lambda: jobs.info(job_id))
+        return await self._in_thread(lambda: jobs.info(job_id, for_tenant))
 
     async def cancel_job(self, job_id: str, *, for_tenant: str | None = None) -> JobInfo:
         """Cancel a job: queued, it never runs; running, its call is cancelled (as when a caller stops waiting).

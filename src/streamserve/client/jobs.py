@@ -314,9 +314,14 @@ class JobQueue:
                 self.connection.zrem(self._keys.accepted_jobs(counted_in.name), job_id)
             raise
 
-    def info(self, job_id: str) -> JobInfo:
-        """The job's status, and its result or error once it has one; NotFoundError once it expired (or never was)."""
+    def info(self, job_id: str, for_tenant: str | None = None) -> JobInfo:
+        """The job's status, and its result or error once it has one; NotFoundError once it expired (or never was);
+        ForbiddenError when ``for_tenant`` is given and the job was sent for another tenant."""
         job = self._fetch(job_id)
+        if for_tenant is not None and job_tenant(job) != for_tenant:
+            raise ForbiddenError(
+                f"job {job_id} was sent for another tenant: a tenant's key reads only the jobs sent with it"
+            )
         raw = job.get_status(refresh=False)
         status = self._status_of(job)
         try:
