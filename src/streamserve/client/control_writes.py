@@ -1,4 +1,5 @@
 """Control-plane writes from a client: deploy, scale, delete, set traffic, and wait for the goals they return.
+Redis failures come as StreamServeErrors (RedisUnavailableError, OverloadedError), as a call's do.
 
 Every desired-state write goes through ``DesiredState`` (the owner of those
 hashes) and, for deployments, returns a goal id that ``wait_for_goal`` blocks on.
@@ -25,29 +26,34 @@ class ControlWrites(ClientCore):
         """
         app = config if isinstance(config, AppConfig) else load_config(config, self._settings.config_limit_values)
         await self.start()
-        return (await self._desired().apply(app)).goals
+        with self._refusals:
+            return (await self._desired().apply(app)).goals
 
     async def set_traffic(
         self, endpoint: str, traffic: dict[str, float], shadow: dict[str, float] | None = None
     ) -> EndpointConfig:
         """Create or change an endpoint's traffic weights (and shadows, unless None); every caller follows."""
         await self.start()
-        return await self._desired().set_traffic(endpoint, traffic, shadow)
+        with self._refusals:
+            return await self._desired().set_traffic(endpoint, traffic, shadow)
 
     async def scale(self, name: str, num_replicas: int) -> str | None:
         """Set a deployment's replica count; the goal id, or None if it already had that."""
         await self.start()
-        return await self._desired().scale(name, num_replicas)
+        with self._refusals:
+            return await self._desired().scale(name, num_replicas)
 
     async def delete(self, name: str) -> str:
         """Delete a deployment; the goal id."""
         await self.start()
-        return await self._desired().delete(name)
+        with self._refusals:
+            return await self._desired().delete(name)
 
     async def wait_for_goal(self, goal_id: str, timeout: float | None = None) -> GoalRecord:
         """Block until the goal is done; GoalFailedError says why it failed, RequestTimeoutError if it took too long."""
         await self.start()
-        return await GoalStore(self.redis, self._keys).wait(goal_id, timeout)
+        with self._refusals:
+            return await GoalStore(self.redis, self._keys).wait(goal_id, timeout)
 
     def _desired(self) -> DesiredState:
         settings = self._settings

@@ -15,7 +15,8 @@ class StateReads(ClientCore):
     async def status(self) -> list[DeploymentStatus]:
         """Every deployment with its replicas and queue figures."""
         await self._connect()
-        return await StatusReader(self.redis, self._keys).status()
+        with self._refusals:
+            return await StatusReader(self.redis, self._keys).status()
 
     async def ping(self) -> None:
         """Raise unless Redis answers."""

@@ -46,7 +46,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from streamserve.transport.cluster_nodes import found_by, known_nodes
-from streamserve.wire.errors import OverloadedError, RedisUnavailableError, StreamServeError
+from streamserve.wire.errors import ConfigError, OverloadedError, RedisUnavailableError, StreamServeError
 
 # Errors worth retrying: the connection, not the command, failed; or a Redis Cluster is failing over or resharding.
 # The cluster's refusals (CLUSTERDOWN, TRYAGAIN, MOVED, ASK, MASTERDOWN: the command did not run) are ResponseErrors
@@ -584,6 +584,10 @@ def retry_cannot_mend(url: str, exc: BaseException) -> bool:
     return isinstance(exc, RETRYABLE_ERRORS) and bool(_missing_tls_files(url))
 
 
+# What Redis answers the SELECT of a database it does not have (the URL's /N).
+NO_SUCH_DATABASE = "DB index is out of range"
+
+
 class RedisRefusals:
     """``with`` block: what Redis failures mean to a caller, as StreamServeErrors naming the (redacted) URL.
 
@@ -612,6 +616,11 @@ class RedisRefusals:
             return RedisUnavailableError(f"cannot reach Redis at {self._url}: {exc}{connection_hint(self._given, exc)}")
         if isinstance(exc, InvalidResponse):
             return RedisUnavailableError(f"the server at {self._url} does not answer as Redis: {exc}")
+        if isinstance(exc, ResponseError) and str(exc).startswith(NO_SUCH_DATABASE):
+            return ConfigError(
+                f"the Redis at {self._url} has no database of the number its URL names ({exc}): that number (/N, or"
+                " ?db=N) must be below the server's `databases` setting (16 by default)"
+            )
         if refuses_writes(exc):
             return OverloadedError(
                 f"Redis at {self._url} refuses writes, {why_writes_refused(exc)}: nothing was written"

@@ -1,0 +1,43 @@
+"""docs/api.md: a client's methods raise StreamServeErrors, never redis-py's own: its admin writes and status
+reads as its calls do (a Redis away is RedisUnavailableError), and a URL naming a database the server does not have
+is a ConfigError saying so, whichever method met it first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from streamserve.client import AsyncClient
+from streamserve.runtime.settings import Settings
+from streamserve.wire.errors import ConfigError, RedisUnavailableError
+from tests.integration.test_redis_config_warning import start_redis
+
+
+async def test_status_and_admin_writes_with_redis_away_are_redis_unavailable(tmp_path: Path) -> None:
+    server = start_redis(tmp_path, "--save", "")
+    client = AsyncClient(settings=Settings(redis_url=next(server)))
+    await client.start()
+    try:
+        server.close()  # the server is stopped, by id
+        for method in (client.status(), client.scale("echo", 2), client.wait_for_goal("g", timeout=1)):
+            with pytest.raises(RedisUnavailableError, match="cannot reach Redis"):
+                await method
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("method", ["call", "status", "scale"])
+async def test_a_database_the_server_does_not_have_is_named(settings: Settings, redis_url: str, method: str) -> None:
+    url = redis_url.rsplit("/", 1)[0] + "/99"
+    client = AsyncClient(settings=settings.model_copy(update={"redis_url": url}))
+    try:
+        with pytest.raises(ConfigError, match="has no database of the number its URL names"):
+            if method == "call":
+                await client.call("echo", 1)
+            elif method == "status":
+                await client.status()
+            else:
+                await client.scale("echo", 2)
+    finally:
+        await client.aclose()
