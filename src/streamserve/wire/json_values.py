@@ -52,7 +52,18 @@ def decode_error(body: bytes, error: orjson.JSONDecodeError) -> str:
         body.decode()
     except UnicodeDecodeError as exc:
         return f"not UTF-8 (JSON text is): byte 0x{body[exc.start]:02x} at offset {exc.start}"
+    said = str(error)
+    if said.startswith(_TOO_LARGE_FOR_A_DOUBLE):  # valid JSON, but no number this side carries
+        where = said.removeprefix(_TOO_LARGE_FOR_A_DOUBLE).lstrip(": ")
+        return (
+            f"JSON with a number too large to carry ({where}): integers are carried exactly within 64 bits,"
+            " other numbers as doubles; send a larger one as a string"
+        )
     return f"not valid JSON: {error}"
+
+
+# orjson's words for a number beyond a double's range (1e400, or an integer of hundreds of digits).
+_TOO_LARGE_FOR_A_DOUBLE = "number is infinity when parsed as double"
 
 
 def check_body(body: bytes) -> None:
