@@ -38,6 +38,7 @@ from streamserve.wire.errors import NotFoundError, StreamServeError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.keys import CONSUMER_GROUP, ConfigKey
 from streamserve.wire.states import ReplicaHealth
+from streamserve.workers.contained import exception_text, what_was_raised
 from streamserve.workers.control_reader import ControlReader
 from streamserve.workers.departure import Departure, DepartureRules
 from streamserve.workers.health_checks import watch_health
@@ -275,7 +276,8 @@ class Replica:
                 raise
             return serving
         except Exception as exc:
-            self._heartbeat.message = f"{type(exc).__name__}: {exc}"
+            raised = what_was_raised(exc)
+            self._heartbeat.message = f"{type(raised).__name__}: {exception_text(raised)}"
             # The user's code failed (its import, its __init__): where is in its traceback. Ours (a ConfigError,
             # say) say all in their message, unless debugging.
             ours = isinstance(exc, StreamServeError) and not self._settings.debug
@@ -356,12 +358,11 @@ class Replica:
         try:
             await serving.reconfigure(new)
         except Exception as exc:
-            logger.error("replica %s: reconfigure failed: %s: %s", self.replica_id, type(exc).__name__, exc)
+            raised = what_was_raised(exc)  # (sys.exit() in it, too: the replica serves on)
+            said = f"{type(raised).__name__}: {exception_text(raised)}"
+            logger.error("replica %s: reconfigure failed: %s", self.replica_id, said)
             beat.refused_user_config = new.user_config_digest()
-            beat.message = (
-                f"its reconfigure() refused the new user_config ({type(exc).__name__}: {exc}); it runs with the one "
-                "before"
-            )
+            beat.message = f"its reconfigure() refused the new user_config ({said}); it runs with the one before"
         else:
             if beat.refused_user_config:
                 beat.refused_user_config, beat.message = "", ""

@@ -69,6 +69,7 @@ from streamserve.wire.priorities import (
     priority_lane,
 )
 from streamserve.workers.batcher import Batchers, DeadlinePassed
+from streamserve.workers.contained import contained, exception_text, what_was_raised
 from streamserve.workers.control_reader import ControlHandler
 from streamserve.workers.finisher import Finisher
 from streamserve.workers.loader import Handler, LoadedDeployment
@@ -536,9 +537,9 @@ class Serving:
         """
         if handler.is_async:
             if scope is None:
-                batch: asyncio.Future[Any] = asyncio.ensure_future(handler.fn(arg))
+                batch: asyncio.Future[Any] = asyncio.ensure_future(contained(handler.fn(arg)))
                 return batch
-            task = self._loop.create_task(handler.fn(arg), context=scope.context())
+            task = self._loop.create_task(contained(handler.fn(arg)), context=scope.context())
             scope.stop = scope.deadline_stop = task.cancel
             return task
         if scope is None:
@@ -683,16 +684,18 @@ class Serving:
         carries the traceback only with STREAMSERVE_DEBUG=1). A RequestTimeoutError at the request's deadline is
         that deadline passing, not the handler's error: a child call's, whose deadline was the request's. It is
         counted and answered as the request's own deadline is, without a line."""
+        exc = what_was_raised(exc)
         if isinstance(exc, RequestTimeoutError) and 0 < request.deadline_ms <= now_ms() + INHERITED_DEADLINE_SLACK_MS:
             self._count_cancelled(RUNNING_STAGE)
             return request.reply(ReplyStatus.DEADLINE_EXCEEDED, self._consumer)
+        text = exception_text(exc)
         logger.error(
             "replica %s: the handler raised on request %s: %s%s: %s",
             self._consumer,
             request.request_id,
             context,
             type(exc).__name__,
-            exc,
+            text,
             exc_info=exc,
             extra={
                 "request_id": request.request_id,
@@ -702,7 +705,7 @@ class Serving:
                 **trace_context.log_ids(request),
             },
         )
-        message = context + str(exc)
+        message = context + text
         if self._settings.debug:
             message += "\n" + "".join(traceback.format_exception(exc))
         return request.reply(

@@ -296,6 +296,8 @@ class Stream:
             raise  # the replica closes it: no reply
         except Exception as exc:
             return _Ending(stopped=True) if self._deadline_passed or self._cancelled else _Ending(exc)
+        except BaseException as exc:  # SystemExit and the like: the stream's error, never the event loop's
+            return _Ending(exc)
         finally:
             await self._aclose_quietly(chunks)
 

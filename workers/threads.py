@@ -32,6 +32,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from streamserve.workers.contained import as_exception
+
 
 class HandlerThreads:
     """Runs ``fn(arg)`` calls on up to ``size`` threads and hands their outcomes to the event loop."""
@@ -163,7 +165,7 @@ class HandlerThreads:
             elif isinstance(value, StopIteration):  # a future refuses StopIteration: it means something to generators
                 future.set_exception(RuntimeError(f"handler raised StopIteration: {value}"))
             else:
-                future.set_exception(value)
+                future.set_exception(as_exception(value))  # (SystemExit raised from a future ends a task's loop)
 
 
 def _copy_outcome(future: asyncio.Future[Any], task: asyncio.Future[Any]) -> None:
