@@ -63,6 +63,8 @@ class OutputShipper:
         self._lines: deque[str] = deque()
         self._lock = threading.Lock()
         self._dropped = 0
+        self._redis_away = False  # the last send failed: lines dropped meanwhile are dropped for that
+        self._dropped_while_away = False
         self._originals: dict[int, int] = {}
         self._readers: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -131,6 +133,7 @@ class OutputShipper:
             while len(self._lines) > BUFFERED_LINES:
                 self._lines.popleft()
                 self._dropped += 1
+                self._dropped_while_away |= self._redis_away
         self._waiting.set()
 
     def _send_loop(self) -> None:
@@ -153,8 +156,10 @@ class OutputShipper:
         with self._lock:
             lines, self._lines = list(self._lines), deque()
             dropped, self._dropped = self._dropped, 0
+            away, self._dropped_while_away = self._dropped_while_away, False
         if dropped:
-            lines.insert(0, f"[streamserve: {dropped} line(s) of output dropped while Redis could not be reached]")
+            why = "while Redis could not be reached" if away else "(printed faster than they could be sent)"
+            lines.insert(0, f"[streamserve: {dropped} line(s) of output dropped {why}]")
         if not lines:
             return True
         try:
@@ -167,11 +172,14 @@ class OutputShipper:
             if not (isinstance(exc, RETRYABLE_ERRORS) or refuses_writes(exc)):  # Redis away, or full for a while
                 raise
             with self._lock:  # back in front, for the next try (the bound still holds)
+                self._redis_away = True
                 self._lines.extendleft(reversed(lines))
                 while len(self._lines) > BUFFERED_LINES:
                     self._lines.popleft()
                     self._dropped += 1
+                    self._dropped_while_away = True
             return False
+        self._redis_away = False
         return True
 
 
