@@ -236,6 +236,8 @@ class DeploymentState:
             elif probe is Started.FAILED:
                 self._note_start_failure(r.failure, now_ms)
                 r.force_kill()
+                line = f"[streamserve: replica {r.id} failed to start: {r.failure}]"
+                await self._store.log_line(self.name, r.record, line)
                 await r.transition(ReplicaState.STOPPED, now_ms, message=r.failure)
             elif probe is Started.GONE:
                 await r.transition(ReplicaState.STOPPED, now_ms, message="stopped before it was ready")
@@ -255,6 +257,8 @@ class DeploymentState:
             if probe is Alive.DEAD:
                 logger.warning("replica %s is dead: %s", r.id, r.failure)
                 r.force_kill()  # a hung process must not come back and serve twice
+                self._replaced = (now_ms, f"replaced dead replica {r.id}: {r.failure}")
+                await self._store.log_line(self.name, r.record, f"[streamserve: replica {r.id} is dead: {r.failure}]")
                 await r.transition(ReplicaState.STOPPED, now_ms, message=r.failure)
             elif probe is Alive.UNHEALTHY:
                 # Replaced as Ray Serve does: stopped (it drains what it holds), and step 6 starts another.

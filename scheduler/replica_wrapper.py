@@ -8,6 +8,7 @@ single place a state is validated, persisted and logged.
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Callable
 from enum import Enum
 
@@ -159,8 +160,7 @@ class ReplicaWrapper:
                 # heartbeats: look once more next tick, so the reason is the replica's own and not just "exited".
                 self._seen_exited = True
                 return Started.STARTING
-            code = self._launcher.exit_code(self.record.pid)
-            self.failure = f"process exited with code {code} while starting" if code is not None else "process died"
+            self.failure = f"{exit_text(self._launcher.exit_code(self.record.pid))} while starting"
             return Started.FAILED
         if now_ms - self.record.updated_ms > timeouts.start_timeout_ms:
             self.failure = f"not ready after {timeouts.start_timeout_ms / 1000:g}s"
@@ -178,8 +178,7 @@ class ReplicaWrapper:
             if beat.health is ReplicaHealth.DRAINING:
                 return Alive.DRAINING
         if self._process_alive() is False:
-            code = self._launcher.exit_code(self.record.pid)
-            self.failure = f"process exited with code {code}" if code is not None else "process died"
+            self.failure = exit_text(self._launcher.exit_code(self.record.pid))
             return Alive.DEAD
         last = last_beat_ms if last_beat_ms is not None else self.record.updated_ms
         if now_ms - last > heartbeat_timeout_ms:
@@ -205,3 +204,16 @@ class ReplicaWrapper:
             self.force_kill()
             return Stopped.KILLED
         return Stopped.DRAINING
+
+
+def exit_text(code: int | None) -> str:
+    """How a replica's process ended, from its exit code (None: unknown), as status and the logs say it: a signal
+    by its name (a segfault is "killed by SIGSEGV", not "exited with code -11")."""
+    if code is None:
+        return "process died"
+    if code < 0:
+        try:
+            return f"process killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"process killed by signal {-code}"
+    return f"process exited with code {code}"

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from streamserve.control.heartbeats import queue_removal
 from streamserve.control.long_poll import announce, bump_snapshot_id
 from streamserve.scheduler.autoscaler import NO_LOAD, Load
+from streamserve.transport.streams import LOG_STREAM_LINES
 from streamserve.wire.errors import ProtocolError
 from streamserve.wire.ids import NO_STREAM_ID, StreamId, stream_id
 from streamserve.wire.keys import CONSUMER_GROUP, ConfigKey, Keys
@@ -36,6 +38,17 @@ class RedisReplicaStore:
             pipe.hdel(self._keys.replicas(deployment), replica_id)
             queue_removal(pipe, self._keys, deployment, [replica_id])
             await pipe.execute()
+
+    async def log_line(self, deployment: str, record: ReplicaRecord, line: str) -> None:
+        """Add ``line`` to the deployment's logs (`streamserve logs`) as the replica's: what the scheduler saw of it
+        that it could not say itself (its process killed by a signal, its heartbeat gone)."""
+        fields: dict[FieldT, EncodableT] = {
+            "replica": record.replica_id,
+            "host": record.host,
+            "pid": record.pid,
+            "line": line,
+        }
+        await self._redis.xadd(self._keys.logs(deployment), fields, maxlen=LOG_STREAM_LINES, approximate=True)
 
     async def save_health(self, deployment: str, record: DeploymentHealthRecord) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:

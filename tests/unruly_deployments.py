@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from typing import Any
 
@@ -61,4 +62,11 @@ async def async_batched(bodies: list[Any]) -> list[int]:
 def _raise_or_pid(body: Any) -> int:
     if isinstance(body, str) and body in RAISED:
         raise RAISED[body]
+    return os.getpid()
+
+
+def crash(body: Any) -> int:
+    """Kills its own process with SIGSEGV, as a segfault in native code does, for the body "segv"."""
+    if body == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
     return os.getpid()

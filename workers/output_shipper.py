@@ -26,11 +26,10 @@ import redis as redis_sync
 from redis.typing import EncodableT, FieldT
 
 from streamserve.transport.connections import RETRYABLE_ERRORS, refuses_writes, sync_redis
+from streamserve.transport.streams import LOG_STREAM_LINES
 
 logger = logging.getLogger(__name__)
 
-# Lines a deployment's stream keeps (XADD MAXLEN ~), over all its replicas.
-LOG_STREAM_LINES = 10_000
 # Lines waiting for Redis at most; older ones are dropped (and counted) past it.
 BUFFERED_LINES = 10_000
 # How often lines are tried again while Redis refuses them. Otherwise a line goes as soon as it is read, unless a

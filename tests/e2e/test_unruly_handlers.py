@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from streamserve import Client
-from streamserve.wire.errors import RemoteError
+from streamserve.wire.errors import DeadLetterError, RemoteError
 from tests.harness.farm import Farm
 from tests.harness.waiting import wait_for
 
@@ -37,6 +37,11 @@ deployments:
   - name: unruly-async-batched
     import_path: tests.unruly_deployments:async_batched
     num_replicas: 1
+    graceful_shutdown_timeout_s: 5
+  - name: unruly-crash
+    import_path: tests.unruly_deployments:crash
+    num_replicas: 1
+    max_delivery_attempts: 1
     graceful_shutdown_timeout_s: 5
 """
 # What the body names -> the error type its caller is told.
@@ -59,7 +64,7 @@ def unruly(farm: Farm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
     try:
         yield config
     finally:
-        for name in ("unruly", "unruly-batched", "unruly-async-batched"):
+        for name in ("unruly", "unruly-batched", "unruly-async-batched", "unruly-crash"):
             farm.cli("delete", name, check=False)
 
 
@@ -96,3 +101,15 @@ def test_a_reconfigure_that_calls_sys_exit_refuses_the_user_config_and_the_repli
     wait_for(refused, 30, lambda: f"the refusal was not told: {farm.status()['unruly']}")
     assert client.call("unruly", None, timeout=ANSWER_S) == pid
     farm.cli("deploy", str(unruly))
+
+
+def test_a_replica_killed_by_a_signal_is_named_so_in_its_logs_and_status(
+    unruly: Path, farm: Farm, client: Client
+) -> None:
+    """A segfault leaves the replica nothing to say: the scheduler says it, where the user looks."""
+    with pytest.raises(DeadLetterError):
+        client.call("unruly-crash", "segv", timeout=ANSWER_S)
+    told = "is dead: process killed by SIGSEGV]"
+    wait_for(lambda: told in farm.cli("logs", "unruly-crash", "-n", "50").stdout, 30, "the death was not logged")
+    message = farm.status()["unruly-crash"]["message"]
+    assert "replaced dead replica unruly-crash#" in message and "killed by SIGSEGV" in message, message

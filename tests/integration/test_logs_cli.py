@@ -12,9 +12,9 @@ import pytest
 from streamserve import Client
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import sync_redis
+from streamserve.transport.streams import LOG_STREAM_LINES
 from streamserve.wire.config import AppConfig, DeploymentConfig
 from streamserve.wire.errors import RemoteError
-from streamserve.workers.output_shipper import LOG_STREAM_LINES
 from tests.harness.farm import Processes
 from tests.harness.paths import ROOT, STREAMSERVE
 from tests.harness.waiting import wait_for

@@ -20,6 +20,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self.records: dict[str, ReplicaRecord] = {}
         self.beats: dict[str, Heartbeat] = {}  # the heartbeat hash: removing a replica removes its beat too
+        self.lines: list[str] = []  # what the scheduler added to the deployment's logs
         self.removed: list[str] = []
         self.health: DeploymentHealthRecord | None = None
         self.autoscale: AutoscaleRecord | None = None
@@ -40,6 +41,9 @@ class MemoryStore:
 
     async def held(self, deployment: str, replica_ids: list[str]) -> dict[str, int]:
         return {rid: beat.ongoing if (beat := self.beats.get(rid)) else 0 for rid in replica_ids}
+
+    async def log_line(self, deployment: str, record: ReplicaRecord, line: str) -> None:
+        self.lines.append(line)
 
 
 class Harness:

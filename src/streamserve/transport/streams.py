@@ -28,6 +28,8 @@ from streamserve.wire.tenants import DEFAULT_TENANT
 REPLY_STREAM_MAXLEN = 100_000
 # Approximate bound of each dead-letter stream; the REQUEUE script enforces it.
 DEAD_LETTER_CAP = 10_000
+# Lines a deployment's log stream keeps (Keys.logs; XADD MAXLEN ~), over all its replicas.
+LOG_STREAM_LINES = 10_000
 # Approximate cap on a replica's control stream (Keys.replica_control): the replica reads it continuously, and both
 # it and the callers that add to it cap it.
 CONTROL_STREAM_MAXLEN = 10_000
