@@ -53,6 +53,7 @@ from streamserve.app.errors import (
 )
 from streamserve.app.http_protocol import (
     body_arrived,
+    end_if_body_unread,
     end_stuck_stream,
     start_chunked,
     when_gone,
@@ -325,6 +326,7 @@ class Gateway:
             exchange.error = exc
             response = error_response(exc, exchange.reply_headers)
             exchange.status = response.status_code
+            end_if_body_unread(scope)  # (a 404, 401, 413 by Content-Length: the rest of the body is never read)
             await response(scope, receive, send)
             return
         except ClientDisconnected:
@@ -619,13 +621,20 @@ class GatewayApp:
         return send_plainly
 
     async def _other(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Everything but a deployment POST (or one refused for its headers): the FastAPI app, with its access line."""
+        """Everything but a deployment POST (or one refused for its headers): the FastAPI app, with its access line.
+        An answer given with part of the body unread (a 404, a refused admin write) ends the connection."""
+
+        async def send_last_if_unread(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                end_if_body_unread(scope)
+            await send(message)
+
         observer = self.gateway.observer
         if not observer.access_log:
             if self._headers_fit(scope):
-                await self.api(scope, receive, send)
+                await self.api(scope, receive, send_last_if_unread)
             else:
-                await self._refuse_headers(scope, receive, send)
+                await self._refuse_headers(scope, receive, send_last_if_unread)
             return
         started, status, replied_id = time.perf_counter(), CLIENT_CLOSED, ""
 
@@ -634,7 +643,7 @@ class GatewayApp:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 replied_id = _Headers(message.get("headers", ())).get(b"x-request-id") or ""
-            await send(message)
+            await send_last_if_unread(message)
 
         try:
             if self._headers_fit(scope):

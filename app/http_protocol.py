@@ -17,6 +17,9 @@ a connection never reaches. Here:
 - A request head (request line and headers as sent) longer than ``max_head_bytes`` is answered 431 as soon as that
   many bytes of it are in, not once it ends: httptools and uvicorn join a long header value or URL piece by piece,
   in time that grows with the square of its length (50 MB held the gateway 8 s). One counter add per read.
+- An answer given while part of its request's body is still unread (a 404, a 413 by Content-Length, a refused admin
+  write) is the connection's last (``end_if_body_unread``): uvicorn would read the rest and throw it away, as long as
+  the client kept sending, a byte a minute or gigabytes, past every timeout. Work on those answers only.
 """
 
 from __future__ import annotations
@@ -212,6 +215,44 @@ def _head(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, b
     return head
 
 
+def end_if_body_unread(scope: Mapping[str, object]) -> None:
+    """Make the request's answer the connection's last if part of its body is still unread: the answer says
+    ``connection: close``, and then the connection ends, by LastAnswer (RFC 9112, 9.6: a staged close), so the rest
+    of the body is never read. Call it before the answer starts; the error paths do (the 200 path has read the body)."""
+    cycle = scope.get(CYCLE)
+    if not isinstance(cycle, RequestResponseCycle):
+        return
+    protocol = getattr(cycle.on_response, "__self__", None)  # (its bound on_response_complete, while it runs)
+    try:
+        if not isinstance(protocol, GatewayHttpProtocol) or not cycle.more_body or cycle.response_started:
+            return
+        cycle.keep_alive = False
+        cycle.transport = _EndsAfterAnswer(protocol)  # type: ignore[assignment]
+    except AttributeError:  # a uvicorn whose cycle is not the one this knows: it reads the body on
+        return
+
+
+class _EndsAfterAnswer:
+    """The transport a cycle answers on when the answer ends the connection: writes go to the connection's own, and
+    the close that follows the answer (uvicorn's ``send``) hands the connection to LastAnswer, which drops what the
+    client still sends until it closes, or for CLOSING_GRACE_S. Closing at once, with the body still coming, would
+    reset the connection, and the client's system could throw the answer away before the client read it."""
+
+    def __init__(self, protocol: GatewayHttpProtocol) -> None:
+        self.protocol = protocol
+
+    def write(self, data: bytes) -> None:
+        self.protocol.transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self.protocol.transport.is_closing()
+
+    def close(self) -> None:
+        if not self.protocol.transport.is_closing():
+            self.protocol.leave_uvicorn()
+            LastAnswer.take_over(self.protocol.transport, b"")
+
+
 def body_arrived(scope: Mapping[str, object]) -> bool:
     """Whether the request's whole body is in already, so that ``receive()`` hands it over without waiting (uvicorn's
     cycle says so once it has parsed the end of the message); False where that cannot be known."""
@@ -314,6 +355,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     header_timer: TimerHandle | None = None
     header_deadline: float = 0.0
+    # Whether another protocol (LastAnswer) has the connection now: uvicorn's callbacks that still come do nothing.
+    left: bool = False
     # Whether the parser is inside a request's head, and how many bytes it was fed since (reads that began in it).
     in_head: bool = True
     head_bytes: int = 0
@@ -399,6 +442,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self.scope[CYCLE] = cycle  # type: ignore[literal-required]  # (write_chunk)
 
     def on_response_complete(self) -> None:
+        if self.left:
+            return
         idle = not self.pipeline  # else the next request, already read, starts now
         super().on_response_complete()
         if idle and not self.transport.is_closing():
@@ -433,6 +478,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def leave_uvicorn(self) -> None:
         """Forget this connection before another protocol takes its transport over (uvicorn no longer sees it)."""
+        self.left = True
         self.connections.discard(self)
         self.waiting.pop(self, None)
         self._unset_keepalive_if_required()
