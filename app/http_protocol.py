@@ -20,6 +20,9 @@ a connection never reaches. Here:
 - An answer given while part of its request's body is still unread (a 404, a 413 by Content-Length, a refused admin
   write) is the connection's last (``end_if_body_unread``): uvicorn would read the rest and throw it away, as long as
   the client kept sending, a byte a minute or gigabytes, past every timeout. Work on those answers only.
+- Bytes that are no request (400, 414, 431) behind pipelined requests in progress are answered after those
+  requests, then the connection ends; uvicorn answered them at once and closed, and the earlier answers were lost.
+  A flag check per read.
 """
 
 from __future__ import annotations
@@ -357,6 +360,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     header_deadline: float = 0.0
     # Whether another protocol (LastAnswer) has the connection now: uvicorn's callbacks that still come do nothing.
     left: bool = False
+    # The answer to bytes that are no request (400, 414, 431) that came behind requests still in progress: written
+    # once they are answered, in the order the requests came (RFC 9112, 9.3.2); nothing after those bytes is read.
+    last_answer: bytes | None = None
     # Whether the parser is inside a request's head, and how many bytes it was fed since (reads that began in it).
     in_head: bool = True
     head_bytes: int = 0
@@ -385,9 +391,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes that are no HTTP request (a control character in a header, say): a JSON error
         body, as every other error the gateway gives (uvicorn's is plain text), and the connection closed. A URL
-        httptools cannot take (longer than MAX_URL_BYTES) is no malformed request: 414, saying so."""
-        self.transport.write(self.url_answer if len(self.url) > MAX_URL_BYTES else self.malformed_answer)
-        self.transport.close()
+        httptools cannot take (longer than MAX_URL_BYTES) is no malformed request: 414, saying so. Behind requests in
+        progress, once they are answered."""
+        answer = self.url_answer if len(self.url) > MAX_URL_BYTES else self.malformed_answer
+        if not self.answer_later(answer):
+            self.transport.write(answer)
+            self.transport.close()
 
     def _unsupported_upgrade_warning(self) -> None:
         """(uvicorn's: a request asked to switch protocols, which the gateway never does; it is answered as HTTP/1.1.)
@@ -416,12 +425,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 on_disconnect()  # the app waits for something other than the body (a reply): it is told now
 
     def data_received(self, data: bytes) -> None:
+        if self.last_answer is not None:
+            return  # behind bytes that are no request: nothing more is parsed
         super().data_received(data)
         if not self.in_head:
             return
         # Counted after parsing: a read that began a request (on_message_begin set the count to 0) counts whole.
         self.head_bytes += len(data)
-        if self.head_bytes > self.limits.max_head_bytes and not self.transport.is_closing():
+        over = self.head_bytes > self.limits.max_head_bytes and not self.transport.is_closing()
+        if over and not self.answer_later(self.head_answer):
             self.leave_uvicorn()
             LastAnswer.take_over(self.transport, self.head_answer)
 
@@ -446,8 +458,24 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             return
         idle = not self.pipeline  # else the next request, already read, starts now
         super().on_response_complete()
-        if idle and not self.transport.is_closing():
-            self.waiting[self] = None
+        if not idle or self.transport.is_closing():
+            return
+        if self.last_answer is not None:  # every request before the bytes that are none is answered
+            self.leave_uvicorn()
+            LastAnswer.take_over(self.transport, self.last_answer)
+            return
+        self.waiting[self] = None
+
+    def answer_later(self, answer: bytes) -> bool:
+        """Hold ``answer``, to bytes that are no request, as ``last_answer`` while requests read before them are in
+        progress (uvicorn wrote it at once and closed: their answers were lost); False when none is, to answer now.
+        A parse error inside the body of the request in progress is that request's own: answered now too."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or cycle.more_body:
+            return False
+        if self.last_answer is None:
+            self.last_answer = answer
+        return True
 
     def reading_headers(self) -> bool:
         """Whether the connection waits for the rest of a request's headers, with no request in progress."""

@@ -287,3 +287,34 @@ def _read_until_count(sock: socket.socket, end: bytes, count: int) -> bytes:
     while data.count(end) < count:
         data += sock.recv(65536) or pytest.fail(f"closed after {data!r}")
     return data
+
+
+@pytest.mark.parametrize(
+    ("second", "status", "error"),
+    [
+        (b"GARBAGE\r\n\r\n", 400, "BadRequestError"),
+        (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 414, "URITooLongError"),
+        (
+            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES + 65536),
+            431,
+            "HeadersTooLargeError",
+        ),
+    ],
+    ids=["malformed", "url too long", "head too long"],
+)
+async def test_bytes_that_are_no_request_behind_one_in_progress_are_answered_after_it(
+    second: bytes, status: int, error: str
+) -> None:
+    """RFC 9112, 9.3.2: answers in the order the requests came. uvicorn wrote the error at once and closed, and the
+    request in progress, which may have run, was never answered."""
+    async with serving(max_connections=4) as served:
+        client = served.connect()
+        await asyncio.to_thread(client.sendall, b"GET /hold HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" + second)
+        await wait_for_async(lambda: len(served.state.tasks) == 1, 5, "the first request never started")
+        served.release.set()
+        data = await asyncio.to_thread(_read_until_closed, client)
+    first, _, rest = data.partition(b"\r\n\r\nok")
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n"), data[:300]
+    head, _, body = rest.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status) and b"\r\nconnection: close" in head.lower(), data[:300]
+    assert orjson.loads(body)["error"] == error, body
