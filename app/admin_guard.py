@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from fastapi import Request
 from starlette.datastructures import Headers
 
+from streamserve.app.bodies import check_content_coding
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import ForbiddenError, UnauthorizedError, UnsupportedMediaTypeError
 
@@ -130,10 +131,12 @@ class AdminGuard:
 
     @staticmethod
     def check_media_type(method: str, headers: Headers) -> None:
-        """UnsupportedMediaTypeError unless a body comes as ``application/json`` (a DELETE need have none)."""
+        """UnsupportedMediaTypeError unless a body comes as ``application/json``, unencoded (a DELETE has none)."""
         has_body = method in BODY_METHODS or headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
         media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
         if has_body and media_type != "application/json":
             raise UnsupportedMediaTypeError(
                 f"admin writes take a JSON body with 'Content-Type: application/json', not {media_type or 'none'!r}"
             )
+        if has_body:
+            check_content_coding(headers.getlist("content-encoding"))

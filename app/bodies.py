@@ -6,7 +6,13 @@ import asyncio
 
 from starlette.types import Receive
 
-from streamserve.wire.errors import BadRequestError, BodyTimeoutError, PayloadTooLargeError
+from streamserve.wire.errors import (
+    BadRequestError,
+    BodyTimeoutError,
+    PayloadTooLargeError,
+    TransferCodingError,
+    UnsupportedMediaTypeError,
+)
 
 
 class ClientDisconnected(Exception):
@@ -40,6 +46,34 @@ async def read_body(
             "request with an Upgrade header, as curl --http2 sends, loses its body: send plain HTTP/1.1)"
         )
     return body
+
+
+def check_content_coding(content_encodings: list[str]) -> None:
+    """UnsupportedMediaTypeError (415) for a body in a content coding, a ``Content-Encoding`` other than ``identity``:
+    the gateway decodes none, and read a compressed body as it came (a gzip one was "not UTF-8", a br one that
+    happened to be JSON went to the handler)."""
+    for coding in _codings(content_encodings):
+        if coding != "identity":
+            raise UnsupportedMediaTypeError(
+                f"the request body is in the content coding {coding!r} (Content-Encoding): the gateway takes bodies "
+                "unencoded; send it without one"
+            )
+
+
+def check_transfer_coding(transfer_encodings: list[str]) -> None:
+    """TransferCodingError (501, RFC 9112, 6.1) for a ``Transfer-Encoding`` other than ``chunked`` alone: the gateway
+    undoes the chunks and no other coding, and read ``gzip, chunked`` as if it were plain."""
+    codings = _codings(transfer_encodings)
+    if codings and codings != ["chunked"]:
+        raise TransferCodingError(
+            f"the request body is in the transfer coding {', '.join(codings)!r} (Transfer-Encoding): the gateway "
+            "takes a body plain or chunked, in no other coding"
+        )
+
+
+def _codings(headers: list[str]) -> list[str]:
+    """The codings that headers such as ``Content-Encoding: gzip, br`` name, in order, lower case."""
+    return [coding.strip().lower() for header in headers for coding in header.split(",") if coding.strip()]
 
 
 def _declared_size(content_length: str | None) -> int | None:

@@ -30,6 +30,7 @@ from streamserve.wire.errors import (
     RemoteError,
     RequestTimeoutError,
     StreamServeError,
+    TransferCodingError,
     UnauthorizedError,
     UnavailableError,
     UnsupportedMediaTypeError,
@@ -50,6 +51,7 @@ STATUS_BY_ERROR: list[tuple[type[StreamServeError], int]] = [
     (UnauthorizedError, 401),
     (ForbiddenError, 403),
     (UnsupportedMediaTypeError, 415),
+    (TransferCodingError, 501),
     (BadRequestError, 400),
     (RequestTimeoutError, 504),
     (RateLimitedError, 429),
@@ -111,8 +113,10 @@ def error_response(exc: StreamServeError, headers: dict[str, str]) -> Response:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))  # whole seconds, never too early
     if isinstance(exc, UnauthorizedError):
         headers["WWW-Authenticate"] = "Bearer"
-    if isinstance(exc, BodyTimeoutError | HeadersTooLargeError):
-        headers["Connection"] = "close"  # a slow or oversized client gets no further request on this connection
+    if isinstance(exc, BodyTimeoutError | HeadersTooLargeError | TransferCodingError):
+        # A slow or oversized client gets no further request on this connection, nor one whose body's end cannot be
+        # told from its coding.
+        headers["Connection"] = "close"
     if isinstance(exc, MethodNotAllowedError):
         headers["Allow"] = ", ".join(exc.allow)
     if "X-Request-ID" in headers:

@@ -38,7 +38,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamserve.app.admin import admin_router
-from streamserve.app.bodies import ClientDisconnected, read_body
+from streamserve.app.bodies import ClientDisconnected, check_content_coding, check_transfer_coding, read_body
 from streamserve.app.dashboard import dashboard_router
 from streamserve.app.errors import (
     PROBE_REDIS_WAIT_S,
@@ -269,7 +269,7 @@ class Gateway:
             _check_request_id(given, exchange.request_id, 0 if given is None else len(headers.getlist(b"x-request-id")))
             exchange.deployment = name = self.match(scope["path"])
             limit = self.settings.max_request_bytes
-            length, timeout_s = headers.get(b"content-length"), self.settings.body_timeout_s
+            length, timeout_s = headers.content_length(), self.settings.body_timeout_s
             body = await read_body(receive, length, limit, timeout_s, body_arrived(scope))
             body = body or b"null"
             try:
@@ -455,6 +455,22 @@ class _Headers:
     def getlist(self, name: bytes) -> list[str]:
         return [value.decode("latin-1") for key, value in self._raw if key == name]
 
+    def content_length(self) -> str | None:
+        """``Content-Length``, as ``get`` reads it; in the same pass over the headers, a body in a coding the gateway
+        does not undo is refused: 415 for a ``Content-Encoding``, 501 for a ``Transfer-Encoding`` but ``chunked``."""
+        length = None
+        coded = False
+        for key, value in self._raw:
+            if key == b"content-length":
+                if length is None:
+                    length = value.decode("latin-1")
+            elif key == b"content-encoding" or key == b"transfer-encoding":
+                coded = True
+        if coded:
+            check_transfer_coding(self.getlist(b"transfer-encoding"))
+            check_content_coding(self.getlist(b"content-encoding"))
+        return length
+
     def one(self, name: bytes, header: str) -> str | None:
         """The value of header ``name`` (``header`` as error messages name it), as the client wrote it (UTF-8, else
         latin-1); None without one, BadRequestError (400) for two or more."""
@@ -630,11 +646,12 @@ class GatewayApp:
             await send(message)
 
         observer = self.gateway.observer
+        refusal = self._refusal(scope)
         if not observer.access_log:
-            if self._headers_fit(scope):
+            if refusal is None:
                 await self.api(scope, receive, send_last_if_unread)
             else:
-                await self._refuse_headers(scope, receive, send_last_if_unread)
+                await error_response(refusal, {})(scope, receive, send_last_if_unread)
             return
         started, status, replied_id = time.perf_counter(), CLIENT_CLOSED, ""
 
@@ -646,10 +663,10 @@ class GatewayApp:
             await send_last_if_unread(message)
 
         try:
-            if self._headers_fit(scope):
+            if refusal is None:
                 await self.api(scope, receive, send_and_note)
             else:
-                await self._refuse_headers(scope, receive, send_and_note)
+                await error_response(refusal, {})(scope, receive, send_and_note)
         finally:
             # The id the reply carries (a new one where the caller's was refused), else the caller's when it is a
             # valid id, as on deployment paths: spaces in it cannot add fields to the line.
@@ -660,10 +677,17 @@ class GatewayApp:
     def _headers_fit(self, scope: Scope) -> bool:
         return sum(len(name) + len(value) for name, value in scope["headers"]) <= self.gateway.settings.max_header_bytes
 
-    async def _refuse_headers(self, scope: Scope, receive: Receive, send: Send) -> None:
-        limit = self.gateway.settings.max_header_bytes
-        error = HeadersTooLargeError(f"the request's headers are above max_header_bytes ({limit})")
-        await error_response(error, {})(scope, receive, send)
+    def _refusal(self, scope: Scope) -> StreamServeError | None:
+        """What no route is asked about: headers above max_header_bytes (431), a body in a transfer coding but
+        ``chunked`` (501); None for neither."""
+        if not self._headers_fit(scope):
+            limit = self.gateway.settings.max_header_bytes
+            return HeadersTooLargeError(f"the request's headers are above max_header_bytes ({limit})")
+        try:
+            check_transfer_coding(_Headers(scope["headers"]).getlist(b"transfer-encoding"))
+        except StreamServeError as exc:
+            return exc
+        return None
 
 
 def create_app(settings: Settings) -> GatewayApp:

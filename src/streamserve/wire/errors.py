@@ -65,7 +65,13 @@ class ForbiddenError(BadRequestError):
 
 
 class UnsupportedMediaTypeError(BadRequestError):
-    """An admin write whose body is not ``application/json``."""
+    """An admin write whose body is not ``application/json``, or a body sent in a content coding (gzip, br): the
+    gateway takes bodies as they are, and would read a compressed one as if it were not."""
+
+
+class TransferCodingError(BadRequestError):
+    """A request body in a transfer coding other than ``chunked`` alone (``gzip, chunked``): the gateway decodes no
+    other, and would read the body still coded."""
 
 
 class NotFoundError(BadRequestError):
@@ -219,6 +225,7 @@ __all__ = [
     "RequestTimeoutError",
     "ResponseTooLargeError",
     "StreamServeError",
+    "TransferCodingError",
     "URITooLongError",
     "UnauthorizedError",
     "UnavailableError",
