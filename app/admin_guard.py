@@ -13,6 +13,11 @@ host name), so these are refused as well, before the token is compared:
   ``STREAMSERVE_ALLOWED_ORIGINS``;
 - a body that is not ``application/json`` (what a cross-site form or a
   ``text/plain`` fetch can send without asking first).
+
+The host judged is the one an absolute-form target names (``POST
+http://host/...``), else the Host header's (RFC 9112, 3.2.2); a second
+Host, Origin or Content-Type is refused, not decided by order (a proxy
+may go by the other one).
 """
 
 from __future__ import annotations
@@ -26,13 +31,16 @@ from fastapi import Request
 from starlette.datastructures import Headers
 
 from streamserve.app.bodies import check_content_coding
+from streamserve.app.http_protocol import TARGET_HOST
 from streamserve.runtime.settings import Settings
-from streamserve.wire.errors import ForbiddenError, UnauthorizedError, UnsupportedMediaTypeError
+from streamserve.wire.errors import BadRequestError, ForbiddenError, UnauthorizedError, UnsupportedMediaTypeError
 
 ANY = "*"
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# The headers the guard decides by, which an admin write may carry once each.
+ONE_EACH = ("Host", "Origin", "Content-Type")
 TOKEN_HINT = (
     "admin writes need 'Authorization: Bearer <token>': the token is STREAMSERVE_API_KEY, or the file api_key in "
     "the data directory of `streamserve up` (.streamserve/api_key by default)"
@@ -102,18 +110,24 @@ class AdminGuard:
         self.check_media_type(request.method, headers)
 
     def check_site(self, request: Request) -> None:
-        """ForbiddenError for a write sent by way of another site: its Host (check_host) or Origin (check_origin)."""
-        host = request.headers.get("host", "")
-        self.check_host(host)
+        """ForbiddenError for a write sent by way of another site: its host (check_host) or Origin (check_origin);
+        BadRequestError for two of a header the guard decides by."""
+        for header in ONE_EACH:
+            if (copies := len(request.headers.getlist(header))) > 1:
+                raise BadRequestError(f"an admin write takes one {header} header, got {copies}")
+        target: str | None = request.scope.get(TARGET_HOST)
+        host = target if target is not None else request.headers.get("host", "")
+        self.check_host(host, "the request target's host" if target is not None else "Host")
         self.check_origin(request.headers.get("origin"), f"{request.url.scheme}://{host.strip().lower()}")
 
-    def check_host(self, header: str) -> None:
-        """ForbiddenError for a Host this gateway is not known by (DNS rebinding sends the attacker's name)."""
+    def check_host(self, header: str, named: str = "Host") -> None:
+        """ForbiddenError for a host this gateway is not known by (DNS rebinding sends the attacker's name);
+        ``named``: where it came from, for the message."""
         name = host_name(header)
         if self.any_host or name in self.hosts or (self.wildcard_bind and _is_ip_literal(name)):
             return
         raise ForbiddenError(
-            f"admin writes are not taken for Host {header!r}: use the gateway's address or localhost, "
+            f"admin writes are not taken for {named} {header!r}: use the gateway's address or localhost, "
             "or add the name to STREAMSERVE_ALLOWED_HOSTS"
         )
 

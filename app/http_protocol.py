@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import ClassVar
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from streamserve.app.errors import error_response
@@ -78,6 +79,10 @@ MAX_URL_BYTES = 65_535
 ON_DISCONNECT = "streamserve.on_disconnect"
 # The ASGI scope key of the request's uvicorn cycle, for ``write_chunk``.
 CYCLE = "streamserve.cycle"
+# The ASGI scope key of the host (and port) an absolute-form request target names (``POST http://host/path``), as a
+# Host header would carry it: RFC 9112, 3.2.2 says the server goes by it, not by the Host header. uvicorn keeps only
+# the target's path.
+TARGET_HOST = "streamserve.target_host"
 
 
 def when_gone(scope: MutableMapping[str, object], callback: Callable[[], None]) -> bool:
@@ -452,6 +457,19 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # (not for an upgrade)
             self.scope[CYCLE] = cycle  # type: ignore[literal-required]  # (write_chunk)
+            if self.url[:1] != b"/":  # absolute-form (or OPTIONS's "*")
+                self.note_target_host()
+
+    def note_target_host(self) -> None:
+        """Put the host an absolute-form target names in the scope (TARGET_HOST), for the admin guard to judge."""
+        try:
+            url = httptools.parse_url(self.url)
+        except httptools.HttpParserInvalidURLError:
+            return
+        if url.host:
+            host = url.host.decode("latin-1")
+            host = f"[{host}]" if ":" in host else host
+            self.scope[TARGET_HOST] = host if url.port is None else f"{host}:{url.port}"  # type: ignore[literal-required]
 
     def on_response_complete(self) -> None:
         if self.left:

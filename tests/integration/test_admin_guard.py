@@ -7,15 +7,20 @@ real browser is in tests/e2e/test_browser_attack.py.
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from pydantic import SecretStr
 
 from streamserve.app.gateway import create_app
 from streamserve.runtime.settings import Settings
+from tests.harness.farm import gateway_process
+from tests.integration.conftest import deploy
 from tests.integration.test_security import stored_deployments
 
 TOKEN = "guard-test-token"
@@ -138,3 +143,51 @@ async def test_the_token_is_needed_and_its_hint_says_where_it_is(settings: Setti
     assert ".streamserve/api_key" in missing.json()["message"]
     assert right.status_code == header.status_code == 200
     assert stored_deployments(settings.effective_redis_url) == {"ok"}
+
+
+def sent(port: int, request: bytes) -> tuple[int, str]:
+    """The status and error message (or body) of the answer to ``request``, sent as it is, on a new connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data or not data.endswith(b"}"):
+            data += sock.recv(65536) or pytest.fail(f"closed after {data!r}")
+    head, _, body = data.partition(b"\r\n\r\n")
+    answer = orjson.loads(body)
+    return int(head.split(b" ")[1]), answer.get("message", str(answer))
+
+
+def scale(target: bytes, headers: bytes) -> bytes:
+    """A scale of ``rec`` to 0 at ``target``, with the token, JSON and ``headers``."""
+    body = b'{"num_replicas":0}'
+    return b"POST %b HTTP/1.1\r\nAuthorization: Bearer %b\r\n%bContent-Length: %d\r\n\r\n%b" % (
+        target,
+        TOKEN.encode(),
+        headers,
+        len(body),
+        body,
+    )
+
+
+async def test_headers_the_guard_goes_by_count_once_and_an_absolute_target_by_its_own_host(
+    settings: Settings, redis_url: str, tmp_path: Path
+) -> None:
+    """Two Host, Origin or Content-Type headers are a 400 whatever their order (the first decided: a proxy may go by
+    the other); an absolute-form target is judged by its host, not the Host header (RFC 9112, 3.2.2)."""
+    await deploy(settings)
+    path = b"/-/deployments/rec/scale"
+    json = b"Content-Type: application/json\r\n"
+    with gateway_process(redis_url, tmp_path, STREAMSERVE_API_KEY=TOKEN) as port:
+        own = f"http://127.0.0.1:{port}".encode()
+        for headers, header in [
+            (b"Host: localhost\r\nHost: evil.example\r\n" + json, "Host"),
+            (b"Host: evil.example\r\nHost: localhost\r\n" + json, "Host"),
+            (b"Host: localhost\r\nOrigin: " + own + b"\r\nOrigin: http://evil.example\r\n" + json, "Origin"),
+            (b"Host: localhost\r\n" + json + b"Content-Type: text/plain\r\n", "Content-Type"),
+        ]:
+            status, message = sent(port, scale(path, headers))
+            assert (status, message) == (400, f"an admin write takes one {header} header, got 2"), headers
+        status, message = sent(port, scale(b"http://evil.example" + path, b"Host: localhost\r\n" + json))
+        assert status == 403 and "the request target's host 'evil.example'" in message, message
+        assert sent(port, scale(own + path, b"Host: evil.example\r\n" + json))[0] == 200
+        assert sent(port, scale(path, b"Host: localhost\r\n" + json))[0] == 200
