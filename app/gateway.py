@@ -565,7 +565,10 @@ def _prefers_async(prefer_headers: list[str]) -> bool:
 def _methods_answered(routes: list[BaseRoute], path: str) -> tuple[str, ...]:
     """The methods some route answers at ``path`` (asked the way Starlette's router asks)."""
     scope: dict[str, Any] = {"type": "http", "path": path, "root_path": "", "headers": []}
-    return tuple(m for m in HTTP_METHODS if any(r.matches({**scope, "method": m})[0] is Match.FULL for r in routes))
+    methods = [m for m in HTTP_METHODS if any(r.matches({**scope, "method": m})[0] is Match.FULL for r in routes)]
+    if "GET" in methods and "HEAD" not in methods:  # (GatewayApp answers HEAD as GET)
+        methods.insert(methods.index("GET") + 1, "HEAD")
+    return tuple(methods)
 
 
 def _idempotency_key(given: list[str]) -> str | None:
@@ -645,11 +648,15 @@ class GatewayApp:
                 end_if_body_unread(scope)
             await send(message)
 
+        # HEAD is answered as GET (RFC 9110, 9.1: a server that takes GET takes HEAD; FastAPI's routes do not by
+        # themselves): the app sees GET, and uvicorn, whose scope still says HEAD, writes the head without the body.
+        app_scope = {**scope, "method": "GET"} if scope["method"] == "HEAD" else scope
+
         observer = self.gateway.observer
         refusal = self._refusal(scope)
         if not observer.access_log:
             if refusal is None:
-                await self.api(scope, receive, send_last_if_unread)
+                await self.api(app_scope, receive, send_last_if_unread)
             else:
                 await error_response(refusal, {})(scope, receive, send_last_if_unread)
             return
@@ -664,7 +671,7 @@ class GatewayApp:
 
         try:
             if refusal is None:
-                await self.api(scope, receive, send_and_note)
+                await self.api(app_scope, receive, send_and_note)
             else:
                 await error_response(refusal, {})(scope, receive, send_and_note)
         finally:
@@ -784,9 +791,6 @@ def _add_probes(api: FastAPI, gateway: Gateway) -> None:
         except RedisUnavailableError as exc:
             return error_response(exc, {})
         return json_response({"status": "ready"})
-
-    for path, probe in (("/-/healthz", healthz), ("/-/ready", ready)):  # a load balancer may probe with HEAD
-        api.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
 
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import httpx
 import pytest
+
+from tests.harness.farm import gateway_process
 
 
 @pytest.mark.parametrize(
@@ -11,7 +16,7 @@ import pytest
     [
         ("OPTIONS", "/-/deploy", "POST"),
         ("GET", "/-/deploy", "POST"),
-        ("HEAD", "/-/status", "GET"),
+        ("PUT", "/-/status", "GET, HEAD"),
         ("PUT", "/-/endpoints/classify", "DELETE"),
         ("GET", "/-/deployments/echo/scale", "POST"),
         ("TRACE", "/-/healthz", "GET, HEAD"),
@@ -48,3 +53,29 @@ async def test_the_openapi_document_lists_the_gateway_routes_once_each(http: htt
             declared = {p["name"] for p in op.get("parameters", []) if p["in"] == "path"}
             assert declared == {part[1:-1] for part in path.split("/") if part.startswith("{")}, (path, op)
     assert (await http.get("/-/docs")).status_code == 200
+
+
+def heads(sock: socket.socket, count: int) -> list[bytes]:
+    """The heads of ``count`` answers to HEAD: each ends at its blank line, with no body after it (a body would be
+    read as the start of the next head)."""
+    data = b""
+    while data.count(b"\r\n\r\n") < count:
+        data += sock.recv(65536) or pytest.fail(f"closed after {data!r}")
+    *answers, rest = data.split(b"\r\n\r\n")
+    assert rest == b"", data
+    return answers
+
+
+def test_head_on_the_gateways_read_routes_is_get_without_its_body(redis_url: str, tmp_path: Path) -> None:
+    """RFC 9110, 9.1: a server that answers GET answers HEAD. They were 405 with Allow: GET."""
+    paths = ["/-/status", "/-/routes", "/metrics", "/-/dashboard", "/-/dashboard/data", "/-/healthz", "/-/jobs/none"]
+    with (
+        gateway_process(redis_url, tmp_path) as port,
+        socket.create_connection(("127.0.0.1", port), timeout=5) as sock,
+    ):
+        sock.sendall(b"".join(b"HEAD %b HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % p.encode() for p in paths))
+        answers = heads(sock, len(paths))
+    for path, head in zip(paths, answers, strict=True):
+        status = b"404" if path == "/-/jobs/none" else b"200"
+        assert head.startswith(b"HTTP/1.1 %b " % status), (path, head)
+        assert b"\r\ncontent-length: " in head.lower(), (path, head)  # what GET's body would be
