@@ -158,7 +158,10 @@ async def test_every_error_has_our_shape(start_replica: StartReplica, settings: 
         assert nowhere.status_code == 404 and nowhere.json()["error"] == "NotFoundError"
         for method in ("POST", "PUT", "DELETE"):  # the gateway's own path, though not under /-/
             not_metrics = await http.request(method, "/metrics")
-            assert not_metrics.status_code == 405 and not_metrics.headers["allow"] == "GET", (method, not_metrics.text)
+            assert not_metrics.status_code == 405 and not_metrics.headers["allow"] == "GET, HEAD", (
+                method,
+                not_metrics.text,
+            )
         bad_id = await http.post("/rec", json=1, headers={"X-Request-ID": "a b"})
         assert bad_id.status_code == 400 and "X-Request-ID" in bad_id.json()["message"]
         assert bad_id.json()["request_id"] == bad_id.headers["x-request-id"] != "a b"
