@@ -62,6 +62,8 @@ class ClientCore:
         self._hot = HotEntries()
         self._hits: HitCounts | None = None
         self._start_lock: asyncio.Lock | None = None
+        # Set by the blocking Client's close(): the client is not started again (see _close_for_good).
+        self._closed_for_good = False
         # Where its calls' enqueue spans come from (runtime/tracing.py), looked up when it starts: None, no spans.
         self._tracer: Tracer | None = tracing.tracer()
 
@@ -101,6 +103,8 @@ class ClientCore:
         """``_connect``'s work; the caller holds the start lock (``_start_guard``)."""
         if self._redis is not None:
             return
+        if self._closed_for_good:
+            raise UnavailableError("client closed")
         redis = async_redis(self._settings.effective_redis_url)
         routes = RouteCache(redis, self._keys)
         try:
@@ -149,6 +153,13 @@ class ClientCore:
         self._redis = self._replies = self._routes = self._pipeliner = self._canceller = self._hits = None
         self._jobs_redis = self._jobs = None
         self._start_lock = None  # (bound to the loop that used it)
+
+    async def _close_for_good(self) -> None:
+        """``aclose()``, after which the client is never started again: the blocking Client's close(), whose loop
+        stops next. A call that reached the loop as it closed would otherwise connect anew on a loop about to stop,
+        and wait there for ever."""
+        self._closed_for_good = True
+        await self.aclose()
 
     async def __aenter__(self) -> Self:
         await self.start()

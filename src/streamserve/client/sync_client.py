@@ -35,8 +35,10 @@ P = ParamSpec("P")
 T = TypeVar("T")
 # How long a call cut short by Ctrl-C waits for its cancellation to be sent before the interruption goes on.
 CANCEL_SENT_WITHIN_S = 1.0
-# How often a thread waiting for a call looks at the signals it was sent.
+# How often a thread waiting for a call looks at the signals it was sent (and whether close() ended the client's loop).
 SIGNAL_CHECK_S = 0.2
+# How long the client's thread, its loop stopped by close(), waits for the tasks left on it to end once cancelled.
+LEFTOVERS_END_WITHIN_S = 1.0
 
 # Every Client not closed: their cancellations on the way go out at exit.
 _LIVE: weakref.WeakSet[Client] = weakref.WeakSet()
@@ -78,7 +80,7 @@ def _connected(method: Callable[Concatenate[AsyncClient, P], T]) -> Callable[Con
     """The Client method for AsyncClient's local read ``method``: connect (loading the routes) if need be, then read."""
 
     def read(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        self._run(self._fresh().start()).result()
+        self._awaited(self._run(self._fresh().start()))
         return method(self._async, *args, **kwargs)
 
     return _twin_of(method, read, "connects first if the client has not yet")
@@ -94,15 +96,20 @@ def _twin_of(
     return twin
 
 
-def _awaited(running: concurrent.futures.Future[T]) -> T:
-    """``running.result()``, waited for in steps of SIGNAL_CHECK_S: a Ctrl-C that the kernel hands to another thread
-    (the client's loop, say) still reaches the waiting thread, which a wait without a bound would block for good."""
-    while True:
-        try:
-            return running.result(timeout=SIGNAL_CHECK_S)
-        except TimeoutError:
-            if running.done():
-                raise  # its own error (a TimeoutError of the call's), not the step's
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """The client's thread: its loop, until close() stops it; then the tasks left on it (calls that reached it as
+    close() stopped it) are cancelled, so that nobody waits for a task that would never run again."""
+    loop.run_forever()
+    loop.run_until_complete(_cancel_leftovers())
+
+
+async def _cancel_leftovers() -> None:
+    """Cancel every other task of this loop, and wait for them (at most LEFTOVERS_END_WITHIN_S) to end."""
+    tasks = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=LEFTOVERS_END_WITHIN_S)
 
 
 class Client:
@@ -127,7 +134,7 @@ class Client:
         redis_url, settings = self._made_with
         self._async = AsyncClient(redis_url, settings=settings)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="streamserve-client", daemon=True)
+        self._thread = threading.Thread(target=_run_loop, args=(self._loop,), name="streamserve-client", daemon=True)
         self._thread.start()
         self._pid = os.getpid()
 
@@ -158,7 +165,32 @@ class Client:
                 coro.close()
                 raise
         # (The call's task runs in a copy of this thread's context: a trace current here is current there.)
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        except RuntimeError:  # the loop is closed: close(), in another thread, ran since the check above
+            coro.close()
+            if self._closed:
+                raise UnavailableError("client closed") from None
+            raise
+
+    def _awaited(self, running: concurrent.futures.Future[T]) -> T:
+        """``running.result()``, waited for in steps of SIGNAL_CHECK_S: a Ctrl-C that the kernel hands to another
+        thread (the client's loop, say) still reaches the waiting thread, which a wait without a bound would block
+        for good. A call that close() cut short raises UnavailableError: cancelled on the stopped loop, or never run,
+        having reached the loop after it was closed."""
+        while True:
+            try:
+                return running.result(timeout=SIGNAL_CHECK_S)
+            except TimeoutError:
+                if running.done():
+                    raise  # its own error (a TimeoutError of the call's), not the step's
+                if self._closed and self._loop.is_closed():
+                    running.cancel()
+                    raise UnavailableError("client closed") from None
+            except concurrent.futures.CancelledError:
+                if self._closed:
+                    raise UnavailableError("client closed") from None
+                raise
 
     def _refuse_own_thread(self) -> None:
         """Raise RuntimeError on the client's loop thread, where a done-callback of a ``submit()`` future runs: a
@@ -174,7 +206,7 @@ class Client:
         wait for it: it is cancelled, as an AsyncClient call whose task is, and the cancellation is sent before the
         interruption goes on (the program may be on its way out)."""
         try:
-            return _awaited(running)
+            return self._awaited(running)
         except BaseException:
             if running.cancel():
                 self._send_cancels()
@@ -271,7 +303,7 @@ class Client:
             tenant=tenant,
             model_id=model_id,
         )
-        return self._run(sending).result()
+        return self._awaited(self._run(sending))
 
     def stream(
         self,
@@ -322,7 +354,8 @@ class Client:
     # -- lifecycle ------------------------------------------------------------------
 
     def close(self) -> None:
-        """Disconnect and stop the background loop."""
+        """Disconnect and stop the background loop. Calls under way in other threads end, with UnavailableError
+        (or their result, had it come)."""
         if self._closed:
             return
         self._refuse_own_thread()  # it would wait for its own loop to stop, and then join its own thread
@@ -331,12 +364,14 @@ class Client:
             _LIVE.discard(self)
             _INHERITED.extend((self._async, self._loop, self._thread))
             return
-        with contextlib.suppress(Exception):
-            self._run(self._async.aclose()).result(timeout=5)
+        # Closed first: a call from now on is refused here, and one that reached the loop meanwhile cannot start the
+        # client again there (which left it waiting on a loop that then stopped: for ever, its timeout unheeded).
         self._closed = True
         _LIVE.discard(self)
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self._async._close_for_good(), self._loop).result(timeout=5)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=5 + LEFTOVERS_END_WITHIN_S)
         self._loop.close()
 
     def __enter__(self) -> Client:
@@ -381,7 +416,7 @@ class ChunkIterator:
         client = self._client
         step = client._run(self._chunks.__anext__())
         try:
-            return _awaited(step)
+            return client._awaited(step)
         except StopAsyncIteration:
             raise StopIteration from None
         except BaseException:
