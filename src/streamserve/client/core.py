@@ -29,6 +29,13 @@ from streamserve.transport.pipelining import Pipeliner
 from streamserve.wire.errors import ConfigError, PayloadTooLargeError, UnavailableError
 from streamserve.wire.ids import new_caller_id
 
+# Why a client whose event loop ended under it (asyncio.run returned without its aclose()) cannot be used.
+LOOP_ENDED = (
+    "this AsyncClient was started on an event loop that has ended: close it before its loop ends "
+    "(async with AsyncClient() as client: ...), or make one per loop; await client.aclose() lets it start again "
+    "on the loop that runs now"
+)
+
 
 class ClientCore:
     """One client's settings and connections: the Redis pool, its reply stream, its routes, its jobs connection."""
@@ -64,6 +71,8 @@ class ClientCore:
         self._start_lock: asyncio.Lock | None = None
         # Set by the blocking Client's close(): the client is not started again (see _close_for_good).
         self._closed_for_good = False
+        # Why the client cannot be used until aclose(), its connections belonging to a loop that ended (``_orphan``).
+        self._orphaned: str | None = None
         # Where its calls' enqueue spans come from (runtime/tracing.py), looked up when it starts: None, no spans.
         self._tracer: Tracer | None = tracing.tracer()
 
@@ -105,6 +114,8 @@ class ClientCore:
             return
         if self._closed_for_good:
             raise UnavailableError("client closed")
+        if self._orphaned is not None:
+            raise RuntimeError(self._orphaned)
         redis = async_redis(self._settings.effective_redis_url)
         routes = RouteCache(redis, self._keys)
         try:
@@ -117,6 +128,7 @@ class ClientCore:
         self._canceller = Canceller(redis, self._pipeliner, self._keys)
         self._hits = HitCounts(self._pipeliner, self._keys, CACHE_REQUESTS.field("hit"))
         self._redis, self._routes = redis, routes
+        routes.on_stop(lambda: self._orphan(LOOP_ENDED))
 
     def _start_guard(self) -> asyncio.Lock:
         """One start at a time (made on first use: it belongs to the loop that starts the client)."""
@@ -131,9 +143,20 @@ class ClientCore:
         if self._canceller is not None:
             await self._canceller.sent(within_s)
 
+    def _orphan(self, why: str) -> None:
+        """Forget the connections and tasks of a loop that ended under the client, without closing them (which
+        needs that loop): its next use raises RuntimeError(``why``), as their use on another loop raised a bare
+        'Event loop is closed', then waited out its timeout for a reply reader that was gone. aclose() clears it."""
+        self._orphaned = why
+        self._forget()
+        self.caller_id = new_caller_id()  # a reply stream of its own: late replies to the old one are not its
+
     async def aclose(self) -> None:
         """Stop the reader, fail what is still waiting, drop the reply stream and disconnect. The client may be
         started again (``async with`` it once more, or call it): it connects anew, on whatever loop runs then."""
+        if self._orphaned is not None:  # what it had is gone with its loop: nothing to close
+            self._orphaned = None
+            return
         if self._routes is not None:
             await self._routes.close()
         if self._replies is not None:
@@ -150,8 +173,12 @@ class ClientCore:
             self._jobs_redis.close()
         # Nothing closed is used again: a call after this starts the client anew (with its parts kept, it queued its
         # request and waited out its whole timeout, the reply reader gone).
-        self._redis = self._replies = self._routes = self._pipeliner = self._canceller = self._hits = None
+        self._forget()
         self._jobs_redis = self._jobs = None
+
+    def _forget(self) -> None:
+        """Drop the parts bound to the loop the client ran on."""
+        self._redis = self._replies = self._routes = self._pipeliner = self._canceller = self._hits = None
         self._start_lock = None  # (bound to the loop that used it)
 
     async def _close_for_good(self) -> None:

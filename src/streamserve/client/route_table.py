@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -44,6 +45,10 @@ class RouteCache:
     async def start(self) -> None:
         """Load everything and follow changes from now on."""
         await self._longpoll.start()
+
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` if the long poll stops without ``close()`` (its event loop ended)."""
+        self._longpoll.on_stop(callback)
 
     async def close(self) -> None:
         await self._longpoll.close()

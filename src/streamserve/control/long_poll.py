@@ -77,6 +77,12 @@ class LongPollSubscriber:
         await self.sync(force=True)
         self._task = asyncio.create_task(self._run(), name="streamserve-longpoll")
 
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` if the task started by ``start`` ends without ``close()``: cancelled with its event
+        loop (asyncio.run cancels every task left at its end)."""
+        assert self._task is not None
+        self._task.add_done_callback(lambda _task: None if self._closing else callback())
+
     async def close(self) -> None:
         # PubSub.get_message can swallow a cancellation, so the loop also checks a flag.
         self._closing = True
