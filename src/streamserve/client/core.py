@@ -9,6 +9,8 @@ mixins costs a call no more than one written on a single class.
 from __future__ import annotations
 
 import asyncio
+import os
+import weakref
 from typing import Self
 
 import redis
@@ -35,6 +37,17 @@ LOOP_ENDED = (
     "(async with AsyncClient() as client: ...), or make one per loop; await client.aclose() lets it start again "
     "on the loop that runs now"
 )
+# Why a client that a forked child inherited, started, from its parent cannot be used there.
+FORKED = (
+    "this AsyncClient was started in the parent of this forked process, whose connections it holds: make an "
+    "AsyncClient in the process that uses it (await client.aclose() here lets this one start anew)"
+)
+
+# Every AsyncClient of this process, for the fork hook (_orphan_in_child).
+_CLIENTS: weakref.WeakSet[ClientCore] = weakref.WeakSet()
+# What a forked child's AsyncClients had from the parent (connections, tasks), held for good and never used: their
+# sockets and the loop's selector are shared with the parent, which a finalizer run here would close or change.
+_INHERITED: list[object] = []
 
 
 class ClientCore:
@@ -75,6 +88,7 @@ class ClientCore:
         self._orphaned: str | None = None
         # Where its calls' enqueue spans come from (runtime/tracing.py), looked up when it starts: None, no spans.
         self._tracer: Tracer | None = tracing.tracer()
+        _CLIENTS.add(self)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -143,11 +157,17 @@ class ClientCore:
         if self._canceller is not None:
             await self._canceller.sent(within_s)
 
-    def _orphan(self, why: str) -> None:
+    def _orphan(self, why: str, *, hold: bool = False) -> None:
         """Forget the connections and tasks of a loop that ended under the client, without closing them (which
         needs that loop): its next use raises RuntimeError(``why``), as their use on another loop raised a bare
-        'Event loop is closed', then waited out its timeout for a reply reader that was gone. aclose() clears it."""
+        'Event loop is closed', then waited out its timeout for a reply reader that was gone. aclose() clears it.
+        ``hold``: a forked child's, kept in _INHERITED (the jobs' connections too)."""
         self._orphaned = why
+        if hold:
+            _INHERITED.extend((self._redis, self._replies, self._routes, self._pipeliner, self._canceller))
+            _INHERITED.extend((self._hits, self._jobs_redis, self._shadow_tasks))
+            self._jobs_redis = self._jobs = None
+            self._shadow_tasks = set()
         self._forget()
         self.caller_id = new_caller_id()  # a reply stream of its own: late replies to the old one are not its
 
@@ -188,6 +208,14 @@ class ClientCore:
         self._closed_for_good = True
         await self.aclose()
 
+    def _orphan_in_child(self) -> None:
+        """In a forked child: a started client is unusable here (its next use says why); any client gets a caller id
+        of its own, so that it never reads the parent's reply stream."""
+        if self._redis is not None or self._jobs_redis is not None:
+            self._orphan(FORKED, hold=True)
+        else:
+            self.caller_id = new_caller_id()
+
     async def __aenter__(self) -> Self:
         await self.start()
         return self
@@ -227,3 +255,13 @@ class ClientCore:
             self._jobs = JobQueue(self._jobs_redis, self._keys, self._settings.job_result_ttl_s)
             self._job_refusals = RedisRefusals(url)
         return self._jobs
+
+
+def _orphan_inherited() -> None:
+    """After os.fork(), in the child: every AsyncClient it inherited (attribute writes and new ids: no thread, no
+    connection, so a subprocess's fork before its exec costs next to nothing)."""
+    for client in list(_CLIENTS):
+        client._orphan_in_child()
+
+
+os.register_at_fork(after_in_child=_orphan_inherited)
