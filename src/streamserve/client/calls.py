@@ -157,11 +157,20 @@ class Calls(ClientCore):
         tenant: str | None = None,
         model_id: str | None = None,
     ) -> asyncio.Task[Any]:
-        """Start a call and return a task that resolves to its result."""
+        """Start a call and return a task that resolves to its result.
+
+        From a coroutine (on a running event loop): elsewhere it raises RuntimeError, as the task would never run."""
         parse_priority(priority)  # a bad one raises here, not in the task
         tenant_of(tenant)
         model_id_of(model_id)
         method_of(method)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "AsyncClient.submit() needs a running event loop: call it from a coroutine (async def), or use "
+                "the blocking Client's submit() outside one"
+            ) from None
         calling = self.call(
             name,
             body,
@@ -172,7 +181,7 @@ class Calls(ClientCore):
             tenant=tenant,
             model_id=model_id,
         )
-        return asyncio.ensure_future(calling)
+        return loop.create_task(calling)
 
     def stream(
         self,
