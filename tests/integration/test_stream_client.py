@@ -17,7 +17,13 @@ from streamserve.client import AsyncClient, Client
 from streamserve.client.chunk_feed import ChunkFeed
 from streamserve.client.chunk_stream import ChunkStream
 from streamserve.runtime.settings import Settings
-from streamserve.wire.errors import BadRequestError, RemoteError, RequestTimeoutError, StreamServeError
+from streamserve.wire.errors import (
+    BadRequestError,
+    RemoteError,
+    RequestCancelledError,
+    RequestTimeoutError,
+    StreamServeError,
+)
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.messages import Reply, ReplyStatus
 from tests.harness.waiting import wait_for, wait_for_async
@@ -188,6 +194,30 @@ async def test_closing_or_breaking_out_of_a_stream_forgets_the_request(
         wait_for(lambda: feed_count(blocking._async) == 0, 5, "the closed blocking stream is still followed")
         with pytest.raises(StopIteration):
             next(chunks)
+
+
+async def test_a_read_after_a_cancelled_read_says_the_stream_was_cancelled_not_that_it_ended(
+    client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    """A per-chunk timeout (asyncio.wait_for on a read) cancels the read, and so the request (docs/api.md): the next
+    read says so, where it once raised StopAsyncIteration, as if the stream had ended well."""
+    stream = client.stream("tokens", None)
+    first = asyncio.create_task(anext(stream))
+    request = await fake.next_request()
+    await fake.chunks(request, ["a"])
+    assert await first == "a"
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(anext(stream), 0.01)  # no chunk comes: the read is cancelled
+    for _ in range(2):
+        with pytest.raises(RequestCancelledError, match="this stream was cancelled when a read of it was cancelled"):
+            await anext(stream)
+    assert feed_count(client) == 0
+
+    unsent = client.stream("tokens", None)
+    with pytest.raises(TimeoutError):  # the first read, before any chunk (or any answer of the fake's) comes
+        await asyncio.wait_for(anext(unsent), 0.01)
+    with pytest.raises(RequestCancelledError, match="this stream was cancelled"):
+        await anext(unsent)
 
 
 async def test_call_of_a_streaming_deployment_raises_the_replicas_error_naming_stream(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
@@ -9,10 +10,16 @@ import orjson
 
 from streamserve.client.chunk_feed import ChunkFeed
 from streamserve.client.outcomes import result_of
+from streamserve.wire.errors import RequestCancelledError
 from streamserve.wire.messages import Reply
 
 # Sends the request; its first reply when that is a unary answer (or an error), else the stream's feed.
 Start = Callable[[], Awaitable[Reply | ChunkFeed]]
+# What a read raises once a read of the stream was cancelled (which cancels its request): not the end of a stream.
+CANCELLED = (
+    "this stream was cancelled when a read of it was cancelled (a timeout of asyncio.wait_for, say), and so was its "
+    "request: nothing more comes; start a new stream to read again"
+)
 
 
 class ChunkStream:
@@ -24,12 +31,14 @@ class ChunkStream:
     The request is sent by the first ``__anext__``. An error ends the iteration by raising the StreamServeError that
     ``call`` would raise for it, after the chunks that came before it. A deployment that does not stream gives its one
     result as the only chunk. ``break``, ``close()``, ``aclose()`` or leaving ``async with`` before the end cancel
-    the request: its generator is closed, and chunks still to come are dropped.
+    the request: its generator is closed, and chunks still to come are dropped. A read cancelled (its task, or
+    ``asyncio.wait_for``'s timeout) cancels the request too, and the reads after it raise RequestCancelledError.
     """
 
     def __init__(self, start: Start) -> None:
         self._start: Start | None = start
         self._feed: ChunkFeed | None = None
+        self._cancelled = False  # a read was cancelled (and the request with it)
 
     def __aiter__(self) -> Self:
         return self
@@ -38,15 +47,22 @@ class ChunkStream:
         feed = self._feed
         if feed is None:
             if self._start is None:  # closed, ended, or a unary answer given
+                if self._cancelled:
+                    raise RequestCancelledError(CANCELLED)
                 raise StopAsyncIteration
             start, self._start = self._start, None
-            first = await start()
+            try:
+                first = await start()
+            except asyncio.CancelledError:
+                self._cancelled = True
+                raise
             if not isinstance(first, ChunkFeed):
                 return result_of(first)  # a unary deployment's result, the stream's one chunk (or its error)
             self._feed = feed = first
         try:
             chunk = await feed.next_chunk()
-        except BaseException:
+        except BaseException as exc:
+            self._cancelled = isinstance(exc, asyncio.CancelledError)
             self.close()
             raise
         if chunk is None:
