@@ -56,3 +56,22 @@ async def test_an_async_client_used_on_a_new_loop_without_aclose_says_why_until_
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
+
+
+async def test_a_client_started_again_after_aclose_reads_a_reply_stream_of_its_own(
+    start_replica: StartReplica, settings: Settings, aredis: Any
+) -> None:
+    """A call cut off by aclose() may still be answered: on the reply stream a client started again reads, its late
+    reply, matched by its tag (counted from 1 again), would have been taken for a new call's answer."""
+    await start_replica(route_prefix="/rec")
+    client = AsyncClient(settings=settings)
+    await client.call("rec", 1)
+    first = settings.keys.reply_stream(client.caller_id)
+    await client.aclose()
+    try:
+        assert (await client.call("rec", 2))["body"] == 2
+        again = settings.keys.reply_stream(client.caller_id)
+        assert again != first
+        assert await aredis.exists(again) == 1 and await aredis.exists(first) == 0  # (the old one is not made again)
+    finally:
+        await client.aclose()

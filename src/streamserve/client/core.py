@@ -192,9 +192,12 @@ class ClientCore:
         if self._jobs_redis is not None:
             self._jobs_redis.close()
         # Nothing closed is used again: a call after this starts the client anew (with its parts kept, it queued its
-        # request and waited out its whole timeout, the reply reader gone).
+        # request and waited out its whole timeout, the reply reader gone). On a reply stream of its own: a call
+        # cut off here may still be answered, and its late reply, matched by its tag (counted from 1 again by a new
+        # reader), would have been taken for the answer of a new call.
         self._forget()
         self._jobs_redis = self._jobs = None
+        self.caller_id = new_caller_id()
 
     def _forget(self) -> None:
         """Drop the parts bound to the loop the client ran on."""
