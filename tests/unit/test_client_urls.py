@@ -9,6 +9,7 @@ from redis.exceptions import InvalidResponse
 
 from streamserve.client import AsyncClient, Client
 from streamserve.errors import ConfigError, RedisUnavailableError
+from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RedisRefusals
 
 SCHEMES = "it starts with redis://, rediss:// or unix://"
@@ -34,6 +35,19 @@ def test_a_redis_url_from_the_environment_is_checked_too(monkeypatch: pytest.Mon
     monkeypatch.setenv("REDIS_URL", "http://127.0.0.1:8000")
     with pytest.raises(ConfigError, match=f"REDIS_URL: 'http://127.0.0.1:8000' is not a Redis URL: {SCHEMES}"):
         Client()
+
+
+def test_a_blank_streamserve_redis_url_leaves_redis_url_to_say(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/api.md: "STREAMSERVE_REDIS_URL, else REDIS_URL; set but empty counts as unset" (pydantic took the empty
+    one, the first set, and REDIS_URL was never read)."""
+    monkeypatch.setenv("STREAMSERVE_REDIS_URL", "")
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:29999/0")
+    assert Settings().redis_url == "redis://127.0.0.1:29999/0"
+    monkeypatch.setenv("REDIS_URL", " ")
+    assert Settings().redis_url is None
+    monkeypatch.setenv("STREAMSERVE_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:29999/0")
+    assert Settings().redis_url == "redis://127.0.0.1:1/0"
 
 
 def test_a_server_that_does_not_answer_as_redis_is_redis_unavailable() -> None:

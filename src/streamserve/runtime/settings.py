@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamserve.control.resources import GPU_LIST_RE
@@ -272,11 +272,14 @@ class Settings(BaseSettings):
 
     @field_validator("redis_url", "jobs_redis_url", mode="before")
     @classmethod
-    def _blank_url_is_none(cls, value: object) -> object:
+    def _blank_url_is_none(cls, value: object, info: ValidationInfo) -> object:
         """``REDIS_URL=`` (set, but empty) names no Redis: the farm `up` runs here is found as when it is unset (it
-        meant the default, 127.0.0.1:6379, whichever farm that is). Otherwise a Redis URL redis-py can take apart,
-        refused here, where every command and role builds its settings, rather than where it connects."""
+        meant the default, 127.0.0.1:6379, whichever farm that is). A blank ``STREAMSERVE_REDIS_URL`` leaves
+        ``REDIS_URL`` to say (pydantic takes the first variable set, empty or not). Otherwise a Redis URL redis-py can
+        take apart, refused here, where every command and role builds its settings, rather than where it connects."""
         if isinstance(value, str) and not value.strip():
+            if info.field_name == "redis_url" and (plain := os.environ.get("REDIS_URL", "")).strip():
+                return cls._blank_url_is_none(plain, info)
             return None
         if isinstance(value, str) and (problem := redis_url_problem(value)) is not None:
             raise ValueError(problem)
