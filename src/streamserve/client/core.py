@@ -127,7 +127,7 @@ class ClientCore:
         if self._redis is not None:
             return
         if self._closed_for_good:
-            raise UnavailableError("client closed")
+            raise UnavailableError("client closed: this Client was closed (close()); make a new one")
         if self._orphaned is not None:
             raise RuntimeError(self._orphaned)
         redis = async_redis(self._settings.effective_redis_url)
@@ -180,7 +180,7 @@ class ClientCore:
         if self._routes is not None:
             await self._routes.close()
         if self._replies is not None:
-            await self._replies.close(UnavailableError("client closed"))
+            await self._replies.close(UnavailableError("client closed while the call waited for its reply"))
         if self._canceller is not None:
             await self._canceller.aclose()  # the requests its callers stopped waiting for
         if self._hits is not None:

@@ -33,6 +33,9 @@ from streamserve.wire.tenants import tenant_of
 
 P = ParamSpec("P")
 T = TypeVar("T")
+# What a use of a Client after its close() raises, and a call that its close() cut short.
+CLOSED = "client closed: this Client was closed (close(), or the end of its with block); make a new one"
+CLOSED_WHILE_WAITING = "client closed while the call waited for its reply (close(), in another thread)"
 # How long a call cut short by Ctrl-C waits for its cancellation to be sent before the interruption goes on.
 CANCEL_SENT_WITHIN_S = 1.0
 # How often a thread waiting for a call looks at the signals it was sent (and whether close() ended the client's loop).
@@ -157,7 +160,7 @@ class Client:
         """Start ``coro`` on the client's loop; ``waited``: the caller then blocks until it ends."""
         if self._closed:
             coro.close()
-            raise UnavailableError("client closed")
+            raise UnavailableError(CLOSED)
         if waited:
             try:
                 self._refuse_own_thread()
@@ -170,7 +173,7 @@ class Client:
         except RuntimeError:  # the loop is closed: close(), in another thread, ran since the check above
             coro.close()
             if self._closed:
-                raise UnavailableError("client closed") from None
+                raise UnavailableError(CLOSED) from None
             raise
 
     def _awaited(self, running: concurrent.futures.Future[T]) -> T:
@@ -186,10 +189,10 @@ class Client:
                     raise  # its own error (a TimeoutError of the call's), not the step's
                 if self._closed and self._loop.is_closed():
                     running.cancel()
-                    raise UnavailableError("client closed") from None
+                    raise UnavailableError(CLOSED_WHILE_WAITING) from None
             except concurrent.futures.CancelledError:
                 if self._closed:
-                    raise UnavailableError("client closed") from None
+                    raise UnavailableError(CLOSED_WHILE_WAITING) from None
                 raise
 
     def _refuse_own_thread(self) -> None:
