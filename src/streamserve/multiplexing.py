@@ -30,13 +30,15 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, overload
 
 from streamserve.runtime.request_scope import current_scope
 from streamserve.wire.errors import BadRequestError, ConfigError
 from streamserve.wire.models import MODEL_HEADER, check_model_id
 
 logger = logging.getLogger(__name__)
+# A loader, kept as it is typed by @multiplexed (a model id in, a model out).
+L = TypeVar("L", bound=Callable[..., Any])
 
 DEFAULT_MAX_MODELS = 3
 # The attribute that marks a multiplexed loader (and holds its max_models_per_replica).
@@ -249,6 +251,14 @@ def _tell(what: str, *args: Any) -> None:
     events = _events
     if events is not None:
         getattr(events, what)(*args)
+
+
+@overload
+def multiplexed(loader: L, /) -> L: ...
+
+
+@overload
+def multiplexed(*, max_models_per_replica: int = DEFAULT_MAX_MODELS) -> Callable[[L], L]: ...
 
 
 def multiplexed(loader: Callable[..., Any] | None = None, *, max_models_per_replica: int = DEFAULT_MAX_MODELS) -> Any:

@@ -105,6 +105,7 @@ def test_version_and_usage_exit_codes(venv: Path, tmp_path: Path) -> None:
 
 # A user's program, checked with mypy --strict against the installed wheel: one line right, one wrong.
 USER_PROGRAM = """\
+import streamserve
 from streamserve import Client
 
 
@@ -114,6 +115,22 @@ def queue(client: Client) -> str:
 
 def wrong(client: Client) -> int:
     return client.send("echo", {"x": 1})
+
+
+class Models:
+    # The decorators keep the functions' types: mypy --strict says nothing of an untyped decorator.
+    @streamserve.multiplexed(max_models_per_replica=2)
+    async def get_model(self, model_id: str) -> dict[str, str]:
+        return {"id": model_id}
+
+    @streamserve.batch(max_batch_size=8)
+    async def __call__(self, bodies: list[str]) -> list[dict[str, str]]:
+        return [await self.get_model(body) for body in bodies]
+
+
+@streamserve.multiplexed
+def load(model_id: str) -> str:
+    return model_id
 """
 
 
@@ -124,7 +141,7 @@ def test_a_user_program_is_type_checked_against_the_installed_package(venv: Path
     mypy = [sys.executable, "-m", "mypy", "--strict", "--python-executable", str(venv / "bin" / "python")]
     checked = subprocess.run([*mypy, "program.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert checked.stdout.splitlines() == [
-        'program.py:9: error: Incompatible return value type (got "str", expected "int")  [return-value]',
+        'program.py:10: error: Incompatible return value type (got "str", expected "int")  [return-value]',
         "Found 1 error in 1 file (checked 1 source file)",
     ], checked.stdout
 

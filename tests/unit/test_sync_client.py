@@ -40,7 +40,7 @@ def test_a_twin_takes_async_client_s_parameters_and_has_a_docstring(name: str) -
 def test_a_closed_client_refuses_every_kind_of_twin() -> None:
     client = Client("redis://127.0.0.1:1")
     client.close()
-    with pytest.raises(UnavailableError, match="client closed: this Client was closed .*; make a new one"):
+    with pytest.raises(UnavailableError, match=r"client closed: this Client was closed .*; make a new one"):
         client.scale("echo", 1)  # made from a coroutine method
     with pytest.raises(UnavailableError, match="client closed"):
         client.deployments()  # made from a local read
