@@ -4,6 +4,8 @@ is a ConfigError saying so, whichever method met it first."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,9 @@ from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import ConfigError, RedisUnavailableError
 from tests.integration.test_redis_config_warning import start_redis
+
+# A bound on what must end within a call's 1 s timeout: far below the connection's retries (about 30 s).
+WITHIN_S = 10
 
 
 async def test_status_and_admin_writes_with_redis_away_are_redis_unavailable(tmp_path: Path) -> None:
@@ -41,3 +46,21 @@ async def test_a_database_the_server_does_not_have_is_named(settings: Settings, 
                 await client.scale("echo", 2)
     finally:
         await client.aclose()
+
+
+async def test_a_calls_timeout_bounds_reaching_a_redis_that_never_answers(settings: Settings) -> None:
+    """A server that takes the connection and never answers (a Redis stopped, a plain port named by rediss://): the
+    first call of a client, with timeout=1, waited out the half minute of the connection's retries."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # (never accepted: the kernel completes the connections, and nobody answers)
+    url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+    client = AsyncClient(settings=settings.model_copy(update={"redis_url": url}))
+    try:
+        with pytest.raises(RedisUnavailableError, match=r"within the call's timeout \(1s\)"):
+            await asyncio.wait_for(client.call("echo", 1, timeout=1), WITHIN_S)
+        with pytest.raises(RedisUnavailableError, match=r"within the call's timeout \(1s\)"):
+            await asyncio.wait_for(client.send("echo", 1, timeout=1), WITHIN_S)
+    finally:
+        await asyncio.wait_for(client.aclose(), WITHIN_S)
+        silent.close()

@@ -259,7 +259,7 @@ class Calls(ClientCore):
         encoded = encode_body(body)
         self._check_size(encoded)
         level = parse_priority(priority)
-        route = await self.route(name, idempotency_key or "")
+        route = await self.route(name, idempotency_key or "", timeout)
         request = Request(
             new_request_id(),
             "",
@@ -331,7 +331,7 @@ class Calls(ClientCore):
         (Request.model: a model id, as check_model_id says, or "").
         """
         self._check_size(body)
-        route = name if isinstance(name, Route) else await self.route(name, idempotency_key)
+        route = name if isinstance(name, Route) else await self.route(name, idempotency_key, timeout)
         cfg = route.deployment
         timeout_s = call_timeout_s(timeout, cfg)
         request_id = request_id or new_request_id()

@@ -9,6 +9,7 @@ mixins costs a call no more than one written on a single class.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import weakref
 from typing import Self
@@ -26,9 +27,9 @@ from streamserve.metrics.definitions import CACHE_REQUESTS
 from streamserve.runtime import tracing
 from streamserve.runtime.farm_files import running_farm
 from streamserve.runtime.settings import Settings, redis_url_problem
-from streamserve.transport.connections import JOB_POOL_SIZE, RedisRefusals, async_redis, sync_redis
+from streamserve.transport.connections import JOB_POOL_SIZE, RedisRefusals, async_redis, redacted, sync_redis
 from streamserve.transport.pipelining import Pipeliner
-from streamserve.wire.errors import ConfigError, PayloadTooLargeError, UnavailableError
+from streamserve.wire.errors import ConfigError, PayloadTooLargeError, RedisUnavailableError, UnavailableError
 from streamserve.wire.ids import new_caller_id
 
 # Why a client whose event loop ended under it (asyncio.run returned without its aclose()) cannot be used.
@@ -235,11 +236,31 @@ class ClientCore:
             raise UnavailableError("client not started")
         return self._redis
 
-    async def route(self, name: str, sticky: str = "") -> Route:
-        """Where a request to ``name`` goes now (see RouteCache.route)."""
-        await self.start()
+    async def route(self, name: str, sticky: str = "", timeout: object = None) -> Route:
+        """Where a request to ``name`` goes now (see RouteCache.route). ``timeout``: the call's own, which bounds
+        the client's start too (start_within)."""
+        if self._replies is None and timeout is not None:
+            await self._start_within(timeout)
+        else:
+            await self.start()
         assert self._routes is not None
         return await self._routes.route(name, sticky)
+
+    async def _start_within(self, timeout: object) -> None:
+        """``start()``, bounded by a call's own ``timeout`` (a valid one; another is refused with the call): a Redis
+        that does not answer (a host that drops packets, a plain port named by a rediss:// URL) held a call with
+        ``timeout=2`` for the half minute of the connection's retries."""
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
+            await self.start()
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self.start()
+        except TimeoutError:
+            raise RedisUnavailableError(
+                f"cannot reach Redis at {redacted(self._settings.effective_redis_url)} within the call's timeout"
+                f" ({timeout:g}s)"
+            ) from None
 
     def _check_size(self, body: bytes) -> None:
         if len(body) > self._settings.max_request_bytes:
