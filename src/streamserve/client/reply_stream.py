@@ -242,7 +242,10 @@ class ReplyStream:
             return
         # (every retryable error has a meaning: RedisUnavailableError naming the URL)
         cause = self._refusals.meaning(exc) or exc
-        error = RedisUnavailableError(f"{cause}; lost while waiting for the reply (the request may still run once)")
+        error = RedisUnavailableError(
+            f"{cause}; lost while waiting for the reply (the request may have run, and may run again once Redis"
+            " is back)"
+        )
         for fut in waiting:
             fut.set_exception(error)
         for feed in feeds:
