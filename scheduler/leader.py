@@ -15,14 +15,14 @@ from redis.exceptions import OutOfMemoryError
 from streamserve.transport.connections import refuses_writes
 from streamserve.wire import scripts
 from streamserve.wire.ids import new_caller_id
-from streamserve.wire.keys import Keys
+from streamserve.wire.keys import LEADER_LOCK_TTL_S, Keys
 from streamserve.wire.messages import text
 
 
 class LeaderLock:
     """A renewable Redis lock naming the current leader."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, ttl_s: float = 5.0) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, ttl_s: float = LEADER_LOCK_TTL_S) -> None:
         self._redis = redis
         self._key = keys.scheduler_lock()
         self._ttl_ms = int(ttl_s * 1000)

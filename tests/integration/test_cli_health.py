@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import redis.asyncio as aioredis
@@ -11,6 +12,7 @@ from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
 from streamserve.scheduler.leader import LeaderLock
 from streamserve.scheduler.store import RedisReplicaStore
+from streamserve.wire.keys import LEADER_LOCK_TTL_S
 from streamserve.wire.messages import DeploymentHealthRecord, now_ms
 from streamserve.wire.states import DeploymentHealth
 from tests.harness.paths import STREAMSERVE
@@ -55,6 +57,23 @@ async def test_a_leader_and_healthy_deployments_are_healthy(settings: Settings, 
     result = health(settings.effective_redis_url)
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout.startswith("healthy")
+
+
+async def test_a_leader_that_stopped_renewing_its_lead_is_unhealthy(settings: Settings, aredis: aioredis.Redis) -> None:
+    """A scheduler that died left its lock naming it for the rest of its TTL, and the replicas that died with it read
+    RUNNING: `health` said healthy for 5-6 s. A lock renewed every tick that has gone 2.5 s without is a stopped
+    leader."""
+    await deploy(settings, name="rec")
+    await judge(settings, aredis, "rec", DeploymentHealth.HEALTHY, "")
+    assert await LeaderLock(aredis, settings.keys).acquire_or_renew()  # just renewed: healthy
+    assert health(settings.effective_redis_url).returncode == 0
+    await aredis.set(settings.keys.scheduler_lock(), "sched-1", px=int(1000 * LEADER_LOCK_TTL_S) - 2500)
+    result = health(settings.effective_redis_url)
+    assert result.returncode == 1
+    [said] = result.stdout.splitlines()
+    assert re.match(r"the leading scheduler \(sched-1\) has not renewed its lead for [2-4]\.\ds: it stopped", said), (
+        said
+    )
 
 
 async def test_each_deployment_that_is_not_healthy_is_named_with_its_reason(

@@ -51,7 +51,7 @@ def cmd_health(_args: argparse.Namespace, settings: Settings) -> int:
         redis = async_redis(url)
         try:
             with RedisRefusals(url):
-                return await farm_problems(redis, settings.keys)
+                return await farm_problems(redis, settings.keys, settings.tick_interval_s)
         finally:
             await redis.aclose()
 

@@ -23,6 +23,9 @@ DEFAULT_PREFIX = "streamserve"
 
 # The one consumer group on every request stream; its consumers are replica ids.
 CONSUMER_GROUP = "replicas"
+# How long the scheduler's leader lock (Keys.scheduler_lock) outlives its holder's last renewal; the leader renews it
+# every tick.
+LEADER_LOCK_TTL_S = 5.0
 
 
 def _of_tenant(tenant: str) -> str:
