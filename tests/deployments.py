@@ -409,3 +409,16 @@ def started_environment(body: Any) -> list[str]:
     in it can read, whatever os.environ says)."""
     raw = Path("/proc/self/environ").read_bytes()
     return sorted(entry.partition(b"=")[0].decode() for entry in raw.split(b"\0") if entry)
+
+
+_POOL: list[Any] = []
+
+
+def pool_workers(body: Any) -> list[int]:
+    """Starts a multiprocessing pool once (its workers in the replica's process group: forked, and kept at their
+    number by the pool's own thread, which starts new ones as the old die); returns their pids."""
+    import multiprocessing
+
+    if not _POOL:
+        _POOL.append(multiprocessing.get_context("fork").Pool(2))
+    return sorted(process.pid for process in _POOL[0]._pool)

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from streamserve.runtime import tracing
 from streamserve.runtime.gc_freeze import freeze_startup_objects
 from streamserve.runtime.logging_setup import start_process
-from streamserve.runtime.processes import end_own_group, on_stop_signals, role_command
+from streamserve.runtime.processes import end_own_group, end_with_own_group, on_stop_signals, role_command
 from streamserve.runtime.settings import Settings, forget_gateway_secrets
 from streamserve.transport.connections import async_redis
 from streamserve.wire.ids import ReplicaID
@@ -40,13 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def serve(settings: Settings, replica: Callable[[aioredis.Redis], Replica]) -> tuple[int, str]:
-    """Run one replica to the end: its exit code, and why it should start again ("" when it should not)."""
+async def serve(settings: Settings, replica: Callable[[aioredis.Redis], Replica]) -> tuple[int, str, bool]:
+    """Run one replica to the end: its exit code, why it should start again ("" when it should not), and whether its
+    farm is gone (`up` killed: nobody ends what its process group holds but itself)."""
     redis = async_redis(settings.effective_redis_url)
     running = replica(redis)
     try:
         with on_stop_signals(running.request_stop):
-            return await running.run(), running.restart_reason
+            return await running.run(), running.restart_reason, running.farm_gone
     finally:
         await redis.aclose()
         if running.farm_gone:
@@ -96,9 +97,15 @@ def main(argv: list[str]) -> int:
         try:
             import uvloop
 
-            code, restart = uvloop.run(serve(settings, replica))
+            code, restart, farm_gone = uvloop.run(serve(settings, replica))
         except ImportError:
-            code, restart = asyncio.run(serve(settings, replica))
+            code, restart, farm_gone = asyncio.run(serve(settings, replica))
+    if farm_gone:
+        # What its code started may start more as it is killed (a pool's thread starts a worker for each that dies):
+        # the group goes at once, this process with it, as its last act.
+        tracing.flush()
+        logging.shutdown()
+        end_with_own_group()
     if restart:
         # The same process runs the deployment's new code afresh: modules cannot be re-imported in place.
         logger.info("replica %s: %s; starting again", replica_id, restart)

@@ -175,6 +175,27 @@ def test_a_daemon_a_replica_detached_is_ended_by_the_next_up_after_a_kill_9(tmp_
             os.kill(pid, signal.SIGKILL)
 
 
+def test_kill_9_of_up_leaves_no_worker_of_a_pool_that_starts_them_again(tmp_path: Path) -> None:
+    """A multiprocessing pool's thread starts a new worker for each that dies: the replica that killed what its group
+    held as it left (its farm gone) was still running that thread, and the new workers outlived it (for good: the
+    next `up` takes them for the farm's own, by their command line)."""
+    config = tmp_path / "farm.yaml"
+    config.write_text("deployments:\n  - {name: pools, import_path: 'tests.deployments:pool_workers'}\n")
+    farm = Farm(config, tmp_path / "up.log")
+    try:
+        farm.start()
+        workers = farm.post("/pools", {}).json()
+        assert len(workers) == 2 and set(workers) <= set(pids_with_marker(farm.token))
+        assert farm.proc is not None
+        os.kill(farm.proc.pid, signal.SIGKILL)
+        farm.proc.wait()
+        wait_for(lambda: pids_with_marker(farm.token) == [], 15, lambda: f"left behind: {farm.processes()}")
+    finally:
+        farm.stop()
+        for pid in pids_with_marker(farm.token):  # (should the test fail: they are the test's to end)
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_kill_9_of_up_and_its_scheduler_leaves_no_job_worker_running_its_job(
     tmp_path: Path, external_redis: EmbeddedRedis
 ) -> None:

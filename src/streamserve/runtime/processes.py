@@ -131,6 +131,15 @@ def end_own_group() -> int:
     return len(killed)
 
 
+def end_with_own_group() -> None:
+    """SIGKILL the process group this process leads, itself included, at once: no thread of it can start another
+    process after the others are killed (end_own_group's sweeps leave that window). Nothing when it does not lead
+    its group."""
+    me = os.getpid()
+    if os.getpgrp() == me:
+        os.killpg(me, signal.SIGKILL)
+
+
 def group_members(pgid: int) -> list[int]:
     """The pids of the processes of process group ``pgid`` (not its zombies: they are gone but for a wait)."""
     members = []
