@@ -251,7 +251,8 @@ class DeploymentState:
             beat = beats.said.get(rid)
             if beat is not None and beat.user_config not in ("", target.user_config):  # ("": an older replica's)
                 self.user_config_behind = True
-                if beat.refused_user_config == target.user_config:
+                # (a deleted deployment's target has none: "" refuses nothing, and its replicas say nothing of it)
+                if beat.refused_user_config and beat.refused_user_config == target.user_config:
                     self.user_config_refused = f"replica {rid}: {beat.message}"
             probe = r.check_alive(beat, beats.last_beat_ms(rid), now_ms, timeout_ms)
             if probe is Alive.DEAD:

@@ -51,3 +51,36 @@ async def test_sees_changes_and_catches_up_after_losing_its_connection(redis_url
         await sub.close()
         await sub_redis.aclose()
         await writer.aclose()
+
+
+async def test_a_change_it_cannot_take_is_tried_again_and_the_next_is_seen(redis_url: str) -> None:
+    """A change whose handling fails with no Redis error (a config written by hand, or by another version) ended the
+    subscription: routes went stale for good, and an AsyncClient took the ended task for its loop's end."""
+    seen: list[set[str]] = []
+    failures = [1]  # the first change after the start fails once
+
+    async def on_change(changed: set[str]) -> None:
+        if changed != {EVERYTHING} and failures:
+            failures.pop()
+            raise ValueError("a config this version cannot read")
+        seen.append(changed)
+
+    sub_redis = aioredis.Redis.from_url(redis_url)
+    writer = aioredis.Redis.from_url(redis_url)
+    sub = LongPollSubscriber(sub_redis, KEYS, lambda k: True, on_change, resync_interval_s=60)
+    try:
+        await sub.start()
+
+        async def subscribed() -> bool:
+            return bool((await writer.pubsub_numsub(KEYS.config_channel()))[0][1])
+
+        await wait_for_async(subscribed, 4, "the subscriber did not subscribe")
+        await change(writer, ConfigKey.DEPLOYMENTS)  # fails, and is tried again (resubscribed: a full sync)
+        await wait_for_async(lambda: len(seen) >= 2, 10, lambda: f"nothing seen after the failure: {seen}")
+        await wait_for_async(subscribed, 10, "the subscriber did not subscribe again")
+        await change(writer, ConfigKey.ENDPOINTS)
+        await wait_for_async(lambda: any(ConfigKey.ENDPOINTS in s for s in seen), 10, lambda: f"seen: {seen}")
+    finally:
+        await sub.close()
+        await sub_redis.aclose()
+        await writer.aclose()

@@ -212,6 +212,19 @@ async def test_deleted_deployment_stops_everything(h: Harness) -> None:
     assert h.state.is_gone
 
 
+async def test_deleting_a_deployment_with_a_user_config_is_not_judged_unhealthy(h: Harness) -> None:
+    """Its target has no user_config (""), which a replica that refused none ("") matched: every delete was logged
+    'UNHEALTHY (replica X: )', saying nothing."""
+    t = target(1, user_config={"greeting": "hi"})
+    await bring_up(h, t)
+    for rid, beat in h.beats.items():
+        h.beats[rid] = beat.model_copy(update={"user_config": t.user_config})
+    await h.tick(t)
+    assert h.store.health is not None and h.store.health.health is DeploymentHealth.HEALTHY
+    await h.tick(Target(None))
+    assert h.store.health.health is not DeploymentHealth.UNHEALTHY, h.store.health
+
+
 async def test_adopted_replicas_are_not_restarted(h: Harness) -> None:
     await bring_up(h, target(2))
     fresh = Harness()

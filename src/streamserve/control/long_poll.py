@@ -78,10 +78,10 @@ class LongPollSubscriber:
         self._task = asyncio.create_task(self._run(), name="streamserve-longpoll")
 
     def on_stop(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` if the task started by ``start`` ends without ``close()``: cancelled with its event
-        loop (asyncio.run cancels every task left at its end)."""
+        """Call ``callback`` if the task started by ``start`` is cancelled without ``close()``: with its event loop
+        (asyncio.run cancels every task left at its end). It ends by no error: it retries them all."""
         assert self._task is not None
-        self._task.add_done_callback(lambda _task: None if self._closing else callback())
+        self._task.add_done_callback(lambda task: callback() if task.cancelled() and not self._closing else None)
 
     async def close(self) -> None:
         # PubSub.get_message can swallow a cancellation, so the loop also checks a flag.
@@ -137,6 +137,10 @@ class LongPollSubscriber:
                 logger.warning("config subscription lost (%s); reconnecting in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 await refresh_cluster_map(self._redis)
+            except Exception as exc:  # a config it cannot read (written by hand, or by another version), say
+                delay = backoff.next()
+                logger.error("config subscription failed (%r); trying again in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
             finally:
                 with contextlib.suppress(*RETRYABLE_ERRORS):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
