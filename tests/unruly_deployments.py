@@ -40,6 +40,10 @@ class Unruly:
     def sync(self, body: Any) -> int:
         return _raise_or_pid(body)
 
+    def via_coroutine(self, body: Any) -> Any:
+        """A plain def that returns a coroutine (as a decorator's wrapper may): the replica runs that too."""
+        return self(body)
+
     def reconfigure(self, config: dict[str, Any]) -> None:
         if config.get("exit"):
             sys.exit(9)
@@ -70,3 +74,10 @@ def crash(body: Any) -> int:
     if body == "segv":
         os.kill(os.getpid(), signal.SIGSEGV)
     return os.getpid()
+
+
+async def stream(body: Any) -> Any:
+    """An async generator: one chunk, then raises what the body names."""
+    yield "first"
+    _raise_or_pid(body)
+    yield os.getpid()

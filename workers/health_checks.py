@@ -14,6 +14,7 @@ import contextlib
 import threading
 from collections.abc import Awaitable, Callable
 
+from streamserve.workers.contained import as_exception, contained, exception_text, what_was_raised
 from streamserve.workers.loader import Handler
 
 
@@ -22,13 +23,14 @@ async def call_check(check: Handler, timeout_s: float) -> str:
     try:
         async with asyncio.timeout(timeout_s):
             if check.is_async:
-                await check.fn()
+                await contained(check.fn())
             else:
                 await _on_own_thread(check.fn)
     except TimeoutError:
         return f"check_health() did not answer within {timeout_s:g}s"
-    except Exception as exc:
-        return f"check_health() raised {type(exc).__name__}: {exc}"
+    except Exception as exc:  # (sys.exit() in it too, as a HandlerExit: the replica goes on)
+        raised = what_was_raised(exc)
+        return f"check_health() raised {type(raised).__name__}: {exception_text(raised)}"
     return ""
 
 
@@ -40,7 +42,7 @@ def _on_own_thread(fn: Callable[[], object]) -> Awaitable[object]:
         if done.cancelled():
             return
         if error is not None:
-            done.set_exception(error)
+            done.set_exception(as_exception(error))
         else:
             done.set_result(result)
 

@@ -586,6 +586,8 @@ class Serving:
         if self._figures is not None:
             self._figures.observe(self._name, HANDLER_DURATION, time.perf_counter() - started_at)
         raised = done.exception() if scope is not None and scope.trace is not None and not done.cancelled() else None
+        if raised is not None:
+            raised = what_was_raised(raised)  # (SystemExit in the span, not the HandlerExit carrying it)
         self._finish(entry_id, request, reply, scope=scope, error=raised)
 
     def _on_stream_done(

@@ -49,6 +49,7 @@ from streamserve.workers.chunk_batches import (
     ChunkBatcher,
     Taken,
 )
+from streamserve.workers.contained import HandlerExit
 from streamserve.workers.control_reader import ControlHandler
 from streamserve.workers.loader import Handler
 from streamserve.workers.threads import HandlerThreads
@@ -290,10 +291,12 @@ class Stream:
                     # only after the window's 64 chunks were made (+0.8 ms to the first chunk of a long stream).
                     await asyncio.sleep(0)
             return _Ending(stopped=True)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if self._deadline_passed or self._cancelled:
                 return _Ending(stopped=True)
-            raise  # the replica closes it: no reply
+            if (task := asyncio.current_task()) is not None and task.cancelling():
+                raise  # the replica closes it: no reply
+            return _Ending(HandlerExit(exc))  # the generator's own: its error, as a handler's (workers/contained.py)
         except Exception as exc:
             return _Ending(stopped=True) if self._deadline_passed or self._cancelled else _Ending(exc)
         except BaseException as exc:  # SystemExit and the like: the stream's error, never the event loop's

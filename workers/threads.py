@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from streamserve.workers.contained import as_exception
+from streamserve.workers.contained import as_exception, contained
 
 
 class HandlerThreads:
@@ -159,7 +159,7 @@ class HandlerThreads:
                 continue  # the request was cancelled
             if ok and inspect.iscoroutine(value):
                 # A sync callable that returned a coroutine (a partial of an async function, say): run it too.
-                asyncio.ensure_future(value).add_done_callback(functools.partial(_copy_outcome, future))
+                asyncio.ensure_future(contained(value)).add_done_callback(functools.partial(_copy_outcome, future))
             elif ok:
                 future.set_result(value)
             elif isinstance(value, StopIteration):  # a future refuses StopIteration: it means something to generators

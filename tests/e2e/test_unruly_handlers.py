@@ -38,6 +38,10 @@ deployments:
     import_path: tests.unruly_deployments:async_batched
     num_replicas: 1
     graceful_shutdown_timeout_s: 5
+  - name: unruly-stream
+    import_path: tests.unruly_deployments:stream
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 5
   - name: unruly-crash
     import_path: tests.unruly_deployments:crash
     num_replicas: 1
@@ -64,13 +68,19 @@ def unruly(farm: Farm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
     try:
         yield config
     finally:
-        for name in ("unruly", "unruly-batched", "unruly-async-batched", "unruly-crash"):
+        for name in ("unruly", "unruly-batched", "unruly-async-batched", "unruly-stream", "unruly-crash"):
             farm.cli("delete", name, check=False)
 
 
 @pytest.mark.parametrize(
     ("name", "method"),
-    [("unruly", ""), ("unruly", "sync"), ("unruly-batched", ""), ("unruly-async-batched", "")],
+    [
+        ("unruly", ""),
+        ("unruly", "sync"),
+        ("unruly", "via_coroutine"),
+        ("unruly-batched", ""),
+        ("unruly-async-batched", ""),
+    ],
 )
 def test_what_a_handler_raises_is_its_callers_error_and_its_replica_serves_on(
     unruly: Path, client: Client, name: str, method: str
@@ -84,6 +94,19 @@ def test_what_a_handler_raises_is_its_callers_error_and_its_replica_serves_on(
             assert "its message cannot be shown" in raised.value.message
         # The same process answers the next call (unruly has one slot: it was freed).
         assert client.call(name, None, method=method, timeout=ANSWER_S) == pid, body
+
+
+def test_what_a_streaming_handler_raises_ends_its_stream_and_its_replica_streams_on(
+    unruly: Path, client: Client
+) -> None:
+    pid = list(client.stream("unruly-stream", None, timeout=ANSWER_S))[1]
+    for body, error_type in RAISED.items():
+        chunks = []
+        with pytest.raises(RemoteError) as raised:
+            for chunk in client.stream("unruly-stream", body, timeout=ANSWER_S):
+                chunks.append(chunk)
+        assert chunks == ["first"] and raised.value.error_type == error_type, (body, raised.value)
+        assert list(client.stream("unruly-stream", None, timeout=ANSWER_S)) == ["first", pid], body
 
 
 def test_a_reconfigure_that_calls_sys_exit_refuses_the_user_config_and_the_replica_serves_on(
