@@ -156,6 +156,16 @@ async def test_a_mark_is_kept_past_its_requests_deadline_only_and_the_set_lapses
     assert set(await queue.marked()) == {later.encode(), third.encode()}
 
 
+async def test_a_cancel_after_its_marks_end_still_tells_the_replica(queue: Queue) -> None:
+    """A cancel sent past the request's deadline and its margin (or from a host whose clock is ahead): its mark lapses
+    at once, and the set with it; the script failed on the empty set, and the replica was never told."""
+    late, late_request = await queue.add_request("late", timeout_ms=-2 * CANCEL_MARK_MARGIN_MS)
+    await queue.read()
+    assert await queue.canceller.cancel(DEPLOYMENT, late, "late", late_request) == "running"
+    assert await queue.marked() == [] and await queue.redis.exists(queue.marks) == 0
+    assert await queue.control_messages() == [CancelRequest(late, "late")]
+
+
 async def test_a_finished_request_is_left_alone(queue: Queue) -> None:
     done = await queue.add("done")
     await queue.add("next")

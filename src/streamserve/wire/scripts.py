@@ -524,7 +524,7 @@ if type(held) == 'table' and held[1] then
   redis.call('ZADD', KEYS[2], ARGV[4], ARGV[6])
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[3])
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  redis.call('PEXPIREAT', KEYS[2], last[2])
+  if last[2] then redis.call('PEXPIREAT', KEYS[2], last[2]) end  -- (none left: this mark had lapsed already)
   return {'running', held[1][2]}
 end
 if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 then
