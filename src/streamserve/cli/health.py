@@ -13,9 +13,10 @@ from streamserve.wire.keys import LEADER_LOCK_TTL_S, Keys
 from streamserve.wire.messages import text
 from streamserve.wire.states import DeploymentHealth
 
-# A leader lock not renewed for this long, or for this many ticks if longer, is a leader that has stopped.
-STALLED_AFTER_S = 2.0
-STALLED_TICKS = 5
+# A leader lock not renewed for this long, or for this many ticks if longer, is a leader that has stopped: a tick
+# renews it before its work, which may take a while (many deployments, a distant Redis), so well above a tick.
+STALLED_AFTER_S = 3.0
+STALLED_TICKS = 10
 
 
 async def farm_problems(redis: aioredis.Redis, keys: Keys, tick_interval_s: float = 0.2) -> list[str]:
