@@ -236,9 +236,8 @@ class DeploymentState:
             elif probe is Started.FAILED:
                 self._note_start_failure(r.failure, now_ms)
                 r.force_kill()
-                line = f"[streamserve: replica {r.id} failed to start: {r.failure}]"
-                await self._store.log_line(self.name, r.record, line)
                 await r.transition(ReplicaState.STOPPED, now_ms, message=r.failure)
+                await self._log(r, f"[streamserve: replica {r.id} failed to start: {r.failure}]")
             elif probe is Started.GONE:
                 await r.transition(ReplicaState.STOPPED, now_ms, message="stopped before it was ready")
 
@@ -259,8 +258,8 @@ class DeploymentState:
                 logger.warning("replica %s is dead: %s", r.id, r.failure)
                 r.force_kill()  # a hung process must not come back and serve twice
                 self._replaced = (now_ms, f"replaced dead replica {r.id}: {r.failure}")
-                await self._store.log_line(self.name, r.record, f"[streamserve: replica {r.id} is dead: {r.failure}]")
                 await r.transition(ReplicaState.STOPPED, now_ms, message=r.failure)
+                await self._log(r, f"[streamserve: replica {r.id} is dead: {r.failure}]")
             elif probe is Alive.UNHEALTHY:
                 # Replaced as Ray Serve does: stopped (it drains what it holds), and step 6 starts another.
                 logger.warning("replica %s is unhealthy: %s; replacing it", r.id, r.failure)
@@ -492,6 +491,14 @@ class DeploymentState:
         """Why a replica was replaced for its health, while that is recent ("" otherwise)."""
         when, why = self._replaced
         return why if why and now_ms - when < REPLACED_NOTE_MS else ""
+
+    async def _log(self, replica: ReplicaWrapper, line: str) -> None:
+        """Add ``line`` to the deployment's logs as ``replica``'s, once its record says what happened (a write Redis
+        refuses is not tried again: the record is what counts)."""
+        try:
+            await self._store.log_line(self.name, replica.record, line)
+        except Exception as exc:
+            logger.warning("deployment %s: could not add to its logs: %s", self.name, exc)
 
     def _in(self, state: ReplicaState) -> list[ReplicaWrapper]:
         """The replicas in ``state`` (a copy: a step may move them on as it goes)."""
