@@ -61,6 +61,20 @@ def external_redis() -> Iterator[EmbeddedRedis]:
         server.stop()
 
 
+def farm_of_one(tmp_path: Path, name: str, import_path: str) -> Farm:
+    """A farm (not started) of one deployment, ``name``, serving ``import_path``."""
+    config = tmp_path / "farm.yaml"
+    config.write_text(f"deployments:\n  - {{name: {name}, import_path: '{import_path}'}}\n")
+    return Farm(config, tmp_path / "up.log")
+
+
+def kill_9(farm: Farm) -> None:
+    """Kill the farm's `up` with -9, and reap it."""
+    assert farm.proc is not None
+    os.kill(farm.proc.pid, signal.SIGKILL)
+    farm.proc.wait()
+
+
 def kill_up_at(farm: Farm, moment: str) -> subprocess.Popen[bytes]:
     """Launch `up` unreaped, as a program that supervises several things does, and kill -9 it at ``moment``."""
     proc = farm.launch()
@@ -155,16 +169,12 @@ def test_a_daemon_a_replica_detached_is_ended_by_the_next_up_after_a_kill_9(tmp_
     """A process that a handler detached from its replica's process group and session outlives `up` killed with -9
     (nothing can find it then but the mark every process of the farm carries): the next `up` from the same data
     directory ends it."""
-    config = tmp_path / "farm.yaml"
-    config.write_text("deployments:\n  - {name: daemons, import_path: 'tests.deployments:start_daemon'}\n")
-    farm = Farm(config, tmp_path / "up.log")
+    farm = farm_of_one(tmp_path, "daemons", "tests.deployments:start_daemon")
     try:
         farm.start()
         daemon = farm.post("/daemons", {}).json()
         assert daemon in pids_with_marker(farm.token)
-        assert farm.proc is not None
-        os.kill(farm.proc.pid, signal.SIGKILL)
-        farm.proc.wait()
+        kill_9(farm)
         wait_for(lambda: pids_with_marker(farm.token) == [daemon], 15, lambda: f"left: {farm.processes()}")
         farm.start()
         wait_for(lambda: daemon not in pids_with_marker(farm.token), 10, "the next `up` left the daemon running")
@@ -179,16 +189,12 @@ def test_kill_9_of_up_leaves_no_worker_of_a_pool_that_starts_them_again(tmp_path
     """A multiprocessing pool's thread starts a new worker for each that dies: the replica that killed what its group
     held as it left (its farm gone) was still running that thread, and the new workers outlived it (for good: the
     next `up` takes them for the farm's own, by their command line)."""
-    config = tmp_path / "farm.yaml"
-    config.write_text("deployments:\n  - {name: pools, import_path: 'tests.deployments:pool_workers'}\n")
-    farm = Farm(config, tmp_path / "up.log")
+    farm = farm_of_one(tmp_path, "pools", "tests.deployments:pool_workers")
     try:
         farm.start()
         workers = farm.post("/pools", {}).json()
         assert len(workers) == 2 and set(workers) <= set(pids_with_marker(farm.token))
-        assert farm.proc is not None
-        os.kill(farm.proc.pid, signal.SIGKILL)
-        farm.proc.wait()
+        kill_9(farm)
         wait_for(lambda: pids_with_marker(farm.token) == [], 15, lambda: f"left behind: {farm.processes()}")
     finally:
         farm.stop()
