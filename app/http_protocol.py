@@ -432,7 +432,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self.last_answer is not None:
             return  # behind bytes that are no request: nothing more is parsed
-        super().data_received(data)
+        self.feed(data)
         if not self.in_head:
             return
         # Counted after parsing: a read that began a request (on_message_begin set the count to 0) counts whole.
@@ -441,6 +441,36 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if over and not self.answer_later(self.head_answer):
             self.leave_uvicorn()
             LastAnswer.take_over(self.transport, self.head_answer)
+
+    def feed(self, data: bytes) -> None:
+        """uvicorn's ``data_received``, but for what follows a request that asked to Upgrade (which the gateway never
+        does: it goes on speaking HTTP/1.1, RFC 9110, 7.8): httptools stops at that request's end, and uvicorn
+        dropped the rest of the read, so that a request pipelined behind it was never answered."""
+        self._unset_keepalive_if_required()
+        while True:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                message = "Invalid HTTP request received."
+                self.logger.warning(message)
+                self.send_400_response(message)
+            except httptools.HttpParserUpgrade as upgrade:
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                    return
+                offset = upgrade.args[0] if upgrade.args and isinstance(upgrade.args[0], int) else len(data)
+                data = data[offset:]
+                if data and self.bodiless_upgrade() and not self.transport.is_closing():
+                    continue
+            return
+
+    def bodiless_upgrade(self) -> bool:
+        """Whether the request that asked to Upgrade declared no body: what follows it is the next request. (One with
+        a body, whose bytes come next, is answered 400 for the body it loses: app/bodies.py; the rest is dropped.)"""
+        for name, value in self.headers:
+            if name == b"transfer-encoding" or (name == b"content-length" and value.strip() not in (b"0", b"")):
+                return False
+        return True
 
     def on_message_begin(self) -> None:
         self.in_head, self.head_bytes = True, 0

@@ -48,3 +48,16 @@ async def test_a_body_lost_to_an_upgrade_is_a_400_never_a_call_on_null(
     assert head.startswith(b"HTTP/1.1 400 "), answer
     assert "loses its body: send plain HTTP/1.1" in orjson.loads(body)["message"]
     assert plain.startswith(b"HTTP/1.1 200 ") and orjson.loads(plain.partition(b"\r\n\r\n")[2])["body"] == {"a": 1}
+
+
+def test_a_request_behind_an_upgrade_request_is_answered(redis_url: str, tmp_path: Path) -> None:
+    """RFC 9110, 7.8: a server that ignores Upgrade goes on speaking HTTP/1.1. A request sent in the same write behind
+    one that asked to Upgrade was dropped (httptools stops at the upgrade request's end), never answered."""
+    upgrade = b"GET /-/healthz HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+    behind = b"GET /-/routes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    with gateway_process(redis_url, tmp_path) as port, socket.create_connection(("127.0.0.1", port), 10) as sock:
+        sock.sendall(upgrade + behind)
+        data = b""
+        while chunk := sock.recv(65536):  # (to the close that the second asked for)
+            data += chunk
+    assert data.count(b"HTTP/1.1 200 OK") == 2, data
