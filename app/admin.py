@@ -109,6 +109,21 @@ def _add_job_writes(router: APIRouter, guard: AdminGuard, tenant_keys: TenantKey
         return json_response((await client.cancel_job(job_id, for_tenant=tenant)).to_json())
 
 
+def job_reader(request: Request, guard: AdminGuard, tenant_keys: TenantKeys | None) -> str | None:
+    """Whose jobs a ``GET /-/jobs/ID`` may read: None for any (no tenant keys, or the admin token), else the tenant of
+    its API key; UnauthorizedError without a known key. The jobs were sent with the tenants' keys, and their results
+    are theirs (the id is in access logs and Location headers)."""
+    if tenant_keys is None or guard.holds_token(request.headers):
+        return None
+    tenant = _key_tenant(request, tenant_keys)
+    if tenant is None:
+        raise UnauthorizedError(
+            "this gateway's jobs are read with the API key of the tenant that sent them, or the admin token: "
+            "send 'Authorization: Bearer <key>'"
+        )
+    return tenant
+
+
 def _key_tenant(request: Request, tenant_keys: TenantKeys | None) -> str | None:
     """The tenant whose API key the request's ``Authorization: Bearer`` holds, or None."""
     if tenant_keys is None:

@@ -103,11 +103,17 @@ class AdminGuard:
             )
         self.check_site(request)
         headers = request.headers
-        scheme, _, credentials = headers.get("authorization", "").partition(" ")
-        given = headers.get("x-api-key") or (credentials.strip() if scheme.lower() == "bearer" else "")
-        if not hmac.compare_digest(given.encode(), self.token):
+        if not self.holds_token(headers):
             raise UnauthorizedError(TOKEN_HINT)
         self.check_media_type(request.method, headers)
+
+    def holds_token(self, headers: Headers) -> bool:
+        """Whether the request carries the admin token (``Authorization: Bearer`` or ``X-API-Key``)."""
+        if self.token is None:
+            return False
+        scheme, _, credentials = headers.get("authorization", "").partition(" ")
+        given = headers.get("x-api-key") or (credentials.strip() if scheme.lower() == "bearer" else "")
+        return hmac.compare_digest(given.encode(), self.token)
 
     def check_site(self, request: Request) -> None:
         """ForbiddenError for a write sent by way of another site: its host (check_host) or Origin (check_origin);

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import logging
 import re
 import time
@@ -32,12 +31,12 @@ from fastapi.responses import PlainTextResponse
 from fastapi.telemetry import TelemetryConfig
 from opentelemetry import trace
 from redis.exceptions import ResponseError
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from streamserve.app.admin import admin_router
+from streamserve.app.admin import admin_router, job_reader
+from streamserve.app.admin_guard import AdminGuard
 from streamserve.app.bodies import ClientDisconnected, check_content_coding, check_transfer_coding, read_body
 from streamserve.app.dashboard import dashboard_router
 from streamserve.app.errors import (
@@ -180,26 +179,6 @@ class Gateway:
             raise MethodNotAllowedError(f"{request.method} {path}: deployments answer POST only")
         except StreamServeError as exc:
             return error_response(exc, {"X-Request-ID": request_id})
-
-    def job_reader(self, headers: Headers) -> str | None:
-        """Whose jobs a ``GET /-/jobs/ID`` may read: None for any (no tenant keys, or the admin token), else the
-        tenant of its API key; UnauthorizedError without a known key. The jobs were sent with the tenants' keys, and
-        their results are theirs (the id is in access logs and Location headers)."""
-        if self.tenant_keys is None:
-            return None
-        scheme, _, key = headers.get("authorization", "").partition(" ")
-        key = key.strip() if scheme.lower() == "bearer" else ""
-        admin = self.settings.api_key
-        given = headers.get("x-api-key") or key  # (the admin token comes either way, as for admin writes)
-        if admin is not None and hmac.compare_digest(given.encode(), admin.get_secret_value().encode()):
-            return None
-        tenant = self.tenant_keys.tenant_of(key) if key else None
-        if tenant is None:
-            raise UnauthorizedError(
-                "this gateway's jobs are read with the API key of the tenant that sent them, or the admin token: "
-                "send 'Authorization: Bearer <key>'"
-            )
-        return tenant
 
     def tenant_of(self, headers: _Headers) -> str:
         """The request's tenant: with tenant keys, the one its ``Authorization: Bearer KEY`` names (401 without a
@@ -802,6 +781,7 @@ def _add_probes(api: FastAPI, gateway: Gateway) -> None:
 
 def _add_reads(api: FastAPI, gateway: Gateway) -> None:
     """What the gateway serves, the farm's status, an asynchronous job."""
+    guard = AdminGuard(gateway.settings)  # (a job is read with the admin token too)
 
     @api.get("/-/routes")
     async def routes() -> dict[str, str]:
@@ -818,7 +798,7 @@ def _add_reads(api: FastAPI, gateway: Gateway) -> None:
         """An asynchronous job's status, with its result or error once it has one; 404 once its TTL passed. With
         tenant API keys (STREAMSERVE_TENANT_KEYS), for a key of the tenant it was sent for (403 for another's), or the
         admin token."""
-        info = await gateway.client.job(job_id, for_tenant=gateway.job_reader(request.headers))
+        info = await gateway.client.job(job_id, for_tenant=job_reader(request, guard, gateway.tenant_keys))
         return Response(info.encoded(), media_type="application/json")
 
 
