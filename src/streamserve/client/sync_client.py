@@ -19,6 +19,7 @@ import functools
 import inspect
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
@@ -104,6 +105,29 @@ def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
     close() stopped it) are cancelled, so that nobody waits for a task that would never run again."""
     loop.run_forever()
     loop.run_until_complete(_cancel_leftovers())
+    loop.close()
+
+
+def _end_dropped(client: AsyncClient, loop: asyncio.AbstractEventLoop, pid: int) -> None:
+    """A Client garbage-collected without close(): its AsyncClient is closed and its loop and thread end, without
+    waiting (this may run in any thread, the loop's own too, whenever the collector runs). Otherwise each dropped
+    client kept a thread and its Redis connections for good: a program that made one per request would run Redis out
+    of connections, for every client of the farm. Warned about (ResourceWarning), as an unclosed file is."""
+    if pid != os.getpid():
+        return  # a forked child's inheritance: the parent's loop is not to be touched (_INHERITED)
+    with contextlib.suppress(RuntimeError):  # its loop closed already
+        asyncio.run_coroutine_threadsafe(_close_then_stop(client, loop), loop)
+    warnings.warn("streamserve.Client dropped without close(): closed now", ResourceWarning, stacklevel=2)
+
+
+async def _close_then_stop(client: AsyncClient, loop: asyncio.AbstractEventLoop) -> None:
+    try:
+        # (Redis away: its connections are dropped with the loop all the same.)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5):
+                await client._close_for_good()
+    finally:
+        loop.stop()
 
 
 async def _cancel_leftovers() -> None:
@@ -140,6 +164,9 @@ class Client:
         self._thread = threading.Thread(target=_run_loop, args=(self._loop,), name="streamserve-client", daemon=True)
         self._thread.start()
         self._pid = os.getpid()
+        # Not a reference to self: the finalizer must not keep the client alive.
+        self._dropped = weakref.finalize(self, _end_dropped, self._async, self._loop, self._pid)
+        self._dropped.atexit = False  # at exit, daemon threads just end: a client still referenced is no leak
 
     def _fresh(self) -> AsyncClient:
         """The AsyncClient of this process: in a forked child, at its first use, a new one (``_renew_after_fork``).
@@ -154,6 +181,7 @@ class Client:
         wait for ever. The child gets a client of its own (a new AsyncClient, with its own reply stream, on a new
         loop) and leaves the parent's untouched."""
         _INHERITED.extend((self._async, self._loop, self._thread))
+        self._dropped.detach()
         self._start_loop()
 
     def _run(self, coro: Coroutine[Any, Any, T], *, waited: bool = True) -> concurrent.futures.Future[T]:
@@ -362,6 +390,7 @@ class Client:
         if self._closed:
             return
         self._refuse_own_thread()  # it would wait for its own loop to stop, and then join its own thread
+        self._dropped.detach()
         if self._pid != os.getpid():  # a forked child's, never used here: the parent's loop is not to be touched
             self._closed = True
             _LIVE.discard(self)
@@ -374,8 +403,7 @@ class Client:
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(self._async._close_for_good(), self._loop).result(timeout=5)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5 + LEFTOVERS_END_WITHIN_S)
-        self._loop.close()
+        self._thread.join(timeout=5 + LEFTOVERS_END_WITHIN_S)  # (the thread closes the loop as it ends)
 
     def __enter__(self) -> Client:
         return self

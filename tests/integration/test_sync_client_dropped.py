@@ -1,0 +1,59 @@
+"""A Client dropped without close() (made per request in a web view, say) ends its thread and its Redis connections
+once it is garbage-collected, with a ResourceWarning as an unclosed file gives: each one used to keep both for good,
+until Redis ran out of connections for every client of the farm.
+
+The clients are made and dropped in a process of their own, whose open sockets are all theirs."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+from streamserve.runtime.settings import Settings
+from tests.integration.conftest import StartReplica
+
+SCRIPT = """
+import gc, os, sys, threading, time, warnings
+from streamserve import Client
+
+def sockets():
+    return sum(os.readlink(f"/proc/self/fd/{fd}").startswith("socket:") for fd in os.listdir("/proc/self/fd")
+               if os.path.exists(f"/proc/self/fd/{fd}"))
+
+def client_threads():
+    return sum(t.name == "streamserve-client" for t in threading.enumerate())
+
+def use_and_drop(n):
+    client = Client(sys.argv[1])  # never closed
+    assert client.call("rec", n, timeout=10)["body"] == n
+
+before = sockets()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for n in range(5):
+        use_and_drop(n)
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while (client_threads() or sockets() > before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+print("threads", client_threads(), "sockets", sockets() - before,
+      "warned", sum("dropped without close" in str(w.message) for w in caught), flush=True)
+os._exit(0)
+"""
+
+
+async def test_clients_dropped_without_close_end_their_threads_and_connections(
+    start_replica: StartReplica, settings: Settings
+) -> None:
+    await start_replica()
+    ran = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", SCRIPT, settings.effective_redis_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.split() == ["threads", "0", "sockets", "0", "warned", "5"], ran.stdout + ran.stderr[-3000:]
