@@ -181,7 +181,9 @@ ENQUEUE_AGAIN = (
 -- ENQUEUE sent again after its connection was lost before the answer came: the first sending may have been
 -- added (and even run) already. Add the request only if neither the request stream holds it (queued or being
 -- run: an entry stays until its replica acknowledges it) nor the caller's reply stream holds its reply (a
--- replica adds the reply before it deletes the entry). Scans both: sent only on this rare path.
+-- replica adds the reply before it deletes the entry). Scans both: sent only on this rare path. An entry is this
+-- request's by its request id and its call tag together: a caller may give two calls one request id
+-- (X-Request-ID), and the other call's entry or reply is not this one's.
 -- KEYS[1]  the request stream of its priority level
 -- KEYS[2..4] with a tenant spec: as for ENQUEUE
 -- then, with a route: as for ENQUEUE (the holders' routed streams are searched too)
@@ -197,18 +199,20 @@ ENQUEUE_AGAIN = (
     + _PENDING_COUNT
     + _ADMIT
     + """
+local function field_of(fields, first, name)
+  for j = first, #fields, 2 do
+    if fields[j] == name then return fields[j + 1] end
+  end
+  return ''
+end
+local tag = field_of(ARGV, 6, 'tag')
 local function find(stream, request_id)
   local from = '-'
   while true do
     local batch = redis.call('XRANGE', stream, from, '+', 'COUNT', 200)
     for _, entry in ipairs(batch) do
       local fields = entry[2]
-      for j = 1, #fields, 2 do
-        if fields[j] == 'id' then
-          if fields[j + 1] == request_id then return entry[1] end
-          break
-        end
-      end
+      if field_of(fields, 1, 'id') == request_id and field_of(fields, 1, 'tag') == tag then return entry[1] end
     end
     if #batch < 200 then return false end
     from = '(' .. batch[#batch][1]
