@@ -204,6 +204,42 @@ async def test_the_sweep_gives_back_a_lapsed_replicas_queue_and_keeps_kedas_coun
     assert (await models.figures(name)).length == 0
 
 
+async def test_a_request_is_never_routed_to_a_holder_whose_queue_was_given_back(
+    aredis: aioredis.Redis, settings: Settings, name: str, models: ModelStreams
+) -> None:
+    """A holder listed past its replica's own time (it was given the model just before it died) gets nothing: its
+    stream, given back and deleted, would be made anew without a group, and the request wait there for good."""
+    keys = settings.keys
+    await models.hold(name, "dead", [], 300, 2)
+    seconds, micros = await aredis.time()
+    await aredis.zadd(keys.model_holders(name, MODEL), {"dead": seconds * 1000 + micros // 1000 + 60_000})
+    until = await aredis.zscore(keys.routed_replicas(name), "dead")
+    assert until is not None
+
+    async def lapsed() -> bool:
+        seconds, micros = await aredis.time()
+        return seconds * 1000 + micros // 1000 > until
+
+    await wait_for_async(lapsed, 5, "the replica's own time never passed")
+    # Lapsed, its stream not yet given back by a sweep: not a holder any more.
+    assert not (await enqueue(aredis, keys, name, "lapsed")).startswith("to:dead/")
+
+    async def given_back() -> bool:
+        await models.sweep(name)
+        return not await aredis.exists(keys.routed_requests(name, "dead"))
+
+    await wait_for_async(given_back, 5, "the dead replica's stream was not given back")
+    assert not (await enqueue(aredis, keys, name, "after")).startswith("to:dead/")
+    assert not await aredis.exists(keys.routed_requests(name, "dead"))
+    assert await labels(aredis, keys.requests(name)) == ["lapsed", "after"]
+    # A live holder whose stream is gone all the same (deleted by hand): the request goes to the deployment's stream.
+    await models.hold(name, "r1", [MODEL], HOLD_MS, 2)
+    await aredis.delete(keys.routed_requests(name, "r1"))
+    assert not (await enqueue(aredis, keys, name, "unmade")).startswith("to:")
+    assert not await aredis.exists(keys.routed_requests(name, "r1"))
+    assert await labels(aredis, keys.requests(name)) == ["lapsed", "after", "unmade"]
+
+
 async def test_a_dead_replicas_routed_entries_go_to_the_deployments_stream_and_handed_back_ones_stay(
     aredis: aioredis.Redis, settings: Settings, name: str, models: ModelStreams
 ) -> None:

@@ -95,14 +95,18 @@ local function route_to(route, at)
   local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
   local holders, replicas, room = KEYS[at], KEYS[at + 1], KEYS[at + 2]
   redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
-  local best, fewest = nil, capacity
-  local held = redis.call('ZRANGE', holders, 0, -1)
-  for _, replica in ipairs(held) do
-    local length = redis.call('XLEN', prefix .. 'to:' .. replica)
-    if length < fewest then best, fewest = replica, length end
+  local best, fewest, live_holders = nil, capacity, 0
+  for _, replica in ipairs(redis.call('ZRANGE', holders, 0, -1)) do
+    -- A holder only while it is a live routed replica: one whose queue the sweep gave back (it died, or left)
+    -- may still be listed until its hold lapses, and a request routed to it would wait where nobody reads.
+    if tonumber(redis.call('ZSCORE', replicas, replica) or 0) > now then
+      live_holders = live_holders + 1
+      local length = redis.call('XLEN', prefix .. 'to:' .. replica)
+      if length < fewest then best, fewest = replica, length end
+    end
   end
   if best then return prefix .. 'to:' .. best, 'to:' .. best .. '/' end
-  if #held > 0 then return nil end
+  if live_holders > 0 then return nil end
   -- Its rank: its room when it has some (1 or more), 0 when it holds a model another replica holds too.
   local best_rank = -1
   for _, replica in ipairs(redis.call('ZRANGEBYSCORE', replicas, '(' .. now, '+inf')) do
@@ -140,8 +144,10 @@ local function admit(limit, group, first, spec, at, route)
   local refused, take = tenant_check(spec, KEYS[at], KEYS[at + 1], KEYS[at + 2])
   if refused then return refused end
   local model, lane = route_to(route or '', spec == '' and at or at + 3)
-  if model then
-    local id = redis.call('XADD', model, '*', unpack(ARGV, first))
+  -- NOMKSTREAM: a routed stream that is gone (given back) is not made anew, without the group its replica reads
+  -- with; the request goes to the level's stream instead.
+  local id = model and redis.call('XADD', model, 'NOMKSTREAM', '*', unpack(ARGV, first))
+  if id then
     if take then take() end
     return lane .. id
   end
