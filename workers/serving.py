@@ -460,16 +460,32 @@ class Serving:
 
     async def _hand_back(self, entry_ids: list[bytes]) -> None:
         """Return suspects to the queue, unrun and uncharged: those read beside the one run alone, or that one when
-        the replica stops before it starts."""
+        the replica stops before it starts. Redis away: tried again until it is back (or the replica stops, leaving
+        them pending for the reclaimer), as a read is; the error ended the replica, charging every request it held."""
+        backoff = Backoff()
         for lane, ids in group_refs(entry_ids).items():
-            if ids:
-                await self._requeuer.requeue(
-                    self._name,
-                    ids,
-                    charge=False,
-                    max_delivery_attempts=self.config.max_delivery_attempts,
-                    lane=lane,
-                )
+            while ids:
+                try:
+                    await self._requeuer.requeue(
+                        self._name,
+                        ids,
+                        charge=False,
+                        max_delivery_attempts=self.config.max_delivery_attempts,
+                        lane=lane,
+                    )
+                    break
+                except RETRYABLE_ERRORS as exc:  # (sent again after a lost answer, it finds them gone: no harm)
+                    if self._stopping.is_set():
+                        return
+                    delay = backoff.next()
+                    logger.warning(
+                        "replica %s: could not hand %d request(s) back (%s); retrying in %.1fs",
+                        self._consumer,
+                        len(ids),
+                        exc,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)
 
     # -- one request -----------------------------------------------------------
 

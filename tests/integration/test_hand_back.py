@@ -1,0 +1,61 @@
+"""Requests read again after their replica died (they carry ``attempts``) run one at a time: a replica that reads
+several runs one and hands the others back to the queue. Redis away at that moment (the hand-back's script fails)
+ended the replica, which charged every request it held an attempt (dead-lettering them at max_delivery_attempts 1);
+the hand-back is now tried again until Redis is back, and every request is answered by the replica that read it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from streamserve.client import AsyncClient
+from streamserve.runtime.settings import Settings
+from streamserve.transport.streams import Requeuer
+from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.wire.messages import Reply, Request, StreamBatches, now_ms
+from tests.harness.waiting import wait_for_async
+from tests.integration.conftest import StartReplica
+
+SUSPECTS = 3
+
+
+async def test_a_hand_back_that_meets_redis_away_is_tried_again_and_the_replica_serves_on(
+    start_replica: StartReplica, settings: Settings, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await start_replica()
+    failed: list[int] = []
+    requeue = Requeuer.requeue
+
+    async def away_once(self: Requeuer, *args: Any, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append(1)
+            raise RedisConnectionError("Connection closed by server (a test's)")
+        return await requeue(self, *args, **kwargs)
+
+    monkeypatch.setattr(Requeuer, "requeue", away_once)
+    replies = settings.keys.reply_stream("hand-back-test")
+    stream = settings.keys.requests("rec")
+    await aredis.xgroup_create(replies, "made", id="$", mkstream=True)  # (replicas add no reply to a stream gone)
+    # Added in one step, so that the replica's one blocking read takes them all: it runs one and hands the rest back.
+    async with aredis.pipeline(transaction=True) as pipe:
+        for n in range(SUSPECTS):
+            request = Request(f"suspect-{n}", replies, now_ms() + 30_000, str(n).encode(), attempts=1, tag=f"t{n}")
+            pipe.xadd(stream, dict(request.encode()))  # type: ignore[arg-type]
+        await pipe.execute()
+
+    seen: list[Any] = []
+
+    async def answered() -> bool:
+        seen[:] = [await aredis.xlen(replies), await aredis.xlen(stream), await aredis.xpending(stream, CONSUMER_GROUP)]
+        return await aredis.xlen(replies) == SUSPECTS
+
+    await wait_for_async(answered, 20, lambda: f"{SUSPECTS} suspects sent, not all answered: {seen}")
+    read: StreamBatches = await aredis.xrange(replies)  # type: ignore[assignment]
+    assert sorted(Reply.decode(fields).request_id for _id, fields in read) == [f"suspect-{n}" for n in range(SUSPECTS)]
+    assert failed == [1]
+    async with AsyncClient(settings=settings) as client:
+        assert (await asyncio.wait_for(client.call("rec", 7), 10))["body"] == 7
