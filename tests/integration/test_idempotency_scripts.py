@@ -95,6 +95,21 @@ async def test_the_first_call_queues_a_run_the_next_join_it_and_later_ones_get_i
     assert await aredis.xlen(KEYS.requests(CFG.name)) == 1
 
 
+async def test_a_run_settles_once_and_a_late_second_end_changes_nothing(
+    aredis: aioredis.Redis, pipeliner: Pipeliner
+) -> None:
+    """A replica cut off from Redis mid-run is written off and its request run again by another; the first end
+    stands, and the cut-off replica's late reply (or a release: its run cancelled) neither replaces nor frees it."""
+    first = keyed("r1")
+    await enqueue_keyed(pipeliner, KEYS, CFG, first)
+    await settle(aredis, first, first.reply(ReplyStatus.OK, "keyed#b", body=b'{"receipt":"from b"}'))
+    await settle(aredis, first, first.reply(ReplyStatus.OK, "keyed#a", body=b'{"receipt":"from a"}'))
+    await settle(aredis, first, first.reply(ReplyStatus.CANCELLED, "keyed#a"))
+    later = await enqueue_keyed(pipeliner, KEYS, CFG, keyed("r2"))
+    assert later.stored is not None
+    assert (later.stored.body, later.stored.replica_id) == (b'{"receipt":"from b"}', "keyed#b")
+
+
 async def test_another_body_with_the_key_is_refused(aredis: aioredis.Redis, pipeliner: Pipeliner) -> None:
     await enqueue_keyed(pipeliner, KEYS, CFG, keyed("r1"))
     with pytest.raises(IdempotencyKeyMismatchError, match="another method, model or body"):

@@ -312,8 +312,8 @@ return {'queued', id}
 
 SETTLE_RUN = """
 -- End a shared run (wire/shared_runs.py): store its reply for later requests, or delete its record so that the next
--- request runs. Only the run the record names is settled: a record that lapsed, or that a cache refresh took over,
--- is another run's.
+-- request runs. Only the run the record names is settled, and only once: a record that lapsed, or that a cache
+-- refresh took over, is another run's.
 -- KEYS[1]  the run's record (hash)
 -- KEYS[2]  the run's waiters (list)
 -- KEYS[3]  a response cache's index (sorted set: digest -> when kept), absent for an idempotency key
@@ -327,8 +327,11 @@ SETTLE_RUN = """
 -- ARGV[7]  now, epoch ms
 -- ARGV[8..] the reply's field/value pairs to store
 -- Returns the waiters that joined the run, for the caller of this script to answer.
-local run, joined = unpack(redis.call('HMGET', KEYS[1], 'run', 'joined'))
+local run, joined, state = unpack(redis.call('HMGET', KEYS[1], 'run', 'joined', 'state'))
 if run ~= ARGV[1] then return {} end
+-- Settled already: the first end stands. A replica cut off from Redis mid-run is written off and its request run
+-- again elsewhere; its own late reply, sent once it is back, must not replace the reply its retries were given.
+if state == 'done' then return {} end
 local waiting = {}
 if joined then  -- (most runs have no waiters: their list is not read)
   waiting = redis.call('LRANGE', KEYS[2], 0, -1)
