@@ -8,7 +8,7 @@ goal in the same transaction (``goals.GoalStore``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +137,14 @@ def check_consistent(stored: Stored, change: DesiredChange, diff: Diff, limits: 
         raise ConfigError("; ".join(new))
 
 
+def _stored_deployment(stored: Stored, name: str) -> DeploymentConfig:
+    """Deployment ``name`` as a write's transaction read it; NotFoundError without one."""
+    raw = stored.deployments.get(name.encode())
+    if raw is None:
+        raise NotFoundError(f"no deployment named {name!r}")
+    return DeploymentConfig.from_json(raw)
+
+
 def response_limit_problem(cfg: DeploymentConfig, maxmemory: int) -> str:
     """Why ``cfg``'s max_response_bytes is too large for a Redis of ``maxmemory`` bytes ("" when it is not)."""
     allowed = maxmemory // MAX_RESPONSE_SHARE
@@ -215,27 +223,35 @@ class DesiredState:
 
     async def scale(self, name: str, num_replicas: int) -> str | None:
         """Set a fixed replica count (turning autoscaling off); the goal id, or None if nothing changed."""
-        current = await self.get(name)
-        if current.external_scaler_enabled:
-            raise ConflictError(
-                f"deployment {name!r} is scaled externally (external_scaler_enabled: true): its replicas are the "
-                "workers someone else runs, so scale it there (kubectl scale, KEDA, systemd), or deploy it without "
-                "external_scaler_enabled to have streamserve run them"
-            )
-        data = {**current.model_dump(), "num_replicas": num_replicas, "autoscaling_config": None}
-        try:
-            updated = DeploymentConfig.model_validate(data, context=limits_context(self._limits))  # the field checks
-        except ValidationError as exc:
-            raise ConfigError(f"deployment {name!r}: {format_validation_error(exc, data)}") from exc
-        return (await self._write(DesiredChange(deployments={name: updated}), kind="scale")).goals.get(name)
+
+        def scaled(stored: Stored) -> DesiredChange:
+            current = _stored_deployment(stored, name)
+            if current.external_scaler_enabled:
+                raise ConflictError(
+                    f"deployment {name!r} is scaled externally (external_scaler_enabled: true): its replicas are the "
+                    "workers someone else runs, so scale it there (kubectl scale, KEDA, systemd), or deploy it "
+                    "without external_scaler_enabled to have streamserve run them"
+                )
+            data = {**current.model_dump(), "num_replicas": num_replicas, "autoscaling_config": None}
+            try:
+                updated = DeploymentConfig.model_validate(data, context=limits_context(self._limits))  # field checks
+            except ValidationError as exc:
+                raise ConfigError(f"deployment {name!r}: {format_validation_error(exc, data)}") from exc
+            return DesiredChange(deployments={name: updated})
+
+        return (await self._write(scaled, kind="scale")).goals.get(name)
 
     async def delete(self, name: str) -> str:
         """Remove a deployment; the scheduler then stops its replicas and drops its keys. Returns the goal id.
 
         Refused with ConflictError while an endpoint still sends traffic to it.
         """
-        await self.get(name)
-        return (await self._write(DesiredChange(delete_deployments=(name,)), kind="delete")).goals[name]
+
+        def deleted(stored: Stored) -> DesiredChange:
+            _stored_deployment(stored, name)
+            return DesiredChange(delete_deployments=(name,))
+
+        return (await self._write(deleted, kind="delete")).goals[name]
 
     async def set_traffic(
         self, name: str, traffic: dict[str, float], shadow: dict[str, float] | None = None
@@ -244,20 +260,29 @@ class DesiredState:
 
         A new endpoint gets the route ``/<name>``. Returns the endpoint as stored.
         """
-        raw = await self._redis.hget(self._keys.endpoints(), name)
-        data: dict[str, Any] = {"name": name} if raw is None else orjson.loads(raw)
-        data["traffic"] = traffic
-        if shadow is not None:
-            data["shadow"] = shadow
-        endpoint = parse_endpoint(data)
-        await self._write(DesiredChange(endpoints={name: endpoint}), kind="traffic")
-        return endpoint
+        made: list[EndpointConfig] = []
+
+        def weighed(stored: Stored) -> DesiredChange:
+            raw = stored.endpoints.get(name.encode())
+            data: dict[str, Any] = {"name": name} if raw is None else orjson.loads(raw)
+            data["traffic"] = traffic
+            if shadow is not None:
+                data["shadow"] = shadow
+            made[:] = [parse_endpoint(data)]
+            return DesiredChange(endpoints={name: made[0]})
+
+        await self._write(weighed, kind="traffic")
+        return made[0]
 
     async def delete_endpoint(self, name: str) -> None:
         """Remove an endpoint (its deployments stay)."""
-        if not await self._redis.hexists(self._keys.endpoints(), name):
-            raise NotFoundError(f"no endpoint named {name!r}")
-        await self._write(DesiredChange(delete_endpoints=(name,)), kind="delete")
+
+        def deleted(stored: Stored) -> DesiredChange:
+            if name.encode() not in stored.endpoints:
+                raise NotFoundError(f"no endpoint named {name!r}")
+            return DesiredChange(delete_endpoints=(name,))
+
+        await self._write(deleted, kind="delete")
 
     async def _check_response_limits(self, stored: Stored, change: DesiredChange, diff: Diff) -> None:
         """Refuse (ConfigError) a max_response_bytes that the change sets above 1/10 of Redis's maxmemory; only
@@ -277,21 +302,26 @@ class DesiredState:
             if problem := response_limit_problem(cfg, maxmemory):
                 logger.warning("%s (max_response_bytes is at its default)", problem)
 
-    async def _write(self, change: DesiredChange, kind: str) -> Applied:
+    async def _write(self, wanted: DesiredChange | Callable[[Stored], DesiredChange], kind: str) -> Applied:
         """Write configs and their goals in one transaction; nothing at all when nothing changes.
 
         The whole resulting state is checked inside the transaction (WATCH), so
         two writers cannot together break it, e.g. one deleting a deployment
-        while another points an endpoint at it.
+        while another points an endpoint at it. A change made from what is
+        stored (a scale, a delete, traffic: ``wanted`` is then a function of it)
+        is made from what the transaction read: made from an earlier reading, a
+        scale wrote back a config that a deploy had just replaced, or made a
+        deleted deployment anew.
         """
-        for cfg in change.deployments.values():
-            self._import_allow.check(cfg.import_path, cfg.name)
         dkey, ekey = self._keys.deployments(), self._keys.endpoints()
         async with self._redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     await pipe.watch(dkey, ekey)
                     stored = Stored(await pipe.hgetall(dkey), await pipe.hgetall(ekey))
+                    change = wanted(stored) if callable(wanted) else wanted
+                    for cfg in change.deployments.values():
+                        self._import_allow.check(cfg.import_path, cfg.name)
                     diff = Diff.between(stored, change)
                     if not diff:
                         await pipe.unwatch()  # type: ignore[no-untyped-call]
