@@ -452,7 +452,8 @@ class _Headers:
 
     def one(self, name: bytes, header: str) -> str | None:
         """The value of header ``name`` (``header`` as error messages name it), as the client wrote it (UTF-8, else
-        latin-1); None without one, BadRequestError (400) for two or more."""
+        latin-1) less the spaces and tabs around it, which are no part of a field's value (RFC 9110, 5.5; httptools
+        keeps trailing ones); None without one, BadRequestError (400) for two or more."""
         found = None
         for key, value in self._raw:
             if key == name:
@@ -461,6 +462,7 @@ class _Headers:
                 found = value
         if found is None:
             return None
+        found = found.strip(b" \t")
         try:
             return found.decode()
         except UnicodeDecodeError:

@@ -60,6 +60,14 @@ async def test_errors(start_replica: StartReplica, http: httpx.AsyncClient, sett
         twice = await http.request("POST", path, json=1, headers=[("X-Request-ID", "a-1"), ("X-Request-ID", "b-2")])
         assert twice.status_code == 400 and twice.headers["x-request-id"] == "a-1", twice.text
         assert twice.json()["message"] == "a request takes one X-Request-ID header, got 2", twice.text
+    # Spaces and tabs around a value are no part of it (RFC 9110, 5.5): the server drops them.
+    for header, padded in (
+        ("X-Priority", "high \t"),
+        ("X-Model-Id", "m1 "),
+        ("X-Tenant", "\tacme "),
+    ):
+        answered = await http.post("/rec", json=1, headers=[(header, padded.encode())])
+        assert answered.status_code == 200, (header, answered.text)
     accented = await http.post("/rec", json=1, headers=[("X-Priority", "lów".encode())])
     assert accented.status_code == 400 and "'lów'" in accented.json()["message"], accented.text  # as sent (UTF-8)
     # A long bad value is named by its start and its length, not repeated whole (headers may hold 64 KiB).
