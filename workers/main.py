@@ -17,6 +17,7 @@ from streamserve.runtime.logging_setup import start_process
 from streamserve.runtime.processes import end_own_group, end_with_own_group, on_stop_signals, role_command
 from streamserve.runtime.settings import Settings, forget_gateway_secrets
 from streamserve.transport.connections import async_redis
+from streamserve.wire.errors import ProtocolError
 from streamserve.wire.ids import ReplicaID
 from streamserve.workers.output_shipper import OutputShipper
 from streamserve.workers.replica import Replica
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamserve worker", description="Run one replica of a deployment.")
     parser.add_argument("deployment", help="the deployment's name")
-    parser.add_argument("--replica-id", help="the replica's id (default: a new one)")
+    parser.add_argument("--replica-id", help="the replica's id, DEPLOYMENT#ID (default: a new one)")
     parser.add_argument(
         "--version",
         dest="pinned_version",
@@ -75,7 +76,11 @@ def main(argv: list[str]) -> int:
     """``argv``: the arguments after ``streamserve worker``."""
     args, settings = start_process(build_parser(), argv)
     forget_gateway_secrets(role_command("worker", *argv))  # before any user code is imported
-    replica_id = ReplicaID.from_str(args.replica_id) if args.replica_id else ReplicaID.new(args.deployment)
+    try:
+        replica_id = ReplicaID.from_str(args.replica_id) if args.replica_id else ReplicaID.new(args.deployment)
+    except ProtocolError as exc:
+        print(f"error: --replica-id: {exc} (one is DEPLOYMENT#ID, as `streamserve status` shows)", file=sys.stderr)
+        return 2
     if replica_id.deployment != args.deployment:
         print(f"replica id {replica_id} does not belong to deployment {args.deployment!r}", file=sys.stderr)
         return 2

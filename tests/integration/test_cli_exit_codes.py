@@ -27,6 +27,9 @@ def test_bad_usage_is_2_and_a_failure_is_1(redis_url: str, tmp_path: Path) -> No
     assert missing.returncode == 1 and "no deployment named 'nothing-here'" in missing.stderr
     not_there = run("delete", "nothing-here", "--redis-url", redis_url)  # (delete takes an endpoint too)
     assert not_there.returncode == 1 and "no deployment or endpoint named 'nothing-here'" in not_there.stderr
+    bad_id = run("worker", "echo", "--replica-id", "x1", "--redis-url", redis_url)
+    assert bad_id.returncode == 2 and "Traceback" not in bad_id.stderr, bad_id.stderr
+    assert "error: --replica-id: not a replica id: 'x1' (one is DEPLOYMENT#ID" in bad_id.stderr, bad_id.stderr
 
 
 def test_deploy_says_what_it_created_and_what_it_updated(redis_url: str, tmp_path: Path) -> None:

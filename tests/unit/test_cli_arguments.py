@@ -6,6 +6,7 @@ said to be that (not "in use"); `call`'s timeout, tenant and model id are checke
 
 from __future__ import annotations
 
+import argparse
 import socket
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from streamserve.app.main import build_parser as gateway_parser
 from streamserve.cli.parser import build_parser, parse_command_line
 from streamserve.runtime.processes import bind_problem
+from streamserve.runtime.settings import add_redis_url_option
 
 
 @pytest.mark.parametrize(
@@ -99,3 +101,14 @@ def test_an_argument_no_command_takes_is_that_commands_usage_error(capsys: pytes
         err.startswith("usage: streamserve status ")
         and "streamserve status: error: unrecognized arguments: --bogus" in err
     )
+
+
+def test_a_roles_redis_url_help_names_its_own_default() -> None:
+    """gateway, scheduler, worker and job-worker have no --data-dir: their help says where they look instead."""
+    role = argparse.ArgumentParser()
+    add_redis_url_option(role, role=True)
+    said = " ".join(role.format_help().split())
+    assert "else $REDIS_URL, else redis://127.0.0.1:6379/0)" in said and "--data-dir" not in said
+    command = argparse.ArgumentParser()
+    add_redis_url_option(command)
+    assert "the `up` that runs from --data-dir" in " ".join(command.format_help().split())

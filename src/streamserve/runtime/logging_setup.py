@@ -89,7 +89,7 @@ def start_process(parser: argparse.ArgumentParser, argv: list[str] | None) -> tu
     settings from that and the environment, set up logging (and tracing, if the environment asks: runtime/tracing.py),
     and warn once of STREAMSERVE_ variables that are no setting and if Redis may lose work (see redis_checks; the
     processes it starts get ``check_redis`` off, so that they do not repeat either)."""
-    add_redis_url_option(parser)
+    add_redis_url_option(parser, role=True)
     args = parser.parse_args(argv)
     settings = Settings.from_command_line(args)
     settings.give_cluster_nodes()

@@ -81,13 +81,17 @@ def _setting_name(loc: tuple[int | str, ...]) -> str:
     return "--redis-url / REDIS_URL" if name == "REDIS_URL" else f"STREAMSERVE_{name}"
 
 
-def add_redis_url_option(parser: argparse.ArgumentParser) -> None:
-    """The ``--redis-url`` option every streamserve command takes; read it with Settings.from_command_line."""
-    parser.add_argument(
-        "--redis-url",
-        help="the farm's Redis (default: $STREAMSERVE_REDIS_URL, else $REDIS_URL; else `up` embeds one, and the other "
-        f"commands use the Redis of the `up` that runs from --data-dir, else {DEFAULT_REDIS_URL})",
-    )
+def add_redis_url_option(parser: argparse.ArgumentParser, role: bool = False) -> None:
+    """The ``--redis-url`` option every streamserve command takes; read it with Settings.from_command_line.
+    ``role``: for a role's process (gateway, scheduler, worker, job-worker), which has no --data-dir to look in."""
+    if role:
+        default = f"$STREAMSERVE_REDIS_URL, else $REDIS_URL, else {DEFAULT_REDIS_URL}"
+    else:
+        default = (
+            "$STREAMSERVE_REDIS_URL, else $REDIS_URL; else `up` embeds one, and the other commands use the Redis of "
+            f"the `up` that runs from --data-dir, else {DEFAULT_REDIS_URL}"
+        )
+    parser.add_argument("--redis-url", help=f"the farm's Redis (default: {default})")
 
 
 def add_no_admin_option(parser: argparse.ArgumentParser) -> None:
