@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
@@ -79,6 +80,15 @@ class ReplicaHeartbeat:
         # None until a scheduler has recorded this replica (then a record that vanishes means "leave"); then whether
         # its record says it is an externally started worker.
         self._counted: bool | None = None
+        self._landed = time.monotonic()  # when its last beat reached Redis
+
+    async def vouch(self) -> None:
+        """Before the replica runs what a read brought: when no beat of its own has reached Redis for half the
+        heartbeat timeout (Redis, or the network to it, was away), beat now and obey the answer. The scheduler may
+        have written it off meanwhile and freed what it held; what it reads before it learns so at its next beat
+        would be run twice. Raises what the beat raised (Redis away again)."""
+        if time.monotonic() - self._landed > self._settings.heartbeat_timeout_s / 2:
+            await self._beat()
 
     def stop(self) -> None:
         """End the loop (at once, if it is waiting for its next beat)."""
@@ -168,6 +178,7 @@ class ReplicaHeartbeat:
             self._told = None  # unknown until the transaction's answer comes: a lost one may or may not have run
             *_, record = await pipe.execute()
         self._takes_over, self._told = None, news
+        self._landed = time.monotonic()
         self._obey(record)
 
     def _obey(self, raw_record: bytes | None) -> None:

@@ -266,6 +266,7 @@ class Replica:
                     slots=self._slots,
                     stopping=self._stopping,
                     figures=self._figures,
+                    vouch=self._heartbeat.vouch,
                 )
                 await serving.reconfigure(cfg)
                 self._heartbeat.user_config = cfg.user_config_digest()

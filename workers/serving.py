@@ -22,6 +22,7 @@ import functools
 import logging
 import time
 import traceback
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -115,13 +116,16 @@ class Serving:
         slots: Slots,
         stopping: asyncio.Event,
         figures: Figures | None,
+        vouch: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """``reader`` and ``pipeliner``: the replica's connections (the replica closes them). ``threads``: where
         sync handlers run, max_ongoing_requests at most. ``stopping``: set when it must read no more.
-        ``figures``: None when metrics are off."""
+        ``figures``: None when metrics are off. ``vouch``: awaited before what a read brought runs, to learn whether
+        the farm still counts this replica (ReplicaHeartbeat.vouch)."""
         self._settings = settings
         self._redis = redis
         self._reader = reader
+        self._vouch = vouch
         self._requeuer = Requeuer(redis, settings.keys)
         self._keys = settings.keys
         self._consumer = replica_id.to_str()
@@ -268,9 +272,14 @@ class Serving:
                         await self.models.renew()  # (its routed stream, given back while this replica was away)
                     lost_groups = False
                 if lost_a_read:
-                    await self._take(await self._undelivered())
+                    if self._vouch is not None:
+                        await self._vouch()
+                    if not self._stopping.is_set():  # (else the scheduler frees them: it wrote this replica off)
+                        await self._take(await self._undelivered())
                     lost_a_read = False
                 batches = await self._read(free)
+                if batches and self._vouch is not None:
+                    await self._vouch()
                 backoff.reset()
             # Before ResponseError: a Redis Cluster failing over refuses with CLUSTERDOWN or TRYAGAIN, which redis-py
             # raises as ResponseErrors; they mean Redis is away for a moment, as a lost connection does.
@@ -289,6 +298,9 @@ class Serving:
                 lost_groups = True
                 continue
             self._refusals.accepted()
+            if self._stopping.is_set():  # (written off, say, while the read waited): what it brought runs elsewhere
+                await self._hand_back([ref for ref, _ in self._in_order(batches)])
+                return
             await self._take(batches, free)
 
     async def _read(self, free: int) -> StreamBatches:

@@ -7,9 +7,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from streamserve.runtime.settings import Settings
-from streamserve.wire.messages import ReplicaRecord, now_ms
+from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.wire.messages import ReplicaRecord, Request, now_ms
 from streamserve.wire.states import ReplicaState
 from streamserve.workers.replica import Replica
+from tests import deployments
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica
 
@@ -55,3 +57,27 @@ async def test_a_replica_never_recorded_serves_on(start_replica: StartReplica) -
     """No scheduler runs (or none has looked yet): nothing says stop."""
     replica = await start_replica()
     assert not await exits(replica, within_s=1.5)
+
+
+async def test_a_replica_silent_past_half_the_heartbeat_timeout_asks_before_it_runs_what_it_reads(
+    start_replica: StartReplica, aredis: aioredis.Redis, settings: Settings
+) -> None:
+    """Cut off from Redis (a network partition), a replica is written off and what it held is run elsewhere. What
+    it reads once back, before its next beat would tell it, it must not run too: it beats first, learns it was
+    written off, and hands the request back to the queue, unrun."""
+    replica = await start_replica()
+    await record(aredis, settings, replica, ReplicaState.RUNNING)
+    assert not await exits(replica, within_s=1.0)
+    replica._heartbeat._landed -= 3600  # (as if no beat had landed since the cut)
+    await aredis.delete(settings.keys.replicas("rec"))  # written off meanwhile
+    request = Request("after-the-cut", settings.keys.reply_stream("cut"), now_ms() + 30_000, b'"after the cut"')
+    await aredis.xadd(settings.keys.requests("rec"), dict(request.encode()))  # type: ignore[arg-type]
+    assert await exits(replica), "the written-off replica kept serving"
+
+    async def handed_back() -> bool:
+        return int((await aredis.xpending(settings.keys.requests("rec"), CONSUMER_GROUP))["pending"]) == 0
+
+    await wait_for_async(handed_back, 5, "the request read after the cut was not handed back")
+    assert "after the cut" not in deployments.CALLS
+    [(_id, fields)] = await aredis.xrange(settings.keys.requests("rec"))
+    assert fields[b"id"] == b"after-the-cut"
