@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import ExecAbortError
@@ -81,14 +81,17 @@ class ReplicaHeartbeat:
         # its record says it is an externally started worker.
         self._counted: bool | None = None
         self._landed = time.monotonic()  # when its last beat reached Redis
+        self._silent_limit = settings.heartbeat_timeout_s / 2
 
-    async def vouch(self) -> None:
+    def vouch(self) -> Awaitable[None] | None:
         """Before the replica runs what a read brought: when no beat of its own has reached Redis for half the
-        heartbeat timeout (Redis, or the network to it, was away), beat now and obey the answer. The scheduler may
-        have written it off meanwhile and freed what it held; what it reads before it learns so at its next beat
-        would be run twice. Raises what the beat raised (Redis away again)."""
-        if time.monotonic() - self._landed > self._settings.heartbeat_timeout_s / 2:
-            await self._beat()
+        heartbeat timeout (Redis, or the network to it, was away), a beat to await now, which obeys the answer (and
+        raises what the beat raised: Redis away again); else None, at once (a read's cost: no coroutine). The
+        scheduler may have written the replica off meanwhile and freed what it held; what it reads before it learns
+        so at its next beat would be run twice."""
+        if time.monotonic() - self._landed > self._silent_limit:
+            return self._beat()
+        return None
 
     def stop(self) -> None:
         """End the loop (at once, if it is waiting for its next beat)."""

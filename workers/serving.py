@@ -116,7 +116,7 @@ class Serving:
         slots: Slots,
         stopping: asyncio.Event,
         figures: Figures | None,
-        vouch: Callable[[], Awaitable[None]] | None = None,
+        vouch: Callable[[], Awaitable[None] | None] | None = None,
     ) -> None:
         """``reader`` and ``pipeliner``: the replica's connections (the replica closes them). ``threads``: where
         sync handlers run, max_ongoing_requests at most. ``stopping``: set when it must read no more.
@@ -272,14 +272,14 @@ class Serving:
                         await self.models.renew()  # (its routed stream, given back while this replica was away)
                     lost_groups = False
                 if lost_a_read:
-                    if self._vouch is not None:
-                        await self._vouch()
+                    if self._vouch is not None and (beat := self._vouch()) is not None:
+                        await beat
                     if not self._stopping.is_set():  # (else the scheduler frees them: it wrote this replica off)
                         await self._take(await self._undelivered())
                     lost_a_read = False
                 batches = await self._read(free)
-                if batches and self._vouch is not None:
-                    await self._vouch()
+                if batches and self._vouch is not None and (beat := self._vouch()) is not None:
+                    await beat
                 backoff.reset()
             # Before ResponseError: a Redis Cluster failing over refuses with CLUSTERDOWN or TRYAGAIN, which redis-py
             # raises as ResponseErrors; they mean Redis is away for a moment, as a lost connection does.
