@@ -160,6 +160,23 @@ class BatchedModel:
         return [{"in": body, "size": len(bodies)} for body in bodies]
 
 
+BATCH_MODELS: list[tuple[str, int]] = []  # (model id, batch size) of each batch BatchedModels ran
+
+
+class BatchedModels:
+    """Batches and many models: each batch is of one model's requests, and model_id() in it names that model."""
+
+    @streamserve.multiplexed(max_models_per_replica=2)
+    def get_model(self, model_id: str) -> dict[str, str]:
+        return {"id": model_id}
+
+    @streamserve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
+    def __call__(self, bodies: list[Any]) -> list[dict[str, Any]]:
+        model = self.get_model(streamserve.model_id())
+        BATCH_MODELS.append((model["id"], len(bodies)))
+        return [{"in": body, "model": model["id"]} for body in bodies]
+
+
 @streamserve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
 async def batched_fn(bodies: list[Any]) -> list[dict[str, Any]]:
     """An async function that takes batches."""

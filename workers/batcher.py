@@ -6,10 +6,12 @@ replica never holds more requests than the limit, whatever the batch size,
 and the largest batch is the smaller of ``max_batch_size`` and
 ``max_ongoing_requests`` (a batch that size runs at once: no more can come).
 
-The batches of one handler run one at a time. A batch runs as soon as it is
-full, or ``batch_wait_timeout_s`` after its first request arrived; while one
-runs, the replica keeps reading up to its free slots and those requests form
-the next batch. A request whose deadline passed while it waited is answered
+A batch holds requests for one model only (wire/models.py: ``streamserve.model_id()``
+inside the call is theirs): each model a handler is asked for has batches of its
+own. The batches of one handler and model run one at a time. A batch runs as
+soon as it is full, or ``batch_wait_timeout_s`` after its first request arrived;
+while one runs, the replica keeps reading up to its free slots and those
+requests form the next batch. A request whose deadline passed while it waited is answered
 without joining the batch. On drain, what is waiting runs at once.
 """
 
@@ -30,7 +32,8 @@ logger = logging.getLogger(__name__)
 
 # Runs the handler on a list of bodies (the replica's executor or loop decides how).
 RunBatch = Callable[[list[Any]], Awaitable[Any]]
-RunHandler = Callable[[Handler, Any], Awaitable[Any]]
+# Runs a handler on a batch's bodies, for the batch's model ("" for none).
+RunHandler = Callable[[Handler, Any, str], Awaitable[Any]]
 
 
 class DeadlinePassed(Exception):
@@ -152,20 +155,26 @@ class Batchers:
         self._run = run
         self._max_ongoing = max_ongoing
         self._label = label
-        self._by_method: dict[str, Batcher] = {}
+        self._by_method: dict[tuple[str, str], Batcher] = {}
 
     async def call(
-        self, method: str, handler: Handler, body: Any, deadline_ms: int, sized: Callable[[int], None] | None = None
+        self,
+        method: str,
+        handler: Handler,
+        body: Any,
+        deadline_ms: int,
+        sized: Callable[[int], None] | None = None,
+        model: str = "",
     ) -> Any:
-        """Run ``body`` as part of a batch and return its own output; DeadlinePassed if it expired waiting.
-        ``sized``: told the size of its batch."""
-        batcher = self._by_method.get(method)
+        """Run ``body`` as part of a batch (of requests for ``model``) and return its own output; DeadlinePassed if it
+        expired waiting. ``sized``: told the size of its batch."""
+        batcher = self._by_method.get((method, model))
         if batcher is None:
             assert handler.batch is not None
-            batcher = self._by_method[method] = self._make(_name(handler.fn), handler, handler.batch)
+            batcher = self._by_method[method, model] = self._make(_name(handler.fn), handler, handler.batch, model)
         return await batcher.submit(body, deadline_ms, sized)
 
-    def _make(self, name: str, handler: Handler, config: BatchConfig) -> Batcher:
+    def _make(self, name: str, handler: Handler, config: BatchConfig, model: str) -> Batcher:
         limit = self._max_ongoing()
         if limit < config.max_batch_size:
             logger.warning(
@@ -178,9 +187,9 @@ class Batchers:
             )
 
         async def run(bodies: list[Any]) -> Any:
-            return await self._run(handler, bodies)
+            return await self._run(handler, bodies, model)
 
-        return Batcher(name, config, run, self._max_ongoing)
+        return Batcher(name if not model else f"{name} [{model}]", config, run, self._max_ongoing)
 
     def flush_now(self) -> None:
         """Run what waits without waiting for batches to fill (the replica drains)."""

@@ -548,7 +548,7 @@ class Serving:
                 return self._start_stream(entry_id, request, handler, body, scope, started_at)
             if handler.batch is not None:
                 sized = self._spans.batched(scope) if self._spans is not None else None
-                calling = self._batchers.call(request.method, handler, body, request.deadline_ms, sized)
+                calling = self._batchers.call(request.method, handler, body, request.deadline_ms, sized, request.model)
                 batched = asyncio.ensure_future(calling)
                 scope.stop = batched.cancel
                 return batched
@@ -574,11 +574,15 @@ class Serving:
             return self._threads.run(handler.fn, arg)
         return self._threads.run(functools.partial(run_in, scope, handler.fn), arg)
 
-    def _invoke_batch(self, handler: Handler, bodies: list[Any]) -> asyncio.Future[Any]:
-        """Run a batched handler on one batch (counting the batch's size)."""
+    def _invoke_batch(self, handler: Handler, bodies: list[Any], model: str) -> asyncio.Future[Any]:
+        """Run a batched handler on one batch, whose requests name ``model`` (counting the batch's size)."""
         if self._figures is not None:
             self._figures.observe(self._name, BATCH_SIZE, len(bodies))
-        return self._invoke(handler, bodies)
+        if not model:
+            return self._invoke(handler, bodies)
+        # The batch's own scope: streamserve.model_id() in the call is its requests' model. (Each request's deadline
+        # and cancellation stay its own: a batch is cut short by none of them.)
+        return self._invoke(handler, bodies, RequestScope("", 0, model=model))
 
     def _start_stream(
         self, entry_id: bytes, request: Request, handler: Handler, body: Any, scope: RequestScope, started_at: float

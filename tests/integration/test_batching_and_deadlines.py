@@ -22,6 +22,7 @@ from tests.integration.conftest import StartReplica, deploy
 def _fresh_records() -> None:
     deployments.BATCH_SIZES.clear()
     deployments.BATCH_BODIES.clear()
+    deployments.BATCH_MODELS.clear()
     deployments.CALLS.clear()
 
 
@@ -64,6 +65,25 @@ async def test_concurrent_callers_each_get_their_own_item_from_shared_batches(
     assert sum(deployments.BATCH_SIZES) == 20
     assert max(deployments.BATCH_SIZES) == 8 and all(1 <= size <= 8 for size in deployments.BATCH_SIZES)
     assert {r["size"] for r in results} <= set(deployments.BATCH_SIZES)
+
+
+async def test_a_batch_is_of_one_models_requests_and_model_id_names_it(
+    start_replica: StartReplica, client: AsyncClient, aredis: aioredis.Redis, settings: Settings
+) -> None:
+    fields = {"import_path": "tests.deployments:BatchedModels", "max_ongoing_requests": 8}
+    await deploy(settings, **fields)
+    models = ["a", "b"] * 6
+    calls = [client.submit("rec", n, model_id=model, timeout=20) for n, model in enumerate(models)]
+
+    async def all_queued() -> bool:
+        return bool(await aredis.xlen(settings.keys.requests("rec")) == len(models))
+
+    await wait_for_async(all_queued, 10)
+    await start_replica(**fields)  # its first read takes 8 queued requests at once: 4 of each model
+    results = await asyncio.gather(*calls)
+    assert [(r["in"], r["model"]) for r in results] == list(enumerate(models))
+    assert sum(size for _model, size in deployments.BATCH_MODELS) == len(models)
+    assert max(size for _model, size in deployments.BATCH_MODELS) > 1  # batched, one model at a time
 
 
 async def test_a_partial_batch_runs_when_the_wait_passes(
