@@ -96,6 +96,8 @@ async def test_an_uncharged_requeue_counts_nothing(queue: Queue) -> None:
     entries = await queue.entries()
     assert [fields[b"id"] for _, fields in entries] == [b"fresh", b"again"]
     assert [Request.decode(fields).attempts for _, fields in entries] == [0, 2]
+    # One never charged comes back as it was, not as a suspect (a replica runs those alone, one at a time).
+    assert [b"attempts" in fields for _, fields in entries] == [False, True]
     assert not set(taken) & {entry_id for entry_id, _ in entries}  # both are new entries
     assert await queue.pending() == 0
     assert await queue.dead_letters() == []

@@ -490,8 +490,10 @@ for i = 7, #ARGV do
       if name == 'tenant' then tenant = value end
     end
     local deliveries = attempts + increment
-    kept[#kept + 1] = 'attempts'
-    kept[#kept + 1] = tostring(deliveries)
+    if deliveries > 0 then  -- (one never charged goes back as it came: not a suspect, which a replica runs alone)
+      kept[#kept + 1] = 'attempts'
+      kept[#kept + 1] = tostring(deliveries)
+    end
     if increment > 0 and deliveries >= max_deliveries then
       kept[#kept + 1] = 'reason'
       kept[#kept + 1] = ARGV[3]
