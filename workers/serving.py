@@ -50,6 +50,7 @@ from streamserve.wire import scripts
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import (
     BadRequestError,
+    ConfigError,
     ProtocolError,
     RequestTimeoutError,
     ResponseTooLargeError,
@@ -217,10 +218,16 @@ class Serving:
         return stream
 
     async def reconfigure(self, config: DeploymentConfig) -> None:
-        """Call the deployment's ``reconfigure(config.user_config)``, if it has one and there is a user_config; once
-        it has returned, replies are made under ``config`` (``applied``)."""
+        """Call the deployment's ``reconfigure(config.user_config)`` when there is a user_config; once it has returned,
+        replies are made under ``config`` (``applied``). ConfigError when the deployment has no reconfigure() to take
+        one (a function, say): set, it would be ignored without a word."""
         fn = self.deployment.reconfigure
-        if fn is not None and config.user_config is not None:
+        if config.user_config is not None:
+            if fn is None:
+                raise ConfigError(
+                    f"deployment {self._name!r} has a user_config, but {config.import_path} has no "
+                    "reconfigure(user_config) method to take it: give its class one, or remove user_config"
+                )
             await self._threads.run(fn, config.user_config)
         self.applied = config
 
