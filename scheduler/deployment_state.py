@@ -257,7 +257,9 @@ class DeploymentState:
             if probe is Alive.DEAD:
                 logger.warning("replica %s is dead: %s", r.id, r.failure)
                 r.force_kill()  # a hung process must not come back and serve twice
-                self._replaced = (now_ms, f"replaced dead replica {r.id}: {r.failure}")
+                # (An externally scaled worker is its supervisor's to replace: the scheduler writes it off.)
+                done = "wrote off dead worker" if r.is_external else "replaced dead replica"
+                self._replaced = (now_ms, f"{done} {r.id}: {r.failure}")
                 await r.transition(ReplicaState.STOPPED, now_ms, message=r.failure)
                 await self._log(r, f"[streamserve: replica {r.id} is dead: {r.failure}]")
             elif probe is Alive.UNHEALTHY:

@@ -150,6 +150,9 @@ def test_a_worker_written_off_while_it_stalled_exits_1_when_it_comes_back(
     os.kill(stalled.pid, signal.SIGSTOP)
     try:
         wait_for(lambda: status(processes)["running"] == 0, 30, "the stalled worker was never written off")
+        # Its supervisor replaces it, not the scheduler: status says what the scheduler did.
+        message = status(processes)["message"]
+        assert "wrote off dead worker ext#" in message and "no heartbeat for" in message, message
     finally:
         os.kill(stalled.pid, signal.SIGCONT)
     assert stalled.wait(30) == 1
