@@ -30,6 +30,10 @@ from streamserve.workers.loader import Handler
 
 logger = logging.getLogger(__name__)
 
+# A replica keeps a batcher per batched handler and model; past this many, the idle ones are dropped as a new one is
+# made (a deployment with thousands of models would otherwise keep one for each model it was ever asked for).
+IDLE_BATCHERS_KEPT = 64
+
 # Runs the handler on a list of bodies (the replica's executor or loop decides how).
 RunBatch = Callable[[list[Any]], Awaitable[Any]]
 # Runs a handler on a batch's bodies, for the batch's model ("" for none).
@@ -77,6 +81,11 @@ class Batcher:
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.name}")
         return future
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits and no batch runs."""
+        return not self._waiting and self._task is None
 
     def flush_now(self) -> None:
         """Stop waiting for batches to fill (no more requests are coming: the replica drains)."""
@@ -171,6 +180,8 @@ class Batchers:
         batcher = self._by_method.get((method, model))
         if batcher is None:
             assert handler.batch is not None
+            if len(self._by_method) >= IDLE_BATCHERS_KEPT:  # one per model asked for: those idle go
+                self._by_method = {key: kept for key, kept in self._by_method.items() if not kept.idle}
             batcher = self._by_method[method, model] = self._make(_name(handler.fn), handler, handler.batch, model)
         return await batcher.submit(body, deadline_ms, sized)
 

@@ -43,7 +43,7 @@ from streamserve.runtime.request_scope import RequestScope, run_in
 from streamserve.runtime.settings import Settings
 from streamserve.transport import settling
 from streamserve.transport.backoff import Backoff
-from streamserve.transport.connections import RETRYABLE_ERRORS, WriteRefusals
+from streamserve.transport.connections import RETRYABLE_ERRORS, WriteRefusals, refuses_writes
 from streamserve.transport.pipelining import BlockingReader, Command, Pipeliner
 from streamserve.transport.streams import Requeuer, ensure_groups
 from streamserve.wire import scripts
@@ -280,13 +280,17 @@ class Serving:
                     lost_groups = False
                 if lost_a_read:
                     if self._vouch is not None and (beat := self._vouch()) is not None:
-                        await beat
+                        await _refused_or_done(beat)  # (as below: Redis full, what was read runs)
                     if not self._stopping.is_set():  # (else the scheduler frees them: it wrote this replica off)
                         await self._take(await self._undelivered())
                     lost_a_read = False
                 batches = await self._read(free)
                 if batches and self._vouch is not None and (beat := self._vouch()) is not None:
-                    await beat
+                    try:
+                        await _refused_or_done(beat)
+                    except Exception:  # what was read waits, pending under this replica, for the next try
+                        lost_a_read = True
+                        raise
                 backoff.reset()
             # Before ResponseError: a Redis Cluster failing over refuses with CLUSTERDOWN or TRYAGAIN, which redis-py
             # raises as ResponseErrors; they mean Redis is away for a moment, as a lost connection does.
@@ -493,7 +497,9 @@ class Serving:
                         lane=lane,
                     )
                     break
-                except RETRYABLE_ERRORS as exc:  # (sent again after a lost answer, it finds them gone: no harm)
+                except Exception as exc:  # (sent again after a lost answer, it finds them gone: no harm)
+                    if not isinstance(exc, RETRYABLE_ERRORS) and not refuses_writes(exc):
+                        raise
                     if self._stopping.is_set():
                         return
                     delay = backoff.next()
@@ -555,7 +561,8 @@ class Serving:
                 return self._start_stream(entry_id, request, handler, body, scope, started_at)
             if handler.batch is not None:
                 sized = self._spans.batched(scope) if self._spans is not None else None
-                calling = self._batchers.call(request.method, handler, body, request.deadline_ms, sized, request.model)
+                model = request.model if self.models is not None else ""  # (one without models ignores it)
+                calling = self._batchers.call(request.method, handler, body, request.deadline_ms, sized, model)
                 batched = asyncio.ensure_future(calling)
                 scope.stop = batched.cancel
                 return batched
@@ -755,3 +762,13 @@ class Serving:
             error_type=type(exc).__name__,
             error_message=message,
         )
+
+
+async def _refused_or_done(beat: Awaitable[None]) -> None:
+    """Await a vouching beat (ReplicaHeartbeat.vouch). Redis full refuses it, and the scheduler's writes too (none
+    can have written the replica off meanwhile): that is no reason to hold back what was read. Other errors raise."""
+    try:
+        await beat
+    except Exception as exc:
+        if not refuses_writes(exc):
+            raise

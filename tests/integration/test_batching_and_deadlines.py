@@ -86,6 +86,22 @@ async def test_a_batch_is_of_one_models_requests_and_model_id_names_it(
     assert max(size for _model, size in deployments.BATCH_MODELS) > 1  # batched, one model at a time
 
 
+async def test_a_deployment_without_models_batches_requests_whatever_model_they_name(
+    start_replica: StartReplica, client: AsyncClient, aredis: aioredis.Redis, settings: Settings
+) -> None:
+    fields = {"import_path": "tests.deployments:BatchedModel", "max_ongoing_requests": 8}
+    await deploy(settings, **fields)
+    calls = [client.submit("rec", n, model_id=f"m{n}", timeout=20) for n in range(8)]
+
+    async def all_queued() -> bool:
+        return bool(await aredis.xlen(settings.keys.requests("rec")) == 8)
+
+    await wait_for_async(all_queued, 10)
+    await start_replica(**fields)
+    assert [r["in"] for r in await asyncio.gather(*calls)] == list(range(8))
+    assert deployments.BATCH_SIZES == [8]
+
+
 async def test_a_partial_batch_runs_when_the_wait_passes(
     start_replica: StartReplica, client: AsyncClient, aredis: aioredis.Redis, settings: Settings
 ) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError
 
 from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
@@ -23,8 +24,20 @@ from tests.integration.conftest import StartReplica
 SUSPECTS = 3
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        RedisConnectionError("Connection closed by server (a test's)"),
+        OutOfMemoryError("command not allowed when used memory > 'maxmemory' (a test's)"),
+    ],
+    ids=["redis-away", "redis-full"],
+)
 async def test_a_hand_back_that_meets_redis_away_is_tried_again_and_the_replica_serves_on(
-    start_replica: StartReplica, settings: Settings, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+    start_replica: StartReplica,
+    settings: Settings,
+    aredis: aioredis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    error: Exception,
 ) -> None:
     await start_replica()
     failed: list[int] = []
@@ -33,7 +46,7 @@ async def test_a_hand_back_that_meets_redis_away_is_tried_again_and_the_replica_
     async def away_once(self: Requeuer, *args: Any, **kwargs: Any) -> Any:
         if not failed:
             failed.append(1)
-            raise RedisConnectionError("Connection closed by server (a test's)")
+            raise error
         return await requeue(self, *args, **kwargs)
 
     monkeypatch.setattr(Requeuer, "requeue", away_once)

@@ -68,7 +68,7 @@ async def test_a_replica_silent_past_half_the_heartbeat_timeout_asks_before_it_r
     replica = await start_replica()
     await record(aredis, settings, replica, ReplicaState.RUNNING)
     assert not await exits(replica, within_s=1.0)
-    replica._heartbeat._landed -= 3600  # (as if no beat had landed since the cut)
+    replica._heartbeat._silent_limit = -1.0  # (as if no beat had landed since the cut, whatever the loop's beats do)
     await aredis.delete(settings.keys.replicas("rec"))  # written off meanwhile
     request = Request("after-the-cut", settings.keys.reply_stream("cut"), now_ms() + 30_000, b'"after the cut"')
     await aredis.xadd(settings.keys.requests("rec"), dict(request.encode()))  # type: ignore[arg-type]
@@ -81,3 +81,31 @@ async def test_a_replica_silent_past_half_the_heartbeat_timeout_asks_before_it_r
     assert "after the cut" not in deployments.CALLS
     [(_id, fields)] = await aredis.xrange(settings.keys.requests("rec"))
     assert fields[b"id"] == b"after-the-cut"
+
+
+async def test_a_silent_replica_whose_beat_redis_refuses_for_memory_runs_what_it_read(
+    start_replica: StartReplica, aredis: aioredis.Redis, settings: Settings
+) -> None:
+    """Redis full refuses the beat, and the scheduler's writes too (none can write the replica off): the replica runs
+    what it read, as it would have without a beat, and its reply lands once Redis has room again."""
+    replica = await start_replica()
+    replica._heartbeat._silent_limit = -1.0  # (every read asks for a beat first)
+    replies = settings.keys.reply_stream("full")
+    await aredis.xgroup_create(replies, "made", id="$", mkstream=True)  # (replicas add no reply to a stream gone)
+    request = Request("while-full", replies, now_ms() + 30_000, b'"while full"', tag="t1")
+    [(_, limit)] = (await aredis.config_get("maxmemory")).items()
+    try:
+        async with aredis.pipeline(transaction=True) as pipe:  # full from the moment the replica reads it
+            pipe.xadd(settings.keys.requests("rec"), dict(request.encode()))  # type: ignore[arg-type]
+            pipe.config_set("maxmemory", 1)
+            await pipe.execute()
+        await wait_for_async(
+            lambda: "while full" in deployments.CALLS, 10, "what it read while Redis was full never ran"
+        )
+    finally:
+        await aredis.config_set("maxmemory", limit)
+
+    async def answered() -> bool:
+        return bool(await aredis.xlen(replies) == 1)
+
+    await wait_for_async(answered, 10, "its reply never landed")

@@ -12,7 +12,7 @@ import streamserve
 from streamserve.batching import BatchConfig, batch_config_of
 from streamserve.wire.errors import BatchOutputError, ConfigError
 from streamserve.wire.messages import now_ms
-from streamserve.workers.batcher import Batcher, DeadlinePassed
+from streamserve.workers.batcher import IDLE_BATCHERS_KEPT, Batcher, Batchers, DeadlinePassed
 from streamserve.workers.loader import LoadedDeployment
 
 
@@ -195,3 +195,25 @@ async def test_aclose_cancels_what_still_waits() -> None:
     waiting = batcher.submit(1, FAR)
     await batcher.aclose()
     assert waiting.cancelled()
+
+
+async def test_a_replica_keeps_a_batcher_per_model_and_drops_idle_ones_past_a_bound() -> None:
+    ran: list[tuple[str, list[int]]] = []
+    release = asyncio.Event()
+
+    async def run(handler: Any, bodies: list[int], model: str) -> list[int]:
+        ran.append((model, bodies))
+        if model == "kept":
+            await release.wait()  # its batch runs on: not idle
+        return bodies
+
+    batchers = Batchers(run, lambda: 8, "test")
+    handler = LoadedDeployment(adouble, is_class=False).handler("")
+    running = asyncio.ensure_future(batchers.call("", handler, 1, FAR, model="kept"))
+    for n in range(IDLE_BATCHERS_KEPT + 10):
+        assert await batchers.call("", handler, n, FAR, model=f"m{n}") == n
+    assert ("m0", [0]) in ran and all(len(bodies) == 1 for _model, bodies in ran)  # one model's requests a batch
+    assert len(batchers._by_method) <= IDLE_BATCHERS_KEPT + 1
+    assert ("", "kept") in batchers._by_method  # not idle: kept
+    release.set()
+    assert await running == 1

@@ -309,7 +309,9 @@ class Client:
             tenant=tenant,
             model_id=model_id,
         )
-        return self._run(calling, waited=False)
+        running = self._run(calling, waited=False)
+        running._streamserve_client = self  # type: ignore[attr-defined]  # (kept while its future is: not dropped)
+        return running
 
     def send(
         self,
