@@ -50,7 +50,6 @@ from streamserve.wire import scripts
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import (
     BadRequestError,
-    ConfigError,
     ProtocolError,
     RequestTimeoutError,
     ResponseTooLargeError,
@@ -219,16 +218,20 @@ class Serving:
 
     async def reconfigure(self, config: DeploymentConfig) -> None:
         """Call the deployment's ``reconfigure(config.user_config)`` when there is a user_config; once it has returned,
-        replies are made under ``config`` (``applied``). ConfigError when the deployment has no reconfigure() to take
-        one (a function, say): set, it would be ignored without a word."""
+        replies are made under ``config`` (``applied``). A deployment with no reconfigure() to take one (a function,
+        say) is warned about: its user_config reaches no code (it still counts in its version and cache keys)."""
         fn = self.deployment.reconfigure
         if config.user_config is not None:
             if fn is None:
-                raise ConfigError(
-                    f"deployment {self._name!r} has a user_config, but {config.import_path} has no "
-                    "reconfigure(user_config) method to take it: give its class one, or remove user_config"
+                logger.warning(
+                    "replica %s: deployment %r has a user_config, but %s has no reconfigure(user_config) method to "
+                    "take it: it reaches no code (it still counts in the deployment's version and response cache)",
+                    self._consumer,
+                    self._name,
+                    config.import_path,
                 )
-            await self._threads.run(fn, config.user_config)
+            else:
+                await self._threads.run(fn, config.user_config)
         self.applied = config
 
     def resize(self, max_ongoing_requests: int) -> None:

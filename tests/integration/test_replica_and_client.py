@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 
 import pytest
 import redis.asyncio as aioredis
@@ -21,8 +23,7 @@ from streamserve.wire.errors import (
     UnavailableError,
 )
 from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import Heartbeat, Request, now_ms
-from streamserve.wire.states import ReplicaHealth
+from streamserve.wire.messages import Request, now_ms
 from tests import deployments
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
@@ -247,16 +248,15 @@ async def test_bad_input_from_python_is_a_clear_streamserve_error(
             await small.send("rec", "x" * 200)
 
 
-async def test_a_user_config_with_no_reconfigure_to_take_it_fails_the_replica_saying_so(
-    start_replica: StartReplica, aredis: aioredis.Redis, settings: Settings
+async def test_a_user_config_with_no_reconfigure_to_take_it_is_warned_about(
+    start_replica: StartReplica, client: AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A function has no reconfigure(): its user_config would be ignored without a word."""
-    replica = await start_replica(import_path="tests.deployments:pid", user_config={"a": 1})
-    raw = await aredis.hget(settings.keys.heartbeats("rec"), replica.replica_id.to_str())
-    assert raw is not None
-    beat = Heartbeat.decode(raw)
-    assert beat.health is ReplicaHealth.FAILED
-    assert beat.message == (
-        "ConfigError: deployment 'rec' has a user_config, but tests.deployments:pid has no reconfigure(user_config) "
-        "method to take it: give its class one, or remove user_config"
-    )
+    """A function has no reconfigure(): its user_config reaches no code (it still keys the response cache), said once
+    its replica loads instead of ignored without a word."""
+    with caplog.at_level(logging.WARNING, logger="streamserve.workers.serving"):
+        await start_replica(import_path="tests.deployments:pid", user_config={"a": 1})
+    assert await client.call("rec", None) == os.getpid()
+    assert (
+        "deployment 'rec' has a user_config, but tests.deployments:pid has no reconfigure(user_config) method to take "
+        "it: it reaches no code"
+    ) in caplog.text
