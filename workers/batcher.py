@@ -11,8 +11,8 @@ inside the call is theirs): each model a handler is asked for has batches of its
 own. The batches of one handler and model run one at a time. A batch runs as
 soon as it is full, or ``batch_wait_timeout_s`` after its first request arrived;
 while one runs, the replica keeps reading up to its free slots and those
-requests form the next batch. A request whose deadline passed while it waited is answered
-without joining the batch. On drain, what is waiting runs at once.
+requests form the next batch. A request whose deadline passed while it waited
+is answered without joining the batch. On drain, what is waiting runs at once.
 """
 
 from __future__ import annotations

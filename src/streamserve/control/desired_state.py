@@ -139,7 +139,11 @@ def check_consistent(stored: Stored, change: DesiredChange, diff: Diff, limits: 
 
 def _stored_deployment(stored: Stored, name: str) -> DeploymentConfig:
     """Deployment ``name`` as a write's transaction read it; NotFoundError without one."""
-    raw = stored.deployments.get(name.encode())
+    return _deployment_from(stored.deployments.get(name.encode()), name)
+
+
+def _deployment_from(raw: bytes | str | None, name: str) -> DeploymentConfig:
+    """Deployment ``name`` from its stored JSON; NotFoundError when there is none."""
     if raw is None:
         raise NotFoundError(f"no deployment named {name!r}")
     return DeploymentConfig.from_json(raw)
@@ -188,10 +192,7 @@ class DesiredState:
         return {text(k): DeploymentConfig.from_json(v) for k, v in raw.items()}
 
     async def get(self, name: str) -> DeploymentConfig:
-        raw = await self._redis.hget(self._keys.deployments(), name)
-        if raw is None:
-            raise NotFoundError(f"no deployment named {name!r}")
-        return DeploymentConfig.from_json(raw)
+        return _deployment_from(await self._redis.hget(self._keys.deployments(), name), name)
 
     async def endpoints(self) -> dict[str, EndpointConfig]:
         """Every endpoint, by name."""
