@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from streamserve.transport import settling
-from streamserve.transport.streams import DeadLetter, Requeuer, send_reply
+from streamserve.transport.streams import DEAD_LETTER_FIELDS, DeadLetter, Requeuer, dead_letters, send_reply
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
 from streamserve.wire.messages import Reply, ReplyStatus, text
@@ -51,6 +51,7 @@ class Reclaimer:
         running (at their own drain limit, or killed at the deadline): none of those caused their end, so each is
         queued again as it was, not charged an attempt (nor run alone, nor dead-lettered for it)."""
         result = ReclaimResult()
+        await self.tell_dead_letters(cfg)  # left untold by a scheduler that was killed, or by a lost answer
         lanes = [priority_lane(priority) for priority in PRIORITIES]
         routed = await self._redis.zrange(self._keys.routed_replicas(cfg.name), 0, -1)
         lanes += [routed_lane(text(cast(bytes, replica))) for replica in routed]
@@ -91,10 +92,7 @@ class Reclaimer:
             )
             result.dead_lettered += len(dead)
             result.requeued += len(ids) - len(dead)
-            for letter in dead:
-                await self._tell_caller(cfg, letter, reason)
-                if letter.run:  # it never ran to its end: a retry with its key (or an identical request) runs
-                    await settling.release(self._redis, self._keys, cfg.name, letter)
+            await self.tell_dead_letters(cfg)
             logger.warning(
                 "deployment %s: freed %d request(s) of %s (%d to the dead-letter stream)",
                 cfg.name,
@@ -103,11 +101,23 @@ class Reclaimer:
                 len(dead),
             )
 
-    async def _tell_caller(self, cfg: DeploymentConfig, letter: DeadLetter, why: str) -> None:
+    async def tell_dead_letters(self, cfg: DeploymentConfig) -> None:
+        """Tell the callers of the requests sent to the dead-letter stream, and free their runs, as the REQUEUE
+        script listed them (Keys.untold_dead_letters); each is dropped from that list once done, so that one is told
+        at least once whatever fails in between (told twice, a caller ignores the second)."""
+        untold = self._keys.untold_dead_letters(cfg.name)
+        while fields := await self._redis.lrange(untold, 0, MOVE_BATCH * DEAD_LETTER_FIELDS - 1):
+            for letter in dead_letters(fields):
+                await self._tell_caller(cfg, letter)
+                if letter.run:  # it never ran to its end: a retry with its key (or an identical request) runs
+                    await settling.release(self._redis, self._keys, cfg.name, letter)
+            await self._redis.ltrim(untold, len(fields), -1)
+
+    async def _tell_caller(self, cfg: DeploymentConfig, letter: DeadLetter) -> None:
         if not letter.reply_to:
             return
         message = (
-            f"request {letter.request_id} was delivered {letter.deliveries} times and each time {why}; "
+            f"request {letter.request_id} was delivered {letter.deliveries} times and each time {letter.reason}; "
             f"it was moved to {self._keys.dead_letters(cfg.name)}"
         )
         reply = Reply(

@@ -9,9 +9,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from streamserve.runtime.settings import Settings
+from streamserve.scheduler.reclaim import Reclaimer
 from streamserve.transport.streams import DeadLetter, Requeuer, ensure_group
+from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import Request, now_ms
+from streamserve.wire.messages import Reply, ReplyStatus, Request, now_ms
 from streamserve.wire.tenants import DEFAULT_TENANT
 
 REASON = "replica rec#dead died holding it"
@@ -112,8 +114,10 @@ async def test_with_one_attempt_allowed_a_charged_entry_goes_straight_to_the_dea
     dead = await queue.requeue(taken, charge=True, max_attempts=1)
 
     assert dead == [
-        DeadLetter(request_id="poison", reply_to="streamserve:replies:caller1", deliveries=1),
-        DeadLetter(request_id="theirs", reply_to="streamserve:replies:caller1", deliveries=1, tenant="acme"),
+        DeadLetter(request_id="poison", reply_to="streamserve:replies:caller1", deliveries=1, reason=REASON),
+        DeadLetter(
+            request_id="theirs", reply_to="streamserve:replies:caller1", deliveries=1, tenant="acme", reason=REASON
+        ),
     ]
     assert await queue.entries() == []
     assert await queue.pending() == 0
@@ -154,3 +158,26 @@ async def test_an_id_no_longer_in_the_stream_is_only_acknowledged(queue: Queue) 
     assert [fields[b"id"] for _, fields in await queue.entries()] == [b"still-queued"]  # nothing added
     assert await queue.pending() == 0
     assert await queue.dead_letters() == []
+
+
+async def test_a_dead_letter_left_untold_by_a_killed_scheduler_is_told_by_the_next(
+    queue: Queue, aredis: aioredis.Redis, settings: Settings
+) -> None:
+    """A scheduler killed between the REQUEUE that dead-lettered a request and telling its caller (or whose answer
+    from REQUEUE was lost with its connection): the next full reclaim tells the caller, once."""
+    await aredis.xadd("streamserve:replies:caller1", {"opened": "1"})  # the caller's reply stream: it waits
+    await queue.add("poison")
+    await queue.requeue(await queue.take(), charge=True, max_attempts=1)  # ... and the scheduler died here
+    reclaimer = Reclaimer(aredis, settings.keys)
+    cfg = DeploymentConfig(name="rec", import_path="x:y")
+
+    await reclaimer.reclaim(cfg, live=set())
+    await reclaimer.reclaim(cfg, live=set())
+
+    told = cast(list[Entry], await aredis.xrange("streamserve:replies:caller1"))
+    replies = [Reply.decode(fields) for _id, fields in told[1:]]
+    assert [(r.request_id, r.status, r.error_type) for r in replies] == [
+        ("poison", ReplyStatus.DEAD_LETTER, "DeadLetterError")
+    ]
+    assert REASON in replies[0].error_message
+    assert await aredis.llen(settings.keys.untold_dead_letters("rec")) == 0

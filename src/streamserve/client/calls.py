@@ -78,6 +78,8 @@ logger = logging.getLogger(__name__)
 _ENQUEUE = Script(scripts.ENQUEUE)
 # The enqueue sent again after a lost connection: rare, so as EVAL with its source (no NOSCRIPT to handle).
 _ENQUEUE_AGAIN = scripts.ENQUEUE_AGAIN
+# What an enqueue sent again says instead when its caller already has the reply (nothing is queued again).
+_ANSWERED = b"answered"
 
 
 def encode_body(body: Any) -> bytes:
@@ -589,18 +591,26 @@ class Calls(ClientCore):
         for key, value in request.encode().items():
             args += [key, value]
 
+        left = False  # the caller stopped waiting while the enqueue was on its way
+
         def again() -> list[Command]:
             """The enqueue may have happened, its answer lost with the connection: it must not add the request
-            twice, and need not at all once the caller has its reply (or stopped waiting)."""
-            if request.reply_to and self._replies is not None and not self._replies.waits_for(request.tag):
-                return [("ECHO", b"answered")]
+            twice, and need not at all once the caller has its reply. A caller that left is not answered: the
+            entry is found (or added) all the same, so that ``abandoned`` can cancel it rather than let it run."""
+            answered = request.reply_to and self._replies is not None and not self._replies.waits_for(request.tag)
+            if answered and not (left and abandoned is not None):
+                return [("ECHO", _ANSWERED)]
             sent_keys = [stream, *keys]
             if request.reply_to and not is_cluster_client(self.redis):
                 sent_keys.append(request.reply_to)
             return [("EVAL", _ENQUEUE_AGAIN, len(sent_keys), *sent_keys, *args[:2], request.request_id, *args[2:])]
 
         with self._refusals:
-            entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream, *keys], args, again, abandoned)
+            try:
+                entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream, *keys], args, again, abandoned)
+            except asyncio.CancelledError:
+                left = True
+                raise
         if entry_id == 0:
             raise OverloadedError(queue_full(cfg.name, cfg.max_queued_requests, request.priority))
         if isinstance(entry_id, list):
@@ -614,7 +624,7 @@ class Calls(ClientCore):
         [queued] = replies
         if isinstance(queued, list):  # ENQUEUE_SHARED's answer
             queued = queued_entry(queued)
-        if isinstance(queued, bytes):
+        if isinstance(queued, bytes) and queued != _ANSWERED:
             self._cancel_soon(deployment, text(queued), request)
 
     def _expire(self, tag: str, request_id: str, timeout_s: float, deployment: str) -> None:

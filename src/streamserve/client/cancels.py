@@ -23,10 +23,11 @@ import asyncio
 import logging
 
 import redis.asyncio as aioredis
+from redis.typing import EncodableT
 
 from streamserve.metrics.definitions import CANCELLED, QUEUED_STAGE
 from streamserve.transport import settling
-from streamserve.transport.pipelining import Pipeliner, Script
+from streamserve.transport.pipelining import Command, Pipeliner, Script
 from streamserve.transport.streams import control_command
 from streamserve.wire import scripts
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
@@ -76,12 +77,29 @@ class Canceller:
         now = now_ms()
         deadline_ms = request.deadline_ms if request is not None else 0
         mark_until = deadline_ms + CANCEL_MARK_MARGIN_MS if deadline_ms else now + CANCEL_MARK_KEEP_MS
-        where = await self._pipeliner.run_script(
-            _CANCEL,
-            [keys.lane_stream(deployment, lane), keys.cancelled(deployment), keys.metrics(deployment)],
-            [CONSUMER_GROUP, entry, now, mark_until, CANCELLED.field(QUEUED_STAGE), ref, int(shared)],
-        )
+        script_keys = [keys.lane_stream(deployment, lane), keys.cancelled(deployment), keys.metrics(deployment)]
+        args: list[EncodableT] = [
+            CONSUMER_GROUP,
+            entry,
+            now,
+            mark_until,
+            CANCELLED.field(QUEUED_STAGE),
+            ref,
+            int(shared),
+        ]
+        resent = False
+
+        def again() -> list[Command]:
+            nonlocal resent
+            resent = True
+            return [("EVALSHA", _CANCEL.sha, len(script_keys), *script_keys, *args)]
+
+        where = await self._pipeliner.run_script(_CANCEL, script_keys, args, again)
         stage = text(where[0])
+        # Sent again after its answer was lost, "finished" may mean that the first sending deleted it while queued:
+        # what follows a queued request's cancel is then done all the same. For one that really finished it does
+        # nothing (its run is settled already, and its replica dropped its tenant's hold).
+        queued = stage == "queued" or (stage == "finished" and resent)
         if stage == "runs_on" and request is not None and request.stream:
             # Nobody reads it any more: it must not wait at its window (flow control) until its deadline. (Should
             # this reach the replica before it has started the stream, it is dropped, and the stream waits.)
@@ -90,9 +108,9 @@ class Canceller:
             [added] = await self._pipeliner.execute(control_command(control, progress))
             if isinstance(added, Exception):
                 raise added
-        if stage == "queued" and request is not None and request.run:
+        if queued and request is not None and request.run:
             await settling.release(self._redis, keys, deployment, request)
-        if stage == "queued" and request is not None and request.held:  # it no longer counts for its tenant
+        if queued and request is not None and request.held:  # it no longer counts for its tenant
             await self._redis.zrem(keys.tenant_held(deployment, request.tenant), request.held)
         if stage == "running":
             control = keys.replica_control(deployment, text(where[1]))

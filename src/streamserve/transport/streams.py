@@ -80,6 +80,11 @@ class DeadLetter:
     cache: str = ""
     run: str = ""
     tenant: str = DEFAULT_TENANT  # whom it was for (Request.tenant)
+    reason: str = ""  # why it was dead-lettered (the callers are told)
+
+
+# Fields per dead letter in REQUEUE's answer and in a deployment's untold dead letters (DeadLetter's, in order).
+DEAD_LETTER_FIELDS = 9
 
 
 class Requeuer:
@@ -118,6 +123,7 @@ class Requeuer:
                 self._keys.lane_stream(deployment, lane),
                 self._keys.dead_letters(deployment),
                 self._keys.cancelled(deployment),
+                self._keys.untold_dead_letters(deployment),
                 *([self._keys.requests(deployment)] if holder_gone and replica_of_lane(lane) is not None else []),
             ],
             args=[
@@ -130,8 +136,16 @@ class Requeuer:
                 *entry_ids,
             ],
         )
-        fields = [text(value) for value in dead]
-        return [
-            DeadLetter(request_id, reply_to, int(deliveries), tag, idem, cache, run, tenant or DEFAULT_TENANT)
-            for request_id, reply_to, deliveries, tag, idem, cache, run, tenant in zip(*[iter(fields)] * 8, strict=True)
-        ]
+        return dead_letters(dead)
+
+
+def dead_letters(fields: Sequence[bytes | str]) -> list[DeadLetter]:
+    """The dead letters of REQUEUE's answer, or of a deployment's untold dead letters (Keys.untold_dead_letters):
+    nine fields each."""
+    values = [text(value) for value in fields]
+    return [
+        DeadLetter(request_id, reply_to, int(deliveries), tag, idem, cache, run, tenant or DEFAULT_TENANT, reason)
+        for request_id, reply_to, deliveries, tag, idem, cache, run, tenant, reason in zip(
+            *[iter(values)] * DEAD_LETTER_FIELDS, strict=True
+        )
+    ]

@@ -222,6 +222,12 @@ class Keys:
         """Stream: requests that were delivered too many times."""
         return self._tagged(deployment, "dead")
 
+    def untold_dead_letters(self, deployment: str) -> str:
+        """List: whom to tell about the requests the REQUEUE script sent to the dead-letter stream (nine fields each:
+        scripts.REQUEUE), until the scheduler has (scheduler/reclaim.py): a scheduler killed between the two, or the
+        script's answer lost with its connection, leaves them here instead of leaving their callers waiting."""
+        return self._tagged(deployment, "dead_untold")
+
     def metrics(self, deployment: str) -> str:
         """Hash: figure name (with labels) -> running total, incremented by every gateway and replica (metrics)."""
         return self._tagged(deployment, "metrics")
@@ -329,6 +335,7 @@ class Keys:
             self.heartbeat_times(deployment),
             self.heartbeat_news(deployment),
             self.dead_letters(deployment),
+            self.untold_dead_letters(deployment),
             self.cancelled(deployment),
             self.cache_index(deployment),
             self.tenant_labels(deployment),

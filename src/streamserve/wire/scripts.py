@@ -453,7 +453,9 @@ REQUEUE = """
 -- KEYS[1]  the deployment's request stream
 -- KEYS[2]  the deployment's dead-letter stream (capped at ARGV[4] entries, approximately)
 -- KEYS[3]  the deployment's cancelled-entries sorted set: an entry in it was cancelled, and is dropped, not moved
--- KEYS[4]  where moved entries go, when not back to KEYS[1]: a model's stream gives them to its deployment's
+-- KEYS[4]  the deployment's untold dead letters (list): each dead-lettered entry's nine returned fields, kept until
+--          the scheduler has told its caller (and freed its run)
+-- KEYS[5]  where moved entries go, when not back to KEYS[1]: a model's stream gives them to its deployment's
 -- ARGV[1]  the consumer group name
 -- ARGV[2]  max_delivery_attempts
 -- ARGV[3]  why (stored with a dead-lettered entry)
@@ -461,10 +463,10 @@ REQUEUE = """
 -- ARGV[5]  attempts to add: 1 when the replica died holding them, 0 when handed back
 -- ARGV[6]  how KEYS[3] names this stream's entries: the prefix of an entry id (wire/priorities.py, entry_ref)
 -- ARGV[7..] ids of pending entries to move
--- Returns {request_id, reply_to, deliveries, tag, idem, cache, run, tenant, ...} for every entry sent to the
+-- Returns {request_id, reply_to, deliveries, tag, idem, cache, run, tenant, reason, ...} for every entry sent to the
 -- dead-letter stream (tenant '' for the default tenant).
 local dead = {}
-local into = KEYS[4] or KEYS[1]
+local into = KEYS[5] or KEYS[1]
 local max_deliveries = tonumber(ARGV[2])
 local increment = tonumber(ARGV[5])
 for i = 7, #ARGV do
@@ -498,14 +500,9 @@ for i = 7, #ARGV do
       kept[#kept + 1] = 'reason'
       kept[#kept + 1] = ARGV[3]
       redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', unpack(kept))
-      dead[#dead + 1] = request_id
-      dead[#dead + 1] = reply_to
-      dead[#dead + 1] = tostring(deliveries)
-      dead[#dead + 1] = tag
-      dead[#dead + 1] = idem
-      dead[#dead + 1] = cache
-      dead[#dead + 1] = run
-      dead[#dead + 1] = tenant
+      local letter = {request_id, reply_to, tostring(deliveries), tag, idem, cache, run, tenant, ARGV[3]}
+      redis.call('RPUSH', KEYS[4], unpack(letter))
+      for _, field in ipairs(letter) do dead[#dead + 1] = field end
     else
       redis.call('XADD', into, '*', unpack(kept))
     end
