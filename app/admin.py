@@ -62,9 +62,9 @@ def _add_deployment_writes(
     async def scale(name: str, request: Request) -> Response:
         """Body: {"num_replicas": N}. Answers {"goal_id": id or null when nothing changed}."""
         body = await _json_body(request, settings)
-        replicas = body.get("num_replicas") if isinstance(body, dict) else None
+        replicas = body.get("num_replicas") if isinstance(body, dict) and set(body) == {"num_replicas"} else None
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
-            raise BadRequestError('body must be {"num_replicas": N} with N >= 0')
+            raise BadRequestError('body must be {"num_replicas": N} with N >= 0, and nothing else')
         return json_response({"goal_id": await _desired(settings, client).scale(name, replicas)})
 
     @router.delete("/deployments/{name}", dependencies=guarded)

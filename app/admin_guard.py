@@ -40,7 +40,7 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # The headers the guard decides by, which an admin write may carry once each.
-ONE_EACH = ("Host", "Origin", "Content-Type")
+ONE_EACH = ("Host", "Origin", "Content-Type", "Authorization", "X-API-Key")
 TOKEN_HINT = (
     "admin writes need 'Authorization: Bearer <token>': the token is STREAMSERVE_API_KEY, or the file api_key in "
     "the data directory of `streamserve up` (.streamserve/api_key by default)"
@@ -111,6 +111,8 @@ class AdminGuard:
         """Whether the request carries the admin token (``Authorization: Bearer`` or ``X-API-Key``)."""
         if self.token is None:
             return False
+        if "x-api-key" in headers and "authorization" in headers:  # (which one counts would be a guess)
+            raise BadRequestError("an admin write takes its token once: in Authorization or in X-API-Key, not both")
         scheme, _, credentials = headers.get("authorization", "").partition(" ")
         given = headers.get("x-api-key") or (credentials.strip() if scheme.lower() == "bearer" else "")
         return hmac.compare_digest(given.encode(), self.token)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,7 +171,11 @@ def import_attr(import_path: str, allow: ImportAllowList, deployment: str) -> An
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"cannot import module {module_name!r}: {exc}") from exc
+        where = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name is not None and module_name.startswith(exc.name):
+            # The module itself, not one it imports: the farm may run from a directory that does not hold it.
+            where = f" (looked for from {os.getcwd()}, where this replica runs, and the installed packages)"
+        raise ConfigError(f"cannot import module {module_name!r}: {exc}{where}") from exc
     allow.check_reached(obj, module_name, import_path, deployment)
     parts = attr_path.split(".")
     for i, part in enumerate(parts):

@@ -37,6 +37,7 @@ from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import NotFoundError, StreamServeError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.keys import CONSUMER_GROUP, ConfigKey
+from streamserve.wire.messages import now_ms
 from streamserve.wire.states import ReplicaHealth
 from streamserve.workers.contained import exception_text, what_was_raised
 from streamserve.workers.control_reader import ControlReader
@@ -241,7 +242,25 @@ class Replica:
             return f"no deployment named {self._name!r} in Redis at {url}; deploy it first (streamserve deploy CONFIG)"
         except RETRYABLE_ERRORS as exc:
             return f"cannot reach Redis at {url}: {exc}"
-        return self._rules.refusal(cfg)
+        return self._rules.refusal(cfg) or await self._id_in_use()
+
+    async def _id_in_use(self) -> str:
+        """Why this replica's id is another live process's ("" when it is not): `worker --replica-id` given the id
+        `status` shows for a running replica. Both would serve under one name, and when either stopped, its leaving
+        heartbeat would have the scheduler write off (and kill) the other. A heartbeat that still moves over two
+        intervals is a live one; one that does not is a dead process's (a supervisor starting it again)."""
+        times = self._keys.heartbeat_times(self._name)
+        first = await self._redis.zscore(times, self._consumer)
+        interval_s = self._settings.heartbeat_interval_s
+        if first is None or now_ms() - first > self._settings.heartbeat_timeout_s * 1000:
+            return ""
+        await asyncio.sleep(2 * interval_s + 0.1)
+        if await self._redis.zscore(times, self._consumer) in (first, None):
+            return ""
+        return (
+            f"replica id {self._consumer} is in use: a live replica heartbeats under it; each worker needs an id of "
+            "its own (leave --replica-id out for a new one)"
+        )
 
     async def _load(self) -> Serving | None:
         """Import the deployment and build what serves it; None when that failed (its FAILED heartbeat says why)."""

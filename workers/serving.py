@@ -58,7 +58,16 @@ from streamserve.wire.errors import (
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.json_values import dumps
 from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import CancelRequest, Fields, Reply, ReplyStatus, Request, StreamBatches, now_ms
+from streamserve.wire.messages import (
+    CancelRequest,
+    Fields,
+    Reply,
+    ReplyStatus,
+    Request,
+    StreamBatches,
+    now_ms,
+    reply_address,
+)
 from streamserve.wire.models import no_model_message, routed_lane
 from streamserve.wire.priorities import (
     FAIR_TURNS,
@@ -525,7 +534,15 @@ class Serving:
         except ProtocolError as exc:
             logger.warning("replica %s: dropping malformed entry %s: %s", self._consumer, entry_id, exc)
             self._slots.handler_returned()
-            self._finisher.finish(entry_id)
+            # Its caller, when the entry says who that is, is told at once rather than left to its deadline.
+            address = reply_address(fields)
+            if address is None:
+                self._finisher.finish(entry_id)
+                return
+            request_id, reply_to, tag = address
+            why = f"the request could not be read, and was not run: {exc}"
+            reply = Reply(request_id, ReplyStatus.BAD_REQUEST, self._consumer, error_message=why, tag=tag)
+            self._finisher.finish(entry_id, reply, reply_to)
             return
         started_at = time.perf_counter()
         if request.cache:

@@ -172,8 +172,8 @@ def scale(target: bytes, headers: bytes) -> bytes:
 async def test_headers_the_guard_goes_by_count_once_and_an_absolute_target_by_its_own_host(
     settings: Settings, redis_url: str, tmp_path: Path
 ) -> None:
-    """Two Host, Origin or Content-Type headers are a 400 whatever their order (the first decided: a proxy may go by
-    the other); an absolute-form target is judged by its host, not the Host header (RFC 9112, 3.2.2)."""
+    """Two Host, Origin, Content-Type or Authorization headers are a 400 whatever their order (the first decided: a
+    proxy may go by the other); an absolute-form target is judged by its host, not the Host header (RFC 9112, 3.2.2)."""
     await deploy(settings)
     path = b"/-/deployments/rec/scale"
     json = b"Content-Type: application/json\r\n"
@@ -184,9 +184,12 @@ async def test_headers_the_guard_goes_by_count_once_and_an_absolute_target_by_it
             (b"Host: evil.example\r\nHost: localhost\r\n" + json, "Host"),
             (b"Host: localhost\r\nOrigin: " + own + b"\r\nOrigin: http://evil.example\r\n" + json, "Origin"),
             (b"Host: localhost\r\n" + json + b"Content-Type: text/plain\r\n", "Content-Type"),
+            (b"Host: localhost\r\n" + json + b"Authorization: Bearer wrong\r\n", "Authorization"),
         ]:
             status, message = sent(port, scale(path, headers))
             assert (status, message) == (400, f"an admin write takes one {header} header, got 2"), headers
+        both = sent(port, scale(path, b"Host: localhost\r\nX-API-Key: wrong\r\n" + json))
+        assert both == (400, "an admin write takes its token once: in Authorization or in X-API-Key, not both")
         status, message = sent(port, scale(b"http://evil.example" + path, b"Host: localhost\r\n" + json))
         assert status == 403 and "the request target's host 'evil.example'" in message, message
         assert sent(port, scale(own + path, b"Host: evil.example\r\n" + json))[0] == 200

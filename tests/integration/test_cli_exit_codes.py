@@ -22,7 +22,9 @@ def test_bad_usage_is_2_and_a_failure_is_1(redis_url: str, tmp_path: Path) -> No
     bad_config.write_text("deployments:\n  - name: Bad Name\n    import_path: x:y\n")
     assert run("deploy", str(bad_config), "--redis-url", redis_url).returncode == 2
     not_json = run("call", "echo", "{bad", "--redis-url", redis_url)
-    assert not_json.returncode == 2 and "error: body is not valid JSON" in not_json.stderr, not_json.stderr
+    assert not_json.returncode == 2 and "error: the body is not valid JSON" in not_json.stderr, not_json.stderr
+    inexact = run("call", "echo", "[18446744073709551616]", "--redis-url", redis_url)  # (never sent as a float)
+    assert inexact.returncode == 2 and "cannot be carried exactly" in inexact.stderr, inexact.stderr
     missing = run("scale", "nothing-here", "2", "--redis-url", redis_url)
     assert missing.returncode == 1 and "no deployment named 'nothing-here'" in missing.stderr
     not_there = run("delete", "nothing-here", "--redis-url", redis_url)  # (delete takes an endpoint too)
@@ -30,6 +32,21 @@ def test_bad_usage_is_2_and_a_failure_is_1(redis_url: str, tmp_path: Path) -> No
     bad_id = run("worker", "echo", "--replica-id", "x1", "--redis-url", redis_url)
     assert bad_id.returncode == 2 and "Traceback" not in bad_id.stderr, bad_id.stderr
     assert "error: --replica-id: not a replica id: 'x1' (one is DEPLOYMENT#ID" in bad_id.stderr, bad_id.stderr
+
+
+def test_up_with_a_data_dir_or_host_it_cannot_use_is_2_before_it_starts_anything(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("deployments:\n  - name: first\n    import_path: examples.echo:Echo\n")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("hi")
+    port = str(free_port())
+    for data_dir, why in ((a_file, "File exists"), (a_file / "sub", "Not a directory")):
+        up = run("up", str(config), "--port", port, "--redis-port", str(free_port()), "--data-dir", str(data_dir))
+        assert up.returncode == 2 and "Traceback" not in up.stderr, up.stderr
+        assert f"error: --data-dir {data_dir}: cannot be made a directory: {why}" in up.stderr
+    bad_host = run("up", str(config), "--port", port, "--host", "256.1.1.1", "--data-dir", str(tmp_path / "d"))
+    assert bad_host.returncode == 2, bad_host.stderr
+    assert "error: --host 256.1.1.1: the gateway cannot listen there: '256.1.1.1' is no address" in bad_host.stderr
 
 
 def test_deploy_says_what_it_created_and_what_it_updated(redis_url: str, tmp_path: Path) -> None:

@@ -145,6 +145,8 @@ async def test_admin_api_validates_input(http: httpx.AsyncClient) -> None:
     assert inexact.status_code == 400 and "cannot be carried exactly" in inexact.json()["message"], inexact.text
     assert (await http.post("/-/deploy", json=CONFIG)).status_code == 200  # no key configured: open
     assert (await http.post("/-/deployments/adm/scale", json={"num_replicas": -1})).status_code == 400
+    misspelt = await http.post("/-/deployments/adm/scale", json={"num_replicas": 2, "num_replica": 5})
+    assert misspelt.status_code == 400 and "and nothing else" in misspelt.json()["message"], misspelt.text
     scaled = await http.post("/-/deployments/adm/scale", json={"num_replicas": 3})
     assert scaled.status_code == 200 and scaled.json()["goal_id"]
     assert (await http.post("/-/deployments/nope/scale", json={"num_replicas": 1})).status_code == 404

@@ -8,6 +8,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
+import orjson
 import pytest
 import redis
 from rq import Queue
@@ -16,10 +17,11 @@ from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker
 
 from streamserve.client import AsyncClient
-from streamserve.client.jobs import JOB_FUNCTION, JOB_SERIALIZER, JobInfo
+from streamserve.client.jobs import JOB_FUNCTION, JOB_SERIALIZER, JobInfo, JobQueue
 from streamserve.runtime.settings import Settings
-from streamserve.wire.errors import BadRequestError, NotFoundError
+from streamserve.wire.errors import BadRequestError, IdempotencyKeyMismatchError, NotFoundError
 from streamserve.wire.keys import CONSUMER_GROUP
+from streamserve.wire.messages import now_ms
 from streamserve.wire.states import JobStatus
 from streamserve.workers import job_function
 from tests import deployments
@@ -189,3 +191,21 @@ async def test_gateway_checks_an_async_post_like_any_other(
     assert (await http.post("/rec", content=big, headers=prefer)).status_code == 413
     unknown = await http.get("/-/jobs/no-such-job")
     assert unknown.status_code == 404 and unknown.json()["error"] == "NotFoundError"
+
+
+def test_a_key_whose_job_lapsed_queues_a_new_job_whatever_its_body(settings: Settings) -> None:
+    """docs/retries-and-caching.md: once the job's result has expired, the key queues a new job, as a key past its TTL
+    would; it was a 422 for another body for the rest of the key's day."""
+    connection = redis.Redis.from_url(settings.effective_redis_url)
+    try:
+        queue = JobQueue(connection, settings.keys, result_ttl_s=5)
+        claim = settings.keys.job_idempotency("rec", "k-lapsed")
+        lapsed = orjson.dumps(["job-that-lapsed", "digest-of-the-first-body", now_ms() - 60_000])
+        connection.set(claim, lapsed, px=86_400_000)
+        assert queue._claim(claim, "k-lapsed", "new-job", "digest-of-another-body", 86_400) is None
+        assert orjson.loads(connection.get(claim) or b"")[0] == "new-job"
+        connection.set(claim, orjson.dumps(["new-job", "d1", now_ms()]))  # a job claimed just now: on its way
+        with pytest.raises(IdempotencyKeyMismatchError):
+            queue._claim(claim, "k-lapsed", "third-job", "d2", 86_400)
+    finally:
+        connection.close()

@@ -13,11 +13,12 @@ import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamserve.client import AsyncClient
-from streamserve.metrics.definitions import REQUESTS
+from streamserve.metrics.definitions import REQUESTS, TENANT_REQUESTS
 from streamserve.metrics.figures import Figures
 from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import RemoteError
+from streamserve.wire.tenants import OTHER_TENANTS, TENANT_LABEL_CAP
 from tests import deployments
 from tests.harness.farm import gateway_process
 from tests.harness.waiting import wait_for_async
@@ -156,3 +157,16 @@ async def test_the_figures_of_a_deleted_deployment_are_dropped_not_written(
     assert await aredis.hgetall(settings.keys.metrics("kept")) == {b"requests_total|code=200": b"1"}
     assert not await aredis.exists(settings.keys.metrics("deleted"))
     assert figures.take() == {}  # not kept for a later flush either
+
+
+async def test_the_tenants_first_seen_keep_the_last_labels(settings: Settings, aredis: aioredis.Redis) -> None:
+    """docs/tenants.md: the first 100 tenants seen get a label of their own. Counted t98, t99, t100, t101 in that
+    order with 3 labels left, t101 counts as _other: it was t99, the tenants taken in the order of their names."""
+    await aredis.sadd(settings.keys.tenant_labels("ten"), *[f"pre{i}" for i in range(TENANT_LABEL_CAP - 3)])
+    figures = Figures()
+    for tenant in ("t98", "t99", "t100", "t101"):
+        figures.count_field("ten", TENANT_REQUESTS.field(tenant, 200))
+    assert await MetricsFlusher(aredis, settings.keys, figures).flush()
+    counted = await aredis.hgetall(settings.keys.metrics("ten"))
+    labelled = {TENANT_REQUESTS.labels_of(name.decode())[0] for name in counted}  # type: ignore[index]
+    assert labelled == {"t98", "t99", "t100", OTHER_TENANTS}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
+from collections.abc import Awaitable, Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -23,7 +25,7 @@ from streamserve.wire.errors import (
     UnavailableError,
 )
 from streamserve.wire.keys import CONSUMER_GROUP
-from streamserve.wire.messages import Request, now_ms
+from streamserve.wire.messages import Reply, ReplyStatus, Request, now_ms
 from tests import deployments
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica, deploy
@@ -158,6 +160,32 @@ async def test_malformed_entry_is_dropped_and_serving_continues(
     assert pending["pending"] == 0
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [{"v": "999"}, {"deadline_ms": "soon"}, {"priority": "urgent"}, {"attempts": "x"}],
+    ids=["another schema version", "a bad deadline", "a bad priority", "bad attempts"],
+)
+async def test_a_malformed_entry_that_says_whom_to_answer_is_answered_400(
+    bad: dict[str, str], start_replica: StartReplica, settings: Settings, aredis: aioredis.Redis
+) -> None:
+    """Its caller (a producer of another version, say) is told at once, not left to wait out its deadline."""
+    await start_replica()
+    deployments.CALLS.clear()
+    reply_stream = "streamserve:replies:malformed-test"
+    await aredis.xadd(reply_stream, {"opened": "1"})
+    fields = {"v": "1", "id": "bad-1", "reply_to": reply_stream, "deadline_ms": str(now_ms() + 30_000)}
+    await aredis.xadd(settings.keys.requests("rec"), {**fields, "body": "1", "tag": "t9", **bad})
+
+    async def answered() -> list[Reply]:
+        return [Reply.decode(f) for _i, f in (await aredis.xrange(reply_stream))[1:]]
+
+    await wait_for_async(answered, 10, "the malformed entry's caller was never answered")
+    [reply] = await answered()
+    assert (reply.request_id, reply.tag, reply.status) == ("bad-1", "t9", ReplyStatus.BAD_REQUEST)
+    assert reply.error_message.startswith("the request could not be read, and was not run: ")
+    assert deployments.CALLS == []
+
+
 async def test_drain_finishes_in_flight_work_on_stop(
     start_replica: StartReplica, client: AsyncClient, aredis: aioredis.Redis, settings: Settings
 ) -> None:
@@ -241,6 +269,25 @@ async def test_bad_input_from_python_is_a_clear_streamserve_error(
             await client.call(name, 1)  # type: ignore[arg-type]
         with pytest.raises(BadRequestError, match="name is a string"):
             streamserve.handle(name)  # type: ignore[arg-type]
+    with pytest.raises(NotFoundError, match="no deployment or endpoint named 'a\\\\udcffb'"):  # (not UTF-8)
+        await client.call("a\udcffb", 1)
+    with pytest.raises(BadRequestError, match="method 'a\\\\ud800' is not a method's name"):
+        await client.call("rec", 1, method="a\ud800")
+    admin_writes: list[tuple[Callable[[], Awaitable[object]], type[Exception], str]] = [
+        (lambda: client.delete(None), BadRequestError, "a deployment or endpoint's name is a string, got None"),  # type: ignore[arg-type]
+        (lambda: client.delete("a\udcff"), NotFoundError, "no deployment or endpoint named"),
+        (lambda: client.scale(None, 1), BadRequestError, "a deployment's name is a string, got None"),  # type: ignore[arg-type]
+        (lambda: client.scale("rec", "2"), BadRequestError, "num_replicas is a whole number, got '2'"),  # type: ignore[arg-type]
+        (lambda: client.set_traffic(5, {"rec": 1}), BadRequestError, "an endpoint's name is a string, got 5"),  # type: ignore[arg-type]
+        (lambda: client.wait_for_goal(None), BadRequestError, "a goal id is a string"),  # type: ignore[arg-type]
+        (lambda: client.wait_for_goal("g", timeout="2"), BadRequestError, "timeout is a number of seconds"),  # type: ignore[arg-type]
+        (lambda: client.deploy({"deployments": []}), BadRequestError, "deploy takes an AppConfig or a YAML"),  # type: ignore[arg-type]
+    ]
+    for write, error, message in admin_writes:  # were AttributeError, TypeError and redis-py's DataError
+        with pytest.raises(error, match=re.escape(message)):
+            await write()
+    with pytest.raises(ConfigError, match="redis_url: a Redis URL is a string, got 5"):
+        AsyncClient(5)  # type: ignore[arg-type]
     async with AsyncClient(settings=settings.model_copy(update={"max_request_bytes": 100})) as small:
         with pytest.raises(PayloadTooLargeError, match="above max_request_bytes"):
             await small.call("rec", "x" * 200)

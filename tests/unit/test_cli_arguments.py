@@ -15,6 +15,7 @@ from streamserve.app.main import build_parser as gateway_parser
 from streamserve.cli.parser import build_parser, parse_command_line
 from streamserve.runtime.processes import bind_problem
 from streamserve.runtime.settings import add_redis_url_option
+from streamserve.workers.main import build_parser as worker_parser
 
 
 @pytest.mark.parametrize(
@@ -90,6 +91,31 @@ def test_a_call_argument_the_client_would_refuse_is_a_usage_error(
         ["call", "echo", "{}", "--timeout", "2.5", "--tenant", "acme", "--model-id", "m-1"]
     )
     assert (fine.timeout, fine.tenant, fine.model_id) == (2.5, "acme", "m-1")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["call", "ec\udcffho"],
+        ["logs", "Echo"],
+        ["scale", "ec\udcffho", "2"],
+        ["delete", "a b"],
+        ["traffic", "a.b", "e=1"],
+    ],
+)
+def test_a_name_no_deployment_could_have_is_a_usage_error(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    """Bytes the shell passed that are not UTF-8 were a traceback from redis-py's encoding of the name."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(args)
+    assert exited.value.code == 2
+    assert "is not a valid name: use 1-63 of a-z 0-9 _ - starting with a letter or digit" in capsys.readouterr().err
+
+
+def test_a_workers_deployment_name_is_checked_too(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        worker_parser().parse_args(["ec\udcffho"])
+    assert exited.value.code == 2
+    assert "argument deployment: 'ec\\udcffho' is not a valid name" in capsys.readouterr().err
 
 
 def test_an_argument_no_command_takes_is_that_commands_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

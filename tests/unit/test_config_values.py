@@ -3,6 +3,7 @@ name cannot add a document to `streamserve manifests` (issue 27, defect 7)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +116,19 @@ def test_a_name_ending_in_a_line_break_is_refused(name: str) -> None:
         parse_config({"deployments": [dep(name=name)]})
     with pytest.raises(ConfigError, match="is not a valid name"):
         parse_config({"endpoints": [{"name": name, "traffic": {"echo": 1}}]})
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"user_config": {"x": float("inf")}}, "user_config: inf has no JSON form (it would be stored as null)"),
+        ({"init_kwargs": {"x": float("nan")}}, "init_kwargs: nan has no JSON form"),
+        ({"init_args": [[1.0e999]]}, "init_args: inf has no JSON form"),
+        ({"user_config": {5: "b"}}, "user_config: the key 5 is not a string, as a JSON object's keys are (quote it)"),
+        ({"user_config": {"a": [{None: 1}]}}, "user_config: the key None is not a string"),
+    ],
+)
+def test_a_config_value_json_would_change_is_refused(fields: dict[str, Any], why: str) -> None:
+    """They were stored as null, and as "5" or "None" beside YAML's "true": never the value the file gave."""
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        parse_config({"deployments": [dep(**fields)]}, "c.yaml")

@@ -1,4 +1,5 @@
-"""The gateway's connection limits as settings (app/http_protocol.py), and the open-file limit they live under."""
+"""The gateway's connection limits as settings (app/http_protocol.py), and the open-file limit they live under;
+the heartbeat settings' bounds on each other."""
 
 from __future__ import annotations
 
@@ -49,6 +50,20 @@ def test_bad_limits_are_refused_naming_the_setting(name: str, value: str, monkey
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=name):
         Settings.from_command_line(argparse.Namespace(redis_url=None))
+
+
+@pytest.mark.parametrize(("interval", "timeout"), [("6", None), ("3", "5"), ("2.5", "4.9")])
+def test_a_heartbeat_timeout_under_two_intervals_is_refused(
+    interval: str, timeout: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replicas would be written off, killed and replaced between their heartbeats, over and over."""
+    monkeypatch.setenv("STREAMSERVE_HEARTBEAT_INTERVAL_S", interval)
+    if timeout is not None:
+        monkeypatch.setenv("STREAMSERVE_HEARTBEAT_TIMEOUT_S", timeout)
+    with pytest.raises(ConfigError, match=r"STREAMSERVE_HEARTBEAT_TIMEOUT_S: .* under twice STREAMSERVE_HEARTBEAT_INT"):
+        Settings.from_command_line(argparse.Namespace(redis_url=None))
+    monkeypatch.setenv("STREAMSERVE_HEARTBEAT_TIMEOUT_S", str(2 * float(interval)))
+    Settings.from_command_line(argparse.Namespace(redis_url=None))
 
 
 def test_the_limits_reach_the_gateway_workers(monkeypatch: pytest.MonkeyPatch) -> None:

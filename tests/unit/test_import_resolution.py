@@ -102,3 +102,14 @@ def test_builtins_are_refused_even_when_listed() -> None:
 def test_without_an_allow_list_every_path_resolves_as_before() -> None:
     assert resolve("os.system", ImportAllowList()) is os.system
     assert resolve("print", ImportAllowList()) is print
+
+
+def test_a_module_not_found_says_where_it_was_looked_for() -> None:
+    """A farm run from a directory that does not hold the package (outside the repository, for the examples) said
+    only "No module named 'examples'"."""
+    with pytest.raises(ConfigError) as missing:
+        import_attr("no_such_package.mod:f", ImportAllowList(), "d")
+    assert str(missing.value) == (
+        "cannot import module 'no_such_package.mod': No module named 'no_such_package' "
+        f"(looked for from {os.getcwd()}, where this replica runs, and the installed packages)"
+    )

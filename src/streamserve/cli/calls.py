@@ -19,14 +19,20 @@ import orjson
 from streamserve.cli.interrupt import exit_interrupted
 from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
+from streamserve.wire import json_values
 
 
 def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
+    raw = args.body.encode(errors="surrogateescape")  # (bytes the shell gave that are not UTF-8 are named)
     try:
-        body = orjson.loads(args.body)
+        body = orjson.loads(raw)
+        json_values.check_decoded(raw, body)  # as the gateway reads a body: never a value changed on its way
     except orjson.JSONDecodeError as exc:
-        print(f"error: body is not valid JSON: {exc}", file=sys.stderr)
+        print(f"error: the body is {json_values.decode_error(raw, exc)}", file=sys.stderr)
         return 2  # bad usage, as a bad config is
+    except ValueError as exc:
+        print(f"error: the body: {exc}", file=sys.stderr)
+        return 2
 
     async def call() -> None:
         async with AsyncClient(settings=settings) as client:

@@ -92,6 +92,9 @@ class UpOptions:
 
 def run_up(args: argparse.Namespace, settings: Settings) -> int:
     """`streamserve up`: the options checked, the config loaded, then the farm runs until Ctrl-C."""
+    problem = bind_problem(args.host, args.port)
+    if problem and problem != "in use":  # (one in use may be a dead farm's gateway, which `up` ends first)
+        raise ConfigError(f"--host {args.host}: the gateway cannot listen there: {problem}")
     check_exposure(args.host, api_key_set=settings.api_key is not None, admin=settings.admin)
     settings.tenant_key_map()  # an unreadable keys file stops `up` before it starts anything (its gateways check too)
     config = load_config(args.config, settings.config_limit_values)
@@ -237,7 +240,10 @@ class Farm:
         killed with -9); False when another `up` holds it. Two farms on one directory would share the embedded
         Redis's files and each other's replica records: the second one's scheduler would kill the first one's
         replicas as dead."""
-        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:  # a file of that name, or no right to make it
+            raise ConfigError(f"--data-dir {self.data_dir}: cannot be made a directory: {exc.strerror}") from None
         keep_private(self.data_dir)
         self._dir_lock = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
         try:

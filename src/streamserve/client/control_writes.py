@@ -12,7 +12,8 @@ from pathlib import Path
 from streamserve.client.core import ClientCore
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.goal_records import GoalStore
-from streamserve.wire.config import AppConfig, EndpointConfig, load_config
+from streamserve.wire.config import MAX_TIMEOUT_S, NAME_RE, AppConfig, EndpointConfig, load_config
+from streamserve.wire.errors import BadRequestError, NotFoundError, shown
 from streamserve.wire.messages import GoalRecord
 
 
@@ -24,6 +25,11 @@ class ControlWrites(ClientCore):
 
         Endpoints in the config are written too; they need no goal (callers see them at once).
         """
+        if not isinstance(config, AppConfig | str | Path):
+            raise BadRequestError(
+                f"deploy takes an AppConfig or a YAML file's path, got {shown(config)} (a dict makes one with "
+                "AppConfig.model_validate)"
+            )
         app = config if isinstance(config, AppConfig) else load_config(config, self._settings.config_limit_values)
         await self.start()
         with self._refusals:
@@ -33,24 +39,35 @@ class ControlWrites(ClientCore):
         self, endpoint: str, traffic: dict[str, float], shadow: dict[str, float] | None = None
     ) -> EndpointConfig:
         """Create or change an endpoint's traffic weights (and shadows, unless None); every caller follows."""
+        if not isinstance(endpoint, str):
+            raise BadRequestError(f"an endpoint's name is a string, got {shown(endpoint)}")
         await self.start()
         with self._refusals:
             return await self._desired().set_traffic(endpoint, traffic, shadow)
 
     async def scale(self, name: str, num_replicas: int) -> str | None:
         """Set a deployment's replica count; the goal id, or None if it already had that."""
+        _name(name, "a deployment")
+        if not isinstance(num_replicas, int) or isinstance(num_replicas, bool):
+            raise BadRequestError(f"num_replicas is a whole number, got {shown(num_replicas)}")
         await self.start()
         with self._refusals:
             return await self._desired().scale(name, num_replicas)
 
     async def delete(self, name: str) -> str:
         """Delete a deployment; the goal id."""
+        _name(name, "a deployment or endpoint")
         await self.start()
         with self._refusals:
             return await self._desired().delete(name)
 
     async def wait_for_goal(self, goal_id: str, timeout: float | None = None) -> GoalRecord:
         """Block until the goal is done; GoalFailedError says why it failed, RequestTimeoutError if it took too long."""
+        if not isinstance(goal_id, str):
+            raise BadRequestError(f"a goal id is a string (as deploy, scale and delete return), got {shown(goal_id)}")
+        number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+        if timeout is not None and not (number and 0 < timeout <= MAX_TIMEOUT_S):  # (false for NaN too)
+            raise BadRequestError(f"timeout is a number of seconds above 0, or None, got {shown(timeout)}")
         await self.start()
         with self._refusals:
             return await GoalStore(self.redis, self._keys).wait(goal_id, timeout)
@@ -58,3 +75,11 @@ class ControlWrites(ClientCore):
     def _desired(self) -> DesiredState:
         settings = self._settings
         return DesiredState(self.redis, self._keys, settings.import_allow_list, settings.config_limit_values)
+
+
+def _name(name: object, what: str) -> None:
+    """BadRequestError unless ``name`` is a string (NotFoundError, from the write, when none is so named)."""
+    if not isinstance(name, str):
+        raise BadRequestError(f"{what}'s name is a string, got {shown(name)}")
+    if not NAME_RE.match(name):  # (nor could it be sent: it may not even be UTF-8)
+        raise NotFoundError(f"no {what.removeprefix('a ').removeprefix('an ')} named {name!r}")

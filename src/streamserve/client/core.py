@@ -29,7 +29,7 @@ from streamserve.runtime.farm_files import running_farm
 from streamserve.runtime.settings import Settings, redis_url_problem
 from streamserve.transport.connections import JOB_POOL_SIZE, RedisRefusals, async_redis, redacted, sync_redis
 from streamserve.transport.pipelining import Pipeliner
-from streamserve.wire.errors import ConfigError, PayloadTooLargeError, RedisUnavailableError, UnavailableError
+from streamserve.wire.errors import ConfigError, PayloadTooLargeError, RedisUnavailableError, UnavailableError, shown
 from streamserve.wire.ids import new_caller_id
 
 # Why a client whose event loop ended under it (asyncio.run returned without its aclose()) cannot be used.
@@ -61,6 +61,8 @@ class ClientCore:
         if redis_url is None and settings.redis_url is None and (farm := running_farm(None)) is not None:
             settings = farm.serving(settings)
         elif redis_url is not None:
+            if not isinstance(redis_url, str):
+                raise ConfigError(f"redis_url: a Redis URL is a string, got {shown(redis_url)}")
             if (problem := redis_url_problem(redis_url)) is not None:  # (model_copy validates nothing)
                 raise ConfigError(f"redis_url: {problem}")
             settings = settings.model_copy(update={"redis_url": redis_url})

@@ -259,14 +259,14 @@ class JobQueue:
             if raw is None:  # it expired (or its job could not be queued) just now
                 continue
             earlier_id, earlier_digest, claimed_ms = _claim_record(claim, raw)
+            if self._gone(earlier_id, claimed_ms):  # (whatever its body was: the key is free, as the docs say)
+                self._delete_if_value(keys=[claim], args=[raw])  # unless another retry took it meanwhile
+                continue
             if earlier_digest != digest:
                 raise IdempotencyKeyMismatchError(
                     f"idempotency key {key!r} queued a job before with another method, model or body: "
                     "a retry must repeat its request exactly, and a new request needs a new key"
                 )
-            if self._gone(earlier_id, claimed_ms):
-                self._delete_if_value(keys=[claim], args=[raw])  # unless another retry took it meanwhile
-                continue
             return earlier_id
 
     def _gone(self, job_id: str, claimed_ms: int) -> bool:

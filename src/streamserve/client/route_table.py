@@ -12,7 +12,7 @@ from streamserve.client.traffic import TrafficPolicy
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.long_poll import EVERYTHING, LongPollSubscriber
 from streamserve.control.status import StatusReader
-from streamserve.wire.config import DeploymentConfig, EndpointConfig
+from streamserve.wire.config import NAME_RE, DeploymentConfig, EndpointConfig
 from streamserve.wire.errors import BadRequestError, NotFoundError, UnavailableError, shown
 from streamserve.wire.keys import ConfigKey, Keys
 from streamserve.wire.messages import DeploymentHealthRecord
@@ -84,6 +84,8 @@ class RouteCache:
         if policy is None and name not in self._deployments:
             if not isinstance(name, str):  # (only a name not known yet is looked at: no cost on the hot path)
                 raise BadRequestError(f"a deployment or endpoint name is a string, got {shown(name)}")
+            if not NAME_RE.match(name):  # none is so named (nor could Redis be asked: it may not even be UTF-8)
+                raise NotFoundError(f"no deployment or endpoint named {name!r}")
             policy = await self._fetch(name)
         if policy is None:
             return Route(self._serviceable(name))

@@ -112,7 +112,8 @@ class MetricsFlusher:
     async def _cap_tenants(self, deployment: str, fields: dict[str, int | float]) -> dict[str, int | float]:
         """``fields`` with the tenants past the deployment's TENANT_LABEL_CAP counted as OTHER_TENANTS (which
         tenants have a label is kept in Redis, so every gateway labels alike)."""
-        tenants = sorted({labels[0] for name in fields if (labels := TENANT_REQUESTS.labels_of(name))})
+        # In the order they were first counted (a flush holds many): the first tenants seen keep their labels.
+        tenants = list(dict.fromkeys(labels[0] for name in fields if (labels := TENANT_REQUESTS.labels_of(name))))
         kept = {
             text(t)
             for t in await self._label(keys=[self._keys.tenant_labels(deployment)], args=[TENANT_LABEL_CAP, *tenants])

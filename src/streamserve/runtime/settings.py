@@ -267,6 +267,20 @@ class Settings(BaseSettings):
             raise ValueError("set but blank; set a secret, or unset it for no key")
         return value
 
+    @field_validator("heartbeat_timeout_s")
+    @classmethod
+    def _timeout_spans_beats(cls, value: float, info: ValidationInfo) -> float:
+        """A replica heartbeats every interval and is written off (killed, replaced) once silent for the timeout, and
+        one silent for half of it beats again before it runs what it read: a timeout under two intervals kills every
+        replica over and over."""
+        interval = info.data.get("heartbeat_interval_s")  # (absent when it was refused itself)
+        if interval is not None and value < 2 * interval:
+            raise ValueError(
+                f"{value:g}s is under twice STREAMSERVE_HEARTBEAT_INTERVAL_S ({interval:g}s): replicas would be "
+                "written off between their heartbeats"
+            )
+        return value
+
     @field_validator("redis_cluster_nodes")
     @classmethod
     def _cluster_nodes_parse(cls, value: str | None) -> str | None:

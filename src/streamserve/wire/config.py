@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from streamserve.wire import json_values
 from streamserve.wire.errors import ConfigError, ProtocolError
 from streamserve.wire.limits import DEFAULT_LIMITS, ConfigLimits, at_most, limits_context, write_limits
 from streamserve.wire.tenants import DEFAULT_TENANT, TENANT_RE, TenantSpec
@@ -60,7 +61,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, validate_default=True)
 
 
-def _check_name(value: str) -> str:
+def check_name(value: str) -> str:
+    """A deployment's or endpoint's name as given; ValueError saying what a name is unless it is one."""
     if not NAME_RE.match(value):
         raise ValueError(f"{value!r} is not a valid name: use 1-63 of a-z 0-9 _ - starting with a letter or digit")
     return value
@@ -277,7 +279,7 @@ class DeploymentConfig(_Strict):
     resources: Resources = Field(default_factory=Resources)
 
     _default_route = model_validator(mode="before")(_default_route_prefix)
-    _name = field_validator("name")(_check_name)
+    _name = field_validator("name")(check_name)
     _route = field_validator("route_prefix")(_check_route_prefix)
     _replicas = field_validator("num_replicas")(at_most("num_replicas"))
     _ongoing = field_validator("max_ongoing_requests")(at_most("max_ongoing_requests"))
@@ -316,6 +318,9 @@ class DeploymentConfig(_Strict):
         limits = write_limits(info)
         if limits is None:
             return self
+        for name in ("init_args", "init_kwargs", "user_config"):
+            if (problem := json_values.config_value_problem(getattr(self, name))) is not None:
+                raise ValueError(f"{name}: {problem}")
         try:
             size = len(self.to_json())
         except orjson.JSONEncodeError as exc:
@@ -384,13 +389,13 @@ class EndpointConfig(_Strict):
     shadow: dict[str, Weight] = Field(default_factory=dict)
 
     _default_route = model_validator(mode="before")(_default_route_prefix)
-    _name = field_validator("name")(_check_name)
+    _name = field_validator("name")(check_name)
     _route = field_validator("route_prefix")(_check_route_prefix)
 
     @field_validator("traffic")
     @classmethod
     def _weights(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
-        _check_names_at_most(value, info)
+        check_names_at_most(value, info)
         if not value:
             raise ValueError("needs at least one deployment")
         total = sum(value.values())
@@ -401,7 +406,7 @@ class EndpointConfig(_Strict):
     @field_validator("shadow")
     @classmethod
     def _fractions(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
-        _check_names_at_most(value, info)
+        check_names_at_most(value, info)
         if any(not 0 <= f <= 1 for f in value.values()):
             raise ValueError("shadow fractions must be between 0 and 1")
         return value
@@ -481,13 +486,13 @@ def desired_state_problems(
     return problems
 
 
-def _check_names_at_most(weights: dict[str, float], info: ValidationInfo) -> None:
+def check_names_at_most(weights: dict[str, float], info: ValidationInfo) -> None:
     """An endpoint's traffic or shadow: deployment names, no more of them than a farm may have deployments."""
     limits = write_limits(info)
     if limits is not None and (problem := limits.problem("deployments", len(weights), f"{len(weights)} names")):
         raise ValueError(problem)
     for name in weights:
-        _check_name(name)
+        check_name(name)
 
 
 def _describe_location(loc: tuple[int | str, ...], data: Any) -> str:

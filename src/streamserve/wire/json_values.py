@@ -148,6 +148,25 @@ def _children(value: Any) -> list[Any]:
     return []
 
 
+def config_value_problem(value: Any) -> str | None:
+    """What in a config's value (init_args, init_kwargs, user_config: what YAML or JSON made) JSON would not keep as
+    given, None when nothing: NaN or an infinity (stored as null), or a key that is no string (YAML's ``5:``, ``true:``
+    or ``2020-01-01:``, stored as some text of it)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{item} has no JSON form (it would be stored as null)"
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    return f"the key {key!r} is not a string, as a JSON object's keys are (quote it)"
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None
+
+
 def _has_non_finite(value: Any) -> bool:
     stack = [value]
     while stack:

@@ -176,6 +176,17 @@ class Request:
         return Reply(self.request_id, status, replica_id, tag=self.tag, **more)
 
 
+def reply_address(fields: Fields) -> tuple[str, str, str] | None:
+    """Whom to answer for a request entry that cannot be decoded (Request.decode): its request id, reply stream and
+    tag, when those can be read; None when they cannot."""
+    try:
+        request_id, reply_to = fields[b"id"].decode(), fields[b"reply_to"].decode()
+        tag = fields.get(b"tag", b"").decode()
+    except (KeyError, UnicodeDecodeError, AttributeError):
+        return None
+    return (request_id, reply_to, tag) if request_id and reply_to else None
+
+
 # Reply.shared's values.
 SHARED_STORED = "stored"
 SHARED_JOINED = "joined"
@@ -187,6 +198,8 @@ def method_of(method: str | None) -> str:
         return ""
     if not isinstance(method, str):
         raise BadRequestError(f"method must be a method's name (a string), got {method!r}")
+    if method and not method.isidentifier():  # (a lone surrogate, say, which could not even be sent)
+        raise BadRequestError(f"method {method!r} is not a method's name")
     return method
 
 
