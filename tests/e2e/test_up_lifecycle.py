@@ -189,13 +189,14 @@ deployments:
 
 def test_up_again_on_the_same_config_prints_its_banner_once_the_replicas_run(tmp_path: Path) -> None:
     """`up` again, nothing in the config changed (so no goal to wait on): the banner still waits for the replicas,
-    and names the deployments kept in Redis that the config does not."""
+    and names the deployments and endpoints kept in Redis that the config does not."""
     farm = farm_on(RESTART_CONFIG, tmp_path)
     farm.start()
     try:
         extra = tmp_path / "extra.yaml"
         extra.write_text("deployments:\n  - {name: extra, import_path: 'examples.functions:noop'}\n")
         farm.cli("deploy", str(extra), "--wait")
+        farm.cli("traffic", "split", "extra=1")
     finally:
         assert farm.stop() == 0
 
@@ -210,6 +211,8 @@ def test_up_again_on_the_same_config_prints_its_banner_once_the_replicas_run(tmp
         assert "config    " in log and "(updated:" not in log, log
         assert "NOT RUNNING" not in log, log
         assert f"  - extra: 1 replica(s), POST {farm.base_url}/extra  (kept from Redis, not in the config)" in log, log
+        kept = "(kept from Redis, not in the config)"
+        assert f"  - split: endpoint over extra, POST {farm.base_url}/split  {kept}" in log, log
         assert farm.post("/slow", [1]).json() == [1]
     finally:
         assert farm.stop() == 0

@@ -80,7 +80,7 @@ async def test_a_farm_holds_at_most_so_many_deployments(settings: Settings, ared
         return parse_config({"deployments": [{"name": n, "import_path": "examples.functions:add"} for n in names]})
 
     await desired.apply(config("a", "b"))
-    with pytest.raises(ConfigError, match=r"the farm would hold 3 deployments is above the maximum, 2"):
+    with pytest.raises(ConfigError, match=r"the farm would hold 3 deployments: 3 is above the maximum, 2"):
         await desired.apply(config("c"))
     assert sorted(await desired.deployments()) == ["a", "b"]
     await desired.apply(config("a"))  # a farm at its maximum still takes changes to what it holds

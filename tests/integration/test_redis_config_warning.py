@@ -83,6 +83,7 @@ def test_a_gateway_on_a_lossy_redis_warns_once_with_both_problems(
     output = run_gateway_until_healthy(procs)
     assert output.count(WARNING) == 1, output
     assert "WARNING" in output and "persistence is off" in output and "maxmemory-policy is allkeys-lru" in output
+    assert "\\n" not in output, output  # each line of it a line of the log, not one line with escapes
 
 
 def test_the_job_workers_a_scheduler_starts_do_not_repeat_its_warning(

@@ -279,13 +279,19 @@ async def test_bad_input_from_python_is_a_clear_streamserve_error(
         (lambda: client.scale(None, 1), BadRequestError, "a deployment's name is a string, got None"),  # type: ignore[arg-type]
         (lambda: client.scale("rec", "2"), BadRequestError, "num_replicas is a whole number, got '2'"),  # type: ignore[arg-type]
         (lambda: client.set_traffic(5, {"rec": 1}), BadRequestError, "an endpoint's name is a string, got 5"),  # type: ignore[arg-type]
-        (lambda: client.wait_for_goal(None), BadRequestError, "a goal id is a string"),  # type: ignore[arg-type]
+        (lambda: client.wait_for_goal(5), BadRequestError, "a goal id is a string"),  # type: ignore[arg-type]
         (lambda: client.wait_for_goal("g", timeout="2"), BadRequestError, "timeout is a number of seconds"),  # type: ignore[arg-type]
         (lambda: client.deploy({"deployments": []}), BadRequestError, "deploy takes an AppConfig or a YAML"),  # type: ignore[arg-type]
     ]
     for write, error, message in admin_writes:  # were AttributeError, TypeError and redis-py's DataError
         with pytest.raises(error, match=re.escape(message)):
             await write()
+    await client.set_traffic("rec-ep", {"rec": 1})
+    assert await client.delete("rec-ep") is None  # an endpoint, deleted at once (it said no deployment was so named)
+    with pytest.raises(NotFoundError, match="no deployment or endpoint named 'rec-ep'"):
+        await client.delete("rec-ep")
+    assert await client.scale("rec", 2) is not None  # (no scheduler runs here: that goal is never reached)
+    assert await client.wait_for_goal(await client.scale("rec", 2), timeout=5) is None  # (README: no change)
     with pytest.raises(ConfigError, match="redis_url: a Redis URL is a string, got 5"):
         AsyncClient(5)  # type: ignore[arg-type]
     async with AsyncClient(settings=settings.model_copy(update={"max_request_bytes": 100})) as small:

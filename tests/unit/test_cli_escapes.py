@@ -3,11 +3,15 @@ and ``logs --raw`` alone prints a line as the replica printed it."""
 
 from __future__ import annotations
 
+import pytest
+
 from streamserve.cli.log_reader import LogLine
+from streamserve.cli.main import COMMANDS, main
 from streamserve.cli.parser import build_parser
 from streamserve.cli.tables import format_endpoints, format_status
 from streamserve.control.status import AutoscalingStatus, DeploymentStatus, ReplicaStatus
 from streamserve.wire.config import EndpointConfig
+from streamserve.wire.errors import ConfigError, RemoteError
 
 # An OSC 52 clipboard write, a screen clear, a carriage return, a newline, C1 CSI and a bidi override.
 HOSTILE = "\x1b]52;c;aGk=\x07\x1b[2J\rX\nY\x9b31m\u202e"
@@ -60,3 +64,29 @@ def test_a_log_line_is_escaped_unless_raw_is_asked_for() -> None:
     assert line.format(raw=True) == f"echo#1{HOSTILE} | printed {HOSTILE}"
     assert build_parser().parse_args(["logs", "echo", "--raw"]).raw is True
     assert build_parser().parse_args(["logs", "echo"]).raw is False
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [
+        (RemoteError("ValueError", "evil\x1b[2J\nFAKE LINE\rX"), "error: ValueError: evil\\x1b[2J\\nFAKE LINE\\rX\n"),
+        (
+            ConfigError("c.yaml:\ndeployment 'e': user_config: '\x1b]52;c;x\x07'"),
+            "c.yaml:\ndeployment 'e': user_config",
+        ),
+    ],
+)
+def test_an_error_the_cli_prints_drives_no_terminal(
+    error: Exception, shown: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A handler's exception (`call`, `deploy --wait`) reached the terminal raw: escapes cleared it and a carriage
+    return hid what came before. A ConfigError keeps the lines it is made of."""
+
+    def fails(_args: object, _settings: object) -> int:
+        raise error
+
+    monkeypatch.setitem(COMMANDS, "status", fails)
+    assert main(["status", "--redis-url", "redis://127.0.0.1:1"]) in (1, 2)
+    printed = capsys.readouterr().err
+    assert shown in printed
+    assert not any(c in printed for c in "\x1b\r\x07"), printed

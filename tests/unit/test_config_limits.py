@@ -107,7 +107,7 @@ def test_a_config_holds_at_most_so_many_deployments_and_endpoints(kind: str) -> 
     items = [{"name": f"d{i}", "import_path": "m:f"} for i in range(4)]
     if kind == "endpoints":
         items = [{"name": f"e{i}", "traffic": {"d0": 1}} for i in range(4)]
-    with pytest.raises(ConfigError, match=rf"{kind}: 4 {kind}: 4 is above the maximum, 3 .*{kind}=N"):
+    with pytest.raises(ConfigError, match=rf"{kind}: 4 is above the maximum, 3 .*{kind}=N"):
         parse_config({kind: items}, limits=limits)
 
 

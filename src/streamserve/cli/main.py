@@ -29,6 +29,7 @@ from streamserve.runtime.processes import hide_passwords_from_ps
 from streamserve.runtime.settings import Settings, unknown_settings
 from streamserve.transport.connections import connection_hint
 from streamserve.wire.errors import ConfigError, RedisUnavailableError, StreamServeError
+from streamserve.wire.printable import printable, printable_lines
 
 
 def run() -> NoReturn:
@@ -55,14 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         settings = beside_running_farm(args, Settings.from_command_line(args))
         settings.give_cluster_nodes()
         return COMMANDS[args.command](args, settings)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # (its lines are ours: a config's problems, one a line; a value in one is escaped)
+        print(f"error: {printable_lines(str(exc))}", file=sys.stderr)
         return 2
     except RedisUnavailableError as exc:  # (from the client and the probes: `call`, `health`)
         print(f"error: {exc}{no_farm_hint(args, settings) if settings is not None else ''}", file=sys.stderr)
         return 1
-    except StreamServeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except StreamServeError as exc:  # a handler's own message among them: on one line, nothing that drives a terminal
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
         return 1
     except RedisError as exc:
         hint = ""

@@ -16,7 +16,7 @@ from streamserve.control.desired_state import DesiredState
 from streamserve.control.goal_records import GOAL_POLL_S, GoalStore
 from streamserve.control.status import StatusReader
 from streamserve.transport.connections import RETRYABLE_ERRORS, async_redis
-from streamserve.wire.config import AppConfig, DeploymentConfig
+from streamserve.wire.config import AppConfig, DeploymentConfig, EndpointConfig
 from streamserve.wire.keys import Keys
 from streamserve.wire.states import FINAL_GOAL_STATUSES, DeploymentHealth, GoalStatus
 
@@ -71,15 +71,19 @@ async def replicas_not_running(
         await redis.aclose()
 
 
-async def deployments_beyond(url: str, keys: Keys, config: AppConfig) -> list[DeploymentConfig]:
-    """The deployments the farm serves that ``config`` does not name (deployed earlier with `deploy`, kept in
-    Redis), by name; none when Redis cannot say."""
+async def kept_beyond(url: str, keys: Keys, config: AppConfig) -> tuple[list[DeploymentConfig], list[EndpointConfig]]:
+    """The deployments and endpoints the farm serves that ``config`` does not name (deployed earlier with `deploy` or
+    `traffic`, kept in Redis), by name; none when Redis cannot say."""
     redis = async_redis(url)
     try:
-        held = await DesiredState(redis, keys).deployments()
+        desired = DesiredState(redis, keys)
+        deployments, endpoints = await desired.deployments(), await desired.endpoints()
     except RETRYABLE_ERRORS:
-        return []
+        return [], []
     finally:
         await redis.aclose()
-    named = {d.name for d in config.deployments}
-    return [held[name] for name in sorted(held) if name not in named]
+    named = {d.name for d in config.deployments} | {e.name for e in config.endpoints}
+    return (
+        [deployments[name] for name in sorted(deployments) if name not in named],
+        [endpoints[name] for name in sorted(endpoints) if name not in named],
+    )

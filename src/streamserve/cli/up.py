@@ -26,7 +26,7 @@ import httpx
 import redis
 from pydantic import SecretStr
 
-from streamserve.cli.start_wait import deployments_beyond, replicas_not_running
+from streamserve.cli.start_wait import kept_beyond, replicas_not_running
 from streamserve.cli.writes import apply_file
 from streamserve.client.jobs import jobs_redis_url
 from streamserve.control.desired_state import Applied, DesiredState
@@ -62,10 +62,11 @@ from streamserve.runtime.settings import Settings
 from streamserve.transport.cluster_nodes import nodes_env
 from streamserve.transport.connections import RedisRefusals, async_redis, ping, ping_sync, redacted, sync_redis
 from streamserve.transport.redis_checks import full_memory_warning, redis_problems, warning_text
-from streamserve.wire.config import AppConfig, DeploymentConfig, load_config
+from streamserve.wire.config import AppConfig, DeploymentConfig, EndpointConfig, load_config
 from streamserve.wire.errors import ConfigError, OverloadedError, RedisUnavailableError, StreamServeError
 from streamserve.wire.ids import ReplicaID
 from streamserve.wire.messages import ReplicaRecord, now_ms
+from streamserve.wire.printable import printable
 
 GATEWAY_READY_TIMEOUT_S = 30.0
 MAX_RESTARTS = 5
@@ -140,6 +141,16 @@ def _deployment_line(d: DeploymentConfig, gateway_url: str) -> str:
     if d.external_scaler_enabled:
         count = f"externally scaled (start workers with `streamserve worker {d.name}`)"
     return f"  - {d.name}: {count}, {route}"
+
+
+def _endpoint_line(e: EndpointConfig, gateway_url: str) -> str:
+    """The banner's line on one endpoint: whom it sends to and where to send to it."""
+    route = f"POST {gateway_url}{e.route_prefix}" if e.route_prefix else "client only"
+    return f"  - {e.name}: endpoint over {', '.join(sorted(e.traffic))}, {route}"
+
+
+# What the banner says of a deployment or an endpoint that only Redis holds.
+KEPT = "(kept from Redis, not in the config)"
 
 
 class FarmDown(Exception):
@@ -447,13 +458,15 @@ class Farm:
                 " then GET /-/jobs/ID"
             )
         for d in deployments:
-            trouble = f"  NOT RUNNING: {failed[d.name]}" if d.name in failed else ""
+            trouble = f"  NOT RUNNING: {printable(failed[d.name])}" if d.name in failed else ""
             lines.append(_deployment_line(d, gateway_url) + trouble)
-        for d in asyncio.run(deployments_beyond(redis_url, self.settings.keys, self.options.config)):
-            lines.append(_deployment_line(d, gateway_url) + "  (kept from Redis, not in the config)")
+        kept, kept_endpoints = asyncio.run(kept_beyond(redis_url, self.settings.keys, self.options.config))
+        for d in kept:
+            lines.append(_deployment_line(d, gateway_url) + f"  {KEPT}")
         for e in self.options.config.endpoints:
-            route = f"POST {gateway_url}{e.route_prefix}" if e.route_prefix else "client only"
-            lines.append(f"  - {e.name}: endpoint over {', '.join(sorted(e.traffic))}, {route}")
+            lines.append(_endpoint_line(e, gateway_url))
+        for e in kept_endpoints:
+            lines.append(_endpoint_line(e, gateway_url) + f"  {KEPT}")
         lines.append(self._admin_line(gateway_url))
         if self.settings.tenant_keys is not None:
             lines.append(

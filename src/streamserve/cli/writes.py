@@ -13,8 +13,9 @@ from streamserve.control.desired_state import Applied, DesiredState
 from streamserve.control.goal_records import GOAL_POLL_S
 from streamserve.runtime.settings import Settings
 from streamserve.wire.config import AppConfig, EndpointConfig, load_config
-from streamserve.wire.errors import ConfigError, GoalFailedError, NotFoundError, RequestTimeoutError
+from streamserve.wire.errors import ConfigError, GoalFailedError, RequestTimeoutError
 from streamserve.wire.messages import GoalRecord
+from streamserve.wire.printable import printable
 from streamserve.wire.states import DeploymentHealth
 
 
@@ -59,7 +60,7 @@ async def _wait_for_goals(stores: Stores, goal_ids: list[str], timeout: float) -
         nonlocal last_line
         line = await stores.status.progress(goal)
         if line != last_line:
-            print(f"  {line}", flush=True)
+            print(f"  {printable(line)}", flush=True)
             last_line = line
 
     for goal_id in goal_ids:
@@ -103,14 +104,10 @@ def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
     async def delete(stores: Stores) -> None:
-        if args.name in await stores.desired.endpoints():
-            await stores.desired.delete_endpoint(args.name)
+        goal_id = await stores.desired.delete_named(args.name)
+        if goal_id is None:
             print(f"{args.name}: endpoint deleted")
             return
-        try:
-            goal_id = await stores.desired.delete(args.name)
-        except NotFoundError:  # neither an endpoint nor a deployment: say so of both
-            raise NotFoundError(f"no deployment or endpoint named {args.name!r}") from None
         print(f"{args.name}: deleting (goal {goal_id})")
         if args.wait:
             await _wait_for_goals(stores, [goal_id], args.timeout)

@@ -54,15 +54,18 @@ class ControlWrites(ClientCore):
         with self._refusals:
             return await self._desired().scale(name, num_replicas)
 
-    async def delete(self, name: str) -> str:
-        """Delete a deployment; the goal id."""
+    async def delete(self, name: str) -> str | None:
+        """Delete a deployment (the goal id) or an endpoint (None: it is gone at once)."""
         _name(name, "a deployment or endpoint")
         await self.start()
         with self._refusals:
-            return await self._desired().delete(name)
+            return await self._desired().delete_named(name)
 
-    async def wait_for_goal(self, goal_id: str, timeout: float | None = None) -> GoalRecord:
-        """Block until the goal is done; GoalFailedError says why it failed, RequestTimeoutError if it took too long."""
+    async def wait_for_goal(self, goal_id: str | None, timeout: float | None = None) -> GoalRecord | None:
+        """Block until the goal is done; GoalFailedError says why it failed, RequestTimeoutError if it took too long.
+        None (what ``scale`` returns when it changed nothing) is done already: None at once."""
+        if goal_id is None:
+            return None
         if not isinstance(goal_id, str):
             raise BadRequestError(f"a goal id is a string (as deploy, scale and delete return), got {shown(goal_id)}")
         number = isinstance(timeout, int | float) and not isinstance(timeout, bool)

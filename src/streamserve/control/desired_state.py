@@ -130,9 +130,9 @@ def check_consistent(stored: Stored, change: DesiredChange, diff: Diff, limits: 
             )
     new = [p for p in desired_state_problems(after_d, after_e) if p not in desired_state_problems(before_d, before_e)]
     for kind, before, after in (("deployments", before_d, after_d), ("endpoints", before_e, after_e)):
-        problem = limits.problem(kind, len(after), f"{len(after)} {kind}")
+        problem = limits.problem(kind, len(after))
         if len(after) > len(before) and problem:
-            new.append(f"the farm would hold {problem}")
+            new.append(f"the farm would hold {len(after)} {kind}: {problem}")
     if new:
         raise ConfigError("; ".join(new))
 
@@ -274,6 +274,17 @@ class DesiredState:
 
         await self._write(weighed, kind="traffic")
         return made[0]
+
+    async def delete_named(self, name: str) -> str | None:
+        """Remove the endpoint or the deployment called ``name`` (a caller names either): the deployment's goal id,
+        None for an endpoint (gone at once); NotFoundError saying both when neither is so called."""
+        if name in await self.endpoints():
+            await self.delete_endpoint(name)
+            return None
+        try:
+            return await self.delete(name)
+        except NotFoundError:
+            raise NotFoundError(f"no deployment or endpoint named {name!r}") from None
 
     async def delete_endpoint(self, name: str) -> None:
         """Remove an endpoint (its deployments stay)."""

@@ -101,6 +101,7 @@ def start_process(parser: argparse.ArgumentParser, argv: list[str] | None) -> tu
         for line in unknown_settings(os.environ):
             logger.warning("%s", line)
         if lines := redis_problems(settings.effective_redis_url):
-            logger.warning("%s", warning_text(settings.effective_redis_url, lines))
+            for line in warning_text(settings.effective_redis_url, lines).splitlines():  # (a record is one line)
+                logger.warning("%s", line)
         settings = settings.model_copy(update={"check_redis": False})
     return args, settings

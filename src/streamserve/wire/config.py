@@ -441,7 +441,7 @@ class AppConfig(_Strict):
         limits = write_limits(info)
         field = str(info.field_name)
         if isinstance(value, list) and limits is not None and (problem := limits.problem(field, len(value))):
-            raise ValueError(f"{len(value)} {field}: {problem}")
+            raise ValueError(problem)  # (pydantic names the field: "deployments: 4 is above the maximum, 3")
         return value
 
     @model_validator(mode="after")
