@@ -51,6 +51,7 @@ from streamserve.wire.errors import (
     StreamServeError,
     URITooLongError,
 )
+from streamserve.wire.printable import printable
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ CLOSING_MAX = 64
 HEAD_BYTES_PER_HEADER_BYTE = 4
 # The longest URL httptools parses (its offsets are 16-bit): a longer one fails the request as malformed HTTP.
 MAX_URL_BYTES = 65_535
+# The parser's reasons that malformed_answer says better: a method HTTP does not have, and uvicorn's own words.
+_SAID_BY_MALFORMED_ANSWER = frozenset({"Invalid method encountered", "Invalid HTTP request received."})
 
 
 # The ASGI scope key of what to call when the connection is lost before the response is complete. uvicorn tells an
@@ -398,7 +401,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         body, as every other error the gateway gives (uvicorn's is plain text), and the connection closed. A URL
         httptools cannot take (longer than MAX_URL_BYTES) is no malformed request: 414, saying so. Behind requests in
         progress, once they are answered."""
-        answer = self.url_answer if len(self.url) > MAX_URL_BYTES else self.malformed_answer
+        if len(self.url) > MAX_URL_BYTES:
+            answer = self.url_answer
+        elif msg and msg not in _SAID_BY_MALFORMED_ANSWER:  # what is wrong, in llhttp's words (its reasons are fixed)
+            answer = raw_response(BadRequestError(f"the request is not valid HTTP/1.1: {printable(msg[:200])}"))
+        else:
+            answer = self.malformed_answer
         if not self.answer_later(answer):
             self.transport.write(answer)
             self.transport.close()
@@ -450,10 +458,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         while True:
             try:
                 self.parser.feed_data(data)
-            except httptools.HttpParserError:
-                message = "Invalid HTTP request received."
-                self.logger.warning(message)
-                self.send_400_response(message)
+            except httptools.HttpParserError as exc:
+                self.logger.warning("Invalid HTTP request received.")
+                self.send_400_response(str(exc))
             except httptools.HttpParserUpgrade as upgrade:
                 if self._should_upgrade():
                     self.handle_websocket_upgrade()

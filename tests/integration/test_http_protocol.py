@@ -144,13 +144,28 @@ async def test_a_head_within_its_limit_is_served_however_it_arrives() -> None:
 
 
 @pytest.mark.parametrize(
-    "request_head",
+    ("request_head", "said"),
     [
-        b"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: k\x01z\r\nContent-Length: 0\r\n\r\n",
-        b"FOO /x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n",  # a token, but no method HTTP has
+        (
+            b"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: k\x01z\r\nContent-Length: 0\r\n\r\n",
+            "the request is not valid HTTP/1.1: Invalid header value char",
+        ),
+        (  # a token, but no method HTTP has
+            b"FOO /x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n",
+            "the request is not valid HTTP/1.1: its method is none of HTTP's own",
+        ),
+        (  # (each of these was said to be a bad method or character)
+            b"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 7\r\nContent-Length: 3\r\n\r\n",
+            "the request is not valid HTTP/1.1: Duplicate Content-Length",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "the request is not valid HTTP/1.1: Transfer-Encoding can't be present with Content-Length",
+        ),
+        (b"POST /x HTTP/9.9\r\nHost: 127.0.0.1\r\n\r\n", "the request is not valid HTTP/1.1: Invalid HTTP version"),
     ],
 )
-async def test_bytes_that_are_no_http_request_get_a_json_400(request_head: bytes) -> None:
+async def test_bytes_that_are_no_http_request_get_a_json_400(request_head: bytes, said: str) -> None:
     async with serving(max_connections=4) as served:
         sock = served.connect()
         sock.sendall(request_head)
@@ -159,7 +174,7 @@ async def test_bytes_that_are_no_http_request_get_a_json_400(request_head: bytes
     assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head.lower(), answer
     error = orjson.loads(body)
     assert error["error"] == "BadRequestError", answer
-    assert "its method is none of HTTP's own" in error["message"] and "a header holds a character" in error["message"]
+    assert error["message"].startswith(said), error
 
 
 async def test_at_the_cap_the_connection_waiting_longest_makes_room() -> None:

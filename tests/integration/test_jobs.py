@@ -154,6 +154,8 @@ async def test_submit_job_checks_its_input_like_a_call(start_replica: StartRepli
         await client.job("no-such-job")
     with pytest.raises(NotFoundError):
         await client.job("../../etc")
+    with pytest.raises(NotFoundError, match=r"^no job 'aaa.*\.\.\. \(5000 characters\) \(not a job id\)$"):
+        await client.job("a" * 5000)  # (its 404 echoed all 5,000)
     for not_an_id in (None, 7):
         with pytest.raises(BadRequestError, match="a job id is a string"):
             await client.job(not_an_id)  # type: ignore[arg-type]

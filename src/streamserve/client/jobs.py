@@ -377,7 +377,7 @@ class JobQueue:
         if not isinstance(job_id, str):
             raise BadRequestError(f"a job id is a string, got {shown(job_id)}")
         if not _JOB_ID_RE.match(job_id):
-            raise NotFoundError(f"no job {job_id!r}")
+            raise NotFoundError(f"no job {shown(job_id)} (not a job id)")
         try:
             job = GuardedJob.fetch(job_id, connection=self.connection, serializer=JOB_SERIALIZER)
         except NoSuchJobError:
