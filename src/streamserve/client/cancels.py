@@ -92,7 +92,8 @@ class Canceller:
         def again() -> list[Command]:
             nonlocal resent
             resent = True
-            return [("EVALSHA", _CANCEL.sha, len(script_keys), *script_keys, *args)]
+            # Whole: a lost answer is often a restarted Redis, which knows no script any more.
+            return [("EVAL", _CANCEL.source, len(script_keys), *script_keys, *args)]
 
         where = await self._pipeliner.run_script(_CANCEL, script_keys, args, again)
         stage = text(where[0])
