@@ -192,10 +192,13 @@ def _weight(params: str) -> float | None:
 
 
 class _QuietStreamCuts(logging.Filter):
-    """Drops uvicorn's "Exception in ASGI application" for a StreamCut: a cut made on purpose, not a failure."""
+    """Drops uvicorn's "Exception in ASGI application" for a StreamCut (a cut made on purpose, not a failure) and
+    for a CancelledError: what uvicorn cancels itself once its graceful shutdown timed out (a stream still open),
+    which its own line says ("Cancel 1 running task(s), timeout graceful shutdown exceeded"); its callers' requests
+    are cancelled in the replicas as for a caller who left."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], StreamCut))
+        return not (record.exc_info and isinstance(record.exc_info[1], StreamCut | asyncio.CancelledError))
 
 
 _QUIET = _QuietStreamCuts()

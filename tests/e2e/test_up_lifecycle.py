@@ -176,6 +176,41 @@ def test_second_ctrl_c_stops_at_once_even_while_the_gateway_drains(tmp_path: Pat
         farm.stop()
 
 
+def test_a_stream_open_when_up_stops_is_cancelled_in_its_replica(tmp_path: Path) -> None:
+    """The gateway drains what it holds, then cancels it, in the replicas too: `up` killed it as its drain ended, so a
+    40 s stream ran on in its replica until the replica's own drain cut it (up took 30 s to stop), and the gateway,
+    given the time, logged a traceback for the response it cut."""
+    farm = Farm(ROOT / "examples" / "streamserve.yaml", tmp_path / "up.log")
+    farm.start()
+    try:
+        opened = threading.Event()
+
+        def read_a_long_stream() -> None:
+            text = " ".join(["w"] * 80)
+            body = {"text": text, "delay_s": 0.5}
+            with (
+                contextlib.suppress(httpx.HTTPError),  # the stop cuts it off
+                httpx.stream("POST", f"{farm.base_url}/tokens", json=body, timeout=60) as answer,
+            ):
+                for _line in answer.iter_lines():
+                    opened.set()
+
+        reader = threading.Thread(target=read_a_long_stream)
+        reader.start()
+        assert opened.wait(20), "the stream never began"
+        assert farm.proc is not None
+        farm.proc.send_signal(signal.SIGTERM)
+        assert farm.proc.wait(60) == 0
+        reader.join(5)
+        log = farm.log().decode()
+        assert re.search(r"replica tokens#\w+: stop requested, draining 0 in flight", log), log[-3000:]
+        assert re.search(r"replica tokens#\w+: exited after 1 requests \(0 failed\)", log), log[-3000:]
+        assert "Exception in ASGI application" not in log, log[-3000:]
+        assert pids_with_marker(farm.token) == []
+    finally:
+        farm.stop()
+
+
 RESTART_CONFIG = """
 deployments:
   - {name: slow, import_path: 'tests.deployments:SlowStart', init_kwargs: {seconds: 2}, num_replicas: 2,

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
+from streamserve.transport import connections
 from streamserve.wire.errors import ConfigError, RedisUnavailableError
 from tests.integration.test_redis_config_warning import start_redis
 
@@ -64,3 +67,26 @@ async def test_a_calls_timeout_bounds_reaching_a_redis_that_never_answers(settin
     finally:
         await asyncio.wait_for(client.aclose(), WITHIN_S)
         silent.close()
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking client", "asyncio client"])
+async def test_a_rediss_url_at_a_redis_without_tls_fails_within_the_connect_timeout(
+    redis_url: str, blocking: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server takes the TLS handshake for a command it waits to see end, and never answers: a job worker (the
+    blocking client) waited for good, every other role 30-70 s. Each attempt now ends at the connect timeout."""
+    monkeypatch.setattr(connections, "CONNECT_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(connections, "RETRY_ATTEMPTS", 1)
+    url = redis_url.replace("redis://", "rediss://", 1)
+    started = time.monotonic()
+    if blocking:
+        client = connections.sync_redis(url)
+        with pytest.raises(redis.RedisError, match="Timeout"):
+            await asyncio.wait_for(asyncio.to_thread(client.ping), WITHIN_S)
+        client.close()
+    else:
+        aclient = connections.async_redis(url)
+        with pytest.raises(redis.RedisError, match="Timeout"):
+            await asyncio.wait_for(aclient.ping(), WITHIN_S)
+        await aclient.aclose()
+    assert time.monotonic() - started < WITHIN_S

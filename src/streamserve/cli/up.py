@@ -46,7 +46,7 @@ from streamserve.runtime.farm_files import (
     running_farm,
     write_farm,
 )
-from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, Lifeline
+from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, UP_GATEWAY_EXIT_S, Lifeline
 from streamserve.runtime.processes import (
     bind_problem,
     die_with_parent,
@@ -495,7 +495,7 @@ class Farm:
     def _shutdown(self) -> None:
         """Gateway, then scheduler (it stops the replicas), then Redis; each bounded in time."""
         if self.gateway is not None:
-            self._stop(self.gateway, UP_GATEWAY_DRAIN_S)
+            self._stop(self.gateway, UP_GATEWAY_DRAIN_S + UP_GATEWAY_EXIT_S)
         if self.scheduler is not None:
             drain = max((d.graceful_shutdown_timeout_s for d in self.options.config.deployments), default=20)
             self._stop(self.scheduler, 2 * drain + 15)  # job workers finish their calls, then the replicas drain

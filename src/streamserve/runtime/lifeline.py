@@ -27,6 +27,10 @@ FARM_GONE_WIND_DOWN_S = 2.0
 # How long a gateway of `up` answers what it holds once told to stop: `up` waits this long for it on Ctrl-C, and a
 # gateway whose `up` died (the kernel sends it SIGTERM) takes no longer either.
 UP_GATEWAY_DRAIN_S = 10.0
+# How long `up` then gives it to end what it still serves: cancelled, in the replicas too (a stream's generator is
+# closed there, as for a caller who left), and its connections closed. Killed at once with its drain, it cancelled
+# nothing, and a replica draining for the scheduler after it ran that stream to the end of its own drain.
+UP_GATEWAY_EXIT_S = 5.0
 
 
 class Lifeline:

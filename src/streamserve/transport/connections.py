@@ -9,6 +9,7 @@ import inspect
 import logging
 import os
 import re
+import socket
 import ssl
 import sys
 import threading
@@ -177,15 +178,33 @@ CLUSTER_NODE_CONNECTIONS = 1024
 POOL_WAIT_S = 20.0
 
 
+# How long a new connection may take to be made, its TLS handshake included: a rediss:// URL given the port of a
+# Redis that speaks no TLS got no answer to its handshake, and waited (a job worker for good, the rest 30-70 s).
+CONNECT_TIMEOUT_S = 5.0
+
+
 def _options(retry: Retry | AsyncRetry) -> dict[str, Any]:
-    """What every connection of every process shares: bytes replies, the retry policy, a quiet handshake."""
+    """What every connection of every process shares: bytes replies, the retry policy, a quiet handshake, a bound on
+    connecting."""
     return {
         "decode_responses": False,
         "retry": retry,
         "retry_on_error": list(RETRYABLE_ERRORS),
         "health_check_interval": 30,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
         **QUIET_HANDSHAKE,
     }
+
+
+class _BoundedTLSConnection(SSLConnection):
+    """redis-py's blocking TLS connection, its handshake bounded by the connect timeout: redis-py makes it under the
+    socket timeout, which the blocking clients leave unset (RQ's reads block for minutes)."""
+
+    def _wrap_socket_with_ssl(self, sock: socket.socket) -> Any:
+        sock.settimeout(self.socket_connect_timeout)
+        wrapped = super()._wrap_socket_with_ssl(sock)  # type: ignore[no-untyped-call]
+        wrapped.settimeout(self.socket_timeout)
+        return wrapped
 
 
 def is_cluster(url: str) -> bool:
@@ -355,6 +374,8 @@ def sync_redis(url: str, *, max_connections: int | None = None) -> redis.Redis:
         found_by(url, cluster.nodes_manager)
         return cast(redis.Redis, cluster)
     options = _options(retry)
+    if url.strip().lower().startswith("rediss:"):
+        options["connection_class"] = _BoundedTLSConnection
     if max_connections is None:
         return redis.Redis.from_url(url, **options)
     pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=POOL_WAIT_S, **options)
