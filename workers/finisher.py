@@ -163,11 +163,34 @@ class Finisher:
                     return
                 logger.error("replica %s: could not finish %d request(s): %s", self._who, len(entry_ids), exc)
                 return
-            self._backoff.reset()
             results = sent.result()
+            unsettled_runs = []
             if settlements:
                 self._answer_waiters(settlements, results[: len(settlements)])
+                unsettled_runs = [
+                    settlement
+                    for settlement, result in zip(settlements, results[: len(settlements)], strict=True)
+                    if isinstance(result, RETRYABLE_ERRORS)
+                ]
                 results = results[len(settlements) :]
+            if unsettled_runs or any(isinstance(result, RETRYABLE_ERRORS) for result in results):
+                # A Redis Cluster refused some of them past the round trip's own retries (CLUSTERDOWN while a master
+                # without replicas is down, say): those did not run. The rest goes again with them, as after a lost
+                # connection (a reply twice is dropped by its reader; XACK, XDEL and ZREM do nothing the second
+                # time); the runs settled already are not settled again. Counted as finished, the entry stayed
+                # pending for good, and a lost reply left its caller to its deadline.
+                delay = self._backoff.next()
+                logger.warning(
+                    "replica %s: Redis refused to finish %d request(s) for now; retrying in %.1fs",
+                    self._who,
+                    len(entry_ids),
+                    delay,
+                )
+                again = (outgoing, entry_ids, acknowledge, unsettled_runs, releases)
+                asyncio.get_running_loop().call_later(delay, self._send, *again)
+                settled = []
+                return
+            self._backoff.reset()
             refused = self._refused(outgoing, results)
             if refused:
                 unsettled = {entry_id for entry_id, *_ in refused}
@@ -188,6 +211,8 @@ class Finisher:
             if isinstance(result, NoScriptError):
                 unknown.append(settlement)
                 continue
+            if isinstance(result, RETRYABLE_ERRORS):
+                continue  # (settled again with the rest: _sent)
             if isinstance(result, Exception):
                 logger.warning("replica %s: could not settle an idempotency key: %s", self._who, result)
             commands += settlement.answers(result)

@@ -211,8 +211,13 @@ async def test_a_job_sent_to_a_cluster_without_a_jobs_redis_gets_503_naming_the_
     assert resp.status_code == 503, resp.text
     assert "STREAMSERVE_JOBS_REDIS_URL" in resp.json()["message"]
     async with AsyncClient(settings=settings) as client:
-        with pytest.raises(UnavailableError, match="STREAMSERVE_JOBS_REDIS_URL"):
+        with pytest.raises(UnavailableError, match="STREAMSERVE_JOBS_REDIS_URL") as refused:
             await client.submit_job("rec", 1)
+    assert ("STREAMSERVE_JOB_WORKERS=0" in str(refused.value)) is (settings.job_workers != 0)
+    async with AsyncClient(settings=settings.model_copy(update={"job_workers": 0})) as without_jobs:
+        with pytest.raises(UnavailableError) as refused:  # (jobs are off already: only the other fix is named)
+            await without_jobs.submit_job("rec", 1)
+    assert "STREAMSERVE_JOBS_REDIS_URL" in str(refused.value) and "JOB_WORKERS=0" not in str(refused.value)
     assert (await http.post("/rec", json=2)).status_code == 200  # serving is not affected
 
 

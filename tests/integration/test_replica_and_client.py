@@ -186,6 +186,27 @@ async def test_a_malformed_entry_that_says_whom_to_answer_is_answered_400(
     assert deployments.CALLS == []
 
 
+async def test_a_request_whose_caller_timed_out_leaves_the_queue(
+    settings: Settings, client: AsyncClient, aredis: aioredis.Redis, start_replica: StartReplica
+) -> None:
+    """Past its deadline it would never run, yet it stayed queued until a replica read it: a deployment scaled to
+    zero was started (by its autoscaler, or KEDA) for callers long gone. A keyed one held its key as long."""
+    await deploy(settings)  # no replica: nothing reads the queue
+    stream = settings.keys.requests("rec")
+    for key in (None, "k-late"):
+        with pytest.raises(RequestTimeoutError):
+            await client.call("rec", {"late": key}, timeout=0.3, idempotency_key=key)
+
+        async def left() -> bool:
+            return await aredis.xlen(stream) == 0
+
+        await wait_for_async(left, 10, "the timed-out request stayed queued")
+    deployments.CALLS.clear()
+    await start_replica()
+    assert (await client.call("rec", {"late": "k-late"}, idempotency_key="k-late"))["body"] == {"late": "k-late"}
+    assert deployments.CALLS == [{"late": "k-late"}]  # its key was freed: the retry ran
+
+
 async def test_drain_finishes_in_flight_work_on_stop(
     start_replica: StartReplica, client: AsyncClient, aredis: aioredis.Redis, settings: Settings
 ) -> None:

@@ -460,9 +460,11 @@ class Calls(ClientCore):
 
     def _nobody_waits(self, exc: BaseException) -> bool:
         """Whether a call that ended with ``exc`` before its reply came ended because nobody waits for the reply any
-        more: its caller stopped waiting (its task cancelled, its HTTP caller gone), or the client closed under it."""
+        more: its caller stopped waiting (its task cancelled, its HTTP caller gone, its deadline passed), or the
+        client closed under it. (Past its deadline a request is never run; still queued, it held its place in the
+        queue until a replica came to read it: an autoscaler or KEDA started one for callers long gone.)"""
         closed = self._replies is None or self._replies.closing
-        return isinstance(exc, asyncio.CancelledError | RequestCancelledError) or closed
+        return isinstance(exc, asyncio.CancelledError | RequestCancelledError | RequestTimeoutError) or closed
 
     def _gone(self, deployment: str) -> bool:
         """Whether ``deployment`` was deleted (as far as this client's routes know)."""

@@ -164,10 +164,12 @@ def jobs_redis_url(settings: Settings) -> str:
             f"STREAMSERVE_JOBS_REDIS_URL ({redacted(url)}) is a Redis Cluster; asynchronous jobs need a single "
             "Redis server there (RQ's keys span cluster slots)"
         )
+    # (STREAMSERVE_JOB_WORKERS=0 set already is a farm run without jobs on purpose: only the other fix is named)
+    without = "" if settings.job_workers == 0 else ", or STREAMSERVE_JOB_WORKERS=0 to run without asynchronous jobs"
     raise ConfigError(
         f"the farm's Redis ({redacted(url)}) is a Redis Cluster, where asynchronous jobs cannot live (RQ's keys "
         "span cluster slots): set STREAMSERVE_JOBS_REDIS_URL to a single Redis server for them (e.g. "
-        "redis://jobs-redis:6379/0), or STREAMSERVE_JOB_WORKERS=0 to run without asynchronous jobs"
+        f"redis://jobs-redis:6379/0){without}"
     )
 
 
