@@ -103,6 +103,8 @@ class AdminGuard:
             )
         self.check_site(request)
         headers = request.headers
+        if "x-api-key" in headers and "authorization" in headers:  # (which one counts would be a guess)
+            raise BadRequestError("an admin write takes its token once: in Authorization or in X-API-Key, not both")
         if not self.holds_token(headers):
             raise UnauthorizedError(TOKEN_HINT)
         self.check_media_type(request.method, headers)
@@ -111,8 +113,6 @@ class AdminGuard:
         """Whether the request carries the admin token (``Authorization: Bearer`` or ``X-API-Key``)."""
         if self.token is None:
             return False
-        if "x-api-key" in headers and "authorization" in headers:  # (which one counts would be a guess)
-            raise BadRequestError("an admin write takes its token once: in Authorization or in X-API-Key, not both")
         scheme, _, credentials = headers.get("authorization", "").partition(" ")
         given = headers.get("x-api-key") or (credentials.strip() if scheme.lower() == "bearer" else "")
         return hmac.compare_digest(given.encode(), self.token)

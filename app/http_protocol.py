@@ -460,7 +460,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 self.parser.feed_data(data)
             except httptools.HttpParserError as exc:
                 self.logger.warning("Invalid HTTP request received.")
-                self.send_400_response(str(exc))
+                # (a callback's failure, uvicorn's URL parsing say, has no reason of llhttp's worth telling)
+                callback = isinstance(exc, httptools.HttpParserCallbackError)
+                self.send_400_response("" if callback else str(exc))
             except httptools.HttpParserUpgrade as upgrade:
                 if self._should_upgrade():
                     self.handle_websocket_upgrade()

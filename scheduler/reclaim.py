@@ -7,10 +7,12 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import cast
 
+import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from streamserve.transport import settling
+from streamserve.transport.connections import RETRYABLE_ERRORS
 from streamserve.transport.streams import DEAD_LETTER_FIELDS, DeadLetter, Requeuer, dead_letters, send_reply
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.keys import CONSUMER_GROUP, Keys
@@ -107,11 +109,24 @@ class Reclaimer:
         at least once whatever fails in between (told twice, a caller ignores the second)."""
         untold = self._keys.untold_dead_letters(cfg.name)
         while fields := await self._redis.lrange(untold, 0, MOVE_BATCH * DEAD_LETTER_FIELDS - 1):
+            done = 0
             for letter in dead_letters(fields):
-                await self._tell_caller(cfg, letter)
-                if letter.run:  # it never ran to its end: a retry with its key (or an identical request) runs
-                    await settling.release(self._redis, self._keys, cfg.name, letter)
-            await self._redis.ltrim(untold, len(fields), -1)
+                try:
+                    await self._tell_caller(cfg, letter)
+                    if letter.run:  # it never ran to its end: a retry with its key (or an identical request) runs
+                        await settling.release(self._redis, self._keys, cfg.name, letter)
+                except RETRYABLE_ERRORS as exc:  # told at the next pass; freeing dead replicas' work goes on
+                    logger.warning("deployment %s: could not tell a dead letter's caller yet: %s", cfg.name, exc)
+                    break
+                except redis.RedisError as exc:  # (a reply stream that is no stream, say: nothing would mend it)
+                    logger.warning(
+                        "deployment %s: could not tell request %s's caller: %s", cfg.name, letter.request_id, exc
+                    )
+                done += 1
+            if done:
+                await self._redis.ltrim(untold, done * DEAD_LETTER_FIELDS, -1)
+            if done * DEAD_LETTER_FIELDS < len(fields):
+                return
 
     async def _tell_caller(self, cfg: DeploymentConfig, letter: DeadLetter) -> None:
         if not letter.reply_to:

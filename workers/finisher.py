@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.exceptions import NoScriptError
@@ -82,6 +82,7 @@ class Finisher:
         self._releases: list[Command] = []
         self._backoff = Backoff(cap=RETRY_CAP_S)  # Redis away
         self._refusals = Backoff(cap=RETRY_CAP_S)  # replies refused for lack of memory (or a full disk)
+        self._redo_backoff = Backoff(cap=RETRY_CAP_S)  # other commands a Redis Cluster refused
         self._refused_why = OUT_OF_MEMORY  # why Redis refused the last one refused (why_writes_refused)
 
     def finish(
@@ -132,7 +133,9 @@ class Finisher:
                 commands += [("XACK", stream, CONSUMER_GROUP, *ids), ("XDEL", stream, *ids)]
             commands += releases
         sent = self._pipeliner.execute(*commands)
-        sent.add_done_callback(functools.partial(self._sent, outgoing, entry_ids, acknowledge, settlements, releases))
+        sent.add_done_callback(
+            functools.partial(self._sent, outgoing, entry_ids, acknowledge, settlements, releases, commands)
+        )
 
     def _sent(
         self,
@@ -141,6 +144,7 @@ class Finisher:
         acknowledge: bool,
         settlements: list[Settlement],
         releases: list[Command],
+        commands: list[Command],
         sent: asyncio.Future[list[Any]],
     ) -> None:
         settled = entry_ids
@@ -164,32 +168,16 @@ class Finisher:
                 logger.error("replica %s: could not finish %d request(s): %s", self._who, len(entry_ids), exc)
                 return
             results = sent.result()
-            unsettled_runs = []
             if settlements:
                 self._answer_waiters(settlements, results[: len(settlements)])
-                unsettled_runs = [
-                    settlement
-                    for settlement, result in zip(settlements, results[: len(settlements)], strict=True)
-                    if isinstance(result, RETRYABLE_ERRORS)
-                ]
                 results = results[len(settlements) :]
-            if unsettled_runs or any(isinstance(result, RETRYABLE_ERRORS) for result in results):
-                # A Redis Cluster refused some of them past the round trip's own retries (CLUSTERDOWN while a master
-                # without replicas is down, say): those did not run. The rest goes again with them, as after a lost
-                # connection (a reply twice is dropped by its reader; XACK, XDEL and ZREM do nothing the second
-                # time); the runs settled already are not settled again. Counted as finished, the entry stayed
-                # pending for good, and a lost reply left its caller to its deadline.
-                delay = self._backoff.next()
-                logger.warning(
-                    "replica %s: Redis refused to finish %d request(s) for now; retrying in %.1fs",
-                    self._who,
-                    len(entry_ids),
-                    delay,
-                )
-                again = (outgoing, entry_ids, acknowledge, unsettled_runs, releases)
-                asyncio.get_running_loop().call_later(delay, self._send, *again)
-                settled = []
-                return
+            # What a Redis Cluster refused past the round trip's own retries (CLUSTERDOWN while a master without
+            # replicas is down, say) did not run, and goes again: a reply as a refused one does (below), the rest by
+            # itself. Counted as done, an entry stayed pending for good, and a lost reply left its caller waiting.
+            tail = commands[len(commands) - len(results) + len(outgoing) :]
+            redo = [command for command, result in zip(tail, results[len(outgoing) :], strict=True) if _again(result)]
+            if redo:
+                self._redo_later(redo)
             self._backoff.reset()
             refused = self._refused(outgoing, results)
             if refused:
@@ -211,24 +199,55 @@ class Finisher:
             if isinstance(result, NoScriptError):
                 unknown.append(settlement)
                 continue
-            if isinstance(result, RETRYABLE_ERRORS):
-                continue  # (settled again with the rest: _sent)
+            if _again(result):
+                unknown.append(settlement)  # (refused by a Redis Cluster: settled again, whole, as below)
+                continue
             if isinstance(result, Exception):
                 logger.warning("replica %s: could not settle an idempotency key: %s", self._who, result)
             commands += settlement.answers(result)
         if commands:
             self._pipeliner.execute(*commands).add_done_callback(self._answered)
         if unknown:
-            sent = self._pipeliner.execute(*(settlement.with_source() for settlement in unknown))
-            sent.add_done_callback(functools.partial(self._settled_with_source, unknown))
+            self._redo_later([], unknown)
 
-    def _settled_with_source(self, settlements: list[Settlement], sent: asyncio.Future[list[Any]]) -> None:
+    def _redo_later(self, commands: list[Command], settlements: Sequence[Settlement] = ()) -> None:
+        """Send ``commands`` (acknowledgements, releases) and ``settlements`` (whole: a Redis that did not know the
+        script, or a Redis Cluster that refused them) again: the settlements at once, the rest after a pause, and
+        whatever is refused again, again."""
+        delay = 0.0 if not commands else self._redo_backoff.next()
+        if commands:
+            logger.warning(
+                "replica %s: Redis refused %d command(s) finishing requests; sending them again in %.1fs",
+                self._who,
+                len(commands),
+                delay,
+            )
+        asyncio.get_running_loop().call_later(delay, self._redo, commands, list(settlements))
+
+    def _redo(self, commands: list[Command], settlements: list[Settlement]) -> None:
+        sent = self._pipeliner.execute(*(settlement.with_source() for settlement in settlements), *commands)
+        sent.add_done_callback(functools.partial(self._redone, commands, settlements))
+
+    def _redone(self, commands: list[Command], settlements: list[Settlement], sent: asyncio.Future[list[Any]]) -> None:
         if sent.cancelled():
             return
-        if (exc := sent.exception()) is not None:  # the callers find the run's record by themselves, or its lapse
-            logger.warning("replica %s: could not settle %d shared run(s): %s", self._who, len(settlements), exc)
+        if (exc := sent.exception()) is not None:
+            if isinstance(exc, RETRYABLE_ERRORS):
+                self._redo_later(commands, settlements)  # (Redis away: as after a refusal)
+                return
+            # The callers find the run's record by themselves, or its lapse.
+            logger.warning("replica %s: could not finish %d request(s): %s", self._who, len(commands), exc)
             return
-        self._answer_waiters(settlements, sent.result())
+        results = sent.result()
+        if settlements:
+            self._answer_waiters(settlements, results[: len(settlements)])
+        redo = [
+            command for command, result in zip(commands, results[len(settlements) :], strict=True) if _again(result)
+        ]
+        if redo:
+            self._redo_later(redo)
+        else:
+            self._redo_backoff.reset()
 
     def _answered(self, sent: asyncio.Future[list[Any]]) -> None:
         if sent.cancelled():
@@ -245,10 +264,10 @@ class Finisher:
         for index, failed in enumerate(results):
             if not isinstance(failed, Exception):
                 continue
-            if index < len(outgoing) and refuses_writes(failed):  # the replies come first
+            if index < len(outgoing) and (refuses_writes(failed) or _again(failed)):  # the replies come first
                 refused.append(outgoing[index])
-                self._refused_why = why_writes_refused(failed)
-            else:
+                self._refused_why = why_writes_refused(failed) if refuses_writes(failed) else str(failed)
+            elif not _again(failed):  # (those go again by themselves: _sent)
                 logger.warning("replica %s: finishing requests: %s", self._who, failed)
         return refused
 
@@ -307,3 +326,9 @@ def unstorable(reply: Reply, size: int) -> Reply:
         ),
         tag=reply.tag,
     )
+
+
+def _again(result: object) -> bool:
+    """Whether a command's ``result`` says it did not run for now and may be sent again: a Redis Cluster's refusal
+    (CLUSTERDOWN, TRYAGAIN, MASTERDOWN...) past the round trip's own retries."""
+    return isinstance(result, RETRYABLE_ERRORS)

@@ -172,7 +172,11 @@ def import_attr(import_path: str, allow: ImportAllowList, deployment: str) -> An
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
         where = ""
-        if isinstance(exc, ModuleNotFoundError) and exc.name is not None and module_name.startswith(exc.name):
+        if (
+            isinstance(exc, ModuleNotFoundError)
+            and exc.name is not None
+            and (module_name == exc.name or module_name.startswith(exc.name + "."))
+        ):
             # The module itself, not one it imports: the farm may run from a directory that does not hold it.
             where = f" (looked for from {os.getcwd()}, where this replica runs, and the installed packages)"
         raise ConfigError(f"cannot import module {module_name!r}: {exc}{where}") from exc

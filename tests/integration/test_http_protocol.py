@@ -163,6 +163,10 @@ async def test_a_head_within_its_limit_is_served_however_it_arrives() -> None:
             "the request is not valid HTTP/1.1: Transfer-Encoding can't be present with Content-Length",
         ),
         (b"POST /x HTTP/9.9\r\nHost: 127.0.0.1\r\n\r\n", "the request is not valid HTTP/1.1: Invalid HTTP version"),
+        (  # a callback's failure (uvicorn's parsing of the URL) has no llhttp reason worth telling
+            b"GET http://a:99999999/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+            "the request is not valid HTTP/1.1: its method is none of HTTP's own",
+        ),
     ],
 )
 async def test_bytes_that_are_no_http_request_get_a_json_400(request_head: bytes, said: str) -> None:

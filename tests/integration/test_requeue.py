@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import redis.asyncio as aioredis
@@ -180,4 +180,23 @@ async def test_a_dead_letter_left_untold_by_a_killed_scheduler_is_told_by_the_ne
         ("poison", ReplyStatus.DEAD_LETTER, "DeadLetterError")
     ]
     assert REASON in replies[0].error_message
+    assert await aredis.llen(settings.keys.untold_dead_letters("rec")) == 0
+
+
+async def test_a_dead_letter_whose_caller_cannot_be_told_is_dropped_and_the_rest_told(
+    queue: Queue, aredis: aioredis.Redis, settings: Settings
+) -> None:
+    """Its reply stream is no stream (WRONGTYPE: nothing would mend it): kept at the head of the list, it kept every
+    later letter untold, pass after pass."""
+    await aredis.xadd("streamserve:replies:caller1", {"opened": "1"})
+    poison = Request("poison", "streamserve:replies:broken", now_ms() + 60_000, b"1", "m")
+    await aredis.set("streamserve:replies:broken", "not a stream")
+    await aredis.xadd(queue.stream, cast(Any, dict(poison.encode())))
+    await queue.add("next")
+    await queue.requeue(await queue.take(), charge=True, max_attempts=1)
+
+    await Reclaimer(aredis, settings.keys).reclaim(DeploymentConfig(name="rec", import_path="x:y"), live=set())
+
+    told = cast(list[Entry], await aredis.xrange("streamserve:replies:caller1"))
+    assert [Reply.decode(fields).request_id for _id, fields in told[1:]] == ["next"]
     assert await aredis.llen(settings.keys.untold_dead_letters("rec")) == 0

@@ -9,7 +9,7 @@ from typing import Any
 from redis.exceptions import ClusterDownError
 
 from streamserve.transport.pipelining import Command
-from streamserve.wire.messages import Reply, ReplyStatus
+from streamserve.wire.messages import Reply, ReplyStatus, now_ms
 from streamserve.workers.finisher import Finisher
 from tests.harness.waiting import wait_for_async
 
@@ -28,9 +28,10 @@ class ScriptedPipeliner:
         return future
 
 
-async def test_an_acknowledgement_a_cluster_refused_goes_again_and_only_then_is_the_entry_finished() -> None:
+async def test_an_acknowledgement_a_cluster_refused_goes_again_by_itself() -> None:
+    """Counted as done, the entry stayed pending in the group for good."""
     down = ClusterDownError("The cluster is down")
-    pipeliner = ScriptedPipeliner([b"1-0", down, down], [b"2-0", 1, 1])
+    pipeliner = ScriptedPipeliner([b"1-0", down, down], [1, 1])
     finished: list[list[bytes]] = []
     finisher = Finisher(pipeliner, lambda lane: "requests", finished.append, "echo#1")  # type: ignore[arg-type]
     finisher.finish(b"5-0", Reply("r1", ReplyStatus.OK, "echo#1", body=b"1"), "replies:c1")
@@ -39,10 +40,27 @@ async def test_an_acknowledgement_a_cluster_refused_goes_again_and_only_then_is_
         return len(pipeliner.sent) == 2
 
     await wait_for_async(sent_twice, 5, "the refused acknowledgement was not sent again")
-    await wait_for_async(lambda: _true(finished == [[b"5-0"]]), 5, "the entry was not finished once it went through")
     first, again = pipeliner.sent
-    assert [command[0] for command in first] == [command[0] for command in again] == ["XADD", "XACK", "XDEL"]
-    assert finished == [[b"5-0"]]  # not before: counted finished, it was left pending in the group for good
+    assert [command[0] for command in first] == ["XADD", "XACK", "XDEL"]
+    assert [command[0] for command in again] == ["XACK", "XDEL"]  # the reply went: it is not sent twice
+    assert finished == [[b"5-0"]]
+
+
+async def test_a_reply_a_cluster_refused_goes_again_and_only_then_is_its_request_finished() -> None:
+    """Counted as done, its caller waited out its deadline for a reply that was never sent."""
+    pipeliner = ScriptedPipeliner([ClusterDownError("The cluster is down"), 1, 1], [b"2-0"])
+    finished: list[list[bytes]] = []
+    finisher = Finisher(pipeliner, lambda lane: "requests", finished.append, "echo#1")  # type: ignore[arg-type]
+    deadline = now_ms() + 60_000
+    finisher.finish(b"5-0", Reply("r1", ReplyStatus.OK, "echo#1", body=b"1"), "replies:c1", deadline)
+    await asyncio.sleep(0)  # (its round trip is sent on the next loop turn)
+    assert finished == []
+
+    async def sent_again() -> bool:
+        return len(pipeliner.sent) == 2 and finished == [[b"5-0"]]
+
+    await wait_for_async(sent_again, 5, "the refused reply was not sent again")
+    assert [command[0] for command in pipeliner.sent[1]] == ["XADD"]
 
 
 async def _true(value: bool) -> bool:

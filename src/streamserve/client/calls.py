@@ -78,8 +78,10 @@ logger = logging.getLogger(__name__)
 _ENQUEUE = Script(scripts.ENQUEUE)
 # The enqueue sent again after a lost connection: rare, so as EVAL with its source (no NOSCRIPT to handle).
 _ENQUEUE_AGAIN = scripts.ENQUEUE_AGAIN
-# What an enqueue sent again says instead when its caller already has the reply (nothing is queued again).
+# What an enqueue sent again says when its caller already has the reply (nothing is queued again).
 _ANSWERED = b"answered"
+# The queue limit that has ENQUEUE_AGAIN only look for the entry (scripts.ENQUEUE_AGAIN).
+FIND_ONLY = -1
 
 
 def encode_body(body: Any) -> bytes:
@@ -378,7 +380,7 @@ class Calls(ClientCore):
                 try:
                     # Cancelled while the enqueue is on its way, the request is cancelled once it is queued.
                     entry_id = await self._add(
-                        cfg, request, functools.partial(self._queued_unwaited, cfg.name, request)
+                        cfg, request, functools.partial(self._queued_unwaited, cfg.name, request), fut
                     )
                 except BaseException as exc:
                     _abandon(fut)
@@ -575,10 +577,17 @@ class Calls(ClientCore):
             # A shadow must never hurt live traffic: a full or missing shadow queue only costs its copy.
             logger.debug("shadow copy not sent: %s", task.exception())
 
-    async def _add(self, cfg: DeploymentConfig, request: Request, abandoned: Abandoned | None = None) -> str:
+    async def _add(
+        self,
+        cfg: DeploymentConfig,
+        request: Request,
+        abandoned: Abandoned | None = None,
+        caller: asyncio.Future[Reply] | None = None,
+    ) -> str:
         """Queue ``request`` on ``cfg``'s stream (if it has room), or on that of a replica holding its model
-        (wire/models.py); its entry id, or for a routed stream its ref (``to:<replica id>/<entry id>``).
-        ``abandoned``: as for Pipeliner.execute."""
+        (wire/models.py); its entry id, or for a routed stream its ref (``to:<replica id>/<entry id>``); "" when a
+        lost answer was followed by the reply itself (nothing is queued then). ``abandoned``: as for
+        Pipeliner.execute; ``caller``: the future its caller awaits the reply on."""
         assert self._pipeliner is not None
         stream = self._keys.requests(cfg.name, request.priority)
         spec, keys = tenant_terms(self._keys, cfg, request) if cfg.tenant_limits else ("", [])
@@ -593,31 +602,30 @@ class Calls(ClientCore):
         for key, value in request.encode().items():
             args += [key, value]
 
-        left = False  # the caller stopped waiting while the enqueue was on its way
-
         def again() -> list[Command]:
             """The enqueue may have happened, its answer lost with the connection: it must not add the request
-            twice, and need not at all once the caller has its reply. A caller that left is not answered: the
-            entry is found (or added) all the same, so that ``abandoned`` can cancel it rather than let it run."""
-            answered = request.reply_to and self._replies is not None and not self._replies.waits_for(request.tag)
-            if answered and not (left and abandoned is not None):
-                return [("ECHO", _ANSWERED)]
+            twice, and need not at all once the caller has its reply. A caller that left (its task cancelled, gone
+            over HTTP, past its deadline) has its entry looked for, never added: found, it is cancelled (by
+            ``abandoned``, or by the call's own end)."""
+            if not request.reply_to or self._replies is None or self._replies.waits_for(request.tag):
+                limit = cfg.max_queued_requests  # waited for: found, or added
+            elif caller is None or (caller.done() and not caller.cancelled() and caller.exception() is None):
+                return [("ECHO", _ANSWERED)]  # it has its reply
+            else:
+                limit = FIND_ONLY
             sent_keys = [stream, *keys]
             if request.reply_to and not is_cluster_client(self.redis):
                 sent_keys.append(request.reply_to)
-            return [("EVAL", _ENQUEUE_AGAIN, len(sent_keys), *sent_keys, *args[:2], request.request_id, *args[2:])]
+            again_args = [limit, CONSUMER_GROUP, request.request_id, *args[2:]]
+            return [("EVAL", _ENQUEUE_AGAIN, len(sent_keys), *sent_keys, *again_args)]
 
         with self._refusals:
-            try:
-                entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream, *keys], args, again, abandoned)
-            except asyncio.CancelledError:
-                left = True
-                raise
+            entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream, *keys], args, again, abandoned)
         if entry_id == 0:
             raise OverloadedError(queue_full(cfg.name, cfg.max_queued_requests, request.priority))
         if isinstance(entry_id, list):
             raise refusal(entry_id, cfg, request)
-        return text(entry_id)
+        return "" if entry_id in (None, _ANSWERED) else text(entry_id)
 
     def _queued_unwaited(self, deployment: str, request: Request, replies: list[Any]) -> None:
         """The caller stopped waiting (its task was cancelled) while ``request``'s enqueue was on its way, and

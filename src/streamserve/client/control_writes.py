@@ -69,8 +69,8 @@ class ControlWrites(ClientCore):
         if not isinstance(goal_id, str):
             raise BadRequestError(f"a goal id is a string (as deploy, scale and delete return), got {shown(goal_id)}")
         number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
-        if timeout is not None and not (number and 0 < timeout <= MAX_TIMEOUT_S):  # (false for NaN too)
-            raise BadRequestError(f"timeout is a number of seconds above 0, or None, got {shown(timeout)}")
+        if timeout is not None and not (number and 0 <= timeout <= MAX_TIMEOUT_S):  # (false for NaN too)
+            raise BadRequestError(f"timeout is a number of seconds, 0 or more, or None, got {shown(timeout)}")
         await self.start()
         with self._refusals:
             return await GoalStore(self.redis, self._keys).wait(goal_id, timeout)

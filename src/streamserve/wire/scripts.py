@@ -194,13 +194,14 @@ ENQUEUE_AGAIN = (
 -- KEYS[2..4] with a tenant spec: as for ENQUEUE
 -- then, with a route: as for ENQUEUE (the holders' routed streams are searched too)
 -- then the caller's reply stream (absent on a Redis Cluster, where it lives in another slot)
--- ARGV[1]  max_queued_requests
+-- ARGV[1]  max_queued_requests; -1: only look (the caller left: what is found is cancelled, nothing is added)
 -- ARGV[2]  the consumer group name
 -- ARGV[3]  the request id
 -- ARGV[4]  the tenant spec, '' for none
 -- ARGV[5]  the route, '' for none
 -- ARGV[6..] the request's field/value pairs
--- Returns the id of the entry found or added (as ENQUEUE), 0 when the queue is full, or the tenant's refusal.
+-- Returns the id of the entry found or added (as ENQUEUE), 'answered' when its reply is there already (it ran, and
+-- has no entry any more), false when only looking found nothing, 0 when the queue is full, or the tenant's refusal.
 """
     + _PENDING_COUNT
     + _ADMIT
@@ -237,8 +238,9 @@ if not found and ARGV[5] ~= '' then
     end
   end
 end
-found = found or (replies and find(replies, ARGV[3]))
 if found then return found end
+if replies and find(replies, ARGV[3]) then return 'answered' end
+if tonumber(ARGV[1]) < 0 then return false end
 return admit(tonumber(ARGV[1]), ARGV[2], 6, ARGV[4], 2, ARGV[5])
 """
 )
