@@ -315,8 +315,12 @@ class Stream:
 
     def _producer_done(self, done: asyncio.Future[_Ending]) -> None:
         """The generator has stopped: its final reply goes once the chunks before it are in Redis."""
-        if done.cancelled():  # its thread's job was dropped, or the replica closed it
-            self.outcome.cancel()
+        if done.cancelled():
+            if self._cancelled or self._deadline_passed:  # cancelled before the generator took its first step
+                self._ending = _Ending(stopped=True)
+                self._take_handoff()
+                return
+            self.outcome.cancel()  # its thread's job was dropped, or the replica closed it: no reply
             return
         exc = done.exception()
         self._ending = _Ending(exc) if exc is not None else done.result()

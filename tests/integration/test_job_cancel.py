@@ -159,6 +159,20 @@ async def test_a_job_cancelled_as_a_worker_takes_it_fails_without_calling(
     assert error["error"] == "RequestCancelledError" and CANCELLED_MESSAGE in error["message"], error
 
 
+async def test_a_cancel_that_meets_rqs_own_race_with_a_worker_still_answers_canceled(
+    replica: None, client: AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker takes the job as RQ's cancel looks for it: RQ raised a bare ValueError ("Execution ... not found in
+    Redis") to the caller of cancel_job (a 500 over HTTP), though the cancel was made (the worker fails the job)."""
+    job_id = await client.submit_job("rec", {"id": "raced"})
+
+    def raced(_job: Job, *args: Any, **kwargs: Any) -> None:
+        raise ValueError("Execution 346cea57 not found in Redis")
+
+    monkeypatch.setattr(Job, "cancel", raced)
+    assert await client.cancel_job(job_id) == JobInfo(job_id, JobStatus.CANCELED)
+
+
 async def test_a_running_jobs_call_is_cancelled_in_the_replica(
     replica: None,
     client: AsyncClient,

@@ -191,3 +191,19 @@ async def test_chunks_redis_never_took_end_the_stream_at_its_deadline_counting_o
     await wait_for_async(refuse_until_given_up, 5, "the stream never gave up")
     final = outcome.result()
     assert final.status is ReplyStatus.DEADLINE_EXCEEDED and final.seq == 1
+
+
+async def test_a_stream_cancelled_before_its_generator_took_a_step_still_ends() -> None:
+    """Its caller left at once (an HTTP client that closed right after its request): the cancel cancelled the
+    generator's task before it ran, and the stream took that for the replica closing it: no outcome, its entry left
+    pending under a live replica for good, counted in flight."""
+    pipeliner = HeldPipeliner()
+    request = Request("req-1", "replies", 0, b"null", stream=True, tag="tag-req-1")
+    scope = RequestScope(request.request_id, 0)
+    stream = streams_on(pipeliner).start(request, Handler(lambda _body: two(), True, True), None, CONFIG, scope)
+    assert scope.stop is not None
+    scope.stop()  # in the same turn: the generator's task has not run yet
+    await turns()
+    assert stream.outcome.done() and not stream.outcome.cancelled(), "the stream ended without an outcome"
+    assert stream.outcome.result().status is ReplyStatus.CANCELLED
+    assert pipeliner.sent == []

@@ -356,8 +356,13 @@ class JobQueue:
         if status is JobStatus.QUEUED:
             # Off the queue. A worker that took it meanwhile finds the key set and fails it without calling. RQ
             # refuses only a job it has cancelled already (by hand, with RQ itself): then it is off the queue too.
-            with contextlib.suppress(InvalidJobOperation):
+            try:
                 job.cancel()
+            except InvalidJobOperation:
+                pass
+            except ValueError as exc:  # RQ's own race: a worker took it as RQ looked (it finds the cancel and fails it)
+                if "not found in Redis" not in str(exc):
+                    raise
             self._lapse_when_finished_would(job)
         uncount(job, self._keys)
         return JobInfo(job_id, JobStatus.CANCELED)
