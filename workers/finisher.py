@@ -174,7 +174,7 @@ class Finisher:
             # What a Redis Cluster refused past the round trip's own retries (CLUSTERDOWN while a master without
             # replicas is down, say) did not run, and goes again: a reply as a refused one does (below), the rest by
             # itself. Counted as done, an entry stayed pending for good, and a lost reply left its caller waiting.
-            tail = commands[len(commands) - len(results) + len(outgoing) :]
+            tail = commands[len(settlements) + len(outgoing) :]  # the acknowledgements and releases
             redo = [command for command, result in zip(tail, results[len(outgoing) :], strict=True) if _again(result)]
             if redo:
                 self._redo_later(redo)

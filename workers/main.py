@@ -15,7 +15,7 @@ from streamserve.runtime import tracing
 from streamserve.runtime.gc_freeze import freeze_startup_objects
 from streamserve.runtime.logging_setup import start_process
 from streamserve.runtime.processes import end_own_group, end_with_own_group, on_stop_signals, role_command
-from streamserve.runtime.settings import Settings, forget_gateway_secrets
+from streamserve.runtime.settings import Settings, checked_argument, forget_gateway_secrets
 from streamserve.transport.connections import async_redis
 from streamserve.wire.config import check_name
 from streamserve.wire.errors import ProtocolError
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamserve worker", description="Run one replica of a deployment.")
-    parser.add_argument("deployment", type=_name, help="the deployment's name")
+    parser.add_argument("deployment", type=checked_argument(check_name), help="the deployment's name")
     parser.add_argument("--replica-id", help="the replica's id, DEPLOYMENT#ID (default: a new one)")
     parser.add_argument(
         "--version",
@@ -57,13 +57,6 @@ async def serve(settings: Settings, replica: Callable[[aioredis.Redis], Replica]
             ended = end_own_group()
             if ended:
                 logger.warning("replica %s: killed %d process(es) left in its group", running.replica_id, ended)
-
-
-def _name(given: str) -> str:
-    try:
-        return check_name(given)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def restart_command(worker_args: list[str], replica_id: ReplicaID) -> list[str]:

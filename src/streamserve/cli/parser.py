@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,10 +18,10 @@ from streamserve.runtime.settings import (
     add_gateway_workers_option,
     add_no_admin_option,
     add_redis_url_option,
+    checked_argument,
     port_number,
 )
 from streamserve.wire.config import MAX_TIMEOUT_S, check_name
-from streamserve.wire.errors import BadRequestError
 from streamserve.wire.models import check_model_id
 from streamserve.wire.tenants import check_tenant
 
@@ -131,7 +130,7 @@ def _add_health(sub: Subcommands) -> None:
 def _add_logs(sub: Subcommands) -> None:
     text = "show the recent output of a deployment's replicas (on every host), each line after its replica id"
     p = _command(sub, "logs", text)
-    p.add_argument("name", type=_checked(check_name), help="the deployment")
+    p.add_argument("name", type=checked_argument(check_name), help="the deployment")
     p.add_argument("-f", "--follow", action="store_true", help="then print new lines as they come, until Ctrl-C")
     p.add_argument("--replica", metavar="ID", help="only this replica (its id, or the part after #)")
     p.add_argument("--since", metavar="AGE", help="lines of the last AGE, e.g. 30s, 10m, 2h, 1d")
@@ -151,21 +150,21 @@ def _add_logs(sub: Subcommands) -> None:
 
 def _add_scale(sub: Subcommands) -> None:
     p = _command(sub, "scale", "set a deployment's number of replicas")
-    p.add_argument("name", type=_checked(check_name))
+    p.add_argument("name", type=checked_argument(check_name))
     p.add_argument("replicas", type=int)
     _add_wait_options(p)
 
 
 def _add_delete(sub: Subcommands) -> None:
     p = _command(sub, "delete", "remove a deployment (and stop its replicas) or an endpoint")
-    p.add_argument("name", type=_checked(check_name))
+    p.add_argument("name", type=checked_argument(check_name))
     _add_wait_options(p)
 
 
 def _add_traffic(sub: Subcommands) -> None:
     text = "split an endpoint's traffic between deployments by weight (creates the endpoint if new)"
     p = _command(sub, "traffic", text)
-    p.add_argument("endpoint", type=_checked(check_name))
+    p.add_argument("endpoint", type=checked_argument(check_name))
     p.add_argument("weights", nargs="+", metavar="NAME=WEIGHT", help="relative weights, e.g. v1=0.9 v2=0.1")
     p.add_argument(
         "--shadow",
@@ -173,19 +172,6 @@ def _add_traffic(sub: Subcommands) -> None:
         metavar="NAME=FRACTION",
         help="mirror this fraction of requests to NAME (replies dropped); no values clears; absent keeps the shadows",
     )
-
-
-def _checked(check: Callable[[str], str]) -> Callable[[str], str]:
-    """An argparse type of a check the client makes (check_tenant, check_model_id) or a config's (check_name): its
-    refusal is a usage error."""
-
-    def checked(given: str) -> str:
-        try:
-            return check(given)
-        except (BadRequestError, ValueError) as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return checked
 
 
 def _wait_timeout(given: str) -> float:
@@ -219,7 +205,7 @@ def _add_call(sub: Subcommands) -> None:
     p = _command(
         sub, "call", "call a deployment or endpoint with a JSON argument and print the JSON result (or each chunk)"
     )
-    p.add_argument("name", type=_checked(check_name))
+    p.add_argument("name", type=checked_argument(check_name))
     p.add_argument("body", nargs="?", default="null", help="JSON (default null)")
     p.add_argument("--timeout", type=_call_timeout, help="seconds (default: the deployment's request_timeout_s)")
     p.add_argument("--method", default="", help="a method of the deployment's class")
@@ -230,10 +216,12 @@ def _add_call(sub: Subcommands) -> None:
         default="normal",
         help="its priority level (default normal)",
     )
-    p.add_argument("--tenant", type=_checked(check_tenant), help="whom it is for (default: the tenant 'default')")
+    p.add_argument(
+        "--tenant", type=checked_argument(check_tenant), help="whom it is for (default: the tenant 'default')"
+    )
     p.add_argument(
         "--model-id",
-        type=_checked(check_model_id),
+        type=checked_argument(check_model_id),
         help="the model it runs with, for a deployment that multiplexes models",
     )
 

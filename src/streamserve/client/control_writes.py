@@ -12,8 +12,8 @@ from pathlib import Path
 from streamserve.client.core import ClientCore
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.goal_records import GoalStore
-from streamserve.wire.config import MAX_TIMEOUT_S, NAME_RE, AppConfig, EndpointConfig, load_config
-from streamserve.wire.errors import BadRequestError, NotFoundError, shown
+from streamserve.wire.config import MAX_TIMEOUT_S, AppConfig, EndpointConfig, load_config, named
+from streamserve.wire.errors import BadRequestError, shown
 from streamserve.wire.messages import GoalRecord
 
 
@@ -47,7 +47,7 @@ class ControlWrites(ClientCore):
 
     async def scale(self, name: str, num_replicas: int) -> str | None:
         """Set a deployment's replica count; the goal id, or None if it already had that."""
-        _name(name, "a deployment")
+        named(name, "deployment")
         if not isinstance(num_replicas, int) or isinstance(num_replicas, bool):
             raise BadRequestError(f"num_replicas is a whole number, got {shown(num_replicas)}")
         await self.start()
@@ -56,7 +56,7 @@ class ControlWrites(ClientCore):
 
     async def delete(self, name: str) -> str | None:
         """Delete a deployment (the goal id) or an endpoint (None: it is gone at once)."""
-        _name(name, "a deployment or endpoint")
+        named(name)
         await self.start()
         with self._refusals:
             return await self._desired().delete_named(name)
@@ -78,11 +78,3 @@ class ControlWrites(ClientCore):
     def _desired(self) -> DesiredState:
         settings = self._settings
         return DesiredState(self.redis, self._keys, settings.import_allow_list, settings.config_limit_values)
-
-
-def _name(name: object, what: str) -> None:
-    """BadRequestError unless ``name`` is a string (NotFoundError, from the write, when none is so named)."""
-    if not isinstance(name, str):
-        raise BadRequestError(f"{what}'s name is a string, got {shown(name)}")
-    if not NAME_RE.match(name):  # (nor could it be sent: it may not even be UTF-8)
-        raise NotFoundError(f"no {what.removeprefix('a ').removeprefix('an ')} named {name!r}")

@@ -12,8 +12,8 @@ from streamserve.client.traffic import TrafficPolicy
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.long_poll import EVERYTHING, LongPollSubscriber
 from streamserve.control.status import StatusReader
-from streamserve.wire.config import NAME_RE, DeploymentConfig, EndpointConfig
-from streamserve.wire.errors import BadRequestError, NotFoundError, UnavailableError, shown
+from streamserve.wire.config import DeploymentConfig, EndpointConfig, named
+from streamserve.wire.errors import NotFoundError, UnavailableError
 from streamserve.wire.keys import ConfigKey, Keys
 from streamserve.wire.messages import DeploymentHealthRecord
 from streamserve.wire.states import DeploymentHealth
@@ -82,11 +82,7 @@ class RouteCache:
         """
         policy = self._endpoints.get(name)
         if policy is None and name not in self._deployments:
-            if not isinstance(name, str):  # (only a name not known yet is looked at: no cost on the hot path)
-                raise BadRequestError(f"a deployment or endpoint name is a string, got {shown(name)}")
-            if not NAME_RE.match(name):  # none is so named (nor could Redis be asked: it may not even be UTF-8)
-                raise NotFoundError(f"no deployment or endpoint named {name!r}")
-            policy = await self._fetch(name)
+            policy = await self._fetch(named(name))  # (only a name not known yet is looked at: no cost on the hot path)
         if policy is None:
             return Route(self._serviceable(name))
         shadows = tuple(self._deployments[s] for s in policy.shadows() if s in self._deployments)

@@ -278,7 +278,7 @@ class DesiredState:
     async def delete_named(self, name: str) -> str | None:
         """Remove the endpoint or the deployment called ``name`` (a caller names either): the deployment's goal id,
         None for an endpoint (gone at once); NotFoundError saying both when neither is so called."""
-        if name in await self.endpoints():
+        if await self._redis.hexists(self._keys.endpoints(), name):
             await self.delete_endpoint(name)
             return None
         try:

@@ -6,7 +6,7 @@ import argparse
 import difflib
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
@@ -18,7 +18,7 @@ from streamserve.control.resources import GPU_LIST_RE
 from streamserve.control.security import ImportAllowList
 from streamserve.transport.cluster_nodes import CLUSTER_NODES_ENV, give_nodes, parse_nodes
 from streamserve.transport.connections import redacted, url_option_problem
-from streamserve.wire.errors import ConfigError
+from streamserve.wire.errors import BadRequestError, ConfigError
 from streamserve.wire.keys import DEFAULT_PREFIX, Keys
 from streamserve.wire.limits import ConfigLimits
 from streamserve.wire.tenants import TenantKeys
@@ -123,6 +123,19 @@ def port_number(text: str) -> int:
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 1-65535, got {value}")
     return value
+
+
+def checked_argument(check: Callable[[str], str]) -> Callable[[str], str]:
+    """argparse type of a check a client or a config makes (check_tenant, check_model_id, check_name): its refusal
+    (BadRequestError, ValueError) is a usage error."""
+
+    def checked(given: str) -> str:
+        try:
+            return check(given)
+        except (BadRequestError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return checked
 
 
 def add_gateway_workers_option(parser: argparse.ArgumentParser, flag: str) -> None:

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from streamserve.wire import json_values
-from streamserve.wire.errors import ConfigError, ProtocolError
+from streamserve.wire.errors import BadRequestError, ConfigError, NotFoundError, ProtocolError, shown
 from streamserve.wire.limits import DEFAULT_LIMITS, ConfigLimits, at_most, limits_context, write_limits
 from streamserve.wire.tenants import DEFAULT_TENANT, TENANT_RE, TenantSpec
 from streamserve.wire.yaml_text import load_yaml
@@ -59,6 +59,16 @@ class _Strict(BaseModel):
     # Defaults are validated too: a maximum lowered below a default (limits.ConfigLimits) holds for it as well.
     # Numbers are strict (each number field says strict=True): `num_replicas: true` or "4" is an error, not 1 or 4.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, validate_default=True)
+
+
+def named(name: object, what: str = "deployment or endpoint") -> str:
+    """``name`` as a caller gave it for a ``what`` to call or change: BadRequestError unless it is a string,
+    NotFoundError when no ``what`` could be so named (nor could Redis be asked: it may not even be UTF-8)."""
+    if not isinstance(name, str):
+        raise BadRequestError(f"a {what}'s name is a string, got {shown(name)}")
+    if not NAME_RE.match(name):
+        raise NotFoundError(f"no {what} named {name!r}")
+    return name
 
 
 def check_name(value: str) -> str:
