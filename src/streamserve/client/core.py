@@ -9,10 +9,12 @@ mixins costs a call no more than one written on a single class.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
+import warnings
 import weakref
-from typing import Self
+from typing import NamedTuple, Self
 
 import redis
 import redis.asyncio as aioredis
@@ -91,6 +93,9 @@ class ClientCore:
         self._orphaned: str | None = None
         # Where its calls' enqueue spans come from (runtime/tracing.py), looked up when it starts: None, no spans.
         self._tracer: Tracer | None = tracing.tracer()
+        # Closes what the client holds if it is garbage-collected without aclose() (see _close_if_dropped).
+        self._dropped: weakref.finalize[..., ClientCore] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop its connections belong to, once connected
         _CLIENTS.add(self)
 
     # -- lifecycle ------------------------------------------------------------
@@ -117,6 +122,7 @@ class ClientCore:
                     await replies.create()
                 self._replies = replies
                 replies.start()
+                self._close_if_dropped()
 
     async def _connect(self) -> None:
         """The connection pool and the routes (long-polled): what reads need, and what writes nothing."""
@@ -145,7 +151,29 @@ class ClientCore:
         self._canceller = Canceller(redis, self._pipeliner, self._keys)
         self._hits = HitCounts(self._pipeliner, self._keys, CACHE_REQUESTS.field("hit"))
         self._redis, self._routes = redis, routes
-        routes.on_stop(lambda: self._orphan(LOOP_ENDED))
+        self._loop = asyncio.get_running_loop()
+        me = weakref.ref(self)  # (not self: the long poll's task would keep a dropped client alive)
+
+        def orphan() -> None:
+            if (client := me()) is not None:
+                client._orphan(LOOP_ENDED)
+
+        routes.on_stop(orphan)
+        self._close_if_dropped()
+
+    def _held(self) -> _Held:
+        return _Held(
+            self._routes, self._replies, self._canceller, self._hits, self._pipeliner, self._redis, self._jobs_redis
+        )
+
+    def _close_if_dropped(self) -> None:
+        """Have the collector close what the client holds now if the program drops it unclosed (made again as the
+        client gets more). Each AsyncClient made and dropped without aclose() kept its tasks and four Redis
+        connections for good: a program that made one per request ran Redis out of connections."""
+        if self._dropped is not None:
+            self._dropped.detach()
+        self._dropped = weakref.finalize(self, _close_dropped, self._held(), self._loop, os.getpid())
+        self._dropped.atexit = False  # at exit, nothing is left to leak
 
     def _start_guard(self) -> asyncio.Lock:
         """One start at a time (made on first use: it belongs to the loop that starts the client)."""
@@ -180,20 +208,7 @@ class ClientCore:
         if self._orphaned is not None:  # what it had is gone with its loop: nothing to close
             self._orphaned = None
             return
-        if self._routes is not None:
-            await self._routes.close()
-        if self._replies is not None:
-            await self._replies.close(UnavailableError("client closed while the call waited for its reply"))
-        if self._canceller is not None:
-            await self._canceller.aclose()  # the requests its callers stopped waiting for
-        if self._hits is not None:
-            self._hits.close()
-        if self._pipeliner is not None:
-            await self._pipeliner.aclose()  # shadow copies and sends in flight go out before the pool closes
-        if self._redis is not None:
-            await self._redis.aclose()
-        if self._jobs_redis is not None:
-            self._jobs_redis.close()
+        await self._held().close()
         # Nothing closed is used again: a call after this starts the client anew (with its parts kept, it queued its
         # request and waited out its whole timeout, the reply reader gone). On a reply stream of its own: a call
         # cut off here may still be answered, and its late reply, matched by its tag (counted from 1 again by a new
@@ -204,6 +219,10 @@ class ClientCore:
 
     def _forget(self) -> None:
         """Drop the parts bound to the loop the client ran on."""
+        if self._dropped is not None:
+            self._dropped.detach()
+            self._dropped = None
+        self._loop = None
         self._redis = self._replies = self._routes = self._pipeliner = self._canceller = self._hits = None
         self._start_lock = None  # (bound to the loop that used it)
 
@@ -280,7 +299,66 @@ class ClientCore:
             self._jobs_redis = sync_redis(url, max_connections=JOB_POOL_SIZE)
             self._jobs = JobQueue(self._jobs_redis, self._keys, self._settings.job_result_ttl_s)
             self._job_refusals = RedisRefusals(url)
+            self._close_if_dropped()
         return self._jobs
+
+
+class _Held(NamedTuple):
+    """What a started client holds that needs closing, in the order it is closed."""
+
+    routes: RouteCache | None
+    replies: ReplyStream | None
+    canceller: Canceller | None
+    hits: HitCounts | None
+    pipeliner: Pipeliner | None
+    redis: aioredis.Redis | None
+    jobs_redis: redis.Redis | None
+
+    async def close(self) -> None:
+        if self.routes is not None:
+            await self.routes.close()
+        if self.replies is not None:
+            await self.replies.close(UnavailableError("client closed while the call waited for its reply"))
+        if self.canceller is not None:
+            await self.canceller.aclose()  # the requests its callers stopped waiting for
+        if self.hits is not None:
+            self.hits.close()
+        if self.pipeliner is not None:
+            await self.pipeliner.aclose()  # shadow copies and sends in flight go out before the pool closes
+        if self.redis is not None:
+            await self.redis.aclose()
+        if self.jobs_redis is not None:
+            self.jobs_redis.close()
+
+
+# The closings of dropped clients under way (a task nobody else references could be collected before it ends).
+_CLOSING: set[asyncio.Task[None]] = set()
+
+
+def _close_dropped(held: _Held, loop: asyncio.AbstractEventLoop | None, pid: int) -> None:
+    """An AsyncClient garbage-collected without aclose(): what it held is closed on its loop, without waiting
+    (this runs wherever the collector runs). Warned about (ResourceWarning), as an unclosed file is."""
+    if pid != os.getpid():
+        return  # a forked child's inheritance is the parent's to close (_INHERITED)
+    warnings.warn("streamserve.AsyncClient dropped without aclose(): closed now", ResourceWarning, stacklevel=2)
+    if loop is None:
+        if held.jobs_redis is not None:
+            held.jobs_redis.close()
+        return
+
+    def begin() -> None:
+        task = loop.create_task(_close_quietly(held))
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
+
+    with contextlib.suppress(RuntimeError):  # its loop closed already: what it held went with it
+        loop.call_soon_threadsafe(begin)
+
+
+async def _close_quietly(held: _Held) -> None:
+    with contextlib.suppress(Exception):  # (Redis away: nobody is left to tell)
+        async with asyncio.timeout(5):
+            await held.close()
 
 
 def _orphan_inherited() -> None:
