@@ -98,6 +98,17 @@ async def gated_recorder(body: Any) -> Any:
     return body
 
 
+OVERRUN_GATE = threading.Event()  # set by a test to let ``overrun`` return
+
+
+def overrun(body: Any) -> Any:
+    """Sync handler that records its body in CALLS, then returns it once the test sets OVERRUN_GATE (at most HOLD_S):
+    it runs on past its deadline as a sync handler may."""
+    CALLS.append(body)
+    OVERRUN_GATE.wait(HOLD_S)
+    return body
+
+
 class FailingConstructor:
     def __init__(self) -> None:
         raise RuntimeError("weights not found")

@@ -46,7 +46,7 @@ from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import RETRYABLE_ERRORS, WriteRefusals, refuses_writes
 from streamserve.transport.pipelining import BlockingReader, Command, Pipeliner
 from streamserve.transport.streams import Requeuer, ensure_groups
-from streamserve.wire import scripts
+from streamserve.wire import scripts, shared_runs
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import (
     BadRequestError,
@@ -99,6 +99,9 @@ MIXED_PRIORITIES_S = 10.0
 UNDELIVERED_MAX = 1000
 # How often running async handlers are checked for a passed deadline (their task is then cancelled).
 DEADLINE_SWEEP_S = 0.05
+# How often the shared runs (of idempotency keys, cached requests) whose handlers run on past their deadline have their
+# records kept (scripts.KEEP_RUN), for shared_runs.RUNNING_RECORD_GRACE_MS from then: well within it.
+OVERDUE_RUNS_SWEEP_S = 5.0
 # Cancellations of entries the replica does not hold (yet: their read is on its way; or no more: they just ended)
 # are remembered this long, and this many at most.
 EARLY_CANCEL_KEEP_S = 60.0
@@ -188,8 +191,11 @@ class Serving:
         self.served = 0
         self.failed = 0
         self._loop = asyncio.get_running_loop()
-        # The requests whose handler runs, by entry id.
+        # The requests whose handler runs, by entry id; those of them that have a shared run (an idempotency key's, a
+        # cached request's), whose record is kept while they run on past their deadline (_keep_overdue_runs).
         self._running: dict[bytes, RequestScope] = {}
+        self._shared_runs: dict[bytes, Request] = {}
+        self._pipeliner = pipeliner
         # Redis refusing its reads (a full disk): told once per episode.
         self._refusals = WriteRefusals(logger, f"replica {self._consumer}")
         # Set when a request this replica runs first calls a deployment through a handle (_run_alone).
@@ -271,10 +277,12 @@ class Serving:
     async def serve(self) -> None:
         """Read and run requests until the replica stops."""
         overdue = asyncio.create_task(self._stop_overdue(), name="deadlines")
+        kept = asyncio.create_task(self._keep_overdue_runs(), name="overdue-runs")
         try:
             await self._read_until_stopped()
         finally:
             overdue.cancel()
+            kept.cancel()
 
     async def _read_until_stopped(self) -> None:
         backoff = Backoff()
@@ -370,6 +378,19 @@ class Serving:
             overdue = [s for s in self._running.values() if s.deadline_stop is not None and 0 < s.deadline_ms <= now]
             for scope in overdue:
                 scope.stop_overdue()
+
+    async def _keep_overdue_runs(self) -> None:
+        """Keep the record of every shared run whose handler runs on past its request's deadline (a sync handler
+        cannot be stopped), for as long as it runs: a record left to lapse let a retry with the same idempotency key
+        run the handler a second time, and this run's reply, once it came, was not kept."""
+        while True:
+            await asyncio.sleep(OVERDUE_RUNS_SWEEP_S)
+            now = now_ms()
+            for request in list(self._shared_runs.values()):
+                if 0 < request.deadline_ms < now:
+                    record, _ = self._keys.shared_run(self._name, request.idem, request.cache, request.tenant)
+                    command = ("EVAL", scripts.KEEP_RUN, 1, record, request.run, shared_runs.RUNNING_RECORD_GRACE_MS)
+                    self._pipeliner.execute(command).add_done_callback(_note_keep_failure)
 
     # -- cancellation ----------------------------------------------------------
 
@@ -556,6 +577,8 @@ class Serving:
             self._finish(entry_id, request, started, scope=scope)
             return
         self._running[entry_id] = scope
+        if request.run:
+            self._shared_runs[entry_id] = request
         if started is not None:
             started.add_done_callback(functools.partial(self._on_handler_done, entry_id, request, started_at))
 
@@ -673,6 +696,7 @@ class Serving:
     def _leave_pending(self, entry_id: bytes) -> None:
         """Give up a request unanswered (the replica stops): its entry stays pending, to be claimed again."""
         self._made_under.pop(entry_id, None)
+        self._shared_runs.pop(entry_id, None)
         self._slots.handler_returned()
         self._slots.finished([entry_id])
 
@@ -708,6 +732,7 @@ class Serving:
             self._spans.ended(entry_id, request, scope, reply, answered, error)
         settlement = None
         if request.run:  # a shared run ends (an idempotency key's, identical requests'): kept, or freed
+            self._shared_runs.pop(entry_id, None)
             made_under = self._made_under.pop(entry_id, self.config) if request.cache else self.config
             settlement = settling.settle(self._keys, made_under, request, kept or reply)
         release: Command | None = None
@@ -792,3 +817,14 @@ async def _refused_or_done(beat: Awaitable[None]) -> None:
     except Exception as exc:
         if not refuses_writes(exc):
             raise
+
+
+def _note_keep_failure(sent: asyncio.Future[list[Any]]) -> None:
+    """Log a KEEP_RUN that did not get through (the next sweep sends it again)."""
+    if sent.cancelled():
+        return
+    error = sent.exception()
+    if error is None:
+        error = next((reply for reply in sent.result() if isinstance(reply, Exception)), None)
+    if error is not None:
+        logger.warning("could not keep the record of a shared run whose handler runs past its deadline: %s", error)

@@ -37,8 +37,9 @@ import orjson
 from streamserve.wire.errors import ProtocolError, ReplyNotStoredError
 from streamserve.wire.messages import SHARED_STORED, Reply, ReplyStatus, now_ms
 
-# A record is kept this much longer than its request's timeout while the request waits or runs: a request is never
-# run past its deadline, and one that dies with every replica holding it frees its record when this lapses.
+# A record is kept this much longer than its request's timeout while the request waits or runs, and while its handler
+# runs on past that deadline (a sync handler's replica keeps it: KEEP_RUN); one that dies with every replica holding
+# it frees its record when this lapses.
 RUNNING_RECORD_GRACE_MS = 60_000
 
 # What a record's ``state`` is.
