@@ -100,6 +100,13 @@ def parent_stream_sync(body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         raise
 
 
+def first_chunk_sync(body: dict[str, Any]) -> Any:
+    """Reads the first chunk of what ``body["child"]`` streams and leaves the loop: the stream is closed then."""
+    for chunk in streamserve.handle(body["child"]).stream(body):
+        return chunk
+    return None
+
+
 async def parent_stream_async(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     """``parent_stream_sync`` as an async generator."""
     async for chunk in streamserve.handle(body.get("child", "tokens")).astream(body):

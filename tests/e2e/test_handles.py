@@ -65,6 +65,10 @@ deployments:
     import_path: tests.handle_deployments:parent_stream_async
     num_replicas: 1
     graceful_shutdown_timeout_s: 2
+  - name: first-chunk-sync
+    import_path: tests.handle_deployments:first_chunk_sync
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 2
   - name: recursive
     import_path: tests.handle_deployments:recursive
     num_replicas: 1
@@ -191,6 +195,15 @@ def test_a_stream_through_a_handle(farm: Farm, parent: str) -> None:
         chunks = [orjson.loads(line) for line in response.iter_lines()]
     assert [chunk["i"] for chunk in chunks] == [0, 1, 2, 3]
     assert all(chunk["request_id"].startswith(f"stream-{parent}.") for chunk in chunks), chunks
+
+
+def test_a_sync_handler_that_leaves_a_handle_s_stream_early_cancels_it(
+    farm: Farm, notes: tuple[str, redis.Redis]
+) -> None:
+    response = farm.post("/first-chunk-sync", {"child": "slow-tokens", "notes": notes[0]})
+    assert response.status_code == 200 and response.json()["i"] == 0
+    # No reference is left to the stream its handler left: the child is cancelled, not run on to its deadline.
+    wait_for(lambda: "child cancelled" in _noted(notes), 5, lambda: f"the child ran on: {_noted(notes)}")
 
 
 def test_the_blocking_call_in_an_async_handler_says_to_await_acall(farm: Farm) -> None:

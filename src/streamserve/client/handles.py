@@ -39,6 +39,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import threading
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Self, TypeVar
 
@@ -359,7 +360,9 @@ class HandleStream:
         self._cancelled = False
         self._unregister: Callable[[], None] = _nothing
         if scope is not None:
-            self._unregister = scope.on_cancel(self._parent_cancelled)
+            # Weakly: the scope's list would keep a stream its handler left (``break`` in its loop) alive, and its call
+            # running, until the child's own deadline.
+            self._unregister = scope.on_cancel(_weakly(self._parent_cancelled))
 
     def __iter__(self) -> Self:
         return self
@@ -410,6 +413,17 @@ class HandleStream:
     def __del__(self) -> None:
         if getattr(self, "_chunks", None) is not None:
             self.close()
+
+
+def _weakly(method: Callable[[], None]) -> Callable[[], None]:
+    """``method``, called through a weak reference to its object (nothing once that is gone)."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        if (bound := ref()) is not None:
+            bound()
+
+    return call
 
 
 class AsyncHandleStream:
