@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -105,6 +106,27 @@ def first_chunk_sync(body: dict[str, Any]) -> Any:
     for chunk in streamserve.handle(body["child"]).stream(body):
         return chunk
     return None
+
+
+def late_caller(body: dict[str, Any]) -> Any:
+    """Sleeps ``sleep_s`` (past its deadline, in the test), then calls ``child``: notes what that raised."""
+    time.sleep(body["sleep_s"])
+    try:
+        return streamserve.handle("child").call(body)
+    except Exception as exc:
+        _note(body, f"late call raised {type(exc).__name__}")
+        raise
+
+
+def late_streamer(body: dict[str, Any]) -> Iterator[Any]:
+    """``late_caller`` as a sync generator that has yielded a chunk first."""
+    yield {"i": 0}
+    time.sleep(body["sleep_s"])
+    try:
+        yield from streamserve.handle("tokens").stream({"n": 1})
+    except Exception as exc:
+        _note(body, f"late call raised {type(exc).__name__}")
+        raise
 
 
 async def parent_stream_async(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:

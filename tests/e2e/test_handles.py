@@ -65,6 +65,14 @@ deployments:
     import_path: tests.handle_deployments:parent_stream_async
     num_replicas: 1
     graceful_shutdown_timeout_s: 2
+  - name: late-caller
+    import_path: tests.handle_deployments:late_caller
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 2
+  - name: late-streamer
+    import_path: tests.handle_deployments:late_streamer
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 2
   - name: first-chunk-sync
     import_path: tests.handle_deployments:first_chunk_sync
     num_replicas: 1
@@ -142,6 +150,35 @@ def test_a_parent_past_its_deadline_gets_504_at_once_and_its_child_is_stopped(
     assert response.status_code == 504, response.text
     assert took < 2.5, f"the 504 took {took:.1f}s"
     wait_for(lambda: "child cancelled" in _noted(notes), 3, lambda: f"the child ran on: {_noted(notes)}")
+    wait_for(lambda: _metric(farm, cancelled) > before, 10, f"{parent}'s deadline was not counted: {cancelled}")
+    assert f"the handler raised on request {request_id}".encode() not in farm.log()
+
+
+@pytest.mark.parametrize("parent", ["late-caller", "late-streamer"])
+def test_a_sync_handler_that_calls_past_its_deadline_is_told_so_and_counted_as_its_deadline(
+    farm: Farm, notes: tuple[str, redis.Redis], parent: str
+) -> None:
+    """Its caller's 504 cancels the request too: the call it makes once the deadline has passed still raises
+    RequestTimeoutError (as docs/api.md says), and letting that out ends the request as its deadline, not as a
+    handler error (logged with a traceback)."""
+    cancelled = f'streamserve_cancelled_requests_total{{deployment="{parent}",stage="running"}}'
+    before = _metric(farm, cancelled)
+    request_id = f"late-{parent}-{uuid.uuid4().hex[:8]}"
+    headers = {"X-Request-Timeout": "1", "X-Request-ID": request_id}
+    body = {"notes": notes[0], "sleep_s": 1.5}
+    if parent == "late-caller":
+        response = farm.post(f"/{parent}", body, headers=headers)
+        assert response.status_code == 504, response.text
+    else:  # the stream's first chunk, then its error line, and the response cut (how NDJSON tells an error)
+        lines = []
+        url = f"{farm.base_url}/{parent}"
+        with (
+            httpx.stream("POST", url, json=body, headers=headers, timeout=30) as response,
+            pytest.raises(httpx.RemoteProtocolError),
+        ):
+            lines.extend(response.iter_lines())
+        assert lines[0] == '{"i":0}' and lines[-1].startswith('{"error":"RequestTimeoutError"'), lines
+    wait_for(lambda: _noted(notes) == ["late call raised RequestTimeoutError"], 5, lambda: f"{_noted(notes)}")
     wait_for(lambda: _metric(farm, cancelled) > before, 10, f"{parent}'s deadline was not counted: {cancelled}")
     assert f"the handler raised on request {request_id}".encode() not in farm.log()
 

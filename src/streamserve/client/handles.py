@@ -92,10 +92,10 @@ def _check_parent(scope: RequestScope | None) -> None:
     """Refuse at once, sending nothing, a call for a request that was cancelled or has no time left."""
     if scope is None:
         return
+    if scope.remaining_s() == 0:  # (first: a request past its deadline is cancelled too, by its caller's timeout)
+        raise _no_time_left()
     if scope.is_cancelled:
         raise RequestCancelledError(f"request {scope.request_id} was cancelled: the call was not sent")
-    if scope.remaining_s() == 0:
-        raise _no_time_left()
 
 
 class _Home:
