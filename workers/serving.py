@@ -198,9 +198,10 @@ class Serving:
         self._pipeliner = pipeliner
         # Redis refusing its reads (a full disk): told once per episode.
         self._refusals = WriteRefusals(logger, f"replica {self._consumer}")
-        # Set when a request this replica runs first calls a deployment through a handle (_run_alone).
-        self._call_made = asyncio.Event()
-        self._note_call = self._call_made.set
+        # Set when a request this replica runs first waits outside it: calls a deployment through a handle, or its
+        # stream waits for its reader (_run_alone).
+        self._waited_outside = asyncio.Event()
+        self._note_wait_outside = self._waited_outside.set
         # Entry ids cancelled while this replica did not hold them -> when (monotonic), oldest first.
         self._early_cancels: dict[bytes, float] = {}
 
@@ -438,7 +439,7 @@ class Serving:
                 suspects.append((ref, fields))
             else:
                 self._accept(ref, fields)
-        if suspects and self._calls_out():  # they run beside the others: see _run_alone
+        if suspects and self._waits_outside():  # they run beside the others: see _run_alone
             for ref, fields in suspects:
                 self._accept(ref, fields)
         elif suspects:
@@ -478,17 +479,19 @@ class Serving:
         its neighbours down with it on every delivery until they too reached the
         dead-letter stream; alone, a death is charged to the culprit only.
 
-        Except where a request calls a deployment through a handle: its call may wait behind what this replica
-        would read next (a deployment that calls itself, or calls one that calls it), and so for ever if the
-        replica read nothing. Once a request this replica runs has made such a call, suspects run beside the rest,
-        and the one run alone makes the replica read again once it calls.
+        Except where a request waits on something outside the replica. Its call through a handle may wait behind
+        what this replica would read next (a deployment that calls itself, or calls one that calls it), and so for
+        ever if the replica read nothing. Its stream, once its caller is ``max_unread_chunks`` behind, waits for
+        that caller to read on, which may be never before its deadline (a caller that keeps its stream open unread).
+        Once a request this replica runs has waited so, suspects run beside the rest, and the one run alone makes
+        the replica read again once it waits.
 
         A stop ends either wait: the read loop must return for the drain to begin, whose bound (the deployment's
         graceful_shutdown_timeout_s; FARM_GONE_DRAIN_S once its `up` died and its replies may never go out) holds
         this request as any other. One that has not started by then goes back to the queue, unrun and uncharged.
         """
-        self._call_made.clear()
-        if self._calls_out():  # (a call made while the others were handed back)
+        self._waited_outside.clear()
+        if self._waits_outside():  # (a wait that began while the others were handed back)
             self._accept(entry_id, fields)
             return
         if not await self._idle_unless_stopping():
@@ -496,16 +499,16 @@ class Serving:
                 await self._hand_back([entry_id])
             return
         self._accept(entry_id, fields)
-        await self._idle_unless_stopping()  # at once if a call ended the first wait: it runs beside the others
+        await self._idle_unless_stopping()  # at once if a wait outside ended the first: it runs beside the others
 
-    def _calls_out(self) -> bool:
-        """Whether a request this replica runs has called a deployment through a handle."""
-        return any(scope.made_calls for scope in self._running.values())
+    def _waits_outside(self) -> bool:
+        """Whether a request this replica runs has waited outside it (a handle's call, a stream's reader)."""
+        return any(scope.waits_outside for scope in self._running.values())
 
     async def _idle_unless_stopping(self) -> bool:
-        """Wait until the replica holds no request, or a request it runs calls a deployment through a handle, or it
-        stops; whether it goes on (it does not stop)."""
-        waits = [self._slots.wait_idle(), self._stopping.wait(), self._call_made.wait()]
+        """Wait until the replica holds no request, or a request it runs waits outside it, or it stops; whether it
+        goes on (it does not stop)."""
+        waits = [self._slots.wait_idle(), self._stopping.wait(), self._waited_outside.wait()]
         tasks = [asyncio.ensure_future(wait) for wait in waits]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -569,7 +572,7 @@ class Serving:
         if request.cache:
             self._made_under[entry_id] = self.applied
         scope = RequestScope(request.request_id, request.deadline_ms, request.priority, request.tenant, request.model)
-        scope.on_call = self._note_call
+        scope.on_wait_outside = self._note_wait_outside
         if self._spans is not None:
             self._spans.started(entry_id, request, scope)
         started = self._start_handler(entry_id, request, scope, started_at)

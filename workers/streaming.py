@@ -238,8 +238,20 @@ class Stream:
         """On the thread: wait while the caller is ``window`` chunks behind; False once the generator must stop."""
         with self._lock:
             while not self._stop and self._produced - self._read >= self.window:
+                if not self._scope.waits_outside:
+                    self._scope.waits_outside = True
+                    with contextlib.suppress(RuntimeError):  # the loop is closed: nothing reads on
+                        self._loop.call_soon_threadsafe(self._waits_for_reader)
                 self._room.wait()
             return not self._stop
+
+    def _waits_for_reader(self) -> None:
+        """On the loop: the generator is paused until its caller reads on, which it may not do for long: a wait
+        outside the replica (RequestScope.waits_outside)."""
+        scope = self._scope
+        scope.waits_outside = True
+        if scope.on_wait_outside is not None:
+            scope.on_wait_outside()
 
     def _hand_over(self, encoded: bytes) -> None:
         """On the thread: give a chunk to the loop, waking it unless a wake-up is already due."""
@@ -273,6 +285,7 @@ class Stream:
         try:
             while not self._stop:
                 while self._produced - self._read >= self.window:
+                    self._waits_for_reader()
                     room.clear()
                     await room.wait()
                 try:

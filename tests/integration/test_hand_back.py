@@ -72,3 +72,32 @@ async def test_a_hand_back_that_meets_redis_away_is_tried_again_and_the_replica_
     assert failed == [1]
     async with AsyncClient(settings=settings) as client:
         assert (await asyncio.wait_for(client.call("rec", 7), 10))["body"] == 7
+
+
+@pytest.mark.parametrize("generator", ["count_to", "acount_to"])
+async def test_a_stream_run_alone_whose_caller_reads_no_more_lets_the_replica_read_on(
+    start_replica: StartReplica, settings: Settings, aredis: aioredis.Redis, generator: str
+) -> None:
+    """A suspect is run alone until it ends, unless it waits outside the replica: a stream whose caller keeps it open
+    unread waits for that caller for as long as its deadline allows, and the replica read nothing else meanwhile."""
+    await start_replica(
+        import_path=f"tests.stream_deployments:{generator}",
+        max_unread_chunks=2,
+        max_ongoing_requests=4,
+        graceful_shutdown_timeout_s=1,  # (the suspect, unread, would hold the drain)
+    )
+    replies = settings.keys.reply_stream("unread-test")
+    await aredis.xgroup_create(replies, "made", id="$", mkstream=True)
+    suspect = Request("suspect", replies, now_ms() + 60_000, b"1000", attempts=1, stream=True, tag="t0")
+    await aredis.xadd(settings.keys.requests("rec"), dict(suspect.encode()))  # type: ignore[arg-type]
+
+    async def paused() -> bool:  # its first chunks are sent, and nobody reads them
+        return await aredis.xlen(replies) > 0
+
+    await wait_for_async(paused, 10, "the suspect never started")
+    async with AsyncClient(settings=settings) as client:
+
+        async def chunks() -> list[Any]:
+            return [chunk async for chunk in client.stream("rec", 3)]
+
+        assert await asyncio.wait_for(chunks(), 10) == [{"i": 0}, {"i": 1}, {"i": 2}]

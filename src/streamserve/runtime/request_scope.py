@@ -38,15 +38,15 @@ class RequestScope:
         "deadline_ms",
         "deadline_stop",
         "is_cancelled",
-        "made_calls",
         "model",
-        "on_call",
+        "on_wait_outside",
         "priority",
         "request_id",
         "stop",
         "stopped_overdue",
         "tenant",
         "trace",
+        "waits_outside",
     )
 
     def __init__(
@@ -70,10 +70,11 @@ class RequestScope:
         # Stops the handler when its deadline passes (an async handler's task; a stream watches its own deadline).
         self.deadline_stop: Callable[[], object] | None = None
         self.stopped_overdue = False  # deadline_stop was called
-        # Whether the handler has called a deployment through a handle, and what to call (on the replica's loop) when
-        # it first does: such a call may wait for the replica to read (workers/serving.py, _run_alone).
-        self.made_calls = False
-        self.on_call: Callable[[], object] | None = None
+        # Whether the handler has waited on something outside its replica, and what to call (on the replica's loop)
+        # when it first does: a call through a handle, which may wait for the replica to read; a stream's reader, who
+        # may not read on for a long time (workers/serving.py, _run_alone).
+        self.waits_outside = False
+        self.on_wait_outside: Callable[[], object] | None = None
         self._children: list[Callable[[], object]] | None = None
         # When the replica traces: the trace context of the request's handler span, current while the handler runs
         # (the user's own spans, and the calls it makes through handles, are its children); else None.
