@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from streamserve.runtime.processes import free_port, port_is_free
+from streamserve.wire.keys import CONSUMER_GROUP, DEFAULT_PREFIX, Keys
 from tests.harness.farm import Farm, farm_on, pids_with_marker
 from tests.harness.paths import ROOT, STREAMSERVE
 from tests.harness.waiting import wait_for
@@ -179,10 +180,19 @@ def test_second_ctrl_c_stops_at_once_even_while_the_gateway_drains(tmp_path: Pat
 def test_a_stream_open_when_up_stops_is_cancelled_in_its_replica(tmp_path: Path) -> None:
     """The gateway drains what it holds, then cancels it, in the replicas too: `up` killed it as its drain ended, so a
     40 s stream ran on in its replica until the replica's own drain cut it (up took 30 s to stop), and the gateway,
-    given the time, logged a traceback for the response it cut."""
+    given the time, logged a traceback for the response it cut. A unary call it cancels so is answered 503 in the
+    gateway's JSON (uvicorn's own answer was a bare plain-text 500)."""
     farm = Farm(ROOT / "examples" / "streamserve.yaml", tmp_path / "up.log")
     farm.start()
     try:
+        unary: list[httpx.Response] = []
+        slow = threading.Thread(
+            target=lambda: unary.append(httpx.post(f"{farm.base_url}/sleepy", json={"seconds": 40}, timeout=60))
+        )
+        slow.start()
+        with redis.Redis.from_url(farm.effective_redis_url) as farm_redis:
+            sleepy = Keys(DEFAULT_PREFIX).requests("sleepy")
+            wait_for(lambda: farm_redis.xpending(sleepy, CONSUMER_GROUP)["pending"] == 1, 20, "the call never ran")
         opened = threading.Event()
 
         def read_a_long_stream() -> None:
@@ -202,6 +212,10 @@ def test_a_stream_open_when_up_stops_is_cancelled_in_its_replica(tmp_path: Path)
         farm.proc.send_signal(signal.SIGTERM)
         assert farm.proc.wait(60) == 0
         reader.join(5)
+        slow.join(5)
+        assert unary[0].status_code == 503, unary[0].text
+        assert unary[0].json()["error"] == "UnavailableError", unary[0].text
+        assert "the gateway stopped before request" in unary[0].json()["message"], unary[0].text
         log = farm.log().decode()
         assert re.search(r"replica tokens#\w+: stop requested, draining 0 in flight", log), log[-3000:]
         assert re.search(r"replica tokens#\w+: exited after 1 requests \(0 failed\)", log), log[-3000:]
