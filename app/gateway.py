@@ -314,12 +314,12 @@ class Gateway:
             # uvicorn cancels what still runs once the gateway's graceful shutdown has timed out: the request is
             # cancelled (in Redis too, as for a caller who left), and its caller told so rather than given uvicorn's
             # bare plain-text 500.
-            exc = UnavailableError(
+            stopped = UnavailableError(
                 f"the gateway stopped before request {exchange.request_id} was answered: the request was cancelled;"
                 " send it again"
             )
-            exchange.error = exc
-            response = error_response(exc, exchange.reply_headers)
+            exchange.error = stopped
+            response = error_response(stopped, exchange.reply_headers)
             exchange.status = response.status_code
             with suppress(Exception):
                 await response(scope, receive, send)

@@ -123,7 +123,10 @@ def test_a_tenant_over_its_queued_share_gets_429_until_one_of_its_requests_ends(
     third = post(farm.base_url, "/shared", tag, acme)
     assert third.status_code == 429
     assert third.headers["retry-after"] == "1"
-    assert f"tenant '{acme}' has 2 requests queued or running on deployment 'shared'" in third.json()["message"]
+    assert (
+        f"tenant '{acme}' has reached its max_queued of 2 requests queued or running on deployment 'shared'"
+        in third.json()["message"]
+    )
     other = pool.submit(post, farm.base_url, "/shared", tag, f"globex-{tag}")  # another tenant: queued at once
     store.delete(hold)
     assert [f.result(timeout=WAIT_S).status_code for f in (first, second, other)] == [200, 200, 200]

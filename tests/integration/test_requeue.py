@@ -29,9 +29,9 @@ class Queue:
         self.dead = settings.keys.dead_letters("rec")
         self.requeuer = Requeuer(redis, settings.keys)
 
-    async def add(self, request_id: str, attempts: int = 0, tenant: str = DEFAULT_TENANT) -> bytes:
+    async def add(self, request_id: str, attempts: int = 0, tenant: str = DEFAULT_TENANT, held: str = "") -> bytes:
         request = Request(request_id, "streamserve:replies:caller1", now_ms() + 60_000, b'{"x":1}', "m", attempts)
-        request.tenant = tenant
+        request.tenant, request.held = tenant, held
         return cast(bytes, await self.redis.xadd(self.stream, dict(request.encode())))
 
     async def take(self, count: int = 100) -> list[bytes]:
@@ -125,6 +125,28 @@ async def test_with_one_attempt_allowed_a_charged_entry_goes_straight_to_the_dea
     assert lettered[b"reason"] == REASON.encode()
     assert lettered[b"attempts"] == b"1"
     assert {k: v for k, v in lettered.items() if k not in (b"attempts", b"reason")} == original
+
+
+async def test_a_dead_lettered_or_cancelled_entry_no_longer_counts_against_its_tenant_s_max_queued(
+    queue: Queue, settings: Settings
+) -> None:
+    """Its token in the tenant's held set went only at its deadline: a tenant whose requests a replica's death
+    dead-lettered was refused (429, "has N requests queued or running") for as long as request_timeout_s."""
+    cancelled = settings.keys.cancelled("rec")
+    for tenant in (DEFAULT_TENANT, "acme"):
+        tokens = {f"{tenant}-{kind}": now_ms() + 60_000 for kind in ("buried", "dropped", "kept")}
+        await queue.redis.zadd(settings.keys.tenant_held("rec", tenant), tokens)  # type: ignore[arg-type]
+        await queue.add(f"{tenant}-buried", attempts=1, tenant=tenant, held=f"{tenant}-buried")
+        dropped = await queue.add(f"{tenant}-dropped", tenant=tenant, held=f"{tenant}-dropped")
+        await queue.redis.zadd(cancelled, {dropped: now_ms() + 60_000})  # its caller cancelled it as it ran
+        await queue.add(f"{tenant}-kept", tenant=tenant, held=f"{tenant}-kept")
+
+    dead = await queue.requeue(await queue.take(), charge=True, max_attempts=2)
+
+    assert [letter.request_id for letter in dead] == ["default-buried", "acme-buried"]
+    assert [fields[b"id"] for _, fields in await queue.entries()] == [b"default-kept", b"acme-kept"]
+    for tenant in (DEFAULT_TENANT, "acme"):  # the one queued again still counts; the others are gone
+        assert await queue.redis.zrange(settings.keys.tenant_held("rec", tenant), 0, -1) == [f"{tenant}-kept".encode()]
 
 
 async def test_an_entry_is_dead_lettered_exactly_at_its_last_allowed_attempt(queue: Queue) -> None:

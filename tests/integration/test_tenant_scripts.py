@@ -74,7 +74,10 @@ async def test_a_tenants_held_requests_are_bounded_and_each_frees_its_place(
     held_key = settings.keys.tenant_held(NAME, "a")
     await add(client, cfg, "a")
     await add(client, cfg, "a")
-    with pytest.raises(RateLimitedError, match="tenant 'a' has 2 requests queued or running on deployment 'rec'") as e:
+    with pytest.raises(
+        RateLimitedError,
+        match="tenant 'a' has reached its max_queued of 2 requests queued or running on deployment 'rec'",
+    ) as e:
         await add(client, cfg, "a")
     assert e.value.retry_after_s == 1.0
     await add(client, cfg, "b")

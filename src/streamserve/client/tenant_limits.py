@@ -37,7 +37,7 @@ def refusal(found: list[Any], cfg: DeploymentConfig, request: Request) -> RateLi
         )
     held = limit.max_queued if limit is not None else None
     return RateLimitedError(
-        f"tenant {request.tenant!r} has {held} {'request' if held == 1 else 'requests'} queued or running on "
-        f"deployment {cfg.name!r} (max_queued)",
+        f"tenant {request.tenant!r} has reached its max_queued of {held} {'request' if held == 1 else 'requests'}"
+        f" queued or running on deployment {cfg.name!r}",
         retry_after_s=1.0,
     )

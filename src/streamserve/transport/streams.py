@@ -133,6 +133,7 @@ class Requeuer:
                 DEAD_LETTER_CAP,
                 int(charge),
                 lane_ref(lane, b""),
+                self._keys.tenant_held(deployment, ""),
                 *entry_ids,
             ],
         )

@@ -10,7 +10,7 @@ the replicas it finds listed.
 
 from __future__ import annotations
 
-from streamserve.wire.tenants import LIMITED_SHOWN_MS
+from streamserve.wire.tenants import DEFAULT_TENANT, LIMITED_SHOWN_MS
 
 _PENDING_COUNT = """
 -- "Queued" means the same for admission (ENQUEUE) and for status (QUEUE_DEPTH): entries of the request
@@ -460,7 +460,8 @@ end
 return 0
 """
 
-REQUEUE = """
+REQUEUE = (
+    """
 -- Give pending entries back to the queue as new entries at its tail: those a dead replica held
 -- (counting one more attempt, and going to the dead-letter stream once they reach
 -- max_delivery_attempts), or those a live replica hands back unrun (counting nothing).
@@ -477,22 +478,24 @@ REQUEUE = """
 -- ARGV[4]  dead-letter stream cap
 -- ARGV[5]  attempts to add: 1 when the replica died holding them, 0 when handed back
 -- ARGV[6]  how KEYS[3] names this stream's entries: the prefix of an entry id (wire/priorities.py, entry_ref)
--- ARGV[7..] ids of pending entries to move
+-- ARGV[7]  the tenants' held sets' key less the tenant (Keys.tenant_held with ''): an entry dropped or dead-lettered
+--          no longer counts against its tenant's max_queued (keys of this deployment's hash slot)
+-- ARGV[8..] ids of pending entries to move
 -- Returns {request_id, reply_to, deliveries, tag, idem, cache, run, tenant, reason, ...} for every entry sent to the
 -- dead-letter stream (tenant '' for the default tenant).
 local dead = {}
 local into = KEYS[5] or KEYS[1]
 local max_deliveries = tonumber(ARGV[2])
 local increment = tonumber(ARGV[5])
-for i = 7, #ARGV do
+for i = 8, #ARGV do
   local id = ARGV[i]
   local entries = redis.call('XRANGE', KEYS[1], id, id)
-  if redis.call('ZREM', KEYS[3], ARGV[6] .. id) == 1 then
-    entries = {}  -- cancelled while it ran: nobody waits for it, it must not run again
-  end
+  -- Cancelled while it ran: nobody waits for it, it must not run again.
+  local cancelled = redis.call('ZREM', KEYS[3], ARGV[6] .. id) == 1
   if #entries > 0 then
     local fields = entries[1][2]
     local kept, attempts, request_id, reply_to, tag, idem, cache, run, tenant = {}, 0, '', '', '', '', '', '', ''
+    local held = ''
     for j = 1, #fields, 2 do
       local name, value = fields[j], fields[j + 1]
       if name == 'attempts' then
@@ -504,22 +507,28 @@ for i = 7, #ARGV do
       if name == 'id' then request_id = value elseif name == 'reply_to' then reply_to = value end
       if name == 'tag' then tag = value elseif name == 'idem' then idem = value end
       if name == 'cache' then cache = value elseif name == 'run' then run = value end
-      if name == 'tenant' then tenant = value end
+      if name == 'tenant' then tenant = value elseif name == 'held' then held = value end
     end
     local deliveries = attempts + increment
     if deliveries > 0 then  -- (one never charged goes back as it came: not a suspect, which a replica runs alone)
       kept[#kept + 1] = 'attempts'
       kept[#kept + 1] = tostring(deliveries)
     end
-    if increment > 0 and deliveries >= max_deliveries then
+    local buried = not cancelled and increment > 0 and deliveries >= max_deliveries
+    if buried then
       kept[#kept + 1] = 'reason'
       kept[#kept + 1] = ARGV[3]
       redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', unpack(kept))
       local letter = {request_id, reply_to, tostring(deliveries), tag, idem, cache, run, tenant, ARGV[3]}
       redis.call('RPUSH', KEYS[4], unpack(letter))
       for _, field in ipairs(letter) do dead[#dead + 1] = field end
-    else
+    elseif not cancelled then
       redis.call('XADD', into, '*', unpack(kept))
+    end
+    if (cancelled or buried) and held ~= '' then  -- it is neither queued nor running any more
+      redis.call('ZREM', ARGV[7] .. (tenant ~= '' and tenant or '"""
+    + DEFAULT_TENANT
+    + """'), held)
     end
   end
   redis.call('XACK', KEYS[1], ARGV[1], id)
@@ -527,6 +536,7 @@ for i = 7, #ARGV do
 end
 return dead
 """
+)
 
 CANCEL = """
 -- Cancel one request wherever it is now: still queued (no replica has read it), it is deleted and never runs;
