@@ -22,13 +22,15 @@ from tests.integration.test_redis_config_warning import start_redis
 WITHIN_S = 10
 
 
-async def test_status_and_admin_writes_with_redis_away_are_redis_unavailable(tmp_path: Path) -> None:
+async def test_calls_status_and_admin_writes_with_redis_away_are_redis_unavailable(tmp_path: Path) -> None:
     server = start_redis(tmp_path, "--save", "")
     client = AsyncClient(settings=Settings(redis_url=next(server)))
     await client.start()
     try:
         server.close()  # the server is stopped, by id
-        for method in (client.status(), client.scale("echo", 2), client.wait_for_goal("g", timeout=1)):
+        # A call of a name the client has not seen looks it up in Redis first: that too.
+        calls = (client.call("unseen", 1, timeout=10), client.status(), client.scale("echo", 2))
+        for method in (*calls, client.wait_for_goal("g", timeout=1)):
             with pytest.raises(RedisUnavailableError, match="cannot reach Redis"):
                 await method
     finally:

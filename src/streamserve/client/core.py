@@ -140,7 +140,7 @@ class ClientCore:
         if self._orphaned is not None:
             raise RuntimeError(self._orphaned)
         redis = async_redis(self._settings.effective_redis_url)
-        routes = RouteCache(redis, self._keys)
+        routes = RouteCache(redis, self._keys, self._refusals)
         try:
             with self._refusals:
                 await routes.start()

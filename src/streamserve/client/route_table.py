@@ -12,6 +12,7 @@ from streamserve.client.traffic import TrafficPolicy
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.long_poll import EVERYTHING, LongPollSubscriber
 from streamserve.control.status import StatusReader
+from streamserve.transport.connections import RedisRefusals
 from streamserve.wire.config import DeploymentConfig, EndpointConfig, named
 from streamserve.wire.errors import NotFoundError, UnavailableError
 from streamserve.wire.keys import ConfigKey, Keys
@@ -32,7 +33,9 @@ class Route:
 class RouteCache:
     """The caller's view of the desired state, kept current by long poll, and the routing decision made on it."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, refusals: RedisRefusals) -> None:
+        """``refusals``: what a look-up's Redis failure means to the caller (a StreamServeError)."""
+        self._refusals = refusals
         self._desired = DesiredState(redis, keys)
         self._status = StatusReader(redis, keys)
         self._deployments: dict[str, DeploymentConfig] = {}
@@ -126,7 +129,8 @@ class RouteCache:
         if lookup is None:
             lookup = self._lookups[name] = asyncio.ensure_future(self._look_up(name))
             lookup.add_done_callback(lambda _: self._lookups.pop(name, None))
-        return await asyncio.shield(lookup)
+        with self._refusals:  # (Redis away: RedisUnavailableError, as from the enqueue, not redis-py's own)
+            return await asyncio.shield(lookup)
 
     async def _look_up(self, name: str) -> TrafficPolicy | None:
         deployment, endpoint = await self._desired.find(name)
