@@ -34,12 +34,15 @@ class ProcessLauncher:
         lifeline = inherited(settings.lifeline_fd)
         self._pass_fds = () if lifeline is None else (lifeline,)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        # Forgotten before they had ended (killed in the same tick): reaped once they have (_reap_departed).
+        self._departed: list[subprocess.Popen[bytes]] = []
         self._redis_url = settings.effective_redis_url
         self.host = socket.gethostname()
 
     def start(self, replica_id: ReplicaID, gpus: tuple[str, ...] = ()) -> int:
         """Spawn the replica in a new session, seeing only ``gpus`` if it asked for any; return its pid (also
         its process group id)."""
+        self._reap_departed()
         cmd = role_command("worker", replica_id.deployment, "--replica-id", replica_id.to_str())
         proc = subprocess.Popen(
             cmd, env=self.env(gpus), stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=self._pass_fds
@@ -57,6 +60,7 @@ class ProcessLauncher:
 
     def is_alive(self, pid: int, replica_id: ReplicaID) -> bool:
         """True while the process runs and still is this replica (guards against pid reuse)."""
+        self._reap_departed()
         child = self._children.get(pid)
         if child is not None:
             return not _ended(child)
@@ -96,10 +100,15 @@ class ProcessLauncher:
         """Drop a replica's process that has ended: ours is reaped, what it left in its process group killed first
         (_ended); one an earlier scheduler started (adopted), whose group is its pid too, has its group swept."""
         child = self._children.pop(pid, None)
-        if child is not None:
-            _ended(child)
-        else:
+        if child is None:
             _sweep_group_of_ended(pid)
+        elif not _ended(child):  # (SIGKILLed a moment ago): a zombie until the next start, had it been dropped
+            self._departed.append(child)
+        self._reap_departed()
+
+    def _reap_departed(self) -> None:
+        if self._departed:
+            self._departed = [child for child in self._departed if not _ended(child)]
 
 
 def _sweep_group_of_ended(pid: int) -> None:
