@@ -125,3 +125,14 @@ def test_up_with_embedded_options_beside_a_named_redis_says_where_it_was_named(r
     assert refused.returncode == 2, refused.stderr
     assert "are for the embedded Redis, and a Redis is named" in refused.stderr
     assert "REDIS_URL" in refused.stderr and "drop them, or name no Redis" in refused.stderr
+
+
+def test_a_wait_that_no_scheduler_will_end_says_so(redis_url: str, tmp_path: Path) -> None:
+    """No scheduler runs (the roles run apart, and it stopped): a goal waited for is never reached, and the error says
+    why rather than only that time ran out."""
+    config = tmp_path / "c.yaml"
+    config.write_text("deployments:\n  - name: first\n    import_path: examples.echo:Echo\n")
+    assert run("deploy", str(config), "--redis-url", redis_url).returncode == 0
+    waited = run("scale", "first", "3", "--wait", "--timeout", "0.5", "--redis-url", redis_url)
+    assert waited.returncode == 1, waited.stderr
+    assert "not reached in 0.5s: no scheduler leads (none runs, or none reaches Redis)" in waited.stderr, waited.stderr

@@ -32,7 +32,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         endpoints = await stores.desired.endpoints()
         text = format_status(await stores.status.status())
         text += "\n\n" + format_endpoints([endpoints[n] for n in sorted(endpoints)]) if endpoints else ""
-        if await stores.redis.get(settings.keys.scheduler_lock()) is None:  # the figures above are nobody's now
+        if not await stores.scheduler_leads():  # the figures above are nobody's now
             text += "\n\n" + NO_LEADER
         return text
 

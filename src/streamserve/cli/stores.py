@@ -14,6 +14,7 @@ from streamserve.control.goal_records import GoalStore
 from streamserve.control.status import StatusReader
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import async_redis
+from streamserve.wire.keys import Keys
 
 T = TypeVar("T")
 
@@ -26,6 +27,11 @@ class Stores:
     goals: GoalStore
     status: StatusReader
     redis: aioredis.Redis
+    keys: Keys
+
+    async def scheduler_leads(self) -> bool:
+        """Whether a scheduler holds the leader's lock (none: nobody acts on goals or runs replicas)."""
+        return await self.redis.get(self.keys.scheduler_lock()) is not None
 
 
 def with_stores(settings: Settings, fn: Callable[[Stores], Awaitable[T]]) -> T:
@@ -36,7 +42,7 @@ def with_stores(settings: Settings, fn: Callable[[Stores], Awaitable[T]]) -> T:
         try:
             keys = settings.keys
             desired = DesiredState(redis, keys, settings.import_allow_list, settings.config_limit_values)
-            return await fn(Stores(desired, GoalStore(redis, keys), StatusReader(redis, keys), redis))
+            return await fn(Stores(desired, GoalStore(redis, keys), StatusReader(redis, keys), redis, keys))
         finally:
             await redis.aclose()
 

@@ -64,7 +64,12 @@ async def _wait_for_goals(stores: Stores, goal_ids: list[str], timeout: float) -
             last_line = line
 
     for goal_id in goal_ids:
-        goal = await stores.goals.wait(goal_id, max(0.0, deadline - time.monotonic()), on_progress=show)
+        try:
+            goal = await stores.goals.wait(goal_id, max(0.0, deadline - time.monotonic()), on_progress=show)
+        except RequestTimeoutError as exc:
+            if await stores.scheduler_leads():
+                raise
+            raise RequestTimeoutError(f"{exc}: no scheduler leads (none runs, or none reaches Redis)") from None
         print(f"{goal.deployment}: done" + (f", {goal.replicas} replica(s) running" if goal.kind != "delete" else ""))
 
 
