@@ -7,6 +7,9 @@ import signal
 import subprocess
 from pathlib import Path
 
+import orjson
+
+from streamserve.client import Client
 from streamserve.runtime.processes import free_port
 from tests.harness.paths import STREAMSERVE
 
@@ -136,3 +139,27 @@ def test_a_wait_that_no_scheduler_will_end_says_so(redis_url: str, tmp_path: Pat
     waited = run("scale", "first", "3", "--wait", "--timeout", "0.5", "--redis-url", redis_url)
     assert waited.returncode == 1, waited.stderr
     assert "not reached in 0.5s: no scheduler leads (none runs, or none reaches Redis)" in waited.stderr, waited.stderr
+
+
+def test_delete_drain_waits_for_what_the_deployment_holds_and_deletes_nothing_in_time(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """`delete --drain` (the tutorial's last step, after a traffic change moved an endpoint off it): deleted at once,
+    the requests it still held were answered 404."""
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "deployments:\n  - name: busy\n    import_path: examples.echo:Echo\n"
+        "  - name: idle\n    import_path: examples.echo:Echo\n"
+    )
+    assert run("deploy", str(config), "--redis-url", redis_url).returncode == 0
+    with Client(redis_url) as client:  # no replica runs: they stay queued
+        client.send("busy", 1)
+        client.send("busy", 2)
+    held = run("delete", "busy", "--drain", "--timeout", "0.5", "--redis-url", redis_url)
+    assert held.returncode == 1, held.stderr
+    assert "busy: 2 request(s) queued or running" in held.stdout, held.stdout
+    assert "busy: still holds 2 request(s), queued or running: not deleted" in held.stderr, held.stderr
+    drained = run("delete", "idle", "--drain", "--timeout", "5", "--redis-url", redis_url)
+    assert drained.returncode == 0 and "idle: deleting" in drained.stdout, drained.stdout + drained.stderr
+    left = run("status", "--json", "--redis-url", redis_url)
+    assert [d["name"] for d in orjson.loads(left.stdout)["deployments"]] == ["busy"], left.stdout

@@ -158,6 +158,12 @@ def _add_scale(sub: Subcommands) -> None:
 def _add_delete(sub: Subcommands) -> None:
     p = _command(sub, "delete", "remove a deployment (and stop its replicas) or an endpoint")
     p.add_argument("name", type=checked_argument(check_name))
+    p.add_argument(
+        "--drain",
+        action="store_true",
+        help="first wait (up to --timeout) until the deployment holds no request, queued or running: deleted at once,"
+        " the requests it still held are answered 404",
+    )
     _add_wait_options(p)
 
 

@@ -109,16 +109,36 @@ def cmd_scale(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
     async def delete(stores: Stores) -> None:
+        deadline = time.monotonic() + args.timeout
+        if args.drain:
+            await _drain(stores, args.name, deadline)
         goal_id = await stores.desired.delete_named(args.name)
         if goal_id is None:
             print(f"{args.name}: endpoint deleted")
             return
         print(f"{args.name}: deleting (goal {goal_id})")
         if args.wait:
-            await _wait_for_goals(stores, [goal_id], args.timeout)
+            await _wait_for_goals(stores, [goal_id], max(0.0, deadline - time.monotonic()))
 
     with_stores(settings, delete)
     return 0
+
+
+async def _drain(stores: Stores, name: str, deadline: float) -> None:
+    """Wait until deployment ``name`` holds no request, queued or running (an endpoint holds none): what a traffic
+    change moved off it, it answers first. RequestTimeoutError, deleting nothing, when it still holds some at
+    ``deadline``."""
+    deployment, _endpoint = await stores.desired.find(name)
+    if deployment is None:
+        return
+    shown = -1
+    while held := await stores.status.holding(name):
+        if held != shown:
+            print(f"  {name}: {held} request(s) queued or running", flush=True)
+            shown = held
+        if time.monotonic() > deadline:
+            raise RequestTimeoutError(f"{name}: still holds {held} request(s), queued or running: not deleted")
+        await asyncio.sleep(GOAL_POLL_S)
 
 
 def cmd_traffic(args: argparse.Namespace, settings: Settings) -> int:

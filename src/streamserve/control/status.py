@@ -113,6 +113,12 @@ class StatusReader:
         deployments = await self._desired.deployments()
         return [await self._deployment_status(name, cfg) for name, cfg in sorted(deployments.items())]
 
+    async def holding(self, name: str) -> int:
+        """How many requests deployment ``name`` holds now, queued or running (NotFoundError when there is none of
+        that name)."""
+        status = await self._deployment_status(name, await self._desired.get(name))
+        return status.queued + status.in_flight
+
     async def progress(self, goal: GoalRecord) -> str:
         """One line on how far a pending goal is, e.g. "echo: 1/2 replicas of version ab12 running"."""
         async with self._redis.pipeline(transaction=False) as pipe:
