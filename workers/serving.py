@@ -404,6 +404,12 @@ class Serving:
         entry_id = CancelRequest.decode(fields).entry_id.encode()
         scope = self._running.get(entry_id)
         if scope is not None:
+            if 0 < scope.deadline_ms <= now_ms() + INHERITED_DEADLINE_SLACK_MS:
+                # Its caller gave up at its deadline (a timeout cancels the request): the deadline stops it, and it
+                # ends as deadline_exceeded, not as cancelled (a stream's own deadline timer, a sync handler that
+                # reads streamserve.cancelled(), an async one's task cancelled here).
+                scope.stop_overdue()
+                return
             scope.cancel()
             return
         early = self._early_cancels

@@ -17,7 +17,7 @@ from streamserve.metrics.definitions import REQUESTS, TENANT_REQUESTS
 from streamserve.metrics.figures import Figures
 from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.runtime.settings import Settings
-from streamserve.wire.errors import RemoteError
+from streamserve.wire.errors import RemoteError, RequestTimeoutError
 from streamserve.wire.tenants import OTHER_TENANTS, TENANT_LABEL_CAP
 from tests import deployments
 from tests.harness.farm import gateway_process
@@ -170,3 +170,23 @@ async def test_the_tenants_first_seen_keep_the_last_labels(settings: Settings, a
     counted = await aredis.hgetall(settings.keys.metrics("ten"))
     labelled = {TENANT_REQUESTS.labels_of(name.decode())[0] for name in counted}  # type: ignore[index]
     assert labelled == {"t98", "t99", "t100", OTHER_TENANTS}
+
+
+async def test_a_call_that_timed_out_while_it_ran_is_counted_as_its_deadline_not_as_cancelled(
+    start_replica: StartReplica, client: AsyncClient, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller's timeout cancels its request (so that a queued one leaves the queue); one that runs is still ended
+    by its deadline: outcome deadline_exceeded, which dashboards and alerts on timeouts read, not cancelled."""
+    monkeypatch.setattr(deployments, "SLOW_ECHO_S", 5.0)
+    await start_replica(import_path="tests.deployments:slow_echo", route_prefix="/rec")
+    with gateway_process(redis_url, tmp_path) as port:
+        for i in range(2):
+            with pytest.raises(RequestTimeoutError):
+                await client.call("rec", i, timeout=0.3)
+
+        def counted(s: Samples) -> bool:
+            return value(s, "streamserve_handled_requests_total", deployment="rec", outcome="deadline_exceeded") == 2
+
+        after = await eventually(port, counted)
+        assert value(after, "streamserve_handled_requests_total", deployment="rec", outcome="cancelled") is None
+        assert value(after, "streamserve_cancelled_requests_total", deployment="rec", stage="running") == 2
