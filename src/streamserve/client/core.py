@@ -208,14 +208,17 @@ class ClientCore:
         if self._orphaned is not None:  # what it had is gone with its loop: nothing to close
             self._orphaned = None
             return
-        await self._held().close()
-        # Nothing closed is used again: a call after this starts the client anew (with its parts kept, it queued its
-        # request and waited out its whole timeout, the reply reader gone). On a reply stream of its own: a call
-        # cut off here may still be answered, and its late reply, matched by its tag (counted from 1 again by a new
-        # reader), would have been taken for the answer of a new call.
-        self._forget()
-        self._jobs_redis = self._jobs = None
-        self.caller_id = new_caller_id()
+        try:
+            await self._held().close()
+        finally:
+            # Nothing closed is used again, even when a close failed part-way (nor closed again by its finalizer): a
+            # call after this starts the client anew (with its parts kept, it queued its request and waited out its
+            # whole timeout, the reply reader gone). On a reply stream of its own: a call cut off here may still be
+            # answered, and its late reply, matched by its tag (counted from 1 again by a new reader), would have
+            # been taken for the answer of a new call.
+            self._forget()
+            self._jobs_redis = self._jobs = None
+            self.caller_id = new_caller_id()
 
     def _forget(self) -> None:
         """Drop the parts bound to the loop the client ran on."""
@@ -340,19 +343,20 @@ def _close_dropped(held: _Held, loop: asyncio.AbstractEventLoop | None, pid: int
     (this runs wherever the collector runs). Warned about (ResourceWarning), as an unclosed file is."""
     if pid != os.getpid():
         return  # a forked child's inheritance is the parent's to close (_INHERITED)
-    warnings.warn("streamserve.AsyncClient dropped without aclose(): closed now", ResourceWarning, stacklevel=2)
     if loop is None:
         if held.jobs_redis is not None:
             held.jobs_redis.close()
-        return
+    else:
 
-    def begin() -> None:
-        task = loop.create_task(_close_quietly(held))
-        _CLOSING.add(task)
-        task.add_done_callback(_CLOSING.discard)
+        def begin() -> None:
+            task = loop.create_task(_close_quietly(held))
+            _CLOSING.add(task)
+            task.add_done_callback(_CLOSING.discard)
 
-    with contextlib.suppress(RuntimeError):  # its loop closed already: what it held went with it
-        loop.call_soon_threadsafe(begin)
+        with contextlib.suppress(RuntimeError):  # its loop closed already: what it held went with it
+            loop.call_soon_threadsafe(begin)
+    # Last: under -W error the warning raises, and the close must be on its way by then.
+    warnings.warn("streamserve.AsyncClient dropped without aclose(): closed now", ResourceWarning, stacklevel=2)
 
 
 async def _close_quietly(held: _Held) -> None:
