@@ -195,6 +195,7 @@ class Serving:
         # cached request's), whose record is kept while they run on past their deadline (_keep_overdue_runs).
         self._running: dict[bytes, RequestScope] = {}
         self._shared_runs: dict[bytes, Request] = {}
+        self._keeper: asyncio.Task[None] | None = None
         self._pipeliner = pipeliner
         # Redis refusing its reads (a full disk): told once per episode.
         self._refusals = WriteRefusals(logger, f"replica {self._consumer}")
@@ -271,6 +272,8 @@ class Serving:
 
     def close_threads(self) -> None:
         """End the handler threads: a handler still running past the drain's grace period is not answered."""
+        if self._keeper is not None:
+            self._keeper.cancel()
         self._threads.close()
 
     # -- reading ---------------------------------------------------------------
@@ -278,12 +281,12 @@ class Serving:
     async def serve(self) -> None:
         """Read and run requests until the replica stops."""
         overdue = asyncio.create_task(self._stop_overdue(), name="deadlines")
-        kept = asyncio.create_task(self._keep_overdue_runs(), name="overdue-runs")
+        if self._keeper is None:  # (kept through the drain, until close_threads: handlers run on in it)
+            self._keeper = asyncio.create_task(self._keep_overdue_runs(), name="overdue-runs")
         try:
             await self._read_until_stopped()
         finally:
             overdue.cancel()
-            kept.cancel()
 
     async def _read_until_stopped(self) -> None:
         backoff = Backoff()
@@ -389,8 +392,8 @@ class Serving:
             now = now_ms()
             for request in list(self._shared_runs.values()):
                 if 0 < request.deadline_ms < now:
-                    record, _ = self._keys.shared_run(self._name, request.idem, request.cache, request.tenant)
-                    command = ("EVAL", scripts.KEEP_RUN, 1, record, request.run, shared_runs.RUNNING_RECORD_GRACE_MS)
+                    run_keys = self._keys.shared_run(self._name, request.idem, request.cache, request.tenant)
+                    command = ("EVAL", scripts.KEEP_RUN, 2, *run_keys, request.run, shared_runs.RUNNING_RECORD_GRACE_MS)
                     self._pipeliner.execute(command).add_done_callback(_note_keep_failure)
 
     # -- cancellation ----------------------------------------------------------

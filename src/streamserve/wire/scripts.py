@@ -376,12 +376,16 @@ KEEP_RUN = """
 -- Keep a shared run's record while its handler runs on past its request's deadline (a sync handler, which nothing can
 -- stop): a record that lapsed let a retry run the handler again, and the first run's reply went unkept.
 -- KEYS[1]  the run's record (hash)
+-- KEYS[2]  the run's waiters (list), kept as long: the retries that joined it are answered when it ends
 -- ARGV[1]  the run token
--- ARGV[2]  how long from now it is kept at least (ms)
+-- ARGV[2]  how long from now they are kept at least (ms)
 -- Returns 1 when the record is this run's and still running, else 0.
 local run, state = unpack(redis.call('HMGET', KEYS[1], 'run', 'state'))
 if run ~= ARGV[1] or state ~= 'running' then return 0 end
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+for _, key in ipairs(KEYS) do
+  local left = redis.call('PTTL', key)
+  if left ~= -2 and left < tonumber(ARGV[2]) then redis.call('PEXPIRE', key, ARGV[2]) end
+end
 return 1
 """
 
