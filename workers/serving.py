@@ -488,12 +488,12 @@ class Serving:
         its neighbours down with it on every delivery until they too reached the
         dead-letter stream; alone, a death is charged to the culprit only.
 
-        Except where a request waits on something outside the replica. Its call through a handle may wait behind
-        what this replica would read next (a deployment that calls itself, or calls one that calls it), and so for
-        ever if the replica read nothing. Its stream, once its caller is ``max_unread_chunks`` behind, waits for
-        that caller to read on, which may be never before its deadline (a caller that keeps its stream open unread).
-        Once a request this replica runs has waited so, suspects run beside the rest, and the one run alone makes
-        the replica read again once it waits.
+        Except where a request calls a deployment through a handle: its call may wait behind what this replica
+        would read next (a deployment that calls itself, or calls one that calls it), and so for ever if the
+        replica read nothing. Once a request this replica runs has made such a call, suspects run beside the rest,
+        and the one run alone makes the replica read again once it calls. So does the one run alone once its
+        stream pauses for its caller to read on (``max_unread_chunks`` behind), which may be never before its
+        deadline (a caller that keeps its stream open unread).
 
         A stop ends either wait: the read loop must return for the drain to begin, whose bound (the deployment's
         graceful_shutdown_timeout_s; FARM_GONE_DRAIN_S once its `up` died and its replies may never go out) holds
@@ -508,10 +508,14 @@ class Serving:
                 await self._hand_back([entry_id])
             return
         self._accept(entry_id, fields)
+        if (scope := self._running.get(entry_id)) is not None:
+            scope.on_reader_wait = self._note_wait_outside
+            if scope.reader_waits:
+                self._waited_outside.set()
         await self._idle_unless_stopping()  # at once if a wait outside ended the first: it runs beside the others
 
     def _waits_outside(self) -> bool:
-        """Whether a request this replica runs has waited outside it (a handle's call, a stream's reader)."""
+        """Whether a request this replica runs has called a deployment through a handle."""
         return any(scope.waits_outside for scope in self._running.values())
 
     async def _idle_unless_stopping(self) -> bool:

@@ -237,21 +237,25 @@ class Stream:
     def _room_or_stop(self) -> bool:
         """On the thread: wait while the caller is ``window`` chunks behind; False once the generator must stop."""
         with self._lock:
+            paused = False
             while not self._stop and self._produced - self._read >= self.window:
-                if not self._scope.waits_outside:
-                    self._scope.waits_outside = True
+                if not paused:
+                    paused = True
                     with contextlib.suppress(RuntimeError):  # the loop is closed: nothing reads on
-                        self._loop.call_soon_threadsafe(self._waits_for_reader)
+                        self._loop.call_soon_threadsafe(self._reader_waits, True)
                 self._room.wait()
+            if paused:
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(self._reader_waits, False)
             return not self._stop
 
-    def _waits_for_reader(self) -> None:
-        """On the loop: the generator is paused until its caller reads on, which it may not do for long: a wait
-        outside the replica (RequestScope.waits_outside)."""
+    def _reader_waits(self, paused: bool) -> None:
+        """On the loop: the generator is paused until its caller reads on (which may not come for long), or goes on
+        (RequestScope.reader_waits)."""
         scope = self._scope
-        scope.waits_outside = True
-        if scope.on_wait_outside is not None:
-            scope.on_wait_outside()
+        scope.reader_waits = paused
+        if paused and scope.on_reader_wait is not None:
+            scope.on_reader_wait()
 
     def _hand_over(self, encoded: bytes) -> None:
         """On the thread: give a chunk to the loop, waking it unless a wake-up is already due."""
@@ -284,10 +288,12 @@ class Stream:
             return _Ending(exc)
         try:
             while not self._stop:
-                while self._produced - self._read >= self.window:
-                    self._waits_for_reader()
-                    room.clear()
-                    await room.wait()
+                if self._produced - self._read >= self.window:
+                    self._reader_waits(True)
+                    while self._produced - self._read >= self.window:
+                        room.clear()
+                        await room.wait()
+                    self._reader_waits(False)
                 try:
                     chunk = await chunks.__anext__()
                 except StopAsyncIteration:

@@ -39,8 +39,10 @@ class RequestScope:
         "deadline_stop",
         "is_cancelled",
         "model",
+        "on_reader_wait",
         "on_wait_outside",
         "priority",
+        "reader_waits",
         "request_id",
         "stop",
         "stopped_overdue",
@@ -70,11 +72,14 @@ class RequestScope:
         # Stops the handler when its deadline passes (an async handler's task; a stream watches its own deadline).
         self.deadline_stop: Callable[[], object] | None = None
         self.stopped_overdue = False  # deadline_stop was called
-        # Whether the handler has waited on something outside its replica, and what to call (on the replica's loop)
-        # when it first does: a call through a handle, which may wait for the replica to read; a stream's reader, who
-        # may not read on for a long time (workers/serving.py, _run_alone).
+        # Whether the handler has called a deployment through a handle, which may wait for the replica to read, and
+        # what to call (on the replica's loop) when it first does (workers/serving.py, _run_alone).
         self.waits_outside = False
         self.on_wait_outside: Callable[[], object] | None = None
+        # Whether its stream is paused now, for its caller to read on (which may not come for long), and what to call
+        # (on the replica's loop) when it pauses: set for a request run alone (workers/serving.py, _run_alone).
+        self.reader_waits = False
+        self.on_reader_wait: Callable[[], object] | None = None
         self._children: list[Callable[[], object]] | None = None
         # When the replica traces: the trace context of the request's handler span, current while the handler runs
         # (the user's own spans, and the calls it makes through handles, are its children); else None.
