@@ -236,6 +236,7 @@ class Gateway:
     async def _answer(self, exchange: _Exchange) -> None:
         """Answer the request; ``exchange`` learns what was answered, by whom."""
         scope, receive, send, headers = exchange.scope, exchange.receive, exchange.send, exchange.headers
+        job = False
         try:
             # First: with tenant keys, nothing else of a request without a known key is looked at (its path, its
             # body); a 400 below is counted under its tenant.
@@ -262,6 +263,7 @@ class Gateway:
             priority = _priority(headers.one(b"x-priority", "X-Priority"))
             model = _model_id(headers.one(b"x-model-id", MODEL_HEADER))
             if _prefers_async(headers.getlist(b"prefer")):
+                job = True  # (cut off at shutdown, it may be queued already: not answered "send it again")
                 response = await self._submit_job(
                     name,
                     orjson.loads(body),
@@ -314,6 +316,8 @@ class Gateway:
             # uvicorn cancels what still runs once the gateway's graceful shutdown has timed out: the request is
             # cancelled (in Redis too, as for a caller who left), and its caller told so rather than given uvicorn's
             # bare plain-text 500.
+            if job:
+                raise
             stopped = UnavailableError(
                 f"the gateway stopped before request {exchange.request_id} was answered: the request was cancelled;"
                 " send it again"
