@@ -102,10 +102,20 @@ def parent_stream_sync(body: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def first_chunk_sync(body: dict[str, Any]) -> Any:
-    """Reads the first chunk of what ``body["child"]`` streams and leaves the loop: the stream is closed then."""
+    """Reads the first chunk of what ``body["child"]`` streams and leaves the loop; then waits (5 s at most) for the
+    child to note that it was cancelled, while this request still runs (so no collector of its ended scope did it)."""
+    first = None
     for chunk in streamserve.handle(body["child"]).stream(body):
-        return chunk
-    return None
+        first = chunk
+        break
+    if first is None:
+        return None
+    deadline = time.monotonic() + 5
+    with redis.Redis.from_url(os.environ["REDIS_URL"]) as notes:
+        while b"child cancelled" not in notes.lrange(body["notes"], 0, -1) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        cancelled = b"child cancelled" in notes.lrange(body["notes"], 0, -1)
+    return {**first, "child_cancelled_while_parent_ran": cancelled}
 
 
 def late_caller(body: dict[str, Any]) -> Any:
