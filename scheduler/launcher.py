@@ -25,6 +25,10 @@ from streamserve.wire.ids import ReplicaID
 logger = logging.getLogger(__name__)
 
 
+# How long ``forget`` waits for a replica killed a moment ago to end (it blocks the scheduler's loop meanwhile).
+FORGET_WAIT_S = 0.1
+
+
 class ProcessLauncher:
     """Starts ``python -m streamserve worker`` processes and tells whether they live."""
 
@@ -102,8 +106,11 @@ class ProcessLauncher:
         child = self._children.pop(pid, None)
         if child is None:
             _sweep_group_of_ended(pid)
-        elif not _ended(child):  # (SIGKILLed a moment ago): a zombie until the next start, had it been dropped
-            self._departed.append(child)
+        elif not _ended(child):  # SIGKILLed a moment ago: a zombie until the next start, had it been dropped
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(FORGET_WAIT_S)  # (gone in a few ms, as a rule: then reaped here, whatever comes next)
+            if not _ended(child):
+                self._departed.append(child)
         self._reap_departed()
 
     def _reap_departed(self) -> None:

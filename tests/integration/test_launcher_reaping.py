@@ -27,8 +27,9 @@ def test_a_replica_killed_and_forgotten_at_once_is_reaped_by_the_next_look(setti
     child = subprocess.Popen(["sleep", "60"], start_new_session=True)  # stands for a replica the launcher started
     launcher._children[child.pid] = child
     try:
-        os.killpg(child.pid, signal.SIGKILL)  # as kill() does; then, in the same tick:
-        launcher.forget(child.pid)
+        launcher.forget(child.pid)  # not ended yet (as one SIGKILLed a moment ago, in the same tick, may not be) ...
+        assert _state(child.pid) not in ("", "Z")
+        os.killpg(child.pid, signal.SIGKILL)  # ... and it ends now
         other = ReplicaID.new("rec")
 
         def reaped() -> bool:
