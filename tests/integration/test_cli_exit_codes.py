@@ -136,6 +136,9 @@ def test_a_wait_that_no_scheduler_will_end_says_so(redis_url: str, tmp_path: Pat
     config = tmp_path / "c.yaml"
     config.write_text("deployments:\n  - name: first\n    import_path: examples.echo:Echo\n")
     assert run("deploy", str(config), "--redis-url", redis_url).returncode == 0
+    unchanged = run("deploy", str(config), "--wait", "--timeout", "0.5", "--redis-url", redis_url)  # (no goal: health)
+    assert unchanged.returncode == 1, unchanged.stderr
+    assert "first: not healthy in time: no scheduler leads" in unchanged.stderr, unchanged.stderr
     waited = run("scale", "first", "3", "--wait", "--timeout", "0.5", "--redis-url", redis_url)
     assert waited.returncode == 1, waited.stderr
     assert "not reached in 0.5s: no scheduler leads (none runs, or none reaches Redis)" in waited.stderr, waited.stderr
@@ -155,6 +158,10 @@ def test_delete_drain_waits_for_what_the_deployment_holds_and_deletes_nothing_in
     with Client(redis_url) as client:  # no replica runs: they stay queued
         client.send("busy", 1)
         client.send("busy", 2)
+    assert run("traffic", "front", "busy=1", "--redis-url", redis_url).returncode == 0
+    sent_to = run("delete", "busy", "--drain", "--timeout", "30", "--redis-url", redis_url)  # refused at once
+    assert sent_to.returncode == 1 and "busy: endpoint(s) front still send to it" in sent_to.stderr, sent_to.stderr
+    assert run("delete", "front", "--redis-url", redis_url).returncode == 0
     held = run("delete", "busy", "--drain", "--timeout", "0.5", "--redis-url", redis_url)
     assert held.returncode == 1, held.stderr
     assert "busy: 2 request(s) queued or running" in held.stdout, held.stdout

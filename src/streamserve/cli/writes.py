@@ -13,7 +13,7 @@ from streamserve.control.desired_state import Applied, DesiredState
 from streamserve.control.goal_records import GOAL_POLL_S
 from streamserve.runtime.settings import Settings
 from streamserve.wire.config import AppConfig, EndpointConfig, load_config
-from streamserve.wire.errors import ConfigError, GoalFailedError, RequestTimeoutError
+from streamserve.wire.errors import ConfigError, ConflictError, GoalFailedError, RequestTimeoutError
 from streamserve.wire.messages import GoalRecord
 from streamserve.wire.printable import printable
 from streamserve.wire.states import DeploymentHealth
@@ -88,7 +88,8 @@ async def _wait_until_healthy(stores: Stores, names: list[str], deadline: float)
                 print(f"{name}: unchanged, {health.running} replica(s) running")
                 pending.discard(name)
         if pending and time.monotonic() > deadline:
-            raise RequestTimeoutError(f"{', '.join(sorted(pending))}: not healthy in time")
+            unled = "" if await stores.scheduler_leads() else ": no scheduler leads (none runs, or none reaches Redis)"
+            raise RequestTimeoutError(f"{', '.join(sorted(pending))}: not healthy in time{unled}")
         if pending:
             await asyncio.sleep(GOAL_POLL_S)
 
@@ -131,6 +132,9 @@ async def _drain(stores: Stores, name: str, deadline: float) -> None:
     deployment, _endpoint = await stores.desired.find(name)
     if deployment is None:
         return
+    senders = sorted(e.name for e in (await stores.desired.endpoints()).values() if name in e.deployments)
+    if senders:  # (the delete would be refused after the wait, and the wait would never end: traffic comes on)
+        raise ConflictError(f"{name}: endpoint(s) {', '.join(senders)} still send to it: change their traffic first")
     shown = -1
     while held := await stores.status.holding(name):
         if held != shown:
