@@ -136,7 +136,10 @@ class _AccessLines:
         if second != self._second:  # logging's asctime, made once a second
             self._second, self._stamp = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
         # Escaped (wire.printable) as one: the caller's path and request id cannot forge a line or reach a terminal
-        # as control sequences. Only a line with a control character in it costs more than a scan.
+        # as control sequences. Only a line with a control character in it costs more than a scan. The path's spaces
+        # (decoded from %20) as they were sent: a path cannot forge the fields after it ("/x 200 1ms deployment=a").
+        if " " in path:
+            path = path.replace(" ", "%20")
         line = (
             f"{self._stamp},{int((now - second) * 1000):03d}{self._head}{method} {path} {status} "
             f"{seconds * 1000:.2f}ms deployment={deployment or '-'} replica={replica or '-'} "

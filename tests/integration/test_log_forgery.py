@@ -1,5 +1,6 @@
 """A caller cannot forge a line of the gateway's text access log, nor reach the terminal that shows it: control
-characters in the path or the X-Request-ID are written as visible escapes (wire.printable), and on ``/-/`` paths an
+characters in the path or the X-Request-ID are written as visible escapes (wire.printable), a path's spaces as %20
+(they would forge the fields after it), and on ``/-/`` paths an
 X-Request-ID that is not a valid id (spaces) is not logged, as on deployment paths."""
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ async def test_control_characters_from_a_caller_are_escaped_in_the_text_access_l
             assert (await http.get(TERMINAL_PATH, headers={"X-Request-ID": "term-2"})).status_code == 404
             deployment_path = "/rec%1b[2J"
             assert (await http.post(deployment_path, json=1, headers={"X-Request-ID": "post-3"})).status_code == 404
+            # Spaces: the fields of a line of its own, had they been written as spaces.
+            fields_path = "/rec%20200%200.50ms%20deployment=rec%20request_id=forged"
+            assert (await http.post(fields_path, json=1, headers={"X-Request-ID": "fields-4"})).status_code == 404
             spaced = {"X-Request-ID": "id with spaces deployment=pwn"}
             assert (await http.get("/-/status", headers=spaced)).status_code == 200
             refused = await http.get("/-/spaced-id", headers=spaced)  # refused for its id, with a new one
@@ -57,7 +61,8 @@ async def test_control_characters_from_a_caller_are_escaped_in_the_text_access_l
         assert len(found) == 1, (marker, lines)
         return found[0]
 
-    assert " GET /-/x\\nFORGED POST /-/deploy 200 404 " in line_of("request_id=forge-1")
+    assert " GET /-/x\\nFORGED%20POST%20/-/deploy%20200 404 " in line_of("request_id=forge-1")
+    assert " POST /rec%20200%200.50ms%20deployment=rec%20request_id=forged 404 " in line_of("request_id=fields-4")
     assert " GET /-/y\\x1b[2J\\x1b]52;c;aGk=\\x07\\r\\x9b31m 404 " in line_of("request_id=term-2")
     assert " POST /rec\\x1b[2J 404 " in line_of("request_id=post-3")
     assert line_of("/-/spaced-id").endswith(f" request_id={refused.headers['X-Request-ID']}")
