@@ -246,7 +246,13 @@ class Gateway:
                 exchange.deployment = self._served_at(scope["path"])
                 raise
             given = exchange.given_id
-            _check_request_id(given, exchange.request_id, 0 if given is None else len(headers.getlist(b"x-request-id")))
+            try:
+                _check_request_id(
+                    given, exchange.request_id, 0 if given is None else len(headers.getlist(b"x-request-id"))
+                )
+            except BadRequestError:  # counted under its deployment, as every other 400 of its route
+                exchange.deployment = self._served_at(scope["path"])
+                raise
             exchange.deployment = name = self.match(scope["path"])
             limit = self.settings.max_request_bytes
             length, timeout_s = headers.content_length(), self.settings.body_timeout_s

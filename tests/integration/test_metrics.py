@@ -70,6 +70,10 @@ async def test_any_gateway_shows_the_whole_farm_and_the_figures_move_with_traffi
                 for i in range(calls):
                     assert (await http.post(f"http://127.0.0.1:{port}/rec", json=i)).status_code == 200
             assert (await http.post(f"http://127.0.0.1:{second}/rec", content=b"{bad")).status_code == 400
+            bad_id = {
+                "X-Request-ID": "bad id!"
+            }  # (refused before its route is looked at: counted under it all the same)
+            assert (await http.post(f"http://127.0.0.1:{second}/rec", json=1, headers=bad_id)).status_code == 400
         for i in range(4):  # the Python client's calls: counted by the replica's figures only
             await client.call("rec", i)
         with pytest.raises(RemoteError):
@@ -81,11 +85,11 @@ async def test_any_gateway_shows_the_whole_farm_and_the_figures_move_with_traffi
                 value(s, "streamserve_handled_requests_total", deployment="rec", outcome="ok") == 12
                 and value(s, "streamserve_handled_requests_total", deployment="rec", outcome="user_error") == 1
                 and value(s, "streamserve_requests_total", deployment="rec", code="200") == 8
-                and value(s, "streamserve_requests_total", deployment="rec", code="400") == 1
+                and value(s, "streamserve_requests_total", deployment="rec", code="400") == 2
             )
 
         after = await eventually(first, counted)  # 200: 5 through one gateway and 3 through the other
-        assert value(after, "streamserve_request_duration_seconds_count", deployment="rec") == 9
+        assert value(after, "streamserve_request_duration_seconds_count", deployment="rec") == 10
         assert value(after, "streamserve_handler_duration_seconds_count", deployment="rec") == 13
         assert value(after, "streamserve_handler_duration_seconds_bucket", deployment="rec", le="+Inf") == 13
         assert 0 < value(after, "streamserve_request_duration_seconds_sum", deployment="rec") < 9 * 5  # type: ignore[operator]
