@@ -38,6 +38,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import itertools
+import os
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
@@ -148,6 +149,21 @@ class _Home:
 _lock = threading.Lock()
 _replica_home: _Home | None = None
 _background_home: _Home | None = None
+# What a forked child inherited of its parent's homes, held for good and never used: their loops' threads did not
+# come along (a call there waited for ever), and their sockets are the parent's.
+_INHERITED_HOMES: list[_Home] = []
+
+
+def _forget_homes_in_child() -> None:
+    """After os.fork(), in the child: its handles get homes of their own at first use (a replica's too: the child of
+    a handler that forked is no replica, and the parent's loop does not run here)."""
+    global _lock, _replica_home, _background_home
+    _INHERITED_HOMES.extend(home for home in (_replica_home, _background_home) if home is not None)
+    _lock = threading.Lock()  # (held by another thread of the parent at the fork, it would never be let go)
+    _replica_home = _background_home = None
+
+
+os.register_at_fork(after_in_child=_forget_homes_in_child)
 
 
 def serve_handles_on(loop: asyncio.AbstractEventLoop, settings: Settings) -> None:
