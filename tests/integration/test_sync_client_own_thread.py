@@ -1,5 +1,6 @@
-"""A done-callback of a ``Client.submit()`` future runs on the client's own thread: a blocking call made there is
-refused at once (RuntimeError), not left waiting for the thread it blocks, and the client goes on serving."""
+"""A done-callback of a ``Client.submit()`` future runs on the client's own thread: a blocking call made there, or a
+wait for another submit()'s future, is refused at once (RuntimeError), not left waiting for the thread it blocks, and
+the client goes on serving."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import asyncio
 import concurrent.futures
 import threading
 from typing import Any
+
+import pytest
 
 from streamserve.client import Client
 from streamserve.runtime.settings import Settings
@@ -18,8 +21,9 @@ CALL_TIMEOUT_S = 3.0
 CALLBACK_WITHIN_S = 10.0
 
 
+@pytest.mark.parametrize("blocking", ["call", "submit-result"])
 async def test_a_blocking_call_in_a_submit_future_s_done_callback_raises_at_once(
-    start_replica: StartReplica, settings: Settings, gate: None
+    start_replica: StartReplica, settings: Settings, gate: None, blocking: str
 ) -> None:
     await start_replica(name="gate", import_path="tests.deployments:gate")
     client = Client(settings=settings)
@@ -28,7 +32,10 @@ async def test_a_blocking_call_in_a_submit_future_s_done_callback_raises_at_once
 
     def chain(_done: concurrent.futures.Future[Any]) -> None:
         try:
-            client.call("gate", "chained", timeout=CALL_TIMEOUT_S)
+            if blocking == "call":
+                client.call("gate", "chained", timeout=CALL_TIMEOUT_S)
+            else:  # waiting for another call's future there: the client stopped for good
+                client.submit("gate", "chained", timeout=CALL_TIMEOUT_S).result()
         except BaseException as exc:
             heard.set_result((threading.current_thread().name, exc))
         else:

@@ -139,6 +139,24 @@ async def _cancel_leftovers() -> None:
         await asyncio.wait(tasks, timeout=LEFTOVERS_END_WITHIN_S)
 
 
+class SubmittedCall(concurrent.futures.Future[Any]):
+    """What ``Client.submit`` returns. Waiting for it on the client's own thread (in a done-callback of another
+    submit()'s future), where the call could never end, raises RuntimeError instead of stopping the client for
+    good."""
+
+    _streamserve_client: Client
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done():
+            self._streamserve_client._refuse_own_thread()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self.done():
+            self._streamserve_client._refuse_own_thread()
+        return super().exception(timeout)
+
+
 class Client:
     """The blocking client: the same calls as AsyncClient, run on a background event loop.
 
@@ -310,6 +328,7 @@ class Client:
             model_id=model_id,
         )
         running = self._run(calling, waited=False)
+        running.__class__ = SubmittedCall  # (no fields of its own: the future asyncio chains to the call's task)
         running._streamserve_client = self  # type: ignore[attr-defined]  # (kept while its future is: not dropped)
         return running
 
