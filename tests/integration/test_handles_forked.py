@@ -4,7 +4,9 @@ child: the child's calls got the parent's home, whose loop thread did not come a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -29,11 +31,24 @@ os._exit(0)
 """
 
 
+def _run(env: dict[str, str]) -> tuple[int, str, str]:
+    """The script in a process group of its own, ended whole should it hang (its forked child with it)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        out, err = b"", b"hung"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return proc.returncode, out.decode(), err.decode()
+
+
 async def test_a_handle_used_before_a_fork_works_in_the_child(start_replica: StartReplica, settings: Settings) -> None:
     await start_replica()
-    env = {**os.environ, "REDIS_URL": settings.effective_redis_url}
-    ran = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=60, check=False
-    )
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    assert ran.stdout.split() == ["child", "0", "parent", "again", "again"], ran.stdout + ran.stderr[-3000:]
+    returncode, out, err = await asyncio.to_thread(_run, {**os.environ, "REDIS_URL": settings.effective_redis_url})
+    assert returncode == 0, err[-3000:]
+    assert out.split() == ["child", "0", "parent", "again", "again"], out + err[-3000:]
