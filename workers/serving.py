@@ -44,7 +44,7 @@ from streamserve.runtime.settings import Settings
 from streamserve.transport import settling
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import RETRYABLE_ERRORS, WriteRefusals, refuses_writes
-from streamserve.transport.pipelining import BlockingReader, Command, Pipeliner
+from streamserve.transport.pipelining import BlockingReader, Command, Pipeliner, failure_of
 from streamserve.transport.streams import Requeuer, ensure_groups
 from streamserve.wire import scripts, shared_runs
 from streamserve.wire.config import DeploymentConfig
@@ -837,10 +837,5 @@ async def _refused_or_done(beat: Awaitable[None]) -> None:
 
 def _note_keep_failure(sent: asyncio.Future[list[Any]]) -> None:
     """Log a KEEP_RUN that did not get through (the next sweep sends it again)."""
-    if sent.cancelled():
-        return
-    error = sent.exception()
-    if error is None:
-        error = next((reply for reply in sent.result() if isinstance(reply, Exception)), None)
-    if error is not None:
+    if (error := failure_of(sent)) is not None:
         logger.warning("could not keep the record of a shared run whose handler runs past its deadline: %s", error)

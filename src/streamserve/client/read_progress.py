@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from streamserve.client.chunk_feed import Report
-from streamserve.transport.pipelining import Pipeliner
+from streamserve.transport.pipelining import Pipeliner, failure_of
 from streamserve.transport.streams import control_command
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import ReadProgress
@@ -33,10 +33,5 @@ def progress_reporter(pipeliner: Pipeliner, keys: Keys, deployment: str, request
 
 def _note_failure(sent: asyncio.Future[list[Any]]) -> None:
     """Log a progress message that did not get through (the round trip failed, or Redis refused the XADD)."""
-    if sent.cancelled():
-        return
-    error = sent.exception()
-    if error is None:
-        error = next((reply for reply in sent.result() if isinstance(reply, Exception)), None)
-    if error is not None:
+    if (error := failure_of(sent)) is not None:
         logger.warning("could not tell a replica how far a stream was read: %s", error)

@@ -274,3 +274,14 @@ class Script:
     def __init__(self, source: str) -> None:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+
+def failure_of(sent: asyncio.Future[list[Any]]) -> BaseException | None:
+    """What a round trip sent without waiting for it (``Pipeliner.execute``'s future, done) failed with: its own
+    error, or the first command's error among its replies; None when it went through (or was cancelled)."""
+    if sent.cancelled():
+        return None
+    error = sent.exception()
+    if error is None:
+        error = next((reply for reply in sent.result() if isinstance(reply, Exception)), None)
+    return error
