@@ -199,8 +199,8 @@ class Serving:
         self._pipeliner = pipeliner
         # Redis refusing its reads (a full disk): told once per episode.
         self._refusals = WriteRefusals(logger, f"replica {self._consumer}")
-        # Set when a request this replica runs first waits outside it: calls a deployment through a handle, or its
-        # stream waits for its reader (_run_alone).
+        # Set when a request this replica runs first calls a deployment through a handle, or when the stream run
+        # alone pauses for its reader: it waits outside the replica (_run_alone).
         self._waited_outside = asyncio.Event()
         self._note_wait_outside = self._waited_outside.set
         # Entry ids cancelled while this replica did not hold them -> when (monotonic), oldest first.
@@ -448,7 +448,7 @@ class Serving:
                 suspects.append((ref, fields))
             else:
                 self._accept(ref, fields)
-        if suspects and self._waits_outside():  # they run beside the others: see _run_alone
+        if suspects and self._calls_out():  # they run beside the others: see _run_alone
             for ref, fields in suspects:
                 self._accept(ref, fields)
         elif suspects:
@@ -500,7 +500,7 @@ class Serving:
         this request as any other. One that has not started by then goes back to the queue, unrun and uncharged.
         """
         self._waited_outside.clear()
-        if self._waits_outside():  # (a wait that began while the others were handed back)
+        if self._calls_out():  # (a call made while the others were handed back)
             self._accept(entry_id, fields)
             return
         if not await self._idle_unless_stopping():
@@ -514,9 +514,9 @@ class Serving:
                 self._waited_outside.set()
         await self._idle_unless_stopping()  # at once if a wait outside ended the first: it runs beside the others
 
-    def _waits_outside(self) -> bool:
+    def _calls_out(self) -> bool:
         """Whether a request this replica runs has called a deployment through a handle."""
-        return any(scope.waits_outside for scope in self._running.values())
+        return any(scope.made_calls for scope in self._running.values())
 
     async def _idle_unless_stopping(self) -> bool:
         """Wait until the replica holds no request, or a request it runs waits outside it, or it stops; whether it
@@ -585,7 +585,7 @@ class Serving:
         if request.cache:
             self._made_under[entry_id] = self.applied
         scope = RequestScope(request.request_id, request.deadline_ms, request.priority, request.tenant, request.model)
-        scope.on_wait_outside = self._note_wait_outside
+        scope.on_call = self._note_wait_outside
         if self._spans is not None:
             self._spans.started(entry_id, request, scope)
         started = self._start_handler(entry_id, request, scope, started_at)

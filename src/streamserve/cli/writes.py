@@ -18,6 +18,9 @@ from streamserve.wire.messages import GoalRecord
 from streamserve.wire.printable import printable
 from streamserve.wire.states import DeploymentHealth
 
+# Why a goal or a deployment's health waited for in vain was never going to come.
+NO_SCHEDULER = "no scheduler leads (none runs, or none reaches Redis)"
+
 
 async def apply_file(desired: DesiredState, config: AppConfig, path: str | Path) -> Applied:
     """Apply the config read from ``path``; a ConfigError of the farm's whole desired state (an endpoint sending
@@ -69,7 +72,7 @@ async def _wait_for_goals(stores: Stores, goal_ids: list[str], timeout: float) -
         except RequestTimeoutError as exc:
             if await stores.scheduler_leads():
                 raise
-            raise RequestTimeoutError(f"{exc}: no scheduler leads (none runs, or none reaches Redis)") from None
+            raise RequestTimeoutError(f"{exc}: {NO_SCHEDULER}") from None
         print(f"{goal.deployment}: done" + (f", {goal.replicas} replica(s) running" if goal.kind != "delete" else ""))
 
 
@@ -88,7 +91,7 @@ async def _wait_until_healthy(stores: Stores, names: list[str], deadline: float)
                 print(f"{name}: unchanged, {health.running} replica(s) running")
                 pending.discard(name)
         if pending and time.monotonic() > deadline:
-            unled = "" if await stores.scheduler_leads() else ": no scheduler leads (none runs, or none reaches Redis)"
+            unled = "" if await stores.scheduler_leads() else f": {NO_SCHEDULER}"
             raise RequestTimeoutError(f"{', '.join(sorted(pending))}: not healthy in time{unled}")
         if pending:
             await asyncio.sleep(GOAL_POLL_S)

@@ -238,10 +238,10 @@ async def _send(
     timeout = route.deployment.request_timeout_s
     if scope is None:
         return await client.request(route, body, timeout=timeout, method=method, stream=stream, model_id=model)
-    if not scope.waits_outside:
-        scope.waits_outside = True
-        if scope.on_wait_outside is not None:
-            scope.on_wait_outside()
+    if not scope.made_calls:
+        scope.made_calls = True
+        if scope.on_call is not None:
+            scope.on_call()
     return await client.request(
         route,
         body,

@@ -38,9 +38,10 @@ class RequestScope:
         "deadline_ms",
         "deadline_stop",
         "is_cancelled",
+        "made_calls",
         "model",
+        "on_call",
         "on_reader_wait",
-        "on_wait_outside",
         "priority",
         "reader_waits",
         "request_id",
@@ -48,7 +49,6 @@ class RequestScope:
         "stopped_overdue",
         "tenant",
         "trace",
-        "waits_outside",
     )
 
     def __init__(
@@ -74,8 +74,8 @@ class RequestScope:
         self.stopped_overdue = False  # deadline_stop was called
         # Whether the handler has called a deployment through a handle, which may wait for the replica to read, and
         # what to call (on the replica's loop) when it first does (workers/serving.py, _run_alone).
-        self.waits_outside = False
-        self.on_wait_outside: Callable[[], object] | None = None
+        self.made_calls = False
+        self.on_call: Callable[[], object] | None = None
         # Whether its stream is paused now, for its caller to read on (which may not come for long), and what to call
         # (on the replica's loop) when it pauses: set for a request run alone (workers/serving.py, _run_alone).
         self.reader_waits = False
