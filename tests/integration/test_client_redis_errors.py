@@ -5,6 +5,7 @@ is a ConfigError saying so, whichever method met it first."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import time
 from pathlib import Path
@@ -12,10 +13,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from streamserve.client import AsyncClient
+from streamserve.client import AsyncClient, shared_calls
+from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
 from streamserve.transport import connections
-from streamserve.wire.errors import ConfigError, RedisUnavailableError
+from streamserve.wire.errors import ConfigError, RedisUnavailableError, RequestTimeoutError
+from streamserve.wire.messages import Request
+from tests.integration.conftest import deploy
 from tests.integration.test_redis_config_warning import start_redis
 
 # A bound on what must end within a call's 1 s timeout: far below the connection's retries (about 30 s).
@@ -69,6 +74,58 @@ async def test_a_calls_timeout_bounds_reaching_a_redis_that_never_answers(settin
     finally:
         await asyncio.wait_for(client.aclose(), WITHIN_S)
         silent.close()
+
+
+async def test_a_calls_timeout_holds_when_the_redis_it_is_connected_to_stops_answering() -> None:
+    """A client already connected, whose Redis stops answering without closing (here SIGSTOP): a call with
+    timeout=1 waited 31 s for its enqueue (the socket timeout and the connection's retries). It ends at its deadline
+    now, keyed or not; and what Redis queued once it answered again is cancelled: it never runs."""
+    server = EmbeddedRedis(port=free_port()).start()
+    try:
+        assert server.proc is not None
+        settings = Settings(redis_url=server.url)
+        cfg = await deploy(settings)  # no replica: what is queued stays queued
+        requests = settings.keys.requests(cfg.name)
+        async with AsyncClient(settings=settings) as client:
+            with pytest.raises(RequestTimeoutError):  # (connected, and the route known)
+                await client.call(cfg.name, "before", timeout=0.5)
+            server.proc.send_signal(signal.SIGSTOP)
+            try:
+                for key in (None, "k1"):
+                    call = client.call(cfg.name, "stalled", timeout=1, idempotency_key=key)
+                    with pytest.raises(RedisUnavailableError, match=r"did not take request \w+ within the call's"):
+                        await asyncio.wait_for(call, WITHIN_S)
+            finally:
+                server.proc.send_signal(signal.SIGCONT)
+            await client._cancels_sent(WITHIN_S)
+            queued = await client.redis.xrange(requests)
+        assert queued == [], f"requests left queued after their callers gave up: {queued}"
+    finally:
+        server.stop()
+
+
+async def test_a_look_at_a_shared_runs_record_gives_up_when_redis_stops_answering(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A keyed call that joined another's run looks at the run's record now and then, and once more at its deadline:
+    with its Redis stopped, each look held the call for half a minute past the deadline. A look gives up: no word."""
+    monkeypatch.setattr(shared_calls, "RECORD_LOOK_S", 0.3)
+    server = EmbeddedRedis(port=free_port()).start()
+    try:
+        assert server.proc is not None
+        async with AsyncClient(settings=Settings(redis_url=server.url)) as client:
+            await client.start()
+            sharing = shared_calls.Sharing("rec:record", "rec:waiters", digest="d")
+            request = Request("r1", "", 0, b"1", "", tag="1")
+            assert (await client.redis.ping()) is True
+            server.proc.send_signal(signal.SIGSTOP)
+            try:
+                found = await asyncio.wait_for(shared_calls.look_at_record(client.redis, sharing, request), WITHIN_S)
+            finally:
+                server.proc.send_signal(signal.SIGCONT)
+        assert found is None  # (the call then waits on for its copy, until its deadline)
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("blocking", [True, False], ids=["blocking client", "asyncio client"])

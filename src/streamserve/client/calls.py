@@ -42,13 +42,14 @@ from streamserve.client.shared_calls import (
 )
 from streamserve.client.tenant_limits import refusal, tenant_terms
 from streamserve.runtime import trace_context
-from streamserve.transport.connections import RETRYABLE_ERRORS, is_cluster_client
+from streamserve.transport.connections import RETRYABLE_ERRORS, is_cluster_client, redacted
 from streamserve.transport.pipelining import Abandoned, Command, Script
 from streamserve.wire import scripts
 from streamserve.wire.config import MAX_TIMEOUT_S, DeploymentConfig
 from streamserve.wire.errors import (
     BadRequestError,
     OverloadedError,
+    RedisUnavailableError,
     RequestCancelledError,
     RequestTimeoutError,
     streaming_only_message,
@@ -377,17 +378,18 @@ class Calls(ClientCore):
                 sharing = by_cache(self._keys, cfg, request, refresh, digest)
                 reply, entry_id = await self._run_shared(route, request, fut, sharing, span)
             else:
+                self._enqueue_cuts.waiting(tag)
                 try:
                     # Cancelled while the enqueue is on its way, the request is cancelled once it is queued.
                     entry_id = await self._add(
                         cfg, request, functools.partial(self._queued_unwaited, cfg.name, request), fut
                     )
                 except BaseException as exc:
-                    _abandon(fut)
-                    if span is not None:
-                        trace_context.failed(span, exc)
+                    if (cut := self._enqueue_failed(tag, fut, exc, span)) is not None:
+                        raise cut from None
                     raise
                 finally:
+                    self._enqueue_cuts.arrived(tag)
                     if span is not None:
                         span.end()
                 self._mirror(route, request)
@@ -413,6 +415,17 @@ class Calls(ClientCore):
             message = streaming_only_message(cfg.name, method)
             return request.reply(ReplyStatus.BAD_REQUEST, reply.replica_id, error_message=message)
         return reply
+
+    def _enqueue_failed(
+        self, tag: str, fut: asyncio.Future[Reply], exc: BaseException, span: Span | None
+    ) -> RedisUnavailableError | None:
+        """Call ``tag``'s enqueue failed with ``exc`` (or its wait was cancelled): drop its reply future, note the
+        failure in its span; the error to raise instead of ``exc`` when its deadline cut the wait (enqueue_cuts.py)."""
+        _abandon(fut)
+        cut = self._enqueue_cuts.error(tag) if isinstance(exc, asyncio.CancelledError) else None
+        if span is not None:
+            trace_context.failed(span, cut or exc)
+        return cut
 
     def _hand_over(
         self,
@@ -483,15 +496,19 @@ class Calls(ClientCore):
         abandoned = functools.partial(self._queued_unwaited, cfg.name, request)
         while True:
             request.run = new_run_token()
+            self._enqueue_cuts.waiting(request.tag)
             try:
                 with self._refusals:
                     admission = await enqueue_shared(self._pipeliner, self._keys, cfg, request, sharing, abandoned)
             except BaseException as exc:
-                _abandon(fut)
+                cut = self._enqueue_failed(request.tag, fut, exc, span)
                 if span is not None:
-                    trace_context.failed(span, exc)
                     span.end()
+                if cut is not None:
+                    raise cut from None
                 raise
+            finally:
+                self._enqueue_cuts.arrived(request.tag)
             if span is not None:
                 shared = "stored" if admission.stored is not None else "joined" if admission.joined else ""
                 if shared:
@@ -647,5 +664,9 @@ class Calls(ClientCore):
             broken = self._routes.broken(deployment) if self._routes is not None else ""
             why = f": {broken}" if broken else ""
             replies.fail(tag, RequestTimeoutError(f"no reply within {timeout_s:g}s (request {request_id}){why}"))
+            if self._enqueue_cuts.waits(tag):
+                url = redacted(self._settings.effective_redis_url)
+                late = f"Redis at {url} did not take request {request_id} within the call's timeout ({timeout_s:g}s)"
+                self._enqueue_cuts.cut(tag, RedisUnavailableError(f"{late}; should it queue it yet, it is cancelled"))
         else:
             feed.expire(RequestTimeoutError(f"the stream did not end within {timeout_s:g}s (request {request_id})"))

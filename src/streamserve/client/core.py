@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from opentelemetry.trace import Tracer
 
 from streamserve.client.cancels import Canceller
+from streamserve.client.enqueue_cuts import EnqueueCuts
 from streamserve.client.hot_entries import HitCounts, HotEntries
 from streamserve.client.jobs import JobQueue, jobs_redis_url
 from streamserve.client.reply_stream import ReplyStream
@@ -82,6 +83,7 @@ class ClientCore:
         self._jobs: JobQueue | None = None
         self._jobs_redis: redis.Redis | None = None
         self._shadow_tasks: set[asyncio.Task[str]] = set()
+        self._enqueue_cuts = EnqueueCuts()  # calls waiting for their enqueue, which their deadline cuts
         # Response-cache entries read lately, answering identical calls without Redis, and the hits they answered
         # (counted in Redis by _hits, made with the pipeliner).
         self._hot = HotEntries()

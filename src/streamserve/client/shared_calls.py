@@ -35,6 +35,8 @@ _ENQUEUE_SHARED = Script(scripts.ENQUEUE_SHARED)
 # often, up to every JOINED_CHECK_MAX_S.
 JOINED_CHECK_FIRST_S = 1.0
 JOINED_CHECK_MAX_S = 5.0
+# A look at a run's record gives up after this long (a Redis that stopped answering held the call for half a minute).
+RECORD_LOOK_S = 2.0
 _RECORD_FIELDS = ("state", "digest", "status", "body", "error_type", "error_message", "replica", "too_large")
 # The metrics field a cache's results are counted under, less the result (hit, miss, coalesced).
 _CACHE_RESULTS = CACHE_REQUESTS.field("")
@@ -145,8 +147,13 @@ def queued_entry(answer: Any) -> bytes | None:
 
 async def look_at_record(redis: aioredis.Redis, sharing: Sharing, request: Request) -> Reply | None:
     """For a call that joined a run and has waited long: the run's stored reply once it is done, RETRY when the
-    record is gone (or names another request: the call sent again says so), None while it still runs."""
-    raw = await redis.hmget(sharing.record, _RECORD_FIELDS)
+    record is gone (or names another request: the call sent again says so), None while it still runs (or when Redis
+    does not answer within RECORD_LOOK_S)."""
+    try:
+        async with asyncio.timeout(RECORD_LOOK_S):
+            raw = await redis.hmget(sharing.record, _RECORD_FIELDS)
+    except TimeoutError:
+        return None
     state, digest, *stored = cast(list[bytes | None], raw)
     if state is not None and (digest or b"") == sharing.digest.encode():
         if state.decode() != shared_runs.DONE:
