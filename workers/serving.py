@@ -93,6 +93,12 @@ logger = logging.getLogger(__name__)
 
 # How long one XREADGROUP waits; also the longest a stop request waits for the read to return.
 READ_BLOCK_MS = 500
+# After a read of at most this many requests, the reader lets the loop turn this often before it reads again, so
+# that the handlers it started reach Redis with their replies (or a stream's first chunk) ahead of the next read's
+# write: a handler's reply is three turns away (its task, the finisher's flush, the round trip's task). Under load,
+# when reads bring more, it reads again at once.
+LIGHT_READ = 4
+LIGHT_READ_TURNS = 4
 # After reading a request that is not ``normal``, a replica reads by priority (scripts.TAKE) this long.
 MIXED_PRIORITIES_S = 10.0
 # At most this many requests delivered by a lost read are recovered at once (a read asks for max_ongoing at most).
@@ -336,7 +342,10 @@ class Serving:
             if self._stopping.is_set():  # (written off, say, while the read waited): what it brought runs elsewhere
                 await self._hand_back([ref for ref, _ in self._in_order(batches)])
                 return
-            await self._take(batches, free)
+            took = await self._take(batches, free)
+            if 0 < took <= LIGHT_READ:
+                for _ in range(LIGHT_READ_TURNS):
+                    await asyncio.sleep(0)
 
     async def _read(self, free: int) -> StreamBatches:
         """Up to ``free`` requests, highest priority first (wire/priorities.py).
@@ -435,9 +444,11 @@ class Serving:
             logger.warning("replica %s: %d request(s) delivered by a lost read: running them", self._consumer, count)
         return lost
 
-    async def _take(self, batches: StreamBatches, room: int | None = None) -> None:
-        """Run what a read delivered, highest priority first; past ``room`` (None: no bound), hand the rest back."""
+    async def _take(self, batches: StreamBatches, room: int | None = None) -> int:
+        """Run what a read delivered, highest priority first; past ``room`` (None: no bound), hand the rest back.
+        How many it delivered."""
         entries = self._in_order(batches)
+        delivered = len(entries)
         self._filled = room is not None and len(entries) >= room
         if room is not None and len(entries) > room:  # one XREADGROUP read several levels: rare
             await self._hand_back([ref for ref, _ in entries[room:]])
@@ -455,6 +466,7 @@ class Serving:
             # Hand the others back first: had this replica still held them, a death would charge them too.
             await self._hand_back([ref for ref, _ in suspects[1:]])
             await self._run_alone(*suspects[0])
+        return delivered
 
     def _in_order(self, batches: StreamBatches) -> list[tuple[bytes, Fields]]:
         """A read's entries, named by their refs, in this turn's priority order."""

@@ -223,6 +223,10 @@ class ReplyStream:
                         self._resolve(fields)
                 if self._to_flush:
                     self._flush()
+                if batches:
+                    # The callers this read woke write their answers before the next read is written: it came first,
+                    # and cost each answer the write's turn (bench/RESULTS.md).
+                    await asyncio.sleep(0)
         finally:
             await reader.aclose()
 
