@@ -5,6 +5,7 @@ is a ConfigError saying so, whichever method met it first."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import socket
 import time
@@ -13,13 +14,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from streamserve.client import AsyncClient, shared_calls
+from streamserve.client import AsyncClient, reply_stream, shared_calls
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
 from streamserve.transport import connections
 from streamserve.wire.errors import ConfigError, RedisUnavailableError, RequestTimeoutError
 from streamserve.wire.messages import Request
+from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import deploy
 from tests.integration.test_redis_config_warning import start_redis
 
@@ -102,6 +104,50 @@ async def test_a_calls_timeout_holds_when_the_redis_it_is_connected_to_stops_ans
         assert queued == [], f"requests left queued after their callers gave up: {queued}"
     finally:
         server.stop()
+
+
+async def test_calls_a_hanging_redis_failed_are_cancelled_once_it_answers_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis that hangs (SIGSTOP) under load: the reply reader told the callers waiting that their replies could
+    not reach them (503, and they may send their requests again), and so was a call whose enqueue Redis had read but
+    not answered (its round trip gave up). Once Redis went on, both requests ran all the same: the one queued before,
+    and the one Redis queued then. Both are cancelled now, and neither is left queued to run."""
+    monkeypatch.setattr(reply_stream, "REPLY_OUTAGE_FAIL_S", 0.5)
+    monkeypatch.setattr(connections, "CONNECT_TIMEOUT_S", 0.5)
+    caplog.set_level(logging.INFO, logger="streamserve.client.cancels")
+    server = EmbeddedRedis(port=free_port()).start()
+    try:
+        assert server.proc is not None
+        settings = Settings(redis_url=f"{server.url}?socket_timeout=0.5")
+        cfg = await deploy(settings)  # no replica: what is queued stays queued
+        requests = settings.keys.requests(cfg.name)
+        async with AsyncClient(settings=settings) as client:
+            queued = asyncio.ensure_future(client.call(cfg.name, "queued", timeout=120))
+            await wait_for_async(lambda: _holds(client, requests, 1), WITHIN_S)
+            server.proc.send_signal(signal.SIGSTOP)
+            try:
+                late = asyncio.ensure_future(client.call(cfg.name, "late", timeout=120))
+                for call in (queued, late):  # (both long before their deadline)
+                    with pytest.raises(RedisUnavailableError):
+                        await asyncio.wait_for(call, 3 * WITHIN_S)
+                # Until an attempt to cancel has failed: the hang outlasts the connection's retries.
+                await wait_for_async(lambda: _retried_cancel(caplog), 3 * WITHIN_S)
+            finally:
+                server.proc.send_signal(signal.SIGCONT)
+            await client._cancels_sent(3 * WITHIN_S)
+            left = await client.redis.xrange(requests)
+        assert left == [], f"requests left queued after their callers were told they failed: {left}"
+    finally:
+        server.stop()
+
+
+async def _holds(client: AsyncClient, stream: str, count: int) -> bool:
+    return bool(await client.redis.xlen(stream) == count)
+
+
+async def _retried_cancel(caplog: pytest.LogCaptureFixture) -> bool:
+    return any(record.message.startswith("cancelling request") for record in caplog.records)
 
 
 async def test_a_look_at_a_shared_runs_record_gives_up_when_redis_stops_answering(

@@ -43,7 +43,7 @@ from streamserve.client.shared_calls import (
 from streamserve.client.tenant_limits import refusal, tenant_terms
 from streamserve.runtime import trace_context
 from streamserve.transport.connections import RETRYABLE_ERRORS, is_cluster_client, redacted
-from streamserve.transport.pipelining import Abandoned, Command, Script
+from streamserve.transport.pipelining import Abandoned, Again, Command, Script
 from streamserve.wire import scripts
 from streamserve.wire.config import MAX_TIMEOUT_S, DeploymentConfig
 from streamserve.wire.errors import (
@@ -475,11 +475,13 @@ class Calls(ClientCore):
 
     def _nobody_waits(self, exc: BaseException) -> bool:
         """Whether a call that ended with ``exc`` before its reply came ended because nobody waits for the reply any
-        more: its caller stopped waiting (its task cancelled, its HTTP caller gone, its deadline passed), or the
-        client closed under it. (Past its deadline a request is never run; still queued, it held its place in the
-        queue until a replica came to read it: an autoscaler or KEDA started one for callers long gone.)"""
+        more: its caller stopped waiting (its task cancelled, its HTTP caller gone, its deadline passed), it was told
+        its reply cannot reach it (the reply reader lost Redis: it may send the request again), or the client closed
+        under it. (Past its deadline a request is never run; still queued, it held its place in the queue until a
+        replica came to read it: an autoscaler or KEDA started one for callers long gone.)"""
         closed = self._replies is None or self._replies.closing
-        return isinstance(exc, asyncio.CancelledError | RequestCancelledError | RequestTimeoutError) or closed
+        gone = asyncio.CancelledError | RequestCancelledError | RequestTimeoutError | RedisUnavailableError
+        return isinstance(exc, gone) or closed
 
     def _gone(self, deployment: str) -> bool:
         """Whether ``deployment`` was deleted (as far as this client's routes know)."""
@@ -619,35 +621,57 @@ class Calls(ClientCore):
         for key, value in request.encode().items():
             args += [key, value]
 
-        def again() -> list[Command]:
-            """The enqueue may have happened, its answer lost with the connection: it must not add the request
-            twice, and need not at all once the caller has its reply. A caller that left (its task cancelled, gone
-            over HTTP, past its deadline) has its entry looked for, never added: found, it is cancelled (by
-            ``abandoned``, or by the call's own end)."""
-            if not request.reply_to or self._replies is None or self._replies.waits_for(request.tag):
-                limit = cfg.max_queued_requests  # waited for: found, or added
-            elif caller is None or (caller.done() and not caller.cancelled() and caller.exception() is None):
-                return [("ECHO", _ANSWERED)]  # it has its reply
-            else:
-                limit = FIND_ONLY
+        def enqueue_again(limit: int) -> list[Command]:
             sent_keys = [stream, *keys]
             if request.reply_to and not is_cluster_client(self.redis):
                 sent_keys.append(request.reply_to)
             again_args = [limit, CONSUMER_GROUP, request.request_id, *args[2:]]
             return [("EVAL", _ENQUEUE_AGAIN, len(sent_keys), *sent_keys, *again_args)]
 
+        def again() -> list[Command]:
+            """The enqueue may have happened, its answer lost with the connection: it must not add the request
+            twice, and need not at all once the caller has its reply. A caller that left (its task cancelled, gone
+            over HTTP, past its deadline) has its entry looked for, never added: found, it is cancelled (by
+            ``abandoned``, or by the call's own end)."""
+            if not request.reply_to or self._replies is None or self._replies.waits_for(request.tag):
+                return enqueue_again(cfg.max_queued_requests)  # waited for: found, or added
+            if caller is None or (caller.done() and not caller.cancelled() and caller.exception() is None):
+                return [("ECHO", _ANSWERED)]  # it has its reply
+            return enqueue_again(FIND_ONLY)
+
+        def lost(outcome: list[Any] | BaseException) -> None:
+            """What the enqueue of a caller who stopped waiting for it came to."""
+            if isinstance(outcome, BaseException):
+                self._doubtful(cfg, request, outcome, functools.partial(enqueue_again, FIND_ONLY))
+            elif abandoned is not None:
+                abandoned(outcome)
+
         with self._refusals:
-            entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream, *keys], args, again, abandoned)
+            try:
+                entry_id = await self._pipeliner.run_script(_ENQUEUE, [stream, *keys], args, again, lost)
+            except RETRYABLE_ERRORS as exc:
+                self._doubtful(cfg, request, exc, functools.partial(enqueue_again, FIND_ONLY))
+                raise
         if entry_id == 0:
             raise OverloadedError(queue_full(cfg.name, cfg.max_queued_requests, request.priority))
         if isinstance(entry_id, list):
             raise refusal(entry_id, cfg, request)
         return "" if entry_id in (None, _ANSWERED) else text(entry_id)
 
-    def _queued_unwaited(self, deployment: str, request: Request, replies: list[Any]) -> None:
+    def _doubtful(self, cfg: DeploymentConfig, request: Request, error: BaseException, find: Again) -> None:
+        """``request``'s enqueue failed with ``error``, though it may have reached Redis: a Redis that hangs runs
+        what it had read once it goes on, and would queue it then, for a caller told it failed (who may send it
+        again). When Redis could not be reached, it is looked for (``find``) and cancelled (client/cancels.py)."""
+        if isinstance(error, RETRYABLE_ERRORS) and self._canceller is not None:
+            self._canceller.find_and_cancel_soon(cfg.name, request, find)
+
+    def _queued_unwaited(self, deployment: str, request: Request, replies: list[Any] | BaseException) -> None:
         """The caller stopped waiting (its task was cancelled) while ``request``'s enqueue was on its way, and
         ``replies`` say it was queued all the same (as an entry id, or a shared run's "queued"): it is cancelled, so
-        that it never runs (or, taken already, is stopped)."""
+        that it never runs (or, taken already, is stopped). (A shared run's enqueue that failed needs nothing: a
+        retry with its key or body finds its run, should Redis have queued it after all.)"""
+        if isinstance(replies, BaseException):
+            return
         [queued] = replies
         if isinstance(queued, list):  # ENQUEUE_SHARED's answer
             queued = queued_entry(queued)

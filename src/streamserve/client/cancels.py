@@ -14,19 +14,31 @@ stream without waiting for a reader (told that everything was read).
 
 A cancellation is sent in the background: whoever stops waiting (a cancelled
 task, a closed stream, an HTTP caller gone) does not wait for it. One that
-fails is logged; the request then runs to its end, unanswered, as before.
+cannot reach Redis (away, or hanging) is tried again until the request's
+deadline (past it no replica starts the request) or the client's close; one
+that fails otherwise, or for good, is logged, and the request then runs to its
+end, unanswered.
+
+An enqueue that failed with Redis away or hanging may have reached it all the
+same, and a Redis that hangs queues what it had read once it goes on: such a
+request is looked for until found (and cancelled), or found absent twice, a
+moment apart (the second look comes after all that Redis had read).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
 from streamserve.metrics.definitions import CANCELLED, QUEUED_STAGE
 from streamserve.transport import settling
+from streamserve.transport.backoff import Backoff
+from streamserve.transport.connections import RETRYABLE_ERRORS
 from streamserve.transport.pipelining import Command, Pipeliner, Script
 from streamserve.transport.streams import control_command
 from streamserve.wire import scripts
@@ -43,6 +55,11 @@ _CANCEL = Script(scripts.CANCEL)
 CANCEL_MARK_MARGIN_MS = 60_000
 # How long the mark of a request without a deadline is kept.
 CANCEL_MARK_KEEP_MS = 24 * 3600 * 1000
+# A cancellation (or a look for a request whose enqueue failed) that cannot reach Redis is tried again at most this
+# far apart.
+CANCEL_RETRY_CAP_S = 1.0
+# A request whose enqueue failed, not found where it would be queued, is looked for once more this much later.
+DOUBTFUL_LOOK_AGAIN_S = 1.0
 
 
 class Canceller:
@@ -60,9 +77,60 @@ class Canceller:
         later, may call this outside any event loop)."""
         if self._closed:
             return
-        task = asyncio.create_task(self.cancel(deployment, entry_id, request.request_id, request))
+        self._in_background(self._cancel_persistently(deployment, entry_id, request))
+
+    def find_and_cancel_soon(self, deployment: str, request: Request, find: Callable[[], Sequence[Command]]) -> None:
+        """Look for ``request``, whose enqueue failed though it may have reached Redis, in the background, and
+        cancel it if it is (or gets) queued. ``find``: the commands whose one reply is its entry id (or ref),
+        "answered" (it ran), or nothing (not there)."""
+        if self._closed:
+            return
+        self._in_background(self._find_and_cancel(deployment, request, find))
+
+    def _in_background(self, cancelling: Coroutine[Any, Any, str]) -> None:
+        task = asyncio.create_task(cancelling)
         self._tasks.add(task)
         task.add_done_callback(self._sent)
+
+    async def _cancel_persistently(self, deployment: str, entry_id: str, request: Request) -> str:
+        """``cancel``, tried again while Redis cannot be reached, until the request's deadline or the close."""
+        backoff = Backoff(cap=CANCEL_RETRY_CAP_S)
+        while True:
+            try:
+                return await self.cancel(deployment, entry_id, request.request_id, request)
+            except RETRYABLE_ERRORS as exc:
+                await self._pause_or_raise(request, exc, backoff)
+
+    async def _find_and_cancel(self, deployment: str, request: Request, find: Callable[[], Sequence[Command]]) -> str:
+        backoff = Backoff(cap=CANCEL_RETRY_CAP_S)
+        absent_before = False
+        while True:
+            try:
+                [found] = await self._pipeliner.execute(*find())
+            except RETRYABLE_ERRORS as exc:
+                await self._pause_or_raise(request, exc, backoff)
+                continue
+            if isinstance(found, Exception):
+                raise found
+            if found == b"answered":
+                return "finished"
+            if isinstance(found, bytes):
+                return await self._cancel_persistently(deployment, text(found), request)
+            if absent_before:
+                return "absent"
+            absent_before = True
+            await asyncio.sleep(DOUBTFUL_LOOK_AGAIN_S)
+
+    async def _pause_or_raise(self, request: Request, error: Exception, backoff: Backoff) -> None:
+        """After a try that could not reach Redis (``error``): wait for the next, or raise ``error`` when none is
+        worth it (the client closed, or the request's deadline passed: it can no longer be started)."""
+        if self._closed or not 0 < now_ms() < request.deadline_ms:
+            raise error
+        delay = backoff.next()
+        logger.info(
+            "cancelling request %s: Redis did not answer (%s); again in %.1fs", request.request_id, error, delay
+        )
+        await asyncio.sleep(delay)
 
     async def cancel(self, deployment: str, entry_id: str, request_id: str, request: Request | None = None) -> str:
         """Cancel request ``request_id`` (entry ``entry_id`` of ``deployment``'s stream); where it was: "queued",

@@ -247,8 +247,8 @@ class ReplyStream:
         # (every retryable error has a meaning: RedisUnavailableError naming the URL)
         cause = self._refusals.meaning(exc) or exc
         error = RedisUnavailableError(
-            f"{cause}; lost while waiting for the reply (the request may have run, and may run again once Redis"
-            " is back)"
+            f"{cause}; lost while waiting for the reply: the request is cancelled once Redis is back (if it ran"
+            " before, its answer is lost)"
         )
         for fut in waiting:
             fut.set_exception(error)

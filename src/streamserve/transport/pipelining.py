@@ -37,8 +37,10 @@ Command = tuple[EncodableT, ...]
 # commands may have run already, their answer lost with the connection (same count, replies alike).
 Again = Callable[[], Sequence[Command]]
 # Called with a turn's replies to commands whose caller stopped waiting (was cancelled) once they were queued: they
-# were sent, and may have done what the caller no longer wants (queued a request, say).
-Abandoned = Callable[[list[Any]], None]
+# were sent, and may have done what the caller no longer wants (queued a request, say). Called with the round trip's
+# error instead when it failed: they may have reached Redis all the same (a Redis that hangs runs what it had read
+# once it goes on).
+Abandoned = Callable[[list[Any] | BaseException], None]
 
 
 class Pipeliner:
@@ -114,9 +116,11 @@ class Pipeliner:
             sent = [command for commands, _, _, _ in batch for command in commands]
             replies = await self._send_commands(sent, again)
         except BaseException as exc:
-            for _, _, future, _ in batch:
+            for _, _, future, abandoned in batch:
                 if not future.done():
                     future.set_exception(exc)
+                elif abandoned is not None and future.cancelled():
+                    abandoned(exc)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -185,7 +189,7 @@ async def _replies(future: asyncio.Future[list[Any]], abandoned: Abandoned | Non
         return await future
     except asyncio.CancelledError:
         if abandoned is not None and future.done() and not future.cancelled():
-            abandoned(future.result())
+            abandoned(future.exception() or future.result())
         raise
 
 
