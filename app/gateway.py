@@ -122,6 +122,9 @@ _JSON = (b"content-type", b"application/json")
 
 logger = logging.getLogger(__name__)
 
+# What a Redis call can raise besides StreamServeErrors (the client wraps what it can).
+_REDIS_ERRORS: tuple[type[Exception], ...] = (ResponseError, *RETRYABLE_ERRORS)
+
 
 class Gateway:
     """Serves deployment routes; holds the gateway's one client (one reply stream, one reader) and route table."""
@@ -131,6 +134,7 @@ class Gateway:
         # API key -> tenant when STREAMSERVE_TENANT_KEYS is set (ConfigError now for a file that cannot be read).
         self.tenant_keys = settings.tenant_key_map()
         self.client = AsyncClient(settings=settings)
+        self._refusals = RedisRefusals(settings.effective_redis_url)
         figures = Figures() if settings.metrics else None
         self.observer = RequestObserver(figures, settings.access_log, settings.log_format)
         self._routes_generation = -1
@@ -310,11 +314,7 @@ class Gateway:
         except RequestCancelledError:  # its caller disconnected (caller_left): nobody to answer; the access log: 499
             return
         except StreamServeError as exc:
-            exchange.error = exc
-            response = error_response(exc, exchange.reply_headers)
-            exchange.status = response.status_code
-            end_if_body_unread(scope)  # (a 404, 401, 413 by Content-Length: the rest of the body is never read)
-            await response(scope, receive, send)
+            await self._answer_error(exchange, exc)
             return
         except ClientDisconnected:
             return
@@ -334,6 +334,9 @@ class Gateway:
             with suppress(Exception):
                 await response(scope, receive, send)
             raise
+        except Exception as exc:  # a Redis error (its user lacks a permission, say), or a fault of the gateway's own
+            await self._answer_error(exchange, self._unexpected(exc, exchange.request_id))
+            return
         if reply.status is not ReplyStatus.OK:
             await self._stream(exchange, reply, shared)
             return
@@ -350,6 +353,22 @@ class Gateway:
         response_headers.append((b"content-length", str(len(reply.body)).encode()))
         await send({"type": "http.response.start", "status": 200, "headers": response_headers})
         await send({"type": "http.response.body", "body": reply.body})
+
+    async def _answer_error(self, exchange: _Exchange, exc: StreamServeError) -> None:
+        """Answer ``exc`` in the gateway's JSON shape."""
+        exchange.error = exc
+        response = error_response(exc, exchange.reply_headers)
+        exchange.status = response.status_code
+        end_if_body_unread(exchange.scope)  # (a 404, 401, 413 by Content-Length: the rest of the body is never read)
+        await response(exchange.scope, exchange.receive, exchange.send)
+
+    def _unexpected(self, exc: Exception, request_id: str) -> StreamServeError:
+        """What a caller is told of an error that is not a StreamServeError: a Redis error as the gateway's own routes
+        tell it (503 for a Redis away or full), else 500, logged with its traceback."""
+        if isinstance(exc, _REDIS_ERRORS):
+            return self._refusals.meaning(exc) or StreamServeError(f"Redis: {exc}")
+        logger.exception("request %s: the gateway failed to answer it", request_id)
+        return StreamServeError(f"the gateway failed to answer request {request_id}: {exc!r}")
 
     async def _stream(self, exchange: _Exchange, first: Reply, shared: tuple[tuple[str, str], ...]) -> None:
         """A streaming handler's answer (``first`` its first reply): 200, then its chunks as they come.
@@ -766,8 +785,7 @@ def _add_error_handlers(api: FastAPI, settings: Settings) -> None:
     # A Redis error on a route of FastAPI's (an admin write, the status, the dashboard's data, the metrics): 503 for
     # a Redis away or full, in the shape of every other error, and no traceback in the log.
     on_redis_error = redis_error_handler(RedisRefusals(settings.effective_redis_url))
-    redis_errors: tuple[type[Exception], ...] = (ResponseError, *RETRYABLE_ERRORS)
-    for redis_error in redis_errors:
+    for redis_error in _REDIS_ERRORS:
         api.add_exception_handler(redis_error, on_redis_error)
 
 

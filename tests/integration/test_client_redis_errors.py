@@ -15,14 +15,15 @@ import pytest
 import redis
 
 from streamserve.client import AsyncClient, reply_stream, shared_calls
-from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.embedded_redis import EmbeddedRedis, redis_server_binary
 from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
 from streamserve.transport import connections
-from streamserve.wire.errors import ConfigError, RedisUnavailableError, RequestTimeoutError
+from streamserve.wire.errors import ConfigError, RedisUnavailableError, RequestTimeoutError, StreamServeError
 from streamserve.wire.messages import Request
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import deploy
+from tests.integration.test_gateway_health_and_urls import redis_server
 from tests.integration.test_redis_config_warning import start_redis
 
 # A bound on what must end within a call's 1 s timeout: far below the connection's retries (about 30 s).
@@ -42,6 +43,23 @@ async def test_calls_status_and_admin_writes_with_redis_away_are_redis_unavailab
                 await method
     finally:
         await client.aclose()
+
+
+async def test_a_redis_user_lacking_a_permission_is_a_streamserve_error(tmp_path: Path) -> None:
+    """A Redis user that may read but not write: a call raised redis-py's NoPermissionError, which is no
+    StreamServeError (docs/api.md: a client's methods raise those). It is one now, naming the URL and the fix."""
+    port = free_port()
+    read_only = ["reader", "on", ">readerpw", "~*", "&*", "-@all", "+@read", "+@connection"]
+    args = ["--port", str(port), "--requirepass", "secret", "--user", *read_only]
+    with redis_server(redis_server_binary(), args, f"redis://:secret@127.0.0.1:{port}/0", tmp_path):
+        url = f"redis://reader:readerpw@127.0.0.1:{port}/0"
+        client = AsyncClient(settings=Settings(redis_url=url))
+        try:
+            with pytest.raises(StreamServeError, match="its user lacks a permission streamserve needs") as raised:
+                await client.call("echo", 1, timeout=5)
+        finally:
+            await client.aclose()
+    assert "readerpw" not in str(raised.value)
 
 
 @pytest.mark.parametrize("method", ["call", "status", "scale"])

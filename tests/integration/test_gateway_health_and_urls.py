@@ -217,6 +217,23 @@ async def test_an_acl_user_and_password_in_the_url_work(password_redis: int) -> 
     await assert_serves(settings_for(f"redis://alice:alicepw@127.0.0.1:{password_redis}/0"))
 
 
+async def test_a_redis_user_without_a_permission_the_job_route_needs_gets_a_json_error(tmp_path: Path) -> None:
+    """A Redis user that may not touch the job queue's keys (``rq:*``): a POST with ``Prefer: respond-async`` got
+    uvicorn's plain-text 500, the gateway's log a traceback. It is an error in the gateway's JSON shape, naming it."""
+    port = free_port()
+    no_jobs = ["norq", "on", ">norqpw", "~streamserve:*", "~{streamserve}:*", "&*", "+@all"]
+    args = ["--port", str(port), "--requirepass", "secret", "--user", *no_jobs]
+    with redis_server(redis_server_binary(), args, f"redis://:secret@127.0.0.1:{port}/0", tmp_path):
+        settings = settings_for(f"redis://norq:norqpw@127.0.0.1:{port}/0")
+        await deploy(settings, route_prefix="/rec")
+        async with gateway_http(settings) as http:
+            await wait_for_routes(http)
+            answer = await http.post("/rec", json={"a": 1}, headers={"Prefer": "respond-async"})
+    assert answer.headers["content-type"] == "application/json", answer.text
+    assert answer.status_code == 500
+    assert "no permissions" in answer.json()["message"], answer.text
+
+
 async def test_a_password_from_its_own_setting_works(password_redis: int) -> None:
     """STREAMSERVE_REDIS_PASSWORD (e.g. from a Kubernetes Secret) keeps the password out of the URL."""
     url = f"redis://127.0.0.1:{password_redis}/0"

@@ -37,6 +37,7 @@ from redis.exceptions import (
     InvalidResponse,
     MasterDownError,
     MovedError,
+    NoPermissionError,
     OutOfMemoryError,
     ResponseError,
     SlotNotCoveredError,
@@ -645,5 +646,10 @@ class RedisRefusals:
         if refuses_writes(exc):
             return OverloadedError(
                 f"Redis at {self._url} refuses writes, {why_writes_refused(exc)}: nothing was written"
+            )
+        if isinstance(exc, NoPermissionError):
+            return StreamServeError(
+                f"Redis at {self._url} refused a command: its user lacks a permission streamserve needs ({exc});"
+                " docs/operations.md (Security) gives the ACL rules a farm's user needs"
             )
         return None
