@@ -49,6 +49,7 @@ from streamserve.app.errors import (
     json_response,
     redis_answers_within,
     redis_error_handler,
+    status_for,
 )
 from streamserve.app.http_protocol import (
     body_arrived,
@@ -394,6 +395,9 @@ class Gateway:
             )
         except StreamCut as cut:
             exchange.status = cut.status
+            raise
+        except asyncio.CancelledError:
+            exchange.status = status_for(UnavailableError(""))  # (the gateway stopped: the stream says why)
             raise
         finally:
             exchange.replica = feed.replica_id or first.replica_id

@@ -37,7 +37,7 @@ from streamserve.app.bodies import ClientDisconnected
 from streamserve.app.errors import status_for
 from streamserve.app.observe import CLIENT_CLOSED
 from streamserve.client.chunk_feed import ChunkFeed
-from streamserve.wire.errors import RequestTimeoutError, StreamServeError, error_fields
+from streamserve.wire.errors import RequestTimeoutError, StreamServeError, UnavailableError, error_fields
 
 NDJSON = b"application/x-ndjson"
 SSE = b"text/event-stream"
@@ -133,6 +133,15 @@ async def stream_response(
         if end_stuck is not None and end_stuck(b"".join(held) + _error_chunk(error, sse, request_id), sse) and sse:
             return status_for(error)
         raise StreamCut(status_for(error), str(error)) from None
+    except asyncio.CancelledError:
+        # uvicorn cancels what still runs once its graceful shutdown has timed out (its request is cancelled in the
+        # replica, as for a caller who left): the stream ends with why, as after an error, without waiting.
+        stopped = UnavailableError(
+            f"the gateway stopped before stream {request_id} ended: the request was cancelled; send it again"
+        )
+        if end_stuck is not None:
+            end_stuck(_error_chunk(stopped, sse, request_id), sse)
+        raise
     finally:
         feed.sink = None
         if watcher is not None:

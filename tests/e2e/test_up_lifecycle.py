@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -181,7 +182,8 @@ def test_a_stream_open_when_up_stops_is_cancelled_in_its_replica(tmp_path: Path)
     """The gateway drains what it holds, then cancels it, in the replicas too: `up` killed it as its drain ended, so a
     40 s stream ran on in its replica until the replica's own drain cut it (up took 30 s to stop), and the gateway,
     given the time, logged a traceback for the response it cut. A unary call it cancels so is answered 503 in the
-    gateway's JSON (uvicorn's own answer was a bare plain-text 500)."""
+    gateway's JSON (uvicorn's own answer was a bare plain-text 500), and the stream ends with the error line that
+    says why (it was cut with none)."""
     farm = Farm(ROOT / "examples" / "streamserve.yaml", tmp_path / "up.log")
     farm.start()
     try:
@@ -194,6 +196,7 @@ def test_a_stream_open_when_up_stops_is_cancelled_in_its_replica(tmp_path: Path)
             sleepy = Keys(DEFAULT_PREFIX).requests("sleepy")
             wait_for(lambda: farm_redis.xpending(sleepy, CONSUMER_GROUP)["pending"] == 1, 20, "the call never ran")
         opened = threading.Event()
+        lines: list[str] = []
 
         def read_a_long_stream() -> None:
             text = " ".join(["w"] * 80)
@@ -202,7 +205,8 @@ def test_a_stream_open_when_up_stops_is_cancelled_in_its_replica(tmp_path: Path)
                 contextlib.suppress(httpx.HTTPError),  # the stop cuts it off
                 httpx.stream("POST", f"{farm.base_url}/tokens", json=body, timeout=60) as answer,
             ):
-                for _line in answer.iter_lines():
+                for line in answer.iter_lines():
+                    lines.append(line)
                     opened.set()
 
         reader = threading.Thread(target=read_a_long_stream)
@@ -216,6 +220,9 @@ def test_a_stream_open_when_up_stops_is_cancelled_in_its_replica(tmp_path: Path)
         assert unary[0].status_code == 503, unary[0].text
         assert unary[0].json()["error"] == "UnavailableError", unary[0].text
         assert "the gateway stopped before request" in unary[0].json()["message"], unary[0].text
+        last = json.loads(lines[-1])
+        assert last["error"] == "UnavailableError", lines[-3:]
+        assert "the gateway stopped before stream" in last["message"], lines[-3:]
         log = farm.log().decode()
         assert re.search(r"replica tokens#\w+: stop requested, draining 0 in flight", log), log[-3000:]
         assert re.search(r"replica tokens#\w+: exited after 1 requests \(0 failed\)", log), log[-3000:]
