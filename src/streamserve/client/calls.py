@@ -691,6 +691,6 @@ class Calls(ClientCore):
             if self._enqueue_cuts.waits(tag):
                 url = redacted(self._settings.effective_redis_url)
                 late = f"Redis at {url} did not take request {request_id} within the call's timeout ({timeout_s:g}s)"
-                self._enqueue_cuts.cut(tag, RedisUnavailableError(f"{late}; should it queue it yet, it is cancelled"))
+                self._enqueue_cuts.cut(tag, RedisUnavailableError(f"{late}; if Redis queues it later, it is cancelled"))
         else:
             feed.expire(RequestTimeoutError(f"the stream did not end within {timeout_s:g}s (request {request_id})"))
