@@ -455,7 +455,7 @@ class Serving:
             entries = entries[:room]
         suspects = []
         for ref, fields in entries:
-            if b"attempts" in fields:
+            if self._suspect(fields):
                 suspects.append((ref, fields))
             else:
                 self._accept(ref, fields)
@@ -467,6 +467,20 @@ class Serving:
             await self._hand_back([ref for ref, _ in suspects[1:]])
             await self._run_alone(*suspects[0])
         return delivered
+
+    def _suspect(self, fields: Fields) -> bool:
+        """Whether a request read is run alone (``_run_alone``): one that a dead replica held, and that one more death
+        would dead-letter. Before its last delivery a request read again runs beside the others: most deaths (kill -9,
+        a replica out of memory, a host lost) are no request's fault, and run one at a time the last of many
+        re-delivered requests passed their deadline. A poison request kills its neighbours once more, which charges
+        them a second attempt; they then run alone, and only the culprit reaches the dead-letter stream."""
+        attempts = fields.get(b"attempts")
+        if attempts is None:
+            return False
+        try:
+            return int(attempts) + 1 >= self.config.max_delivery_attempts
+        except ValueError:
+            return True  # (not a number: refused when it is decoded)
 
     def _in_order(self, batches: StreamBatches) -> list[tuple[bytes, Fields]]:
         """A read's entries, named by their refs, in this turn's priority order."""

@@ -360,7 +360,7 @@ def test_cancelling_a_submitted_future_cancels_the_handler(farm: Farm, store: re
 # thread, as the kernel may hand a process's signal to any of its threads: the waiting main thread must see it all the
 # same.
 INTERRUPTED_SCRIPT = """
-import signal, sys, threading, time
+import logging, signal, sys, threading, time
 import redis
 from streamserve import Client
 from tests.cancel_deployments import events_key
@@ -368,6 +368,7 @@ from tests.cancel_deployments import events_key
 # Ctrl-C raises KeyboardInterrupt, as in a terminal (a test run started in the background hands SIGINT down ignored).
 signal.signal(signal.SIGINT, signal.default_int_handler)
 url, tag, to, what = sys.argv[1:5]
+logging.basicConfig(level=logging.INFO)  # what the client did about the cancellation, for a failure's message
 client = Client(url)
 
 def interrupt_the_loop_thread_once_started():
@@ -411,7 +412,11 @@ def test_ctrl_c_during_a_blocking_call_or_stream_cancels_the_handler(
                 script.communicate()
     assert b"KeyboardInterrupt" in err, err
     stopped = ["cancelled"] if what == "call" else ["cancelled", "generator-exit"]
-    assert wait_events(store, tag, "finally") in (["start", how, "finally"] for how in stopped)
+    try:
+        recorded = wait_events(store, tag, "finally")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the script's stderr:\n{err.decode()}") from None
+    assert recorded in (["start", how, "finally"] for how in stopped)
 
 
 # -- the deadline passes while it runs -------------------------------------------------------------------------------

@@ -80,6 +80,7 @@ deployments:
   - name: recursive
     import_path: tests.handle_deployments:recursive
     num_replicas: 1
+    max_delivery_attempts: 2  # (its first delivery again is its last: run alone)
     graceful_shutdown_timeout_s: 2
 """
 
@@ -253,8 +254,9 @@ def test_the_blocking_call_in_an_async_handler_says_to_await_acall(farm: Farm) -
 def test_a_deployment_that_calls_itself_goes_on_after_its_only_replica_died(
     farm: Farm, notes: tuple[str, redis.Redis]
 ) -> None:
-    """The dead replica's requests are delivered again, each run alone (nothing else read beside it), in case it is
-    what killed the replica; one that calls its own deployment must let the replica read its call."""
+    """The dead replica's requests are delivered again, for the last time (max_delivery_attempts 2), so each is run
+    alone (nothing else read beside it), in case it is what killed the replica; one that calls its own deployment
+    must let the replica read its call."""
     key, store = notes
     hold = f"{key}:hold"
     store.set(hold, 1)

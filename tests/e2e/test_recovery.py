@@ -35,6 +35,20 @@ def test_requests_held_by_a_killed_replica_complete_elsewhere(farm: Farm) -> Non
         assert [f.result(timeout=30) for f in futures] == [{"slept": 4}] * 6
 
 
+def test_what_killed_replicas_held_runs_again_side_by_side_within_its_deadline(farm: Farm) -> None:
+    """Most deaths are no request's fault (kill -9, a replica out of memory): what the dead held runs again beside the
+    rest, not one at a time. Eight calls of 3 s with a 12 s deadline, both replicas killed: one at a time on the two
+    replacements, the last would end 12 s after they started, past its deadline."""
+    with Client(farm.effective_redis_url) as client, redis.Redis.from_url(farm.effective_redis_url) as r:
+        calls = [client.submit("fragile", {"sleep": 3, "i": i}, timeout=12) for i in range(8)]
+        held = lambda: r.xpending("streamserve:{fragile}:requests", "replicas")["pending"]  # noqa: E731
+        wait_for(lambda: held() == 8, 10, "the calls were not all picked up")
+        for replica in farm.status()["fragile"]["replicas"]:
+            os.kill(int(replica["pid"]), signal.SIGKILL)
+        assert [call.result(timeout=20) for call in calls] == [{"sleep": 3, "i": i} for i in range(8)]
+    wait_for(lambda: farm.status()["fragile"]["running"] == 2, 20, "fragile replicas not replaced")
+
+
 def test_poison_request_goes_to_dead_letters_and_others_are_served(farm: Farm) -> None:
     with Client(farm.effective_redis_url) as client:
         poison = client.submit("fragile", "crash", timeout=60)

@@ -1,5 +1,6 @@
-"""Requests read again after their replica died (they carry ``attempts``) run one at a time: a replica that reads
-several runs one and hands the others back to the queue. Redis away at that moment (the hand-back's script fails)
+"""Requests read again after their replica died for the last time before the dead-letter stream (``attempts`` one
+below max_delivery_attempts) run one at a time: a replica that reads several runs one and hands the others back to
+the queue. Redis away at that moment (the hand-back's script fails)
 ended the replica, which charged every request it held an attempt (dead-lettering them at max_delivery_attempts 1);
 the hand-back is now tried again until Redis is back, and every request is answered by the replica that read it."""
 
@@ -16,12 +17,14 @@ from redis.exceptions import OutOfMemoryError
 from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
 from streamserve.transport.streams import Requeuer
+from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.keys import CONSUMER_GROUP
 from streamserve.wire.messages import Reply, Request, StreamBatches, now_ms
 from tests.harness.waiting import wait_for_async
 from tests.integration.conftest import StartReplica
 
 SUSPECTS = 3
+LAST_CHANCE = DeploymentConfig.model_fields["max_delivery_attempts"].default - 1  # one more death dead-letters it
 
 
 @pytest.mark.parametrize(
@@ -56,7 +59,9 @@ async def test_a_hand_back_that_meets_redis_away_is_tried_again_and_the_replica_
     # Added in one step, so that the replica's one blocking read takes them all: it runs one and hands the rest back.
     async with aredis.pipeline(transaction=True) as pipe:
         for n in range(SUSPECTS):
-            request = Request(f"suspect-{n}", replies, now_ms() + 30_000, str(n).encode(), attempts=1, tag=f"t{n}")
+            request = Request(
+                f"suspect-{n}", replies, now_ms() + 30_000, str(n).encode(), attempts=LAST_CHANCE, tag=f"t{n}"
+            )
             pipe.xadd(stream, dict(request.encode()))  # type: ignore[arg-type]
         await pipe.execute()
 
@@ -88,7 +93,7 @@ async def test_a_stream_run_alone_whose_caller_reads_no_more_lets_the_replica_re
     )
     replies = settings.keys.reply_stream("unread-test")
     await aredis.xgroup_create(replies, "made", id="$", mkstream=True)
-    suspect = Request("suspect", replies, now_ms() + 60_000, b"1000", attempts=1, stream=True, tag="t0")
+    suspect = Request("suspect", replies, now_ms() + 60_000, b"1000", attempts=LAST_CHANCE, stream=True, tag="t0")
     await aredis.xadd(settings.keys.requests("rec"), dict(suspect.encode()))  # type: ignore[arg-type]
 
     async def paused() -> bool:  # its first chunks are sent, and nobody reads them

@@ -80,13 +80,13 @@ def replica_on_a_lifeline(
 def test_a_replica_running_a_redelivered_request_leaves_within_its_bounds_when_up_dies(
     processes: Processes, settings: Settings, connection: redis.Redis
 ) -> None:
-    """A request a dead replica held is run alone (serving._run_alone), and the read loop used to wait for it to be
-    finished: the drain, and its FARM_GONE_DRAIN_S, began only once it was, never when its reply could not be sent
-    (Redis gone with `up`). Here its handler sleeps 60 s; the replica must not wait for it."""
+    """A request a dead replica held, on its last delivery, is run alone (serving._run_alone), and the read loop used
+    to wait for it to be finished: the drain, and its FARM_GONE_DRAIN_S, began only once it was, never when its reply
+    could not be sent (Redis gone with `up`). Here its handler sleeps 60 s; the replica must not wait for it."""
     cfg = DeploymentConfig(name="redelivered", import_path="tests.deployments:crash_on")
     with replica_on_a_lifeline(processes, settings, connection, cfg) as (proc, cut, replica_id):
         # What the scheduler queues again for a replica that died holding it: its entry with an attempt counted.
-        request = Request("again", "", now_ms() + 120_000, b'{"sleep": 60}', attempts=1)
+        request = Request("again", "", now_ms() + 120_000, b'{"sleep": 60}', attempts=cfg.max_delivery_attempts - 1)
         connection.xadd(settings.keys.requests(cfg.name), dict(request.encode()))
 
         def runs_it() -> bool:
