@@ -17,7 +17,7 @@ import redis
 from streamserve.runtime.embedded_redis import redis_server_binary
 from streamserve.runtime.processes import free_port, stop_group, wait_until
 from tests.harness.farm import Farm
-from tests.harness.paths import ROOT
+from tests.harness.paths import ROOT, STREAMSERVE
 from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -108,3 +108,57 @@ def test_the_farm_runs_as_the_documented_acl_user(acl_redis: int, tmp_path: Path
         code = farm.stop()
         admin.close()
     assert code == 0
+
+
+def docs_rules_without(dropped: str) -> list[str]:
+    """The docs' ACL rules (what follows ``user streamserve``), less ``dropped``."""
+    rules = docs_acl_line().split()[2:]
+    assert dropped in rules, rules
+    return [rule for rule in rules if rule != dropped]
+
+
+@pytest.mark.parametrize(
+    ("dropped", "named"),
+    [
+        ("+@scripting", "+@scripting (Redis: this user has no permissions to run the 'eval' command"),
+        ("&{streamserve}:*", "the channels {streamserve}:*"),
+        ("~{streamserve}:*", "the keys {streamserve}:*"),
+        ("~streamserve:*", "the keys streamserve:*"),
+        ("+@transaction", "+@transaction"),
+        ("~rq:*", "the keys rq:*"),  # (asynchronous jobs: on by default)
+        ("+info", "+info"),
+    ],
+)
+def test_a_role_whose_redis_user_lacks_a_rule_stops_at_start_naming_it(
+    acl_redis: int, dropped: str, named: str
+) -> None:
+    """Not on its first use of it: the scheduler died three times on its first script, with a traceback."""
+    with redis.Redis(port=acl_redis, username="admin", password=ADMIN_PASSWORD) as admin:
+        admin.execute_command("ACL", "SETUSER", "partial", "reset", *docs_rules_without(dropped))
+    url = f"redis://partial:{PASSWORD}@127.0.0.1:{acl_redis}/0"
+    done = subprocess.run([STREAMSERVE, "scheduler", "--redis-url", url], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "lacks permissions the farm needs" in done.stderr and named in done.stderr, done.stderr
+    assert "docs/operations.md (Security)" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_up_on_a_redis_user_that_lacks_a_rule_stops_before_it_starts_anything(acl_redis: int, tmp_path: Path) -> None:
+    with redis.Redis(port=acl_redis, username="admin", password=ADMIN_PASSWORD) as admin:
+        admin.execute_command("ACL", "SETUSER", "partial", "reset", *docs_rules_without("+@scripting"))
+    url = f"redis://partial:{PASSWORD}@127.0.0.1:{acl_redis}/0"
+    command = [STREAMSERVE, "up", str(ROOT / "examples" / "streamserve.yaml"), "--port", str(free_port())]
+    proc = subprocess.Popen(
+        [*command, "--redis-url", url, "--data-dir", str(tmp_path / "farm")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=ROOT,
+    )
+    try:
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        stop_group(proc, timeout_s=5)
+    assert proc.returncode == 2, err
+    assert "lacks permissions the farm needs" in err and "+@scripting" in err, err
+    assert "starting" not in err and "Traceback" not in err, err

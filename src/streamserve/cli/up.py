@@ -47,6 +47,7 @@ from streamserve.runtime.farm_files import (
     write_farm,
 )
 from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, UP_GATEWAY_EXIT_S, Lifeline
+from streamserve.runtime.logging_setup import check_redis_user
 from streamserve.runtime.processes import (
     bind_problem,
     die_with_parent,
@@ -281,8 +282,10 @@ class Farm:
                 self.redis.forget_data()
             self.redis.start()
             self.settings = self.settings.model_copy(update={"redis_url": self.redis.url})
-        elif self.settings.check_redis and (lines := redis_problems(self.settings.effective_redis_url)):
-            print(f"warning: {warning_text(self.settings.effective_redis_url, lines)}", file=sys.stderr, flush=True)
+        elif self.settings.check_redis:
+            check_redis_user(self.settings)
+            if lines := redis_problems(self.settings.effective_redis_url):
+                print(f"warning: {warning_text(self.settings.effective_redis_url, lines)}", file=sys.stderr, flush=True)
         if self.settings.job_workers:
             jobs_url = jobs_redis_url(self.settings)  # on a Redis Cluster, refused now, naming the fix
             if jobs_url != self.settings.effective_redis_url:  # a Redis of their own: it answers, or up stops here

@@ -12,6 +12,7 @@ from streamserve.runtime import tracing
 from streamserve.runtime.fd_limit import raise_fd_limit
 from streamserve.runtime.settings import Settings, add_redis_url_option, unknown_settings
 from streamserve.transport.redis_checks import redis_problems, warning_text
+from streamserve.transport.redis_permissions import check_permissions
 from streamserve.wire.printable import printable, printable_lines
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,13 @@ def setup_logging(debug: bool = False, log_format: str = "text", role: str = "")
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, handlers=[handler], force=True)
 
 
+def check_redis_user(settings: Settings) -> None:
+    """ConfigError (exit 2) naming what the farm's Redis user may not do that the farm does (transport.
+    redis_permissions), for the farm's Redis and, with job workers on, the one that keeps its jobs."""
+    jobs_url = None if settings.job_workers == 0 else settings.jobs_redis_url or settings.effective_redis_url
+    check_permissions(settings.effective_redis_url, settings.keys, jobs_url)
+
+
 def start_process(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     """What every role's entry point does first: parse its command line (with ``--redis-url``), build its
     settings from that and the environment, set up logging (and tracing, if the environment asks: runtime/tracing.py),
@@ -100,6 +108,7 @@ def start_process(parser: argparse.ArgumentParser, argv: list[str] | None) -> tu
     if settings.check_redis:
         for line in unknown_settings(os.environ):
             logger.warning("%s", line)
+        check_redis_user(settings)
         if lines := redis_problems(settings.effective_redis_url):
             for line in warning_text(settings.effective_redis_url, lines).splitlines():  # (a record is one line)
                 logger.warning("%s", line)
