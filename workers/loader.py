@@ -76,13 +76,13 @@ class LoadedDeployment:
 
     @functools.cached_property
     def max_models(self) -> int:
-        """How many models the instance's ``@streamserve.multiplexed`` loaders keep together (0: none, so requests
-        need not name a model)."""
-        return sum(multiplexed_loaders(self.target).values()) if self.is_class else 0
+        """How many models the ``@streamserve.multiplexed`` loaders of the instance (or those the function names)
+        keep together (0: none, so requests need not name a model)."""
+        return sum(multiplexed_loaders(self.target).values())
 
     @property
     def multiplexed(self) -> bool:
-        """Whether the instance has a multiplexed loader: then every request must name its model."""
+        """Whether the deployment has a multiplexed loader: then every request must name its model."""
         return self.max_models > 0
 
     @property

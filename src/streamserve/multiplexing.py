@@ -320,7 +320,11 @@ def _wrap(loader: Callable[..., Any], most: int) -> Any:
 
 
 def multiplexed_loaders(target: Any) -> dict[str, int]:
-    """``target``'s multiplexed loaders (a class instance's methods; none for a function): name ->
-    max_models_per_replica."""
-    found = {name: getattr(type(target), name, None) for name in dir(type(target))}
+    """``target``'s multiplexed loaders: a class instance's methods, or for a function, the module-level loaders its
+    body names (``load(model_id)`` beside it, or imported): name -> max_models_per_replica. Only those it names: a
+    module's other functions, deployments of their own, do not multiplex for a loader beside them."""
+    if inspect.isfunction(unwrapped := inspect.unwrap(target)):
+        found = {name: unwrapped.__globals__.get(name) for name in unwrapped.__code__.co_names}
+    else:
+        found = {name: getattr(type(target), name, None) for name in dir(type(target))}
     return {name: getattr(fn, MARK) for name, fn in found.items() if hasattr(fn, MARK)}

@@ -220,6 +220,25 @@ def test_the_loader_marks_the_class_as_multiplexing() -> None:
     assert multiplexing.multiplexed_loaders(object()) == {}
 
 
+@streamserve.multiplexed(max_models_per_replica=4)
+def load_plain(model_id: str) -> str:
+    return model_id
+
+
+def plain_handler(body: Any) -> Any:
+    return load_plain(streamserve.model_id())
+
+
+def handler_beside_it(body: Any) -> Any:
+    return body
+
+
+def test_a_function_handler_multiplexes_with_the_module_level_loader_it_calls() -> None:
+    """Not a function beside the loader that does not call it: a deployment of its own needs no model id."""
+    assert multiplexing.multiplexed_loaders(plain_handler) == {"load_plain": 4}
+    assert multiplexing.multiplexed_loaders(handler_beside_it) == {}
+
+
 async def test_loads_side_by_side_never_hold_more_models_than_the_most_kept(told: Recorder) -> None:
     """A load waits for room while those on their way fill every place: at no moment are more models loading or
     loaded (not yet closed) than max_models_per_replica."""
