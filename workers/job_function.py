@@ -215,9 +215,9 @@ def _call_when_redis_has_room(
             return _wait(calling, job)
         except RateLimitedError as exc:  # its tenant is over its limits: wait for its turn (a job is not in a hurry)
             left_s = give_up_at - time.monotonic()
-            if left_s <= 0:
+            if exc.retry_after_s > left_s:  # its turn comes too late: it fails now, not once the wait is spent
                 raise
-            time.sleep(min(exc.retry_after_s, left_s))
+            time.sleep(exc.retry_after_s)
         except OverloadedError as exc:
             refused_for_memory = exc.__cause__ is not None and refuses_writes(exc.__cause__)
             if not refused_for_memory or time.monotonic() >= give_up_at:

@@ -16,7 +16,7 @@ from redis.retry import Retry
 
 from streamserve.transport.connections import WriteRefusals, refuses_writes
 from streamserve.wire.config import DeploymentConfig
-from streamserve.wire.errors import OverloadedError
+from streamserve.wire.errors import OverloadedError, RateLimitedError
 from streamserve.workers import job_function, job_worker
 from streamserve.workers.job_worker import WaitWhileFull
 
@@ -204,3 +204,21 @@ def test_a_jobs_call_refused_for_a_full_queue_or_too_long_fails_the_job(monkeypa
     with pytest.raises(OverloadedError, match="out of memory"):
         job_function.run("echo", 1)
     assert full_redis.calls == 2  # sent at 0 and 10 s; refused again at 20 s, past FULL_REDIS_WAIT_S: given up
+
+
+def test_a_jobs_call_refused_by_its_tenants_rate_waits_its_turn_unless_it_comes_too_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A turn within FULL_REDIS_WAIT_S is waited for; one past it fails the job at once, not once the wait is spent
+    (a rate of one request a day said Retry-After: 86400, and the job sat 15 s before failing)."""
+    slept: list[float] = []
+    monkeypatch.setattr(job_function.time, "sleep", slept.append)
+    soon = FakeClient(RateLimitedError("tenant 'acme' is over its rate", retry_after_s=2.0), {"ok": 1})
+    monkeypatch.setattr(job_function, "_shared_client", lambda: soon)
+    assert job_function.run("echo", 1) == {"ok": 1}
+    assert slept == [2.0]
+    late = FakeClient(RateLimitedError("tenant 'acme' is over its rate", retry_after_s=86_400.0))
+    monkeypatch.setattr(job_function, "_shared_client", lambda: late)
+    with pytest.raises(RateLimitedError, match="over its rate"):
+        job_function.run("echo", 1)
+    assert slept == [2.0]  # no second wait
