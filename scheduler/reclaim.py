@@ -132,7 +132,7 @@ class Reclaimer:
         if not letter.reply_to:
             return
         message = (
-            f"request {letter.request_id} was delivered {letter.deliveries} times and each time {letter.reason}; "
+            f"request {letter.request_id} was delivered {_times(letter.deliveries)} {letter.reason}; "
             f"it was moved to {self._keys.dead_letters(cfg.name)}"
         )
         reply = Reply(
@@ -144,3 +144,8 @@ class Reclaimer:
             tag=letter.tag,
         )
         await send_reply(self._redis, letter.reply_to, reply)
+
+
+def _times(deliveries: int) -> str:
+    """How often a dead letter was delivered, as its message says it: "once and" or "3 times and each time"."""
+    return "once and" if deliveries == 1 else f"{deliveries} times and each time"

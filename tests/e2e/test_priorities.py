@@ -241,6 +241,7 @@ def test_a_low_request_dead_lettered_keeps_its_priority(
     response = answer.result(timeout=WAIT_S * 2)
     store.delete(hold)
     assert response.json()["error"] == DeadLetterError.__name__
+    assert "was delivered once and its replica died" in response.json()["message"], response.text
     letters = [fields for _id, fields in store.xrange(KEYS.dead_letters("fragile"))]
     ours = [f for f in letters if tag.encode() in f[b"body"]]
     assert len(ours) == 1 and ours[0][b"priority"] == b"low"

@@ -295,7 +295,8 @@ class JobQueue:
             keys=[self._keys.accepted_jobs(counted_in.name)], args=[counted_in.max_queued_jobs, job_id, now_ms()]
         ):
             raise OverloadedError(
-                f"deployment {counted_in.name!r} has {counted_in.max_queued_jobs} jobs queued or running "
+                f"deployment {counted_in.name!r} has {counted_in.max_queued_jobs} "
+                f"job{'s' if counted_in.max_queued_jobs != 1 else ''} queued or running "
                 "(max_queued_jobs)"
             )
         try:
