@@ -34,6 +34,11 @@ def test_defaults() -> None:
     ("fields", "expected"),
     [
         ({"replicas": 2}, "deployment 'echo' (deployments[0]): replicas: unknown field"),
+        ({"tenant_limit": {}}, "tenant_limit: unknown field (did you mean 'tenant_limits'?)"),
+        ({"tenant_limits": {"default": {"burts": 2}}}, "burts: unknown field (did you mean 'burst'?)"),
+        # PyYAML reads 1e3 (no dot) as text: the message says so, and how to write it.
+        ({"request_timeout_s": "1e3"}, "a valid number, got the text '1e3' (YAML reads a number in e-notation"),
+        ({"max_queued_requests": "1e3"}, "a valid integer, got the text '1e3' (YAML reads"),
         ({"name": "Bad Name"}, "(deployments[0]): name: 'Bad Name' is not a valid name"),
         ({"import_path": "examples.echo"}, "import_path: 'examples.echo' must look like 'package.module:attribute'"),
         ({"num_replicas": -1}, "num_replicas: Input should be greater than or equal to 0"),

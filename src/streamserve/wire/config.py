@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
 import re
@@ -526,11 +527,45 @@ def format_validation_error(exc: ValidationError, data: Any) -> str:
         where = _describe_location(tuple(err["loc"]), data)
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            message = "unknown field"
+            message = "unknown field" + _did_you_mean(err["loc"][-1])
         elif err["type"] == "model_type":  # (not "... or instance of ResponseCacheConfig": a class name of ours)
             message = "Input should be a mapping"
+        elif err["type"] in ("float_type", "int_type") and _number_as_text(err["input"]):
+            written = "1.0e3, or 1000" if err["type"] == "float_type" else "1000"
+            message += (
+                f", got the text {err['input']!r} (YAML reads a number in e-notation without a dot, such as 1e3,"
+                f" as text: write {written})"
+            )
         lines.append(f"{where}: {message}")
     return "\n".join(lines)
+
+
+def _did_you_mean(field: int | str) -> str:
+    """ " (did you mean 'tenant_limits'?)" for a misspelt field name of a config's; "" when none is close."""
+    known = {name for model in _CONFIG_MODELS for name in model.model_fields}
+    close = difflib.get_close_matches(str(field), sorted(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# What PyYAML (YAML 1.1) leaves as text though a reader takes it for a number: e-notation without a dot.
+_E_NOTATION_TEXT = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
+
+
+def _number_as_text(value: Any) -> bool:
+    """Whether ``value`` is a string YAML left as text though it reads as a number (``1e3``)."""
+    return isinstance(value, str) and _E_NOTATION_TEXT.fullmatch(value) is not None
+
+
+# Every model a config file's mappings are read as (for a misspelt field's "did you mean").
+_CONFIG_MODELS: tuple[type[BaseModel], ...] = (
+    AppConfig,
+    DeploymentConfig,
+    EndpointConfig,
+    AutoscalingConfig,
+    Resources,
+    ResponseCacheConfig,
+    TenantLimitConfig,
+)
 
 
 def parse_config(data: Any, source: str = "config", limits: ConfigLimits = DEFAULT_LIMITS) -> AppConfig:
