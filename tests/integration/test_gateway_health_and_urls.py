@@ -361,6 +361,12 @@ async def test_a_url_at_a_server_that_is_not_redis_is_a_clear_error() -> None:
     try:
         with pytest.raises(RedisUnavailableError, match=f"the server at redis://127.0.0.1:{port}/0 does not answer as"):
             await asyncio.wait_for(client.call("rec", 1, timeout=5), timeout=30)
+        # The CLI, as `streamserve status --redis-url` given the gateway's port, says what answered.
+        status = await asyncio.create_subprocess_exec(
+            STREAMSERVE, "status", "--redis-url", f"redis://127.0.0.1:{port}/0", stderr=asyncio.subprocess.PIPE
+        )
+        _out, err = await asyncio.wait_for(status.communicate(), 60)
+        assert status.returncode == 1 and "an HTTP server answered there, a gateway's port perhaps" in err.decode()
     finally:
         await client.aclose()
         server.close()

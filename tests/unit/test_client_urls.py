@@ -55,6 +55,8 @@ def test_a_server_that_does_not_answer_as_redis_is_redis_unavailable() -> None:
     assert isinstance(error, RedisUnavailableError)
     assert str(error) == (
         'the server at redis://***@127.0.0.1:8000/0 does not answer as Redis: Protocol error, got "H" as reply'
+        " (an HTTP server answered there, a gateway's port perhaps: the farm's Redis has a port of its own, on the"
+        " `redis` line `streamserve up` prints)"
     )
 
 

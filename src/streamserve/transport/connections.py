@@ -566,6 +566,11 @@ def connection_hint(url: str, exc: BaseException) -> str:
     it names that is not there (redis-py says only "No such file or directory"), a plain redis:// URL whose
     server reset the connection (what a TLS port does to a client that does not speak TLS), or a rediss:// URL
     whose server never finished the connection (what a plain port does to a client that waits for TLS)."""
+    if isinstance(exc, InvalidResponse) and 'got "H"' in str(exc):  # "HTTP/1.1 400 ...": the reply of an HTTP server
+        return (
+            " (an HTTP server answered there, a gateway's port perhaps: the farm's Redis has a port of its own, on"
+            " the `redis` line `streamserve up` prints)"
+        )
     if not isinstance(exc, RETRYABLE_ERRORS):
         return ""
     parsed = urllib.parse.urlsplit(url)
@@ -637,7 +642,9 @@ class RedisRefusals:
         if isinstance(exc, RETRYABLE_ERRORS):
             return RedisUnavailableError(f"cannot reach Redis at {self._url}: {exc}{connection_hint(self._given, exc)}")
         if isinstance(exc, InvalidResponse):
-            return RedisUnavailableError(f"the server at {self._url} does not answer as Redis: {exc}")
+            return RedisUnavailableError(
+                f"the server at {self._url} does not answer as Redis: {exc}{connection_hint(self._given, exc)}"
+            )
         if isinstance(exc, ResponseError) and str(exc).startswith(NO_SUCH_DATABASE):
             return ConfigError(
                 f"the Redis at {self._url} has no database of the number its URL names ({exc}): that number (/N, or"
