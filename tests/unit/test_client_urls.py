@@ -4,10 +4,13 @@ StreamServeErrors)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from redis.exceptions import InvalidResponse
+from redis.exceptions import ConnectionError, InvalidResponse
 
 from streamserve.client import AsyncClient, Client
+from streamserve.client.core import DEFAULT_REDIS_HINT
 from streamserve.errors import ConfigError, RedisUnavailableError
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RedisRefusals
@@ -86,3 +89,19 @@ def test_an_option_redis_py_would_not_take_is_refused_when_the_client_is_made(qu
 )
 def test_the_options_redis_py_takes_are_taken(url: str) -> None:
     Client(url).close()
+
+
+def test_a_client_given_no_redis_and_no_farm_says_so_when_the_default_cannot_be_reached(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """As the CLI does: the Python client's message named only 127.0.0.1:6379, not why it was tried."""
+    monkeypatch.chdir(tmp_path)  # no .streamserve/ farm here
+    for name in ("REDIS_URL", "STREAMSERVE_REDIS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    refused = ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+    fell_back = AsyncClient()._refusals.meaning(refused)
+    assert str(fell_back).endswith(DEFAULT_REDIS_HINT) and 'Client("redis://HOST:PORT")' in str(fell_back)
+    given = AsyncClient("redis://127.0.0.1:6379/0")._refusals.meaning(refused)
+    assert str(given) == (
+        "cannot reach Redis at redis://127.0.0.1:6379/0: Error 111 connecting to 127.0.0.1:6379. Connection refused."
+    )

@@ -28,7 +28,7 @@ from streamserve.client.reply_stream import ReplyStream
 from streamserve.client.route_table import Route, RouteCache
 from streamserve.metrics.definitions import CACHE_REQUESTS
 from streamserve.runtime import tracing
-from streamserve.runtime.farm_files import running_farm
+from streamserve.runtime.farm_files import DEFAULT_DATA_DIR, running_farm
 from streamserve.runtime.settings import Settings, redis_url_problem
 from streamserve.transport.connections import JOB_POOL_SIZE, RedisRefusals, async_redis, redacted, sync_redis
 from streamserve.transport.pipelining import Pipeliner
@@ -54,6 +54,13 @@ _CLIENTS: weakref.WeakSet[ClientCore] = weakref.WeakSet()
 _INHERITED: list[object] = []
 
 
+# What a client that was given no Redis, and found no farm, adds to its failure to reach the default one.
+DEFAULT_REDIS_HINT = (
+    f" (no Redis URL was given and no `streamserve up` runs from {DEFAULT_DATA_DIR}/ here, so the default Redis was"
+    ' tried: pass one, Client("redis://HOST:PORT"), or set REDIS_URL, or run where `up` runs)'
+)
+
+
 class ClientCore:
     """One client's settings and connections: the Redis pool, its reply stream, its routes, its jobs connection."""
 
@@ -61,8 +68,12 @@ class ClientCore:
         """``redis_url``, else the settings' (``REDIS_URL``), else that of the farm `streamserve up` runs from
         ``.streamserve`` here (as the CLI finds it), else redis://127.0.0.1:6379."""
         settings = settings or Settings.checked()
-        if redis_url is None and settings.redis_url is None and (farm := running_farm(None)) is not None:
-            settings = farm.serving(settings)
+        fallback = ""
+        if redis_url is None and settings.redis_url is None:
+            if (farm := running_farm(None)) is not None:
+                settings = farm.serving(settings)
+            else:
+                fallback = DEFAULT_REDIS_HINT
         elif redis_url is not None:
             if not isinstance(redis_url, str):
                 raise ConfigError(f"redis_url: a Redis URL is a string, got {shown(redis_url)}")
@@ -73,7 +84,7 @@ class ClientCore:
         settings.give_cluster_nodes()  # (STREAMSERVE_REDIS_CLUSTER_NODES: a program of the user's reads it here)
         self._keys = settings.keys
         self.caller_id = new_caller_id()
-        self._refusals = RedisRefusals(settings.effective_redis_url)
+        self._refusals = RedisRefusals(settings.effective_redis_url, fallback)
         self._job_refusals = self._refusals  # the jobs' Redis, once known (see _job_queue)
         self._redis: aioredis.Redis | None = None
         self._replies: ReplyStream | None = None

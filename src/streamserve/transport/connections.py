@@ -624,9 +624,12 @@ class RedisRefusals:
     frame per call would show.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, unreachable_hint: str = "") -> None:
+        """``unreachable_hint``: what to add when Redis cannot be reached and the URL itself says nothing (a
+        client's that fell back to the default Redis)."""
         self._given = url
         self._url = redacted(url)
+        self._unreachable_hint = unreachable_hint
 
     def __enter__(self) -> None:
         return None
@@ -640,7 +643,8 @@ class RedisRefusals:
     def meaning(self, exc: BaseException) -> StreamServeError | None:
         """What ``exc`` means to a caller, or None when it is not one of the failures above."""
         if isinstance(exc, RETRYABLE_ERRORS):
-            return RedisUnavailableError(f"cannot reach Redis at {self._url}: {exc}{connection_hint(self._given, exc)}")
+            hint = connection_hint(self._given, exc) or self._unreachable_hint
+            return RedisUnavailableError(f"cannot reach Redis at {self._url}: {exc}{hint}")
         if isinstance(exc, InvalidResponse):
             return RedisUnavailableError(
                 f"the server at {self._url} does not answer as Redis: {exc}{connection_hint(self._given, exc)}"
