@@ -22,7 +22,7 @@ import redis as sync_redis_module
 from streamserve.client import AsyncClient
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.security import ImportAllowList
-from streamserve.runtime.processes import free_port, port_is_free
+from streamserve.runtime.processes import free_port, stop_group
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import async_redis
 from streamserve.wire.config import AppConfig, DeploymentConfig
@@ -33,6 +33,7 @@ from streamserve.wire.states import ReplicaHealth
 from streamserve.workers.replica import Replica
 from tests.harness.farm import gateway_process
 from tests.harness.paths import ROOT, STREAMSERVE
+from tests.harness.waiting import wait_for
 from tests.integration.conftest import gateway_http
 
 PWN = {"deployments": [{"name": "pwn", "import_path": "os:system"}]}
@@ -149,17 +150,52 @@ def test_no_open_admin_api_off_loopback(redis_url: str, tmp_path: Path) -> None:
     assert "refusing to bind 0.0.0.0" in gateway.stderr and "STREAMSERVE_API_KEY" in gateway.stderr
     assert "--no-admin" in gateway.stderr
 
-    redis_port = free_port()
-    config = tmp_path / "c.yaml"
-    config.write_text("deployments:\n  - name: echo\n    import_path: examples.echo:Echo\n")
-    up = run(["up", str(config), "--host", "0.0.0.0", "--port", str(port), "--redis-port", str(redis_port)], redis_url)
-    assert up.returncode == 2 and "refusing to bind 0.0.0.0" in up.stderr
-    assert port_is_free("127.0.0.1", redis_port), "up started Redis before refusing"
-
     for blank in ("", "   "):
         refused = run(["gateway", "--port", str(port)], redis_url, STREAMSERVE_API_KEY=blank)
         assert refused.returncode == 2 and "STREAMSERVE_API_KEY: set but blank" in refused.stderr, refused.stderr
         assert run(["status"], redis_url, STREAMSERVE_API_KEY=blank).returncode == 2
+
+
+def test_up_serves_off_loopback_its_admin_writes_guarded_by_the_token_it_made(redis_url: str, tmp_path: Path) -> None:
+    """Unlike a gateway run alone, `up` always has a token for admin writes (STREAMSERVE_API_KEY, or one it makes):
+    it refused --host 0.0.0.0 all the same, asking for STREAMSERVE_API_KEY."""
+    port = free_port()
+    config = tmp_path / "c.yaml"
+    config.write_text("deployments:\n  - name: echo\n    import_path: examples.echo:Echo\n    num_replicas: 0\n")
+    data_dir = tmp_path / "farm"
+    with (tmp_path / "up.log").open("wb") as log:
+        up = subprocess.Popen(
+            [STREAMSERVE, "up", str(config), "--host", "0.0.0.0", "--port", str(port), "--data-dir", str(data_dir)],
+            cwd=ROOT,
+            env=env(redis_url),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+
+        def serves() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/-/healthz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return up.poll() is not None
+
+        wait_for(serves, 60, lambda: (tmp_path / "up.log").read_text())
+        assert up.poll() is None, (tmp_path / "up.log").read_text()
+        refused = httpx.post(f"http://127.0.0.1:{port}/-/deploy", json=PWN, timeout=10)
+        assert refused.status_code == 401, refused.text
+        token = (data_dir / "api_key").read_text().strip()
+        scale = {"num_replicas": 0}
+        allowed = httpx.post(
+            f"http://127.0.0.1:{port}/-/deployments/echo/scale",
+            json=scale,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+        assert allowed.status_code == 200, allowed.text
+    finally:
+        stop_group(up, timeout_s=30)
+    assert "pwn" not in stored_deployments(redis_url)
 
 
 def test_no_admin_serves_off_loopback_with_writes_switched_off(redis_url: str, tmp_path: Path) -> None:

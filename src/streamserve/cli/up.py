@@ -30,7 +30,6 @@ from streamserve.cli.start_wait import kept_beyond, replicas_not_running
 from streamserve.cli.writes import apply_file
 from streamserve.client.jobs import jobs_redis_url
 from streamserve.control.desired_state import Applied, DesiredState
-from streamserve.control.security import check_exposure
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.farm_files import (
     DEFAULT_DATA_DIR,
@@ -97,7 +96,8 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
     problem = bind_problem(args.host, args.port)
     if problem and problem != "in use":  # (one in use may be a dead farm's gateway, which `up` ends first)
         raise ConfigError(f"--host {args.host}: the gateway cannot listen there: {problem}")
-    check_exposure(args.host, api_key_set=settings.api_key is not None, admin=settings.admin)
+    # (No check_exposure: admin writes through `up`'s gateway always need a token, STREAMSERVE_API_KEY or the one it
+    # makes, so it may bind beyond loopback.)
     settings.tenant_key_map()  # an unreadable keys file stops `up` before it starts anything (its gateways check too)
     config = load_config(args.config, settings.config_limit_values)
     options = UpOptions(
