@@ -172,9 +172,11 @@ class Serving:
         # The config whose user_config the deployment's state reflects (its reconfigure has returned; the config a
         # departing replica of an older version was loaded with): a reply is kept as a response-cache entry only for
         # the config it was made under, which ``config`` may be ahead of. By entry id, for requests with a cache
-        # digest, the one each started under.
+        # digest, the one each started under; None for one that ran while a reconfigure() did: its handler may have
+        # seen either user_config (or a mix), so its reply is kept under neither.
         self.applied = config
-        self._made_under: dict[bytes, DeploymentConfig] = {}
+        self._made_under: dict[bytes, DeploymentConfig | None] = {}
+        self._reconfiguring = False
         self.deployment = deployment
         self._threads = threads
         self._slots = slots
@@ -254,7 +256,12 @@ class Serving:
                     config.import_path,
                 )
             else:
-                await self._threads.run(fn, config.user_config)
+                self._reconfiguring = True
+                self._made_under = dict.fromkeys(self._made_under)  # what runs now may see the new one's state
+                try:
+                    await self._threads.run(fn, config.user_config)
+                finally:
+                    self._reconfiguring = False
         self.applied = config
 
     def resize(self, max_ongoing_requests: int) -> None:
@@ -609,7 +616,7 @@ class Serving:
             return
         started_at = time.perf_counter()
         if request.cache:
-            self._made_under[entry_id] = self.applied
+            self._made_under[entry_id] = None if self._reconfiguring else self.applied
         scope = RequestScope(request.request_id, request.deadline_ms, request.priority, request.tenant, request.model)
         scope.on_call = self._note_wait_outside
         if self._spans is not None:
@@ -776,7 +783,10 @@ class Serving:
         if request.run:  # a shared run ends (an idempotency key's, identical requests'): kept, or freed
             self._shared_runs.pop(entry_id, None)
             made_under = self._made_under.pop(entry_id, self.config) if request.cache else self.config
-            settlement = settling.settle(self._keys, made_under, request, kept or reply)
+            if made_under is None:  # it ran beside a reconfigure(): kept under no config's digest
+                settlement = settling.settle(self._keys, self.config, request, kept or reply, keep=False)
+            else:
+                settlement = settling.settle(self._keys, made_under, request, kept or reply)
         release: Command | None = None
         if request.held:  # its tenant's count of held requests is bounded: it no longer counts
             release = ("ZREM", self._keys.tenant_held(self._name, request.tenant), request.held)

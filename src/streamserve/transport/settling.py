@@ -54,8 +54,9 @@ class Settlement:
         ]
 
 
-def settle(keys: Keys, cfg: DeploymentConfig, request: Request, reply: Reply) -> Settlement:
-    """The settlement of ``request``'s shared run (it has ``idem`` or ``cache``), which ended with ``reply``."""
+def settle(keys: Keys, cfg: DeploymentConfig, request: Request, reply: Reply, *, keep: bool = True) -> Settlement:
+    """The settlement of ``request``'s shared run (it has ``idem`` or ``cache``), which ended with ``reply``.
+    ``keep``: False for a cache's run whose reply may not be of the config it was asked under (freed, not kept)."""
     name = cfg.name
     cache_args: list[EncodableT]
     if request.idem:
@@ -66,7 +67,7 @@ def settle(keys: Keys, cfg: DeploymentConfig, request: Request, reply: Reply) ->
     else:
         cache = cfg.response_cache
         digest = response_cache.cache_digest(cfg, request.method, request.body, request.model, request.tenant)
-        kept = cache is not None and digest == request.cache
+        kept = keep and cache is not None and digest == request.cache
         outcome, fields = response_cache.settlement(reply, kept)
         run_keys = [*keys.shared_run(name, "", request.cache), keys.cache_index(name)]
         ttl_s = cache.ttl_s if cache is not None else 0
