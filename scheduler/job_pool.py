@@ -104,6 +104,14 @@ class JobWorkerPool:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGTERM)
 
+    def stop_taking_jobs(self) -> None:
+        """The farm is stopping: each worker finishes the job it runs and exits, and none is started again, so the
+        jobs still queued wait for the next farm (its gateway may drain for seconds before this scheduler stops)."""
+        if self.size:
+            logger.info("job workers: the farm is stopping; the jobs still queued wait for its next start")
+        self.size = 0
+        self.stop()
+
     async def kill(self) -> None:
         """End every worker still running at once; fail the jobs they were running."""
         for proc in self._procs:

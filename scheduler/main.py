@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 
 import redis.asyncio as aioredis
 
 from streamserve.client.jobs import jobs_redis_url
+from streamserve.runtime.lifeline import STOP_JOBS_SIGNAL
 from streamserve.runtime.logging_setup import start_process
 from streamserve.runtime.settings import Settings
 from streamserve.scheduler.collector import collect_periodically
@@ -62,15 +64,19 @@ async def serve(scheduler: Scheduler, redis: aioredis.Redis) -> None:
     The signal is answered within a second, whatever a tick is doing (scheduler/stop_signals.py).
     """
     collector = asyncio.create_task(collect_periodically())
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(STOP_JOBS_SIGNAL, scheduler.stop_taking_jobs)
     try:
         with StopSignals(scheduler.should_exit.set):
             await scheduler.run()
     finally:
+        loop.remove_signal_handler(STOP_JOBS_SIGNAL)
         collector.cancel()
         await redis.aclose()
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(STOP_JOBS_SIGNAL, signal.SIG_IGN)  # (until its handler is in place: by default it would end us)
     args, settings = start_process(build_parser(), argv)
     if settings.job_workers:
         jobs_redis_url(settings)  # refused now (ConfigError, exit 2) rather than by every job worker it would start

@@ -380,6 +380,11 @@ class Scheduler:
         stop_retrying()
         return True
 
+    def stop_taking_jobs(self) -> None:
+        """Told (STOP_JOBS_SIGNAL, by `up` as it begins to stop) that no job is to start any more."""
+        if self._job_pool is not None:
+            self._job_pool.stop_taking_jobs()
+
     async def _stop_job_workers(self, farm_gone: bool) -> None:
         """Let job workers finish their calls for as long as the deployments they call may drain, then kill them
         (when the farm is gone, for as long as they give themselves: job_worker.JobWorker.farm_gone)."""

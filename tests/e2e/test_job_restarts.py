@@ -11,6 +11,7 @@ data directory, each `up` finishing the previous round's jobs.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -98,5 +99,56 @@ def test_jobs_accepted_before_ctrl_c_all_finish_after_up_again(tmp_path: Path) -
                 raise farm.fail(f"round {round_}: a job worker was killed at the end of the drain, its job unfinished")
         farm.start()
         wait_until_finished(farm, before)
+    finally:
+        farm.stop()
+
+
+DRAINING_CONFIG = """
+deployments:
+  - name: nap
+    import_path: tests.deployments:crash_on
+    num_replicas: 1
+    max_ongoing_requests: 1
+    graceful_shutdown_timeout_s: 4
+    route_prefix: /nap
+  - name: sleepy
+    import_path: examples.sleepy:Sleepy
+    num_replicas: 1
+    graceful_shutdown_timeout_s: 4
+"""
+JOBS = 16
+# Jobs a worker may have taken between the test's last look and the Ctrl-C reaching the scheduler (one per worker).
+RACE_SLACK = 2
+
+
+def test_jobs_queued_at_ctrl_c_wait_for_the_next_up_while_the_gateway_drains(tmp_path: Path) -> None:
+    """`up` stops its gateway first (it drains the calls it holds), then the scheduler: meanwhile its job workers took
+    the jobs still queued, which ran then (or were cut by the replicas' drain, failed) instead of waiting for the
+    next `up`, as the docs say."""
+    farm = farm_on(DRAINING_CONFIG, tmp_path)
+    try:
+        farm.start()
+        locations = [submit(farm, {"sleep": 0.3, "n": n}) for n in range(JOBS)]
+        seen: dict[str, str] = {}
+
+        def some_taken() -> bool:
+            seen.update({location: job(farm, location)["status"] for location in locations})
+            return list(seen.values()).count("finished") >= 2
+
+        wait_for(some_taken, 45, lambda: f"the job workers took no jobs: {seen}")
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(farm.post, "/sleepy", {"seconds": 3})  # the gateway drains it, 3 s
+            wait_for(lambda: farm.status()["sleepy"]["in_flight"] == 1, 10, "the call did not reach its replica")
+            seen.update({location: job(farm, location)["status"] for location in locations})
+            taken = {location for location, status in seen.items() if status != "queued"}
+            assert farm.stop(timeout_s=60) == 0  # Ctrl-C
+            assert held.result(timeout=30).status_code == 200
+        farm.extra_env["STREAMSERVE_JOB_WORKERS"] = "0"  # nothing takes the jobs left: their statuses stay
+        farm.start()
+        after = {location: job(farm, location)["status"] for location in locations}
+        assert "failed" not in after.values(), after
+        ran = {location for location, status in after.items() if status != "queued"}
+        assert len(ran - taken) <= RACE_SLACK, f"{len(ran - taken)} jobs queued at Ctrl-C ran while the farm stopped"
+        assert len(ran) < JOBS
     finally:
         farm.stop()

@@ -3,6 +3,7 @@ closed terminal (SIGHUP), a service manager's stop (SIGTERM), nor a Ctrl-C after
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -183,6 +184,29 @@ def test_a_daemon_a_replica_detached_is_ended_by_the_next_up_after_a_kill_9(tmp_
         farm.stop()
         for pid in pids_with_marker(farm.token):  # (the daemon, should the test fail: it is the test's to end)
             os.kill(pid, signal.SIGKILL)
+
+
+def test_up_again_at_once_after_a_kill_9_serves_with_replicas_of_its_own(tmp_path: Path) -> None:
+    """The killed farm's replica drains what it holds (FARM_GONE_DRAIN_S) before it leaves: an `up` started
+    meanwhile adopted it as its own, and printed its banner with no replica that would stay (the first request then
+    waited for a new one to start). Now it waits for the old one to leave first."""
+    farm = farm_of_one(tmp_path, "sleepy", "examples.sleepy:Sleepy")
+    try:
+        farm.start()
+        old = set(replicas(farm))
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(farm.post, "/sleepy", {"seconds": 20})
+            wait_for(lambda: farm.status()["sleepy"]["in_flight"] == 1, 30, "the request did not start")
+            kill_9(farm)
+            farm.start()
+            serving = {replica["pid"] for replica in farm.status()["sleepy"]["replicas"]}
+            assert serving and not serving & old, (serving, old)
+            assert b"waiting for the processes of the farm killed before to leave" in farm.log()
+            assert farm.post("/sleepy", {"seconds": 0}).status_code == 200
+            with contextlib.suppress(httpx.HTTPError):
+                held.result(timeout=60)  # (cut with its farm)
+    finally:
+        farm.stop()
 
 
 def test_kill_9_of_up_leaves_no_worker_of_a_pool_that_starts_them_again(tmp_path: Path) -> None:

@@ -45,11 +45,20 @@ from streamserve.runtime.farm_files import (
     running_farm,
     write_farm,
 )
-from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, UP_GATEWAY_EXIT_S, Lifeline
+from streamserve.runtime.lifeline import (
+    FARM_GONE_DRAIN_S,
+    FARM_GONE_WIND_DOWN_S,
+    STOP_JOBS_SIGNAL,
+    UP_GATEWAY_DRAIN_S,
+    UP_GATEWAY_EXIT_S,
+    Lifeline,
+)
 from streamserve.runtime.logging_setup import check_redis_user
 from streamserve.runtime.processes import (
     bind_problem,
     die_with_parent,
+    farm_role,
+    is_running,
     pids_with_env,
     process_ref,
     role_command,
@@ -123,6 +132,28 @@ def _check_answers(url: str) -> None:
             ping_sync(connection)
     finally:
         connection.close()
+
+
+# The roles of a farm whose `up` died that leave by themselves, within FARM_GONE_DRAIN_S and FARM_GONE_WIND_DOWN_S
+# (its gateway, which holds nothing the next farm needs once it stopped listening, may take longer: it is not waited
+# for), and how long the next `up` waits for them before it ends them.
+LEAVE_BY_THEMSELVES = ("worker", "job-worker", "scheduler")
+DEAD_FARM_LEAVES_WITHIN_S = FARM_GONE_DRAIN_S + FARM_GONE_WIND_DOWN_S + 1.0
+
+
+def _wait_for_leaving(pids: list[int]) -> None:
+    """Wait for these processes of a dead farm to end (at most DEAD_FARM_LEAVES_WITHIN_S), then kill what is left."""
+    refs = [ref for pid in pids if (ref := process_ref(pid)) is not None]
+    if not refs:
+        return
+    listed = ", ".join(ref.partition(":")[0] for ref in refs)
+    print(f"streamserve: waiting for the processes of the farm killed before to leave (pid {listed})", file=sys.stderr)
+    if wait_until(lambda: not any(is_running(ref) for ref in refs), DEAD_FARM_LEAVES_WITHIN_S):
+        return
+    for ref in refs:
+        if is_running(ref):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(ref.partition(":")[0]), signal.SIGKILL)
 
 
 def _own_command() -> str:
@@ -235,10 +266,16 @@ class Farm:
     def _end_what_a_dead_farm_left(self) -> None:
         """End what still carries the mark of an `up` that ran from this data directory and was killed with -9: its
         own processes leave by themselves (within their drain), but a process its replicas' code detached from their
-        process groups (a daemon: a double fork and setsid) does not."""
+        process groups (a daemon: a double fork and setsid) does not.
+
+        Its replicas, job workers and scheduler are waited for first (at most DEAD_FARM_LEAVES_WITHIN_S): still
+        draining, a replica was adopted by the new farm's scheduler as one of its own, and the banner came while
+        the deployment had no replica that would stay (a new one was started only once the old one had left)."""
         dead = dead_farm(self.data_dir)
         if dead is None:
             return
+        marked = pids_with_env("STREAMSERVE_SUPERVISOR", dead.supervisor)
+        _wait_for_leaving([pid for pid in marked if farm_role(pid) in LEAVE_BY_THEMSELVES])
         left = [pid for pid in pids_with_env("STREAMSERVE_SUPERVISOR", dead.supervisor) if not runs_a_role(pid)]
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -496,7 +533,12 @@ class Farm:
         )
 
     def _shutdown(self) -> None:
-        """Gateway, then scheduler (it stops the replicas), then Redis; each bounded in time."""
+        """Gateway, then scheduler (it stops the replicas), then Redis; each bounded in time. The scheduler is told
+        first that no job is to start any more: its job workers took queued jobs while the gateway drained, and the
+        replicas' drain then cut them (failed), where they would have waited for the next start."""
+        if self.scheduler is not None and self.scheduler.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.scheduler.pid, STOP_JOBS_SIGNAL)
         if self.gateway is not None:
             self._stop(self.gateway, UP_GATEWAY_DRAIN_S + UP_GATEWAY_EXIT_S)
         if self.scheduler is not None:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import select
+import signal
 import stat
 import threading
 from collections.abc import Callable
@@ -31,6 +32,10 @@ UP_GATEWAY_DRAIN_S = 10.0
 # closed there, as for a caller who left), and its connections closed. Killed at once with its drain, it cancelled
 # nothing, and a replica draining for the scheduler after it ran that stream to the end of its own drain.
 UP_GATEWAY_EXIT_S = 5.0
+# What `up` sends its scheduler as it begins to stop, before its gateway drains: no job is to start any more (the job
+# workers finish what they run; what is queued waits for the next farm). The scheduler ignores it until it can take
+# it (by default it would end the process).
+STOP_JOBS_SIGNAL = signal.SIGUSR1
 
 
 class Lifeline:

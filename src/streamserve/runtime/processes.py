@@ -198,13 +198,21 @@ def pids_with_env(name: str, value: str) -> list[int]:
     return found
 
 
-def runs_a_role(pid: int) -> bool:
-    """Whether ``pid`` runs one of a farm's own processes (role_command's ``python -m streamserve ROLE``)."""
+def farm_role(pid: int) -> str | None:
+    """The role ``pid`` runs ("worker", "gateway"...) when it is one of a farm's own processes (role_command's
+    ``python -m streamserve ROLE``), else None."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return False
-    return argv[1:3] == [b"-m", b"streamserve"]
+        return None
+    if argv[1:3] != [b"-m", b"streamserve"] or len(argv) < 4:
+        return None
+    return argv[3].decode(errors="replace")
+
+
+def runs_a_role(pid: int) -> bool:
+    """Whether ``pid`` runs one of a farm's own processes."""
+    return farm_role(pid) is not None
 
 
 def runs_replica(pid: int, replica_id: ReplicaID) -> bool:
