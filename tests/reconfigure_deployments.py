@@ -10,6 +10,7 @@ from typing import Any
 BEGUN = threading.Event()  # set once a reconfigure that holds has taken its config
 RELEASE = threading.Event()  # set by the test: that reconfigure returns
 HOLD_MAX_S = 30.0
+RUNS: list[Any] = []  # the body of each call it ran
 
 
 class TakesItAtOnce:
@@ -25,4 +26,5 @@ class TakesItAtOnce:
             RELEASE.wait(HOLD_MAX_S)
 
     def __call__(self, body: Any) -> dict[str, Any]:
+        RUNS.append(body)
         return {"v": self.v, "body": body}

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 
 from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
-from streamserve.wire.config import DeploymentConfig, ResponseCacheConfig
+from streamserve.wire.config import AppConfig, DeploymentConfig, ResponseCacheConfig
 from streamserve.wire.response_cache import cache_digest
 from tests import reconfigure_deployments
 from tests.harness.waiting import wait_for_async
@@ -53,3 +53,27 @@ async def test_a_reply_made_during_a_reconfigure_is_kept_under_no_configs_entry(
             reconfigure_deployments.RELEASE.set()
     entry = settings.keys.cache_entry(NAME, cache_digest(old, "", orjson.dumps("asked under v1")))
     assert not await aredis.exists(entry), await aredis.hgetall(entry)
+
+
+async def test_a_client_calls_by_the_config_it_has_just_deployed(
+    start_replica: StartReplica, settings: Settings
+) -> None:
+    """Not by the one before until its long poll hears of the change: the first call after a deploy that changed the
+    user_config was answered from the old config's cache entry about half the time."""
+    reconfigure_deployments.RUNS.clear()
+    await start_replica(**FIELDS, user_config={"v": 1})
+    async with AsyncClient(settings=settings) as client:
+        for _ in range(2):  # a run, then a hit
+            assert (await asyncio.wait_for(client.call(NAME, "same"), 10))["v"] == 1
+        assert reconfigure_deployments.RUNS == ["same"]
+        assert client._routes is not None
+
+        async def unheard(_message: str) -> None:  # it hears of no change by itself from here on
+            return None
+
+        client._routes._longpoll._heard = unheard  # type: ignore[method-assign]
+        await client.deploy(
+            AppConfig(deployments=[DeploymentConfig.model_validate({**FIELDS, "user_config": {"v": 2}})])
+        )
+        await asyncio.wait_for(client.call(NAME, "same"), 10)
+        assert reconfigure_deployments.RUNS == ["same", "same"]  # asked under the new config: not the old entry

@@ -33,7 +33,9 @@ class ControlWrites(ClientCore):
         app = config if isinstance(config, AppConfig) else load_config(config, self._settings.config_limit_values)
         await self.start()
         with self._refusals:
-            return (await self._desired().apply(app)).goals
+            goals = (await self._desired().apply(app)).goals
+            await self._see_own_write()
+        return goals
 
     async def set_traffic(
         self, endpoint: str, traffic: dict[str, float], shadow: dict[str, float] | None = None
@@ -43,7 +45,9 @@ class ControlWrites(ClientCore):
             raise BadRequestError(f"an endpoint's name is a string, got {shown(endpoint)}")
         await self.start()
         with self._refusals:
-            return await self._desired().set_traffic(endpoint, traffic, shadow)
+            endpoint_config = await self._desired().set_traffic(endpoint, traffic, shadow)
+            await self._see_own_write()
+        return endpoint_config
 
     async def scale(self, name: str, num_replicas: int) -> str | None:
         """Set a deployment's replica count; the goal id, or None if it already had that."""
@@ -52,14 +56,18 @@ class ControlWrites(ClientCore):
             raise BadRequestError(f"num_replicas is a whole number, got {shown(num_replicas)}")
         await self.start()
         with self._refusals:
-            return await self._desired().scale(name, num_replicas)
+            goal = await self._desired().scale(name, num_replicas)
+            await self._see_own_write()
+        return goal
 
     async def delete(self, name: str) -> str | None:
         """Delete a deployment (the goal id) or an endpoint (None: it is gone at once)."""
         named(name)
         await self.start()
         with self._refusals:
-            return await self._desired().delete_named(name)
+            goal = await self._desired().delete_named(name)
+            await self._see_own_write()
+        return goal
 
     async def wait_for_goal(self, goal_id: str | None, timeout: float | None = None) -> GoalRecord | None:
         """Block until the goal is done; GoalFailedError says why it failed, RequestTimeoutError if it took too long.
@@ -74,6 +82,12 @@ class ControlWrites(ClientCore):
         await self.start()
         with self._refusals:
             return await GoalStore(self.redis, self._keys).wait(goal_id, timeout)
+
+    async def _see_own_write(self) -> None:
+        """This client's calls go by what it just wrote: the next call after a deploy that changed a user_config used
+        the old config (and its cache entries) until the long poll heard of the change, a few ms later."""
+        if self._routes is not None:
+            await self._routes.catch_up()
 
     def _desired(self) -> DesiredState:
         settings = self._settings

@@ -56,6 +56,11 @@ class RouteCache:
     async def close(self) -> None:
         await self._longpoll.close()
 
+    async def catch_up(self) -> None:
+        """Reload what changed since the last look now, without waiting to hear of it (after a write of the
+        caller's own)."""
+        await self._longpoll.sync()
+
     def knows(self, name: str) -> bool:
         """Whether ``name`` is a deployment or endpoint it has seen (``route`` answers it without a look-up)."""
         return name in self._deployments or name in self._endpoints
