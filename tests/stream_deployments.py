@@ -110,6 +110,16 @@ def sync_slow(interval_s: float) -> Iterator[int]:
         FINALLY_RAN.add("sync_slow")
 
 
+def sync_until_cancelled(interval_s: float) -> Iterator[int]:
+    """Yields a chunk, then works in steps of ``interval_s`` until ``streamserve.cancelled()`` says to stop, and
+    returns (as the docs' sync loops do): it never reaches another yield."""
+    YIELDED["sync_until_cancelled"] += 1
+    yield 0
+    while not streamserve.cancelled():
+        time.sleep(interval_s)
+    FINALLY_RAN.add("sync_until_cancelled")
+
+
 def sync_flow(n: int) -> Iterator[int]:
     """Yields n chunks as fast as it may, counting each."""
     try:

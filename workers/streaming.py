@@ -465,7 +465,10 @@ class Stream:
             return
         if self._cancelled:
             reply = self._request.reply(ReplyStatus.CANCELLED, self._who, error_message=RUNNING_STAGE)
-        elif self._undeliverable or (ending.stopped and self._deadline_passed):
+        elif self._undeliverable or (self._deadline_passed and (ending.stopped or ending.error is None)):
+            # Stopped at its deadline, or a sync generator that saw streamserve.cancelled() there and returned: its
+            # chunks end short of what it would have made (a retry with its key runs it anew), and its caller has
+            # its 504 already.
             reply = self._request.reply(ReplyStatus.DEADLINE_EXCEEDED, self._who)
             if self._replica.figures is not None:  # its deadline stopped it: a cancellation while it ran
                 self._replica.figures.count(self._replica.deployment, CANCELLED, RUNNING_STAGE)

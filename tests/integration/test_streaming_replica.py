@@ -283,6 +283,27 @@ async def test_a_cancel_after_the_deadline_leaves_a_sync_generator_ended_by_its_
     assert await outcomes() == {b"handled_requests_total|outcome=deadline_exceeded": b"1"}
 
 
+async def test_a_sync_generator_that_returns_once_cancelled_says_so_at_its_deadline(
+    start_replica: StartReplica, caller: Caller, aredis: aioredis.Redis, settings: Settings
+) -> None:
+    """It stopped short of what it would have made because its deadline passed: counted as the deadline and a
+    cancellation while running, as a generator the deadline closes at a yield is, not as a stream that ended well."""
+    await serve(start_replica, "sync_until_cancelled")
+    chunks, final = await caller.whole(await caller.send(0.02, timeout_s=0.5))
+    assert final.status is ReplyStatus.DEADLINE_EXCEEDED and values(chunks) == [0]
+    assert "sync_until_cancelled" in stream_deployments.FINALLY_RAN
+
+    async def counted() -> dict[bytes, bytes]:
+        totals = await aredis.hgetall(settings.keys.metrics(NAME))
+        return {k: v for k, v in totals.items() if k.startswith((b"handled_requests_total|", b"cancelled_"))}
+
+    await wait_for_async(counted, 15, "the stream's outcome never reached Redis")
+    assert await counted() == {
+        b"handled_requests_total|outcome=deadline_exceeded": b"1",
+        b"cancelled_requests_total|stage=running": b"1",
+    }
+
+
 @pytest.mark.parametrize("tag", ["sync_flow", "async_flow"])
 async def test_a_stream_paused_by_its_caller_still_ends_at_its_deadline(
     start_replica: StartReplica, caller: Caller, tag: str
