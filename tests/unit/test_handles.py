@@ -87,3 +87,9 @@ async def test_a_blocking_call_on_the_replicas_own_loop_says_to_await_acall() ->
             streamserve.handle("child").stream({"x": 1})
     finally:
         await close_handles()
+
+
+@pytest.mark.parametrize("name", ["", "Echo", "a b", "x" * 64])
+def test_a_handle_on_a_name_no_deployment_could_have_is_refused_at_once(name: str) -> None:
+    with pytest.raises(BadRequestError, match="is not a valid name"):
+        streamserve.handle(name)

@@ -51,6 +51,7 @@ from streamserve.client.chunk_stream import ChunkStream
 from streamserve.client.outcomes import STREAM_REPLIES, result_of
 from streamserve.runtime.request_scope import RequestScope, current_scope
 from streamserve.runtime.settings import Settings
+from streamserve.wire.config import check_name
 from streamserve.wire.errors import BadRequestError, RequestCancelledError, RequestTimeoutError, UnavailableError, shown
 from streamserve.wire.ids import new_request_id
 from streamserve.wire.messages import Reply, method_of
@@ -355,9 +356,13 @@ class DeploymentHandle:
 def handle(name: str) -> DeploymentHandle:
     """A handle on deployment (or endpoint) ``name``: how a handler calls another deployment, or any Python code
     calls one with the environment's settings (REDIS_URL). See DeploymentHandle. BadRequestError for a name that is
-    no string."""
+    no string, or one no deployment or endpoint could have (checked here, not at the first call)."""
     if not isinstance(name, str):
         raise BadRequestError(f"a deployment or endpoint name is a string, got {shown(name)}")
+    try:
+        check_name(name)
+    except ValueError as exc:
+        raise BadRequestError(f"streamserve.handle({name!r}): {exc}") from None
     return DeploymentHandle(name)
 
 
