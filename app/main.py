@@ -21,6 +21,7 @@ from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, inherited
 from streamserve.runtime.logging_setup import setup_logging, start_process
 from streamserve.runtime.processes import end_with_spawning_process
 from streamserve.runtime.settings import Settings, add_gateway_workers_option, add_no_admin_option, port_number
+from streamserve.transport.connections import redacted
 from streamserve.wire.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -120,5 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     use_connection_limits(settings)
     app = create_app(settings)
     freeze_startup_objects()
+    # (uvicorn's own "running on" line is below the log level the gateway gives it.)
+    logger.info(
+        "gateway: serving http://%s:%d, Redis at %s", args.host, args.port, redacted(settings.effective_redis_url)
+    )
     uvicorn.run(app, **server)
     return 0

@@ -36,6 +36,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from rq.exceptions import DequeueTimeout
 from rq.job import Job
+from rq.job_lifecycle import call_exception_handlers
 from rq.queue import Queue
 from rq.worker import SimpleWorker, WorkerStatus
 
@@ -47,7 +48,7 @@ from streamserve.runtime.processes import role_command
 from streamserve.runtime.settings import Settings, forget_gateway_secrets
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import WriteRefusals, redacted, stop_retrying, sync_redis
-from streamserve.wire.errors import RequestCancelledError
+from streamserve.wire.errors import RequestCancelledError, StreamServeError
 from streamserve.workers import job_function
 
 logger = logging.getLogger(__name__)
@@ -134,11 +135,18 @@ class JobWorker(SimpleWorker):
 
     def handle_exception(self, job: Job, *exc_info: Any) -> None:
         """A job cancelled on purpose (``DELETE /-/jobs/<id>``) ends as RequestCancelledError: one INFO line for it,
-        not RQ's ERROR with the job function's traceback."""
-        if isinstance(exc_info[1], RequestCancelledError):
+        not RQ's ERROR with the job function's traceback. A job whose call failed (a StreamServeError: the handler's
+        error, its deadline...) gets one ERROR line: its status says the rest, and the replica logged the handler's
+        traceback. RQ logged the job function's own traceback as one line of several KB, its line breaks escaped."""
+        error = exc_info[1]
+        if isinstance(error, RequestCancelledError):
             logger.info("job worker %s: job %s cancelled", self.name, job.id)
             return
-        super().handle_exception(job, *exc_info)
+        if isinstance(error, StreamServeError):
+            logger.error("job worker %s: job %s failed: %s: %s", self.name, job.id, type(error).__name__, error)
+        else:  # the job function's own failure: its traceback, line by line
+            logger.error("job worker %s: job %s failed", self.name, job.id, exc_info=exc_info)
+        call_exception_handlers(self._exc_handlers, job, *exc_info)
 
     def _shutdown(self) -> None:
         """A stop asked while no job runs is taken at the end of the worker's current wait for a job.

@@ -14,7 +14,9 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import redis
 
+from streamserve.wire.keys import Keys
 from tests.harness.farm import Processes
 from tests.harness.paths import ROOT, STREAMSERVE
 from tests.harness.waiting import wait_for
@@ -121,6 +123,8 @@ def test_a_dead_workers_requests_are_served_by_another(processes: Processes, gat
 def test_a_worker_with_nothing_to_serve_says_so_and_exits(processes: Processes, tmp_path: Path) -> None:
     missing = streamserve(processes, "worker", "nosuch")
     assert missing.returncode == 1 and "no deployment named 'nosuch'" in missing.stderr, missing.stderr
+    with redis.Redis.from_url(processes.redis_url) as store:  # its output stream would be kept for good
+        assert not store.exists(Keys().logs("nosuch"))
 
     processes.run("deploy", str(write_config(tmp_path / "ext.yaml", "1")))
     stale = streamserve(processes, "worker", "ext", "--version", "0")

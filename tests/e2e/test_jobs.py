@@ -66,6 +66,11 @@ def test_a_failing_job_shows_the_users_error(farm: Farm) -> None:
     body = finished(farm, resp.headers["location"])
     assert body["status"] == "failed"
     assert body["error"] == {"error": "KeyError", "message": "'b'"}
+    # Its job worker says so in one line (RQ's own record was the job function's traceback, as one line of KB).
+    job_id = resp.json()["job_id"]
+    told = f"job {job_id} failed: RemoteError:"
+    wait_for(lambda: told in farm.log().decode(), 10, f"no line saying {told!r}")
+    assert f"job {job_id}: exception raised while executing" not in farm.log().decode()
 
 
 def test_client_submit_job_and_rq_info_lists_the_queue(farm: Farm) -> None:

