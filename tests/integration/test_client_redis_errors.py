@@ -124,6 +124,19 @@ async def test_a_calls_timeout_holds_when_the_redis_it_is_connected_to_stops_ans
         server.stop()
 
 
+async def test_a_timeout_too_short_for_any_redis_is_the_deadlines_not_redis_fault(settings: Settings) -> None:
+    """X-Request-Timeout: 0.001 (or timeout=) passed before the healthy, idle Redis took the enqueue, and the caller
+    got 503 RedisUnavailableError blaming it (a monitor counting 503s saw an outage): it is 504 now."""
+    cfg = await deploy(settings)  # no replica: what is queued stays queued
+    async with AsyncClient(settings=settings) as client:
+        with pytest.raises(RequestTimeoutError):  # (connected, and the route known)
+            await client.call(cfg.name, "before", timeout=0.2)
+        with pytest.raises(RequestTimeoutError, match=r"timeout \(1e-06s\) passed before request \w+ was queued"):
+            await asyncio.wait_for(client.call(cfg.name, "short", timeout=1e-6), WITHIN_S)
+        await client._cancels_sent(WITHIN_S)
+        assert await client.redis.xlen(settings.keys.requests(cfg.name)) == 0  # both cancelled: nobody waits
+
+
 async def test_calls_a_hanging_redis_failed_are_cancelled_once_it_answers_again(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -52,6 +52,7 @@ from streamserve.wire.errors import (
     RedisUnavailableError,
     RequestCancelledError,
     RequestTimeoutError,
+    StreamServeError,
     streaming_only_message,
 )
 from streamserve.wire.idempotency import check_key
@@ -83,6 +84,9 @@ _ENQUEUE_AGAIN = scripts.ENQUEUE_AGAIN
 _ANSWERED = b"answered"
 # The queue limit that has ENQUEUE_AGAIN only look for the entry (scripts.ENQUEUE_AGAIN).
 FIND_ONLY = -1
+# A call timeout below this is too short for any Redis to take the enqueue (one that answers takes it within
+# milliseconds): its passing first is the deadline's (504), not Redis's (503 RedisUnavailableError).
+ENQUEUE_STALL_S = 0.1
 
 
 def encode_body(body: Any) -> bytes:
@@ -418,7 +422,7 @@ class Calls(ClientCore):
 
     def _enqueue_failed(
         self, tag: str, fut: asyncio.Future[Reply], exc: BaseException, span: Span | None
-    ) -> RedisUnavailableError | None:
+    ) -> StreamServeError | None:
         """Call ``tag``'s enqueue failed with ``exc`` (or its wait was cancelled): drop its reply future, note the
         failure in its span; the error to raise instead of ``exc`` when its deadline cut the wait (enqueue_cuts.py)."""
         _abandon(fut)
@@ -689,8 +693,15 @@ class Calls(ClientCore):
             why = f": {broken}" if broken else ""
             replies.fail(tag, RequestTimeoutError(f"no reply within {timeout_s:g}s (request {request_id}){why}"))
             if self._enqueue_cuts.waits(tag):
-                url = redacted(self._settings.effective_redis_url)
-                late = f"Redis at {url} did not take request {request_id} within the call's timeout ({timeout_s:g}s)"
-                self._enqueue_cuts.cut(tag, RedisUnavailableError(f"{late}; if Redis queues it later, it is cancelled"))
+                later = "if Redis queues it later, it is cancelled"
+                if timeout_s < ENQUEUE_STALL_S:  # too short for any Redis: the caller's deadline, not Redis's fault
+                    late = f"the call's timeout ({timeout_s:g}s) passed before request {request_id} was queued"
+                    self._enqueue_cuts.cut(tag, RequestTimeoutError(f"{late}; {later}"))
+                else:
+                    url = redacted(self._settings.effective_redis_url)
+                    late = (
+                        f"Redis at {url} did not take request {request_id} within the call's timeout ({timeout_s:g}s)"
+                    )
+                    self._enqueue_cuts.cut(tag, RedisUnavailableError(f"{late}; {later}"))
         else:
             feed.expire(RequestTimeoutError(f"the stream did not end within {timeout_s:g}s (request {request_id})"))
