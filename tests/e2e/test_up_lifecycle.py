@@ -17,7 +17,8 @@ import httpx
 import pytest
 import redis
 
-from streamserve.runtime.processes import free_port, port_is_free
+from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.processes import free_port, port_is_free, stop_group
 from streamserve.wire.keys import CONSUMER_GROUP, DEFAULT_PREFIX, Keys
 from tests.harness.farm import Farm, farm_on, pids_with_marker
 from tests.harness.paths import ROOT, STREAMSERVE
@@ -133,6 +134,42 @@ def test_up_whose_jobs_redis_does_not_answer_says_so_and_leaves_nothing(tmp_path
     assert result.stderr.startswith("error: cannot reach Redis at redis://***@127.0.0.1:"), result.stderr
     assert "s3cret" not in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert port_is_free("127.0.0.1", redis_port)  # its embedded Redis stopped with it
+
+
+def test_ctrl_c_stops_up_at_once_while_it_waits_on_a_redis_that_hangs(tmp_path: Path) -> None:
+    """Before it starts the farm's processes, `up` waits on its Redis (here stopped with SIGSTOP): it said "stopping
+    (again to force)" and went on waiting a minute, through every further Ctrl-C."""
+    server = EmbeddedRedis(port=free_port()).start()
+    try:
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGSTOP)
+        config = tmp_path / "farm.yaml"
+        config.write_text("deployments: []\n")
+        command = [STREAMSERVE, "up", str(config), "--port", str(free_port()), "--data-dir", str(tmp_path / "data")]
+        up = subprocess.Popen(
+            [*command, "--redis-url", server.url],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            # Into its longest wait, the config's write (past its start, and its checks of 1 s a command); a signal
+            # that comes before is taken alike.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                up.wait(8)
+            assert up.poll() is None, up.communicate()
+            up.send_signal(signal.SIGINT)
+            out, err = up.communicate(timeout=10)
+        finally:
+            stop_group(up, timeout_s=5)
+        assert up.returncode == 130, (out, err)
+        assert "stopping" in out, (out, err)
+    finally:
+        if server.proc is not None:
+            server.proc.send_signal(signal.SIGCONT)
+        server.stop()
 
 
 def test_up_says_which_deployment_cannot_start_and_serves_the_rest(tmp_path: Path) -> None:

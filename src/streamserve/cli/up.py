@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -197,6 +198,11 @@ class FarmDown(Exception):
     """A process of the farm keeps dying: `up` stops the farm (the message says which)."""
 
 
+class StoppedWhileWaiting(BaseException):
+    """A stop signal came while `up`, before it started the farm's processes, waited on its Redis (one that hangs, or
+    a rediss:// URL at a plain port, held it a minute): that wait is cut short, as nothing needs draining yet."""
+
+
 class Farm:
     """Runs and supervises the processes of one machine's farm."""
 
@@ -212,6 +218,7 @@ class Farm:
         self._env: dict[str, str] = {}
         self._restarts: dict[str, list[float]] = {}  # when each child of the farm was last started again
         self._signals = 0
+        self._waiting_on_redis = False  # a stop signal now raises StoppedWhileWaiting
         self._started_ms = now_ms()  # a deployment verdict older than this is an earlier farm's
         self._redis_full = False  # Redis refused the config for want of memory: no replica can start until it has room
 
@@ -219,6 +226,20 @@ class Farm:
         self._signals += 1
         if self._signals == 1:
             print(f"\nstreamserve: {signal.Signals(signum).name}, stopping (again to force)", flush=True)
+        if self._waiting_on_redis:
+            self._waiting_on_redis = False
+            raise StoppedWhileWaiting
+
+    @contextlib.contextmanager
+    def _stoppable_wait_on_redis(self) -> Iterator[None]:
+        """Inside: a stop signal ends the wait at once (StoppedWhileWaiting), as it does one that came before."""
+        if self._signals:
+            raise StoppedWhileWaiting
+        self._waiting_on_redis = True
+        try:
+            yield
+        finally:
+            self._waiting_on_redis = False
 
     def run(self) -> int:
         opts = self.options
@@ -256,6 +277,8 @@ class Farm:
         except FarmDown as exc:
             print(f"error: {exc}; stopping", file=sys.stderr)
             return 1
+        except StoppedWhileWaiting:
+            return 130
         except ConfigError as exc:  # (one that needs the farm's Redis to see: the rest were found before it started)
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -328,13 +351,16 @@ class Farm:
             self.redis.start()
             self.settings = self.settings.model_copy(update={"redis_url": self.redis.url})
         elif self.settings.check_redis:
-            check_redis_user(self.settings)
-            if lines := redis_problems(self.settings.effective_redis_url):
+            with self._stoppable_wait_on_redis():
+                check_redis_user(self.settings)
+                lines = redis_problems(self.settings.effective_redis_url)
+            if lines:
                 print(f"warning: {warning_text(self.settings.effective_redis_url, lines)}", file=sys.stderr, flush=True)
         if self.settings.job_workers:
-            jobs_url = jobs_redis_url(self.settings)  # on a Redis Cluster, refused now, naming the fix
-            if jobs_url != self.settings.effective_redis_url:  # a Redis of their own: it answers, or up stops here
-                _check_answers(jobs_url)
+            with self._stoppable_wait_on_redis():
+                jobs_url = jobs_redis_url(self.settings)  # on a Redis Cluster, refused now, naming the fix
+                if jobs_url != self.settings.effective_redis_url:  # a Redis of their own: it answers, or up stops
+                    _check_answers(jobs_url)
         # Replicas watch this process through its lifeline: killed with -9, it cannot stop them, so they leave by
         # themselves. The Redis is checked (the embedded one keeps everything): the processes started here need not
         # warn.
@@ -346,7 +372,8 @@ class Farm:
         }
         self.settings = self.settings.model_copy(update=update)
         url = self.settings.effective_redis_url
-        changed = asyncio.run(self._apply(url))
+        with self._stoppable_wait_on_redis():
+            changed = asyncio.run(self._apply(url))
         self._env = {**os.environ, **self.settings.to_env()}
         self.scheduler = self._spawn(role_command("scheduler", "--stop-replicas-on-exit"))
         gateway = ("--host", opts.host, "--port", str(opts.port), "--workers", str(opts.gateway_workers))
@@ -552,7 +579,8 @@ class Farm:
         if self.scheduler is not None:
             drain = max((d.graceful_shutdown_timeout_s for d in self.options.config.deployments), default=20)
             self._stop(self.scheduler, 2 * drain + 15)  # job workers finish their calls, then the replicas drain
-        self._kill_leftover_replicas()
+        if self.scheduler is not None:  # (none started, none to look for: on a Redis that hangs, a long look)
+            self._kill_leftover_replicas()
         if self.redis is not None:
             self.redis.stop()
         if self.gateway is not None:
