@@ -79,9 +79,26 @@ def test_an_option_redis_py_would_not_take_is_refused_when_the_client_is_made(qu
 
 
 @pytest.mark.parametrize(
+    ("query", "said"),
+    [
+        ("ssl_cert_reqs=bogus", "its query: Invalid SSL Certificate Requirements Flag: bogus"),
+        ("ssl_check_hostname=maybe", "ssl_check_hostname='maybe' is neither yes nor no"),
+        ("ssl_ca_certs=/a.pem&ssl_ca_certs=/b.pem", "its query names ssl_ca_certs more than once"),
+    ],
+)
+def test_a_value_redis_py_would_refuse_or_misread_is_refused_when_the_client_is_made(query: str, said: str) -> None:
+    """ssl_cert_reqs=bogus was a traceback at the first connect, maybe was read as yes, and of two values of one name
+    the first was taken without a word."""
+    with pytest.raises(ConfigError) as raised:
+        Client(f"rediss://:secret@127.0.0.1:6380/0?{query}")
+    assert said in str(raised.value) and "secret" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
     "url",
     [
         "rediss://:pw@127.0.0.1:6380/0?ssl_ca_certs=/etc/ca.pem&ssl_cert_reqs=required",
+        "rediss://127.0.0.1:6380/0?ssl_cert_reqs=none&ssl_check_hostname=false",
         "unix:///run/redis.sock?password=pw&db=1",
         "redis://127.0.0.1:6379/0?socket_keepalive=true&health_check_interval=5&protocol=3",
         "redis://127.0.0.1:6379/0?max_connections=50&timeout=5",

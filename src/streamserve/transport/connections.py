@@ -27,7 +27,14 @@ from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.cluster import ClusterNode
-from redis.connection import BlockingConnectionPool, SSLConnection, UnixDomainSocketConnection, parse_url
+from redis.connection import (
+    URL_QUERY_ARGUMENT_PARSERS,
+    BlockingConnectionPool,
+    SSLConnection,
+    UnixDomainSocketConnection,
+    parse_url,
+    to_bool,
+)
 from redis.connection import Connection as SyncConnection
 from redis.exceptions import (
     AskError,
@@ -39,6 +46,7 @@ from redis.exceptions import (
     MovedError,
     NoPermissionError,
     OutOfMemoryError,
+    RedisError,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
@@ -540,11 +548,36 @@ def url_option_problem(url: str) -> str | None:
     # (connection_class: parse_url's own, for the scheme; the pool's options, max_connections and the like, are
     # taken by the pool from_url makes)
     unknown = sorted(set(options) - _taken_by(kind) - _taken_by(BlockingConnectionPool) - {"connection_class"})
-    if not unknown:
-        return None
-    if scheme == "redis" and not set(unknown) - _taken_by(SSLConnection):
-        return f"its query names {', '.join(unknown)}, which only a rediss:// (TLS) URL takes"
-    return f"its query names {', '.join(unknown)}, which redis-py does not take"
+    if unknown:
+        if scheme == "redis" and not set(unknown) - _taken_by(SSLConnection):
+            return f"its query names {', '.join(unknown)}, which only a rediss:// (TLS) URL takes"
+        return f"its query names {', '.join(unknown)}, which redis-py does not take"
+    return _query_value_problem(rest.partition("?")[2], kind, _taken_by(kind), options)
+
+
+# How redis-py reads a yes-or-no query value (redis.connection.to_bool): anything else was taken as yes.
+_YES_OR_NO = frozenset({"0", "1", "f", "t", "false", "true", "n", "y", "no", "yes"})
+
+
+def _query_value_problem(
+    query: str, kind: Callable[..., object], taken_names: frozenset[str], options: dict[str, Any]
+) -> str | None:
+    """What is wrong with the values of a URL's query whose names redis-py all takes: a name given twice (redis-py
+    took the first), a yes-or-no that is neither, a value the connection refuses (``ssl_cert_reqs=bogus``, which
+    redis-py refused only as a first command connected, in a traceback)."""
+    given = urllib.parse.parse_qs(query, keep_blank_values=True)
+    twice = sorted(name for name, values in given.items() if len(values) > 1)
+    if twice:
+        return f"its query names {', '.join(twice)} more than once"
+    for name, values in given.items():
+        if URL_QUERY_ARGUMENT_PARSERS.get(name) is to_bool and values[0] and values[0].lower() not in _YES_OR_NO:
+            return f"its query: {name}={values[0]!r} is neither yes nor no (true/false, 1/0, yes/no)"
+    taken = {name: value for name, value in options.items() if name in taken_names}
+    try:
+        kind(**taken)
+    except (RedisError, ValueError, TypeError) as exc:
+        return f"its query: {exc}"
+    return None
 
 
 @functools.cache
