@@ -860,7 +860,11 @@ def _add_refusals(api: FastAPI, gateway: Gateway) -> None:
         return gateway.refuse_method(request, gateway_routes)
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        """What the catch-all cannot match either (``OPTIONS *``): 404 in the gateway's error shape."""
+        """What the catch-all cannot match either: a method beyond HTTP_METHODS (CONNECT, WebDAV's PROPFIND), answered
+        as the catch-all answers the others (a deployment's route: 405 with Allow: POST); a target that is no path
+        (``OPTIONS *``): 404 in the gateway's error shape."""
+        if isinstance(exc, StarletteHTTPException) and exc.status_code == 405:
+            return gateway.refuse_method(request, gateway_routes)
         return error_response(NotFoundError(f"nothing is served at {request.url.path}"), {})
 
     api.add_exception_handler(StarletteHTTPException, not_found)

@@ -164,6 +164,11 @@ async def test_every_error_has_our_shape(start_replica: StartReplica, settings: 
         assert wrong_method.json()["request_id"] == wrong_method.headers["x-request-id"]
         traced = await http.request("TRACE", "/rec")
         assert traced.status_code == 405 and traced.headers["allow"] == "POST"
+        for method in ("PROPFIND", "CONNECT", "QUERY"):  # beyond HTTP's own methods: they were 404
+            other = await http.request(method, "/rec")
+            assert other.status_code == 405 and other.headers["allow"] == "POST", (method, other.text)
+            assert other.json()["request_id"] == other.headers["x-request-id"]
+        assert (await http.request("PROPFIND", "/nothing")).status_code == 404
         nowhere = await http.delete("/nothing")
         assert nowhere.status_code == 404 and nowhere.json()["error"] == "NotFoundError"
         for method in ("POST", "PUT", "DELETE"):  # the gateway's own path, though not under /-/
