@@ -124,6 +124,32 @@ async def test_a_calls_timeout_holds_when_the_redis_it_is_connected_to_stops_ans
         server.stop()
 
 
+async def test_a_rediss_url_at_a_port_of_plain_redis_says_so_after_one_handshake(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each connection attempt waited out its TLS handshake (a plain Redis waits for a command): the client, the CLI
+    and every role said so only after the retries, 34-72 s. A plain-text look at the port tells at the first one."""
+    monkeypatch.setattr(connections, "CONNECT_TIMEOUT_S", 1.0)
+    server = EmbeddedRedis(port=free_port()).start()
+    try:
+        tls_url = server.url.replace("redis://", "rediss://", 1)
+        plain = "speaks plain Redis, not TLS: its URL starts with redis://"
+        client = AsyncClient(tls_url)
+        try:
+            with pytest.raises(RedisUnavailableError, match=plain):
+                await asyncio.wait_for(client.call("rec", 1, timeout=60), WITHIN_S)
+        finally:
+            await client.aclose()
+        blocking = connections.sync_redis(tls_url)
+        try:
+            with pytest.raises(connections.PlainRedisAtTLSPort, match=plain):
+                await asyncio.wait_for(asyncio.to_thread(blocking.ping), WITHIN_S)
+        finally:
+            blocking.close()
+    finally:
+        server.stop()
+
+
 async def test_a_timeout_too_short_for_any_redis_is_the_deadlines_not_redis_fault(settings: Settings) -> None:
     """X-Request-Timeout: 0.001 (or timeout=) passed before the healthy, idle Redis took the enqueue, and the caller
     got 503 RedisUnavailableError blaming it (a monitor counting 503s saw an outage): it is 504 now."""

@@ -103,6 +103,57 @@ def stop_retrying() -> None:
 UNMENDABLE_ERRORS: tuple[type[Exception], ...] = (AuthenticationError,)
 
 
+class PlainRedisAtTLSPort(RedisConnectionError):
+    """A rediss:// URL names a port where Redis speaks no TLS: no attempt mends it (UNMENDABLE_ERRORS). Each waited
+    out its TLS handshake, and the retries made it 34-72 s before any word."""
+
+
+UNMENDABLE_ERRORS += (PlainRedisAtTLSPort,)
+# How long the look at whether a port whose TLS handshake timed out speaks plain Redis may take.
+PLAIN_LOOK_S = 1.0
+
+
+def _unmendable(error: BaseException) -> bool:
+    """Whether ``error``, or the error it was raised from (redis-py wraps what a connect raised), is unmendable."""
+    return isinstance(error, UNMENDABLE_ERRORS) or isinstance(error.__cause__, UNMENDABLE_ERRORS)
+
+
+def _plain_redis_said(answer: bytes) -> bool:
+    """Whether ``answer`` to a plain-text PING is Redis's (+PONG, or an error such as -NOAUTH)."""
+    return answer.startswith((b"+", b"-"))
+
+
+def _plain_port_error(host: str, port: int) -> PlainRedisAtTLSPort:
+    return PlainRedisAtTLSPort(
+        f"the server at {host}:{port} speaks plain Redis, not TLS: its URL starts with redis://, not rediss://"
+    )
+
+
+def _speaks_plain_redis(host: str, port: int) -> bool:
+    """Whether the server at ``host``:``port`` answers a plain-text PING as Redis does (at most PLAIN_LOOK_S)."""
+    try:
+        with socket.create_connection((host, port), timeout=PLAIN_LOOK_S) as sock:
+            sock.sendall(b"PING\r\n")
+            return _plain_redis_said(sock.recv(16))
+    except OSError:
+        return False
+
+
+async def _speaks_plain_redis_async(host: str, port: int) -> bool:
+    """_speaks_plain_redis, on the event loop."""
+    writer = None
+    try:
+        async with asyncio.timeout(PLAIN_LOOK_S):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"PING\r\n")
+            return _plain_redis_said(await reader.read(16))
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        if writer is not None:
+            writer.close()
+
+
 class OutermostRetry(Retry):
     """The shared retry policy (blocking connections), applied once per operation: see OutermostAsyncRetry."""
 
@@ -114,7 +165,7 @@ class OutermostRetry(Retry):
 
         def fail_once(error: Exception, *count: int) -> Any:
             fail(error, *count)
-            if isinstance(error, UNMENDABLE_ERRORS):
+            if _unmendable(error):
                 raise error
 
         try:
@@ -142,7 +193,7 @@ class OutermostAsyncRetry(AsyncRetry):
 
         async def fail_once(error: Exception, *count: int) -> Any:
             await fail(error, *count)
-            if isinstance(error, UNMENDABLE_ERRORS):
+            if _unmendable(error):
                 raise error
 
         try:
@@ -211,7 +262,12 @@ class _BoundedTLSConnection(SSLConnection):
 
     def _wrap_socket_with_ssl(self, sock: socket.socket) -> Any:
         sock.settimeout(self.socket_connect_timeout)
-        wrapped = super()._wrap_socket_with_ssl(sock)  # type: ignore[no-untyped-call]
+        try:
+            wrapped = super()._wrap_socket_with_ssl(sock)  # type: ignore[no-untyped-call]
+        except TimeoutError:  # (socket.timeout) no TLS hello came back: a plain Redis waits for a command
+            if _speaks_plain_redis(self.host, self.port):
+                raise _plain_port_error(self.host, self.port) from None
+            raise
         wrapped.settimeout(self.socket_timeout)
         return wrapped
 
@@ -338,6 +394,17 @@ def guarded_connection(base: type[C]) -> type[C]:
     if guarded is None:
 
         class Guarded(base):  # type: ignore[valid-type,misc]
+            async def _connect(self) -> None:
+                try:
+                    await super()._connect()
+                except TimeoutError:  # (asyncio's) no TLS hello came back: a plain Redis waits for a command
+                    connection = cast(Any, self)
+                    if isinstance(self, aioredis.SSLConnection) and await _speaks_plain_redis_async(
+                        connection.host, connection.port
+                    ):
+                        raise _plain_port_error(connection.host, connection.port) from None
+                    raise
+
             async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
                 try:
                     if _WAIT_FOR_LOSES_CANCELS and cast(AbstractConnection, self).socket_timeout:
