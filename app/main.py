@@ -17,11 +17,11 @@ from streamserve.control.security import check_exposure
 from streamserve.runtime import tracing
 from streamserve.runtime.fd_limit import raise_fd_limit
 from streamserve.runtime.gc_freeze import freeze_startup_objects
-from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, inherited
+from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, inherited, watch_from_thread
 from streamserve.runtime.logging_setup import setup_logging, start_process
 from streamserve.runtime.processes import end_with_spawning_process
 from streamserve.runtime.settings import Settings, add_gateway_workers_option, add_no_admin_option, port_number
-from streamserve.transport.connections import redacted
+from streamserve.transport.connections import redacted, stop_retrying
 from streamserve.wire.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -119,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return supervise_workers(config)
     use_connection_limits(settings)
+    if (lifeline := inherited(settings.lifeline_fd)) is not None:
+        # `up` died (killed -9): its Redis most likely with it, and nobody restarts either. Each Redis operation of
+        # the way out (a cancellation of a caller's who left, say) is tried once: they held the gateway 10 s.
+        watch_from_thread(lifeline, stop_retrying)
     app = create_app(settings)
     freeze_startup_objects()
     # (uvicorn's own "running on" line is below the log level the gateway gives it.)

@@ -38,7 +38,7 @@ from redis.typing import EncodableT
 from streamserve.metrics.definitions import CANCELLED, QUEUED_STAGE
 from streamserve.transport import settling
 from streamserve.transport.backoff import Backoff
-from streamserve.transport.connections import RETRYABLE_ERRORS
+from streamserve.transport.connections import RETRYABLE_ERRORS, retrying_stopped
 from streamserve.transport.pipelining import Command, Pipeliner, Script
 from streamserve.transport.streams import control_command
 from streamserve.wire import scripts
@@ -123,8 +123,9 @@ class Canceller:
 
     async def _pause_or_raise(self, request: Request, error: Exception, backoff: Backoff) -> None:
         """After a try that could not reach Redis (``error``): wait for the next, or raise ``error`` when none is
-        worth it (the client closed, or the request's deadline passed: it can no longer be started)."""
-        if self._closed or not 0 < now_ms() < request.deadline_ms:
+        worth it (the client closed, the request's deadline passed: it can no longer be started, or this process's farm
+        is gone, and its Redis with it: stop_retrying)."""
+        if self._closed or retrying_stopped() or not 0 < now_ms() < request.deadline_ms:
             raise error
         delay = backoff.next()
         logger.info(

@@ -97,6 +97,11 @@ def stop_retrying() -> None:
     _GIVEN_UP.set()
 
 
+def retrying_stopped() -> bool:
+    """Whether stop_retrying() was called in this process (loops of their own, such as a cancellation's, give up)."""
+    return _GIVEN_UP.is_set()
+
+
 # Errors that end the retry loops below at their first attempt (once the failure handler has closed the connection).
 # redis-py counts an AuthenticationError a connection error, worth another attempt after a backoff, but no attempt
 # mends a wrong password: one took 0.5-1.8 s to be reported, past the gateway's 2 s probe on a busy machine.
