@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     freeze_startup_objects()
     # (uvicorn's own "running on" line is below the log level the gateway gives it.)
     logger.info(
-        "gateway: serving http://%s:%d, Redis at %s", args.host, args.port, redacted(settings.effective_redis_url)
+        "gateway: serving http://%s:%d (its Redis: %s)", args.host, args.port, redacted(settings.effective_redis_url)
     )
     uvicorn.run(app, **server)
     return 0
