@@ -37,6 +37,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from streamserve.client.chunk_feed import ChunkFeed
+from streamserve.transport.background_tasks import background_task
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, refuses_writes
 from streamserve.transport.pipelining import BlockingReader, Command
@@ -91,10 +92,10 @@ class ReplyStream:
         self._last_id = entry_id if isinstance(entry_id, bytes) else entry_id.encode()
 
     def start(self) -> None:
-        """Start the reader and the upkeep tasks."""
+        """Start the reader and the upkeep tasks (transport/background_tasks.py: in a context of their own)."""
         self._tasks = [
-            asyncio.create_task(self._read(), name=_READER_TASK),
-            asyncio.create_task(self._keep(), name="streamserve-reply-keeper"),
+            background_task(self._read(), _READER_TASK),
+            background_task(self._keep(), "streamserve-reply-keeper"),
         ]
 
     def new_tag(self) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
+from streamserve.transport.background_tasks import background_task
 from streamserve.transport.backoff import Backoff
 from streamserve.transport.connections import RETRYABLE_ERRORS, refresh_cluster_map
 from streamserve.wire.keys import Keys
@@ -75,7 +76,7 @@ class LongPollSubscriber:
     async def start(self) -> None:
         """Read the current state once (so callers start with config), then follow changes."""
         await self.sync(force=True)
-        self._task = asyncio.create_task(self._run(), name="streamserve-longpoll")
+        self._task = background_task(self._run(), "streamserve-longpoll")
 
     def on_stop(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` if the task started by ``start`` is cancelled without ``close()``: with its event loop
