@@ -10,6 +10,7 @@ from pythonjsonlogger.json import JsonFormatter
 
 from streamserve.runtime import tracing
 from streamserve.runtime.fd_limit import raise_fd_limit
+from streamserve.runtime.request_scope import current_scope
 from streamserve.runtime.settings import Settings, add_redis_url_option, unknown_settings
 from streamserve.transport.redis_checks import redis_problems, warning_text
 from streamserve.transport.redis_permissions import check_permissions
@@ -78,10 +79,21 @@ def json_formatter(role: str) -> logging.Formatter:
     )
 
 
+class HandlerRequestIds(logging.Filter):
+    """A record logged inside a handler (by the user's own code, which names no request) gets the id of the request
+    it serves, as the replica's own records about it have: ``request_id=`` in text, a field in JSON."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id") and (scope := current_scope()) is not None:
+            record.request_id = scope.request_id
+        return True
+
+
 def setup_logging(debug: bool = False, log_format: str = "text", role: str = "") -> None:
     """Log every record to stderr in ``log_format`` ("text" or "json", Settings.log_format)."""
     handler = logging.StreamHandler()
     handler.setFormatter(json_formatter(role) if log_format == "json" else TextFormatter())
+    handler.addFilter(HandlerRequestIds())
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, handlers=[handler], force=True)
 
 
