@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 
 import redis.asyncio as aioredis
 
 from streamserve.cli.health import farm_problems
-from streamserve.cli.inspection import NO_LEADER
+from streamserve.cli.inspection import HEALTH_WITHIN_S, NO_LEADER
+from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
 from streamserve.scheduler.leader import LeaderLock
@@ -91,3 +93,18 @@ def test_an_unreachable_redis_is_unhealthy_and_says_so() -> None:
     result = health(url)
     assert result.returncode == 1
     assert f"error: cannot reach Redis at {url}" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_redis_that_hangs_is_a_problem_within_the_probes_bound() -> None:
+    """An exec probe waited as long as Redis hung (35 s and more), and a hang shorter than that said healthy."""
+    server = EmbeddedRedis(port=free_port()).start()
+    try:
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGSTOP)
+        result = health(server.url)  # (within its 30 s: the hang outlasts them)
+    finally:
+        if server.proc is not None:
+            server.proc.send_signal(signal.SIGCONT)
+        server.stop()
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert f"did not answer within {HEALTH_WITHIN_S:g}s" in result.stdout
