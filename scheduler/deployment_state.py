@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -25,6 +26,11 @@ logger = logging.getLogger(__name__)
 UNHEALTHY_AFTER_FAILURES = 3
 # How long the deployment's status says that a replica was replaced for failing its check_health().
 REPLACED_NOTE_MS = 5 * 60 * 1000
+# Replicas replaced for failing their check_health() this many times within KEEPS_FAILING_MS: the deployment is
+# UNHEALTHY, not HEALTHY between two replacements (a check that always fails read healthy two times in three, to a
+# probe or an alert).
+KEEPS_FAILING = 3
+KEEPS_FAILING_MS = 60_000
 # How the record of a replica stopped for failing its check_health() begins: its end may be a request's doing (one
 # that wedges it), so what it still ran is charged as a dead replica's, unlike a rollout's or a scale-down's.
 UNHEALTHY_STOP = "unhealthy: "
@@ -121,6 +127,7 @@ class DeploymentState:
         self._waiting = ""  # why SHOULD_START replicas wait (e.g. for GPUs), "" when nothing holds them back
         # When and why a replica was last replaced for failing its check_health() (shown for REPLACED_NOTE_MS).
         self._replaced: tuple[int, str] = (0, "")
+        self._health_replacements: collections.deque[int] = collections.deque(maxlen=KEEPS_FAILING)  # when (ms)
         # Why the target can never be met on this host as it is (more GPUs than it has), "" when it can.
         self.unschedulable = ""
         self._fits_none = False  # no replica fits this host's GPUs: UNHEALTHY, its callers get 503 at once
@@ -266,6 +273,7 @@ class DeploymentState:
                 # Replaced as Ray Serve does: stopped (it drains what it holds), and step 6 starts another.
                 logger.warning("replica %s is unhealthy: %s; replacing it", r.id, r.failure)
                 self._replaced = (now_ms, f"replaced unhealthy replica {r.id}: {r.failure}")
+                self._health_replacements.append(now_ms)
                 await r.transition(ReplicaState.SHOULD_STOP, now_ms, message=f"{UNHEALTHY_STOP}{r.failure}")
             elif probe is Alive.DRAINING:
                 await r.transition(ReplicaState.STOPPING, now_ms, message="draining: asked to stop")
@@ -426,6 +434,8 @@ class DeploymentState:
         failed_alone = target.external and running == 0 and bool(self._last_failure)
         if self.unhealthy or self._fits_none:
             health, message = DeploymentHealth.UNHEALTHY, self._last_failure or self.unschedulable
+        elif keeps_failing := self._keeps_failing_checks(now_ms):
+            health, message = DeploymentHealth.UNHEALTHY, keeps_failing
         elif self.user_config_refused:  # it serves, but not with the config asked for
             health, message = DeploymentHealth.UNHEALTHY, self.user_config_refused
         elif self.settled(target) and not failed_alone:
@@ -488,6 +498,15 @@ class DeploymentState:
             self.consecutive_failures,
             backoff_s,
         )
+
+    def _keeps_failing_checks(self, now_ms: int) -> str:
+        """Why its replicas keep failing their check_health(), when KEEPS_FAILING were replaced for it within
+        KEEPS_FAILING_MS ("" otherwise)."""
+        replaced = self._health_replacements
+        if len(replaced) < KEEPS_FAILING or now_ms - replaced[0] > KEEPS_FAILING_MS:
+            return ""
+        last = self._replaced[1].removeprefix("replaced unhealthy replica ")
+        return f"its replicas keep failing their check_health(): {len(replaced)} replaced within a minute; last {last}"
 
     def _recent_replacement(self, now_ms: int) -> str:
         """Why a replica was replaced for its health, while that is recent ("" otherwise)."""

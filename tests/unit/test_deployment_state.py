@@ -6,7 +6,13 @@ from collections import Counter
 
 import pytest
 
-from streamserve.scheduler.deployment_state import UNHEALTHY_AFTER_FAILURES, DeploymentState, Target
+from streamserve.scheduler.deployment_state import (
+    KEEPS_FAILING,
+    KEEPS_FAILING_MS,
+    UNHEALTHY_AFTER_FAILURES,
+    DeploymentState,
+    Target,
+)
 from streamserve.scheduler.heartbeat_reader import Beats
 from streamserve.scheduler.types import Timeouts
 from streamserve.wire.config import DeploymentConfig
@@ -279,3 +285,27 @@ async def test_replicas_it_stopped_are_retired_and_those_stopped_as_unhealthy_ar
     h.launcher.exit(running.pid)
     await h.tick(target(1))
     assert h.state.retired == set()
+
+
+async def test_replicas_that_keep_failing_their_check_make_the_deployment_unhealthy(h: Harness) -> None:
+    """A check that always fails had each replica replaced within seconds, and between two replacements the
+    deployment read HEALTHY (two times in three, to a probe or an alert): from the third within a minute it is
+    UNHEALTHY, saying why; once they pass again and the minute is over, HEALTHY."""
+    await bring_up(h, target(1))
+    for replaced in range(1, KEEPS_FAILING + 1):
+        h.beat_all(ReplicaHealth.UNHEALTHY, message="the database is gone")
+        await h.tick(target(1))  # replaced: stopped, and another started
+        for r in h.by_state(ReplicaState.STOPPING):
+            h.launcher.exit(r.pid)
+        await h.tick(target(1))
+        h.beat_all()  # the new one starts well, and is RUNNING
+        await h.tick(target(1))
+        assert h.counts() == {ReplicaState.RUNNING: 1}, replaced
+        expected = DeploymentHealth.UNHEALTHY if replaced >= KEEPS_FAILING else DeploymentHealth.HEALTHY
+        assert h.store.health is not None and h.store.health.health is expected, (replaced, h.store.health)
+    assert "keep failing their check_health(): 3 replaced within a minute" in h.store.health.message
+    assert "the database is gone" in h.store.health.message
+    for _ in range(KEEPS_FAILING_MS // 5000 + 1):  # a minute of healthy beats
+        h.beat_all()
+        await h.tick(target(1), advance_ms=5000)
+    assert h.store.health.health is DeploymentHealth.HEALTHY
