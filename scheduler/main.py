@@ -5,19 +5,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 
 import redis.asyncio as aioredis
 
 from streamserve.client.jobs import jobs_redis_url
-from streamserve.runtime.lifeline import STOP_JOBS_SIGNAL
 from streamserve.runtime.logging_setup import start_process
 from streamserve.runtime.settings import Settings
 from streamserve.scheduler.collector import collect_periodically
 from streamserve.scheduler.job_pool import JobWorkerPool
 from streamserve.scheduler.launcher import ProcessLauncher
 from streamserve.scheduler.scheduler import Scheduler
-from streamserve.scheduler.stop_signals import StopSignals
+from streamserve.scheduler.stop_signals import JobsStopSignal, StopSignals
 from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, async_redis, ping, retry_cannot_mend
 
 logger = logging.getLogger(__name__)
@@ -34,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def run(settings: Settings, stop_replicas_on_exit: bool) -> int:
+async def run(settings: Settings, stop_replicas_on_exit: bool, jobs_stop: JobsStopSignal) -> int:
     """Run the scheduler; 1 at once when Redis refuses its password or its certificate does not verify (a Redis that
     is down, it waits for)."""
     url = settings.effective_redis_url
@@ -54,6 +52,7 @@ async def run(settings: Settings, stop_replicas_on_exit: bool) -> int:
         stop_replicas_on_exit=stop_replicas_on_exit,
         job_pool=JobWorkerPool(settings) if settings.job_workers else None,
     )
+    jobs_stop.attach(scheduler.stop_taking_jobs)
     await serve(scheduler, redis)
     return 0
 
@@ -64,20 +63,17 @@ async def serve(scheduler: Scheduler, redis: aioredis.Redis) -> None:
     The signal is answered within a second, whatever a tick is doing (scheduler/stop_signals.py).
     """
     collector = asyncio.create_task(collect_periodically())
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(STOP_JOBS_SIGNAL, scheduler.stop_taking_jobs)
     try:
         with StopSignals(scheduler.should_exit.set):
             await scheduler.run()
     finally:
-        loop.remove_signal_handler(STOP_JOBS_SIGNAL)
         collector.cancel()
         await redis.aclose()
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(STOP_JOBS_SIGNAL, signal.SIG_IGN)  # (until its handler is in place: by default it would end us)
+    jobs_stop = JobsStopSignal()
     args, settings = start_process(build_parser(), argv)
     if settings.job_workers:
         jobs_redis_url(settings)  # refused now (ConfigError, exit 2) rather than by every job worker it would start
-    return asyncio.run(run(settings, args.stop_replicas_on_exit))
+    return asyncio.run(run(settings, args.stop_replicas_on_exit, jobs_stop))

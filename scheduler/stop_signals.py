@@ -11,6 +11,8 @@ itself, job workers get SIGTERM from the kernel (``die_with_parent``), and repli
 design, are adopted by the next one (under ``streamserve up``, they leave with ``up``).
 
 A second signal exits at once in the same way, whatever the first one started.
+
+STOP_JOBS_SIGNAL, which `up` sends as it begins to stop, is caught the same way (JobsStopSignal).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType, TracebackType
+
+from streamserve.runtime.lifeline import STOP_JOBS_SIGNAL
 
 logger = logging.getLogger(__name__)
 
@@ -98,3 +102,32 @@ def _exit_now(code: int, message: str) -> None:
     threading.Timer(LAST_WORDS_S, os._exit, (code,)).start()
     logger.error(message)
     os._exit(code)
+
+
+class JobsStopSignal:
+    """STOP_JOBS_SIGNAL (runtime/lifeline.py), from `up` as it begins to stop: no job is to start any more.
+
+    Taken from the start of ``main``: `up` starts the scheduler with the signal blocked, so one sent while Python
+    starts waits until then, and one taken before the scheduler runs is handed to it when it does (``attach``).
+    """
+
+    def __init__(self) -> None:
+        self._requested = False
+        self._on_request: Callable[[], None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        signal.signal(STOP_JOBS_SIGNAL, self._on_signal)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {STOP_JOBS_SIGNAL})
+
+    def attach(self, on_request: Callable[[], None]) -> None:
+        """On the running loop: call ``on_request`` there once the signal comes (at once if it came already)."""
+        self._loop = asyncio.get_running_loop()
+        self._on_request = on_request
+        if self._requested:
+            on_request()
+
+    def _on_signal(self, _signum: int, _frame: FrameType | None) -> None:
+        """Runs in the main thread, between two bytecodes: notes the request and hands it to the loop."""
+        self._requested = True
+        if self._loop is not None and self._on_request is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the process is on its way out
+                self._loop.call_soon_threadsafe(self._on_request)

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -294,11 +294,16 @@ class Processes:
     def env(self) -> dict[str, str]:
         return marked_env(self.token, {"REDIS_URL": self.redis_url, **FAST_HEARTBEATS, **self.extra_env})
 
-    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, *args: str, preexec_fn: Callable[[], None] | None = None) -> subprocess.Popen[bytes]:
         """Run ``streamserve ARGS`` in the background, logging to ``<log_dir>/<name>.log``."""
         with self.log(name).open("wb") as log:
             proc = subprocess.Popen(
-                [STREAMSERVE, *args], cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT
+                [STREAMSERVE, *args],
+                cwd=ROOT,
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=preexec_fn,
             )
         self.started[name] = proc
         return proc

@@ -54,6 +54,7 @@ from streamserve.runtime.lifeline import (
     UP_GATEWAY_DRAIN_S,
     UP_GATEWAY_EXIT_S,
     Lifeline,
+    hold_stop_jobs_signal,
 )
 from streamserve.runtime.logging_setup import check_redis_user
 from streamserve.runtime.processes import (
@@ -469,7 +470,7 @@ class Farm:
             env=env,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=die_with_parent,
+            preexec_fn=_scheduler_preexec if "scheduler" in cmd else die_with_parent,
             pass_fds=lifeline,
         )
 
@@ -625,3 +626,9 @@ class Farm:
             if record.pid and record.host == host and runs_replica(record.pid, ReplicaID.from_str(record.replica_id)):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(record.pid, signal.SIGKILL)
+
+
+def _scheduler_preexec() -> None:
+    """The scheduler's preexec_fn: dies with `up`, and holds STOP_JOBS_SIGNAL until it can take it."""
+    die_with_parent()
+    hold_stop_jobs_signal()

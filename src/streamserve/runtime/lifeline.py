@@ -33,9 +33,15 @@ UP_GATEWAY_DRAIN_S = 10.0
 # nothing, and a replica draining for the scheduler after it ran that stream to the end of its own drain.
 UP_GATEWAY_EXIT_S = 5.0
 # What `up` sends its scheduler as it begins to stop, before its gateway drains: no job is to start any more (the job
-# workers finish what they run; what is queued waits for the next farm). The scheduler ignores it until it can take
-# it (by default it would end the process).
+# workers finish what they run; what is queued waits for the next farm). `up` starts the scheduler with it blocked
+# (hold_stop_jobs_signal), so that one sent while the scheduler starts waits for it (by default it ends a process).
 STOP_JOBS_SIGNAL = signal.SIGUSR1
+
+
+def hold_stop_jobs_signal() -> None:
+    """In the scheduler's preexec_fn: block STOP_JOBS_SIGNAL. A blocked signal stays pending across exec, until the
+    scheduler takes it (scheduler/stop_signals.JobsStopSignal)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {STOP_JOBS_SIGNAL})
 
 
 class Lifeline:
