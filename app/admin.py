@@ -14,7 +14,6 @@ from streamserve.app.bodies import read_body
 from streamserve.app.errors import json_response
 from streamserve.app.openapi import DEPLOY_BODY, SCALE_BODY, TRAFFIC_BODY
 from streamserve.client import AsyncClient
-from streamserve.control.desired_state import DesiredState
 from streamserve.control.goal_records import GoalStore
 from streamserve.runtime.settings import Settings
 from streamserve.wire.config import parse_config
@@ -44,10 +43,6 @@ def admin_router(settings: Settings, client: AsyncClient, tenant_keys: TenantKey
     return router
 
 
-def _desired(settings: Settings, client: AsyncClient) -> DesiredState:
-    return DesiredState(client.redis, settings.keys, settings.import_allow_list, settings.config_limit_values)
-
-
 def _add_deployment_writes(
     router: APIRouter, guarded: Sequence[params.Depends], settings: Settings, client: AsyncClient
 ) -> None:
@@ -55,7 +50,7 @@ def _add_deployment_writes(
     async def deploy(request: Request) -> Response:
         """Body: a config as JSON (the YAML file's shape). Answers {"goals": {deployment: goal id}}."""
         config = parse_config(await _json_body(request, settings), "request body", settings.config_limit_values)
-        applied = await _desired(settings, client).apply(config)
+        applied = await client.desired_state().apply(config)
         return json_response({"goals": applied.goals, "endpoints": applied.endpoints})
 
     @router.post("/deployments/{name}/scale", dependencies=guarded, openapi_extra=SCALE_BODY)
@@ -65,11 +60,11 @@ def _add_deployment_writes(
         replicas = body.get("num_replicas") if isinstance(body, dict) and set(body) == {"num_replicas"} else None
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise BadRequestError('body must be {"num_replicas": N} with N >= 0, and nothing else')
-        return json_response({"goal_id": await _desired(settings, client).scale(name, replicas)})
+        return json_response({"goal_id": await client.desired_state().scale(name, replicas)})
 
     @router.delete("/deployments/{name}", dependencies=guarded)
     async def delete(name: str) -> Response:
-        return json_response({"goal_id": await _desired(settings, client).delete(name)})
+        return json_response({"goal_id": await client.desired_state().delete(name)})
 
 
 def _add_endpoint_writes(
@@ -81,12 +76,12 @@ def _add_endpoint_writes(
         body = await _json_body(request, settings)
         if not isinstance(body, dict) or not isinstance(body.get("traffic"), dict) or set(body) - {"traffic", "shadow"}:
             raise BadRequestError('body must be {"traffic": {deployment: weight}, "shadow": {deployment: fraction}}')
-        endpoint = await _desired(settings, client).set_traffic(name, body["traffic"], body.get("shadow"))
+        endpoint = await client.desired_state().set_traffic(name, body["traffic"], body.get("shadow"))
         return json_response(endpoint.model_dump(mode="json"))
 
     @router.delete("/endpoints/{name}", dependencies=guarded)
     async def delete_endpoint(name: str) -> Response:
-        await _desired(settings, client).delete_endpoint(name)
+        await client.desired_state().delete_endpoint(name)
         return json_response({"deleted": name})
 
 

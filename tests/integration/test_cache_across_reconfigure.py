@@ -8,16 +8,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 import orjson
 import redis.asyncio as aioredis
+from pydantic import SecretStr
 
+from streamserve.app.gateway import create_app
 from streamserve.client import AsyncClient
 from streamserve.runtime.settings import Settings
 from streamserve.wire.config import AppConfig, DeploymentConfig, ResponseCacheConfig
 from streamserve.wire.response_cache import cache_digest
 from tests import reconfigure_deployments
 from tests.harness.waiting import wait_for_async
-from tests.integration.conftest import StartReplica, deploy
+from tests.integration.conftest import TEST_API_KEY, StartReplica, deploy
 
 NAME = "reconfigured"
 FIELDS: dict[str, Any] = {
@@ -66,14 +69,48 @@ async def test_a_client_calls_by_the_config_it_has_just_deployed(
         for _ in range(2):  # a run, then a hit
             assert (await asyncio.wait_for(client.call(NAME, "same"), 10))["v"] == 1
         assert reconfigure_deployments.RUNS == ["same"]
-        assert client._routes is not None
-
-        async def unheard(_message: str) -> None:  # it hears of no change by itself from here on
-            return None
-
-        client._routes._longpoll._heard = unheard  # type: ignore[method-assign]
+        deaf_to_changes(client)
         await client.deploy(
             AppConfig(deployments=[DeploymentConfig.model_validate({**FIELDS, "user_config": {"v": 2}})])
         )
         await asyncio.wait_for(client.call(NAME, "same"), 10)
         assert reconfigure_deployments.RUNS == ["same", "same"]  # asked under the new config: not the old entry
+
+
+async def test_the_gateway_calls_by_the_config_its_admin_api_has_just_deployed(
+    start_replica: StartReplica, settings: Settings
+) -> None:
+    """The same through the gateway: ``POST /-/deploy``, then a call to that gateway."""
+    reconfigure_deployments.RUNS.clear()
+    await start_replica(**FIELDS, user_config={"v": 1})
+    settings = settings.model_copy(update={"api_key": SecretStr(TEST_API_KEY)})
+    app = create_app(settings)
+    await app.gateway.client.start()
+    headers = {"Authorization": f"Bearer {TEST_API_KEY}"}
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost", headers=headers) as http:
+            for _ in range(2):  # a run, then a hit
+                answer = await http.post(f"/{NAME}", json="same")
+                assert answer.status_code == 200 and answer.json()["v"] == 1, answer.text
+            assert reconfigure_deployments.RUNS == ["same"]
+            deaf_to_changes(app.gateway.client)
+            new = DeploymentConfig.model_validate({**FIELDS, "user_config": {"v": 2}})
+            deployed = await http.post("/-/deploy", json={"deployments": [new.model_dump(mode="json")]})
+            assert deployed.status_code == 200, deployed.text
+            assert (await http.post(f"/{NAME}", json="same")).status_code == 200
+            assert reconfigure_deployments.RUNS == ["same", "same"]  # asked under the new config: not the old entry
+    finally:
+        await app.gateway.client.aclose()
+
+
+def deaf_to_changes(client: AsyncClient) -> None:
+    """From here on ``client`` hears of no config change by itself (its long poll's messages go nowhere)."""
+    assert client._routes is not None
+    longpoll = client._routes._longpoll
+    assert hasattr(longpoll, "_heard")  # (what is patched: renamed, the patch would silently do nothing)
+
+    async def unheard(_message: str) -> None:
+        return None
+
+    longpoll._heard = unheard  # type: ignore[method-assign]

@@ -7,11 +7,13 @@ hashes) and, for deployments, returns a goal id that ``wait_for_goal`` blocks on
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from streamserve.client.core import ClientCore
 from streamserve.control.desired_state import DesiredState
 from streamserve.control.goal_records import GoalStore
+from streamserve.transport.connections import RETRYABLE_ERRORS
 from streamserve.wire.config import MAX_TIMEOUT_S, AppConfig, EndpointConfig, load_config, named
 from streamserve.wire.errors import BadRequestError, shown
 from streamserve.wire.messages import GoalRecord
@@ -33,9 +35,7 @@ class ControlWrites(ClientCore):
         app = config if isinstance(config, AppConfig) else load_config(config, self._settings.config_limit_values)
         await self.start()
         with self._refusals:
-            goals = (await self._desired().apply(app)).goals
-            await self._see_own_write()
-        return goals
+            return (await self.desired_state().apply(app)).goals
 
     async def set_traffic(
         self, endpoint: str, traffic: dict[str, float], shadow: dict[str, float] | None = None
@@ -45,9 +45,7 @@ class ControlWrites(ClientCore):
             raise BadRequestError(f"an endpoint's name is a string, got {shown(endpoint)}")
         await self.start()
         with self._refusals:
-            endpoint_config = await self._desired().set_traffic(endpoint, traffic, shadow)
-            await self._see_own_write()
-        return endpoint_config
+            return await self.desired_state().set_traffic(endpoint, traffic, shadow)
 
     async def scale(self, name: str, num_replicas: int) -> str | None:
         """Set a deployment's replica count; the goal id, or None if it already had that."""
@@ -56,18 +54,14 @@ class ControlWrites(ClientCore):
             raise BadRequestError(f"num_replicas is a whole number, got {shown(num_replicas)}")
         await self.start()
         with self._refusals:
-            goal = await self._desired().scale(name, num_replicas)
-            await self._see_own_write()
-        return goal
+            return await self.desired_state().scale(name, num_replicas)
 
     async def delete(self, name: str) -> str | None:
         """Delete a deployment (the goal id) or an endpoint (None: it is gone at once)."""
         named(name)
         await self.start()
         with self._refusals:
-            goal = await self._desired().delete_named(name)
-            await self._see_own_write()
-        return goal
+            return await self.desired_state().delete_named(name)
 
     async def wait_for_goal(self, goal_id: str | None, timeout: float | None = None) -> GoalRecord | None:
         """Block until the goal is done; GoalFailedError says why it failed, RequestTimeoutError if it took too long.
@@ -83,12 +77,22 @@ class ControlWrites(ClientCore):
         with self._refusals:
             return await GoalStore(self.redis, self._keys).wait(goal_id, timeout)
 
-    async def _see_own_write(self) -> None:
-        """This client's calls go by what it just wrote: the next call after a deploy that changed a user_config used
-        the old config (and its cache entries) until the long poll heard of the change, a few ms later."""
-        if self._routes is not None:
-            await self._routes.catch_up()
-
-    def _desired(self) -> DesiredState:
+    def desired_state(self) -> DesiredState:
+        """What every desired-state write of this client goes through (the gateway's admin API's too, on its client):
+        after each, this client's own calls go by what it wrote."""
         settings = self._settings
-        return DesiredState(self.redis, self._keys, settings.import_allow_list, settings.config_limit_values)
+        return DesiredState(
+            self.redis,
+            self._keys,
+            settings.import_allow_list,
+            settings.config_limit_values,
+            written=self._see_own_write,
+        )
+
+    async def _see_own_write(self) -> None:
+        """The next call after a deploy that changed a user_config used the old config (and its cache entries) until
+        the long poll heard of the change, a few ms later. The write is done: a Redis that fails this look leaves it
+        to the long poll."""
+        if self._routes is not None:
+            with contextlib.suppress(*RETRYABLE_ERRORS):
+                await self._routes.catch_up()

@@ -65,6 +65,7 @@ ASYNC_ONLY = frozenset(
         "caller_left",  # the gateway's: its HTTP caller disconnected
         "new_tag",  # the gateway's: names a call for ``caller_left`` before ``request`` sends it
         "knows",  # the gateway's: whose figures it still flushes
+        "desired_state",  # the gateway's admin writes (a DesiredState on the client's own loop)
     }
 )
 

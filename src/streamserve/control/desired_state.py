@@ -8,7 +8,7 @@ goal in the same transaction (``goals.GoalStore``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,14 +177,17 @@ class DesiredState:
         keys: Keys,
         import_allow: ImportAllowList | None = None,
         limits: ConfigLimits = DEFAULT_LIMITS,
+        written: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """``import_allow``: writes of deployments importing from elsewhere are refused (ConfigError); ``limits``:
-        the counts and sizes a write may ask for (a scale, and how many deployments and endpoints the farm holds)."""
+        the counts and sizes a write may ask for (a scale, and how many deployments and endpoints the farm holds);
+        ``written``: awaited after each write that changed something (a client's routes catch up with it)."""
         self._redis = redis
         self._keys = keys
         self._goals = GoalStore(redis, keys)
         self._import_allow = import_allow or ImportAllowList()
         self._limits = limits
+        self._written = written
 
     async def deployments(self) -> dict[str, DeploymentConfig]:
         """Every desired deployment, by name."""
@@ -315,6 +318,13 @@ class DesiredState:
                 logger.warning("%s (max_response_bytes is at its default)", problem)
 
     async def _write(self, wanted: DesiredChange | Callable[[Stored], DesiredChange], kind: str) -> Applied:
+        """Write configs and their goals in one transaction (``_transact``); then tell ``written``."""
+        applied = await self._transact(wanted, kind)
+        if applied and self._written is not None:
+            await self._written()
+        return applied
+
+    async def _transact(self, wanted: DesiredChange | Callable[[Stored], DesiredChange], kind: str) -> Applied:
         """Write configs and their goals in one transaction; nothing at all when nothing changes.
 
         The whole resulting state is checked inside the transaction (WATCH), so
