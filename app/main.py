@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
+import socket
 from typing import Any
 
 import uvicorn
@@ -17,7 +20,7 @@ from streamserve.control.security import check_exposure
 from streamserve.runtime import tracing
 from streamserve.runtime.fd_limit import raise_fd_limit
 from streamserve.runtime.gc_freeze import freeze_startup_objects
-from streamserve.runtime.lifeline import UP_GATEWAY_DRAIN_S, inherited, watch_from_thread
+from streamserve.runtime.lifeline import FARM_GONE_SIGNAL, UP_GATEWAY_DRAIN_S, inherited, watch_from_thread
 from streamserve.runtime.logging_setup import setup_logging, start_process
 from streamserve.runtime.processes import end_with_spawning_process
 from streamserve.runtime.settings import Settings, add_gateway_workers_option, add_no_admin_option, port_number
@@ -59,6 +62,8 @@ def worker_app() -> GatewayApp:
     """One of ``--workers N`` gateway processes (uvicorn imports this in each): settings from the environment the
     first process wrote (Settings.to_env), its own logging, its own client and reply stream."""
     end_with_spawning_process()
+    signal.signal(FARM_GONE_SIGNAL, lambda _signum, _frame: farm_gone())  # from the supervisor (supervise_workers)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {FARM_GONE_SIGNAL})
     settings = Settings()
     settings.give_cluster_nodes()
     setup_logging(settings.debug, settings.log_format, role="gateway")
@@ -74,14 +79,26 @@ def worker_app() -> GatewayApp:
     return app
 
 
-def supervise_workers(config: uvicorn.Config) -> int:
+def supervise_workers(config: uvicorn.Config, lifeline: int | None) -> int:
     """Run uvicorn's supervisor of ``config.workers`` gateway processes until it stops; STARTUP_FAILURE if it stopped
-    because one of them failed to start (Redis unreachable, say), else 0.
+    because one of them failed to start (Redis unreachable, say), else 0. Once ``lifeline`` (`up`'s) is cut, each
+    worker is told (FARM_GONE_SIGNAL).
 
     uvicorn.run returns alike either way, and a gateway that could not start then exited 0: a service manager
     restarting on failure left it down, a script took it for a clean stop.
     """
+    # Its workers start with the signal blocked (as the supervisor's own mask, inherited): one sent while a worker
+    # starts waits until worker_app takes it, rather than end it (the signal's default action).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {FARM_GONE_SIGNAL})
     supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+
+    def tell_workers() -> None:
+        for pid in [p.pid for p in supervisor.processes if p.pid is not None]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, FARM_GONE_SIGNAL)
+
+    if lifeline is not None:
+        watch_from_thread(lifeline, tell_workers)
     supervisor.run()
     return STARTUP_FAILURE if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
 
@@ -90,13 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     args, settings = start_process(build_parser(), argv)
     check_exposure(args.host, api_key_set=settings.api_key is not None, admin=settings.admin)
     settings = settings.model_copy(update={"bind_host": args.host})  # admin writes take it as a Host
+    lifeline = inherited(settings.lifeline_fd)
     server = {
         "host": args.host,
         "port": args.port,
         # A gateway of `up` (it holds up's lifeline) gets no longer than up gives it, even when up died.
-        "timeout_graceful_shutdown": UP_GATEWAY_DRAIN_S
-        if inherited(settings.lifeline_fd) is not None
-        else GRACEFUL_SHUTDOWN_S,
+        "timeout_graceful_shutdown": UP_GATEWAY_DRAIN_S if lifeline is not None else GRACEFUL_SHUTDOWN_S,
         "log_config": None,  # uvicorn's own records go through streamserve's handler (and its format) too
         "timeout_keep_alive": settings.keep_alive_s,
         **UVICORN_OPTIONS,
@@ -117,17 +133,34 @@ def main(argv: list[str] | None = None) -> int:
             timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
             **server,
         )
-        return supervise_workers(config)
+        return supervise_workers(config, lifeline)
     use_connection_limits(settings)
-    if (lifeline := inherited(settings.lifeline_fd)) is not None:
-        # `up` died (killed -9): its Redis most likely with it, and nobody restarts either. Each Redis operation of
-        # the way out (a cancellation of a caller's who left, say) is tried once: they held the gateway 10 s.
-        watch_from_thread(lifeline, stop_retrying)
+    if lifeline is not None:
+        watch_from_thread(lifeline, farm_gone)
     app = create_app(settings)
     freeze_startup_objects()
-    # (uvicorn's own "running on" line is below the log level the gateway gives it.)
-    logger.info(
-        "gateway: serving http://%s:%d (its Redis: %s)", args.host, args.port, redacted(settings.effective_redis_url)
-    )
-    uvicorn.run(app, **server)
-    return 0
+    where = f"gateway: serving http://{args.host}:{args.port} (its Redis: {redacted(settings.effective_redis_url)})"
+    gateway = _SayingWhereServer(uvicorn.Config(app, **server), where)
+    gateway.run()
+    return 0 if gateway.started else STARTUP_FAILURE
+
+
+class _SayingWhereServer(uvicorn.Server):
+    """uvicorn's server, logging ``where`` once it has bound its socket (uvicorn's own "running on" line is below the
+    log level the gateway gives it)."""
+
+    def __init__(self, config: uvicorn.Config, where: str) -> None:
+        super().__init__(config)
+        self._where = where
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            logger.info("%s", self._where)
+
+
+def farm_gone() -> None:
+    """`up` died (killed -9): its Redis most likely with it, and nobody restarts either. Each Redis operation of the
+    way out (a cancellation of a caller's who left, say) is tried once: they held the gateway 10 s."""
+    stop_retrying()
+    logger.warning("gateway: the `streamserve up` that started it is gone; what it still does with Redis is tried once")

@@ -19,7 +19,7 @@ from uvicorn.config import STARTUP_FAILURE
 
 from streamserve.app.main import WORKER_HEALTHCHECK_S
 from streamserve.runtime.processes import free_port, port_is_free
-from tests.harness.farm import descendants, gateway_process
+from tests.harness.farm import Processes, descendants, gateway_process
 from tests.harness.paths import STREAMSERVE
 from tests.harness.waiting import Message, wait_for, wait_for_async
 from tests.integration.conftest import StartReplica
@@ -155,3 +155,47 @@ def test_a_gateway_that_cannot_reach_redis_says_so_and_exits_non_zero(workers: s
     assert "gateway: cannot reach Redis at redis://127.0.0.1:" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "Application startup failed" not in done.stderr, done.stderr  # (the one line says why)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_gateway_whose_up_is_gone_tries_its_last_redis_operations_once_in_every_worker(
+    workers: int, redis_url: str, tmp_path: Path
+) -> None:
+    """`up` killed -9 closes its lifeline: the gateway's way out then tries each Redis operation once (its callers'
+    cancellations, retried against a Redis gone with `up`, held it 10 s). Workers spawned by multiprocessing do not
+    hold the lifeline: their supervisor tells them."""
+    processes = Processes(redis_url, tmp_path)
+    read_fd, write_fd = os.pipe()
+    try:
+        port = free_port()
+        with processes.log("gateway").open("wb") as log:
+            processes.started["gateway"] = subprocess.Popen(
+                [STREAMSERVE, "gateway", "--port", str(port), "--workers", str(workers)],
+                env={**processes.env(), "STREAMSERVE_LIFELINE_FD": str(read_fd)},
+                pass_fds=(read_fd,),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        os.close(read_fd)
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/-/healthz").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, 30, lambda: f"the gateway did not start:\n{processes.log('gateway').read_text()[-2000:]}")
+        if workers > 1:
+            supervisor = gateway_pid(port)
+            wait_for(lambda: len(workers_of(supervisor)) == workers, 20, "not every worker started")
+        os.close(write_fd)  # `up` is gone
+        write_fd = -1
+
+        def told() -> int:
+            return processes.log("gateway").read_text().count("started it is gone; what it still does")
+
+        wait_for(lambda: told() == workers, 20, lambda: f"{told()} of {workers} gateway processes heard of it")
+    finally:
+        if write_fd >= 0:
+            os.close(write_fd)
+        processes.stop_all()

@@ -36,6 +36,9 @@ UP_GATEWAY_EXIT_S = 5.0
 # workers finish what they run; what is queued waits for the next farm). `up` starts the scheduler with it blocked
 # (hold_stop_jobs_signal), so that one sent while the scheduler starts waits for it (by default it ends a process).
 STOP_JOBS_SIGNAL = signal.SIGUSR1
+# What a gateway's supervisor (``--workers N``) sends each of its workers once `up` is gone: multiprocessing spawned
+# them, holding no descriptor but its own, so the lifeline is the supervisor's alone.
+FARM_GONE_SIGNAL = signal.SIGUSR2
 
 
 def hold_stop_jobs_signal() -> None:
