@@ -5,7 +5,14 @@ from pathlib import Path
 import pytest
 
 from streamserve.cli import main as cli
-from streamserve.wire.config import AppConfig, DeploymentConfig, EndpointConfig, load_config, parse_config
+from streamserve.wire.config import (
+    MAX_PROBLEMS_SHOWN,
+    AppConfig,
+    DeploymentConfig,
+    EndpointConfig,
+    load_config,
+    parse_config,
+)
 from streamserve.wire.errors import ConfigError, ProtocolError
 from tests.harness.paths import ROOT
 
@@ -36,6 +43,10 @@ def test_defaults() -> None:
         ({"replicas": 2}, "deployment 'echo' (deployments[0]): replicas: unknown field"),
         ({"tenant_limit": {}}, "tenant_limit: unknown field (did you mean 'tenant_limits'?)"),
         ({"tenant_limits": {"default": {"burts": 2}}}, "burts: unknown field (did you mean 'burst'?)"),
+        # A field of the mapping it is in: min_replicas is autoscaling_config's, not a deployment's.
+        ({"min_replica": 1}, "min_replica: unknown field (did you mean 'num_replicas'?)"),
+        ({"autoscaling_config": {"min_replica": 1}}, "min_replica: unknown field (did you mean 'min_replicas'?)"),
+        ({"response_cache": {"tll_s": 1}}, "response_cache.tll_s: unknown field (did you mean 'ttl_s'?)"),
         # PyYAML reads 1e3 (no dot) as text: the message says so, and how to write it.
         ({"request_timeout_s": "1e3"}, "a valid number, got the text '1e3' (YAML reads a number in e-notation"),
         ({"max_queued_requests": "1e3"}, "a valid integer, got the text '1e3' (YAML reads"),
@@ -66,6 +77,15 @@ def test_errors_name_the_deployment_and_field(fields: dict[str, object], expecte
         parse_config({"deployments": [dep(**fields)]}, "x.yaml")
     assert expected in str(info.value)
     assert str(info.value).startswith("x.yaml:")
+
+
+def test_an_error_lists_the_first_problems_and_counts_the_rest() -> None:
+    """A body of 200,000 unknown fields (an admin write) held the gateway's loop 25 s, each one described."""
+    with pytest.raises(ConfigError) as info:
+        parse_config({"deployments": [dep(**{f"k{i}": 1 for i in range(5000)})]}, "x.yaml")
+    lines = str(info.value).splitlines()
+    assert lines[-1] == f"... and {5000 - MAX_PROBLEMS_SHOWN} more problems"
+    assert len([line for line in lines if "unknown field" in line]) == MAX_PROBLEMS_SHOWN
 
 
 def test_a_traffic_weight_is_a_number() -> None:

@@ -10,7 +10,7 @@ import secrets
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import orjson
 from pydantic import (
@@ -521,13 +521,14 @@ def _describe_location(loc: tuple[int | str, ...], data: Any) -> str:
 
 
 def format_validation_error(exc: ValidationError, data: Any) -> str:
-    """One line per problem, naming the deployment and the field."""
+    """One line per problem (the first MAX_PROBLEMS_SHOWN), naming the deployment and the field."""
     lines = []
-    for err in exc.errors():
+    errors = exc.errors()
+    for err in errors[:MAX_PROBLEMS_SHOWN]:
         where = _describe_location(tuple(err["loc"]), data)
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            message = "unknown field" + _did_you_mean(err["loc"][-1])
+            message = "unknown field" + _did_you_mean(exc.title, tuple(err["loc"]))
         elif err["type"] == "model_type":  # (not "... or instance of ResponseCacheConfig": a class name of ours)
             message = "Input should be a mapping"
         elif err["type"] in ("float_type", "int_type") and _number_as_text(err["input"]):
@@ -537,14 +538,40 @@ def format_validation_error(exc: ValidationError, data: Any) -> str:
                 f" as text: write {written})"
             )
         lines.append(f"{where}: {message}")
+    if len(errors) > MAX_PROBLEMS_SHOWN:
+        lines.append(f"... and {len(errors) - MAX_PROBLEMS_SHOWN} more problems")
     return "\n".join(lines)
 
 
-def _did_you_mean(field: int | str) -> str:
-    """ " (did you mean 'tenant_limits'?)" for a misspelt field name of a config's; "" when none is close."""
-    known = {name for model in _CONFIG_MODELS for name in model.model_fields}
-    close = difflib.get_close_matches(str(field), sorted(known), n=1)
+def _did_you_mean(title: str, loc: tuple[int | str, ...]) -> str:
+    """ " (did you mean 'tenant_limits'?)" for a misspelt field name at ``loc`` of a ``title`` model's input (a
+    field of the mapping it is in, not of another); "" when none is close."""
+    model = _model_at(title, loc[:-1])
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), sorted(model.model_fields), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _model_at(title: str, path: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The config model that reads the mapping at ``path`` of a ``title`` model's input (list indices and mapping
+    keys step into the model of the field that holds them); None when it is none of them."""
+    model = next((m for m in _CONFIG_MODELS if m.__name__ == title), None)
+    for part in path:
+        if model is None:
+            return None
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is not None:
+            inner = _models_in(field.annotation)
+            model = inner[0] if len(inner) == 1 else None
+    return model
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The config models a field's type holds (``list[DeploymentConfig] | None``: DeploymentConfig)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
 
 
 # What PyYAML (YAML 1.1) leaves as text though a reader takes it for a number: e-notation without a dot.
@@ -556,6 +583,8 @@ def _number_as_text(value: Any) -> bool:
     return isinstance(value, str) and _E_NOTATION_TEXT.fullmatch(value) is not None
 
 
+# How many of a config's problems an error lists (a mapping of 200,000 unknown fields took 25 s to describe).
+MAX_PROBLEMS_SHOWN = 20
 # Every model a config file's mappings are read as (for a misspelt field's "did you mean").
 _CONFIG_MODELS: tuple[type[BaseModel], ...] = (
     AppConfig,
