@@ -61,7 +61,7 @@ from streamserve.app.http_protocol import (
     write_response,
 )
 from streamserve.app.observe import CLIENT_CLOSED, RequestObserver
-from streamserve.app.openapi import ERROR_RESPONSES, openapi_document
+from streamserve.app.openapi import ERROR_RESPONSES, OPENAPI_PATH, add_docs_page, openapi_document
 from streamserve.app.routing import RouteTable
 from streamserve.app.server_span import end_server_span, start_server_span
 from streamserve.app.streaming_response import (
@@ -732,14 +732,17 @@ def create_app(settings: Settings) -> GatewayApp:
     api = FastAPI(
         title="streamserve gateway",
         lifespan=_lifespan(gateway),
-        docs_url="/-/docs",
-        openapi_url="/-/openapi.json",
+        docs_url=None,  # (add_docs_page)
+        redoc_url=None,
+        swagger_ui_oauth2_redirect_url=None,
+        openapi_url=OPENAPI_PATH,
         responses=ERROR_RESPONSES,
         # FastAPI's own telemetry would trace each probe, scrape and dashboard poll with the farm's tracer provider:
         # the gateway's spans are its requests' (docs/tracing.md), and OTLP exporters are its own to set up.
         telemetry=NO_FASTAPI_TELEMETRY,
     )
     _add_error_handlers(api, settings)
+    add_docs_page(api)
     _add_probes(api, gateway)
     _add_reads(api, gateway)
     api.include_router(admin_router(settings, gateway.client, gateway.tenant_keys))

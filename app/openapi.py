@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
 
 from streamserve.app.errors import STATUS_BY_ERROR
 
@@ -89,3 +91,24 @@ TRAFFIC_BODY = json_body(
         "additionalProperties": False,
     }
 )
+
+
+# Swagger UI, at one version: FastAPI's page loads whatever 5.x the CDN has now, into the origin that admin writes
+# are taken from.
+SWAGGER_UI = "https://cdn.jsdelivr.net/npm/swagger-ui-dist@5.17.14"
+DOCS_PATH = "/-/docs"
+OPENAPI_PATH = "/-/openapi.json"
+
+
+def add_docs_page(api: FastAPI) -> None:
+    """Swagger UI at DOCS_PATH, and no other page: FastAPI's own ReDoc (``/redoc``) and OAuth2 redirect
+    (``/docs/oauth2-redirect``) pages were served outside the gateway's ``/-/`` and shadowed deployment routes."""
+
+    @api.get(DOCS_PATH, include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=OPENAPI_PATH,
+            title=f"{api.title} - API",
+            swagger_js_url=f"{SWAGGER_UI}/swagger-ui-bundle.js",
+            swagger_css_url=f"{SWAGGER_UI}/swagger-ui.css",
+        )

@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from streamserve.app.openapi import SWAGGER_UI
 from tests.harness.farm import gateway_process
 
 
@@ -52,7 +53,11 @@ async def test_the_openapi_document_lists_the_gateway_routes_once_each(http: htt
         for op in item.values():
             declared = {p["name"] for p in op.get("parameters", []) if p["in"] == "path"}
             assert declared == {part[1:-1] for part in path.split("/") if part.startswith("{")}, (path, op)
-    assert (await http.get("/-/docs")).status_code == 200
+    docs = await http.get("/-/docs")
+    assert docs.status_code == 200 and f"{SWAGGER_UI}/swagger-ui-bundle.js" in docs.text  # one version of it
+    # FastAPI's other pages are not served outside the gateway's /-/ (where deployment routes are).
+    for page in ("/redoc", "/docs/oauth2-redirect", "/docs"):
+        assert (await http.get(page)).status_code == 404, page
 
 
 def heads(sock: socket.socket, count: int) -> list[bytes]:
