@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from streamserve.client import AsyncClient, Client
 from streamserve.client.chunk_feed import ChunkFeed
-from streamserve.client.chunk_stream import ChunkStream
+from streamserve.client.chunk_stream import ChunkStream, ConcurrentReadError
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import (
     BadRequestError,
@@ -25,7 +25,7 @@ from streamserve.wire.errors import (
     StreamServeError,
 )
 from streamserve.wire.ids import new_request_id
-from streamserve.wire.messages import Reply, ReplyStatus
+from streamserve.wire.messages import Reply, ReplyStatus, Request
 from tests.harness.waiting import wait_for, wait_for_async
 from tests.integration.conftest import deploy
 from tests.integration.fake_stream_replica import FakeStreamReplica
@@ -287,6 +287,78 @@ async def test_closing_the_client_cancels_the_streams_it_has_not_finished(
     await client.aclose()
     told = [fields for _, fields in await fake.redis.xrange(fake.control) if fields.get(b"kind") == b"cancel"]
     assert [fields[b"id"] for fields in told] == [request.request_id.encode()]
+
+
+async def test_a_stream_closed_while_another_task_reads_it_is_cancelled_for_that_reader(
+    client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    """A cancel button or a watchdog closing a stream: its reader got ProtocolError ("a message in Redis could not be
+    decoded"), as if the data were corrupt."""
+    stream = client.stream("tokens", None)
+    first = asyncio.create_task(anext(stream))
+    request = await fake.next_request()
+    await fake.chunks(request, ["a"])
+    assert await first == "a"
+    reading = asyncio.create_task(anext(stream))
+    await wait_for_async(lambda: asyncio.sleep(0, stream._reading), 5, "the read did not begin")
+    await stream.aclose()
+    with pytest.raises(RequestCancelledError, match="was closed"):
+        await reading
+    await wait_for_async(lambda: cancelled(fake, request), 5, "the closed stream's request was not cancelled")
+
+
+async def test_a_second_read_at_once_is_refused_and_the_first_goes_on(
+    settings: Settings, client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    """Two readers at once: the second one's wait replaced the first one's, which then waited past the stream's
+    deadline (or, before the first chunk, the second saw the stream as over). A generator refuses it alike."""
+    stream = client.stream("tokens", None)
+    first, second = asyncio.create_task(anext(stream)), asyncio.create_task(anext(stream))
+    with pytest.raises(ConcurrentReadError):
+        await second
+    request = await fake.next_request()
+    await fake.chunks(request, ["a", "b"])
+    assert await first == "a"
+    assert await anext(stream) == "b"
+    await stream.aclose()
+
+    with Client(settings=settings) as blocking:
+        chunks = blocking.stream("tokens", None)
+        one = asyncio.create_task(asyncio.to_thread(next, chunks))
+        request = await fake.next_request()
+        await fake.chunks(request, ["x"])
+        assert await one == "x"
+        one = asyncio.create_task(asyncio.to_thread(next, chunks))  # waits: no chunk yet
+        await wait_for_async(lambda: asyncio.sleep(0, chunks._chunks._reading), 5, "the read did not begin")
+        with pytest.raises(ConcurrentReadError):
+            await asyncio.to_thread(next, chunks)
+        await fake.chunks(request, ["y"])
+        assert await one == "y"  # the first read was left as it was, the stream open
+        chunks.close()
+
+
+async def test_a_blocking_stream_dropped_in_a_thread_of_its_own_is_closed_on_the_clients_loop(
+    settings: Settings, fake: FakeStreamReplica
+) -> None:
+    """Client.close() while other threads start and read streams: a stream whose last reference went in its reader's
+    thread was closed there, off the client's loop, and its cancel was lost ("no running event loop")."""
+    with Client(settings=settings) as blocking:
+        chunks = blocking.stream("tokens", None)
+        step = asyncio.create_task(asyncio.to_thread(next, chunks))
+        request = await fake.next_request()
+        await fake.chunks(request, ["a"])
+        assert await step == "a"
+        held = [chunks._chunks]  # its async stream, without the iterator that closes it on the loop itself
+        chunks._chunks = None  # type: ignore[assignment]
+        del chunks
+        await asyncio.to_thread(held.clear)  # the last reference goes in a thread with no event loop
+        await wait_for_async(lambda: cancelled(fake, request), 5, "the dropped stream's request was not cancelled")
+
+
+async def cancelled(fake: FakeStreamReplica, request: Request) -> bool:
+    """Whether the replica was told to cancel ``request``."""
+    told = [fields for _, fields in await fake.redis.xrange(fake.control) if fields.get(b"kind") == b"cancel"]
+    return request.request_id.encode() in [fields[b"id"] for fields in told]
 
 
 async def test_a_call_that_reuses_a_request_id_gets_none_of_an_earlier_calls_chunks(

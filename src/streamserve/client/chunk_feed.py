@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 
 from streamserve.client.outcomes import error_of
-from streamserve.wire.errors import ProtocolError
+from streamserve.wire.errors import ProtocolError, RequestCancelledError
 from streamserve.wire.messages import Reply, ReplyStatus
 
 # Tells the replica (by id) serving the stream how many chunks the consumer has taken.
@@ -215,7 +215,7 @@ class ChunkFeed:
 
     def close(self) -> None:
         """The consumer is done with the stream (ended, failed or left early): forget the request."""
-        self.fail(ProtocolError(f"stream {self.request_id} was closed"))
+        self.fail(RequestCancelledError(f"stream {self.request_id} was closed"))  # (a read under way, elsewhere)
         on_close, self.on_close = self.on_close, None
         if on_close is not None:
             on_close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
@@ -22,6 +23,10 @@ CANCELLED = (
 )
 
 
+class ConcurrentReadError(RuntimeError):
+    """A stream was read from two tasks or threads at once: the second read is refused (the first goes on)."""
+
+
 class ChunkStream:
     """An async iterator of a streaming handler's chunks, each decoded from its JSON.
 
@@ -38,37 +43,48 @@ class ChunkStream:
     def __init__(self, start: Start) -> None:
         self._start: Start | None = start
         self._feed: ChunkFeed | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the client's, where the feed lives
+        self._reading = False  # a read is under way (another one at once is refused)
         self._cancelled = False  # a read was cancelled (and the request with it)
 
     def __aiter__(self) -> Self:
         return self
 
     async def __anext__(self) -> Any:
-        feed = self._feed
-        if feed is None:
-            if self._start is None:  # closed, ended, or a unary answer given
-                if self._cancelled:
-                    raise RequestCancelledError(CANCELLED)
-                raise StopAsyncIteration
-            start, self._start = self._start, None
-            try:
-                first = await start()
-            except asyncio.CancelledError:
-                self._cancelled = True
-                raise
-            if not isinstance(first, ChunkFeed):
-                return result_of(first)  # a unary deployment's result, the stream's one chunk (or its error)
-            self._feed = feed = first
+        if self._reading:
+            # Two readers at once: the second one's wait replaced the first one's, which then waited for ever (or, at
+            # the start, the second saw a stream already over).
+            raise ConcurrentReadError("this stream is being read already: read a stream from one task or thread")
+        self._reading = True
         try:
-            chunk = await feed.next_chunk()
-        except BaseException as exc:
-            self._cancelled = isinstance(exc, asyncio.CancelledError)
-            self.close()
-            raise
-        if chunk is None:
-            self.close()
-            raise StopAsyncIteration
-        return orjson.loads(chunk)
+            feed = self._feed
+            if feed is None:
+                if self._start is None:  # closed, ended, or a unary answer given
+                    if self._cancelled:
+                        raise RequestCancelledError(CANCELLED)
+                    raise StopAsyncIteration
+                start, self._start = self._start, None
+                try:
+                    first = await start()
+                except asyncio.CancelledError:
+                    self._cancelled = True
+                    raise
+                if not isinstance(first, ChunkFeed):
+                    return result_of(first)  # a unary deployment's result, the stream's one chunk (or its error)
+                self._feed = feed = first
+                self._loop = asyncio.get_running_loop()
+            try:
+                chunk = await feed.next_chunk()
+            except BaseException as exc:
+                self._cancelled = isinstance(exc, asyncio.CancelledError)
+                self.close()
+                raise
+            if chunk is None:
+                self.close()
+                raise StopAsyncIteration
+            return orjson.loads(chunk)
+        finally:
+            self._reading = False
 
     def close(self) -> None:
         """Stop here: the request is cancelled if it has not ended, and chunks still to come are dropped. Safe to call
@@ -88,6 +104,17 @@ class ChunkStream:
         self.close()
 
     def __del__(self) -> None:
-        # An iteration left with ``break`` drops its last reference here, on the client's loop.
-        if getattr(self, "_feed", None) is not None:
+        # An iteration left with ``break`` drops its last reference here, on the client's loop; a blocking Client's
+        # stream, in whatever thread drops it (its client closed meanwhile): its feed is closed on the loop.
+        feed = getattr(self, "_feed", None)
+        if feed is None:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
             self.close()
+        elif self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: what the stream held went with it
+                self._loop.call_soon_threadsafe(feed.close)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from streamserve.client.async_client import AsyncClient
-from streamserve.client.chunk_stream import ChunkStream
+from streamserve.client.chunk_stream import ChunkStream, ConcurrentReadError
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import UnavailableError
 from streamserve.wire.models import model_id_of
@@ -472,6 +472,8 @@ class ChunkIterator:
             return client._awaited(step)
         except StopAsyncIteration:
             raise StopIteration from None
+        except ConcurrentReadError:
+            raise  # (another thread reads it: that read goes on)
         except BaseException:
             # A wait cut short (Ctrl-C: KeyboardInterrupt) stops the stream, even when its step had just ended with a
             # chunk; and, as for a call's, the cancellation is sent before the interruption goes on (a script that
