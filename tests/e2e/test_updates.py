@@ -83,6 +83,28 @@ def test_user_config_and_max_ongoing_change_live_without_restarts(farm: Farm, tm
     farm.cli("delete", "live")
 
 
+def test_removing_the_user_config_rolls_the_replicas_so_that_none_runs_with_the_old_one(
+    farm: Farm, tmp_path: Path
+) -> None:
+    """A reconfigure() cannot be undone in place: the replica that ran one went on with that user_config while the
+    goal said done and a scale-up's new replica ran with none (found by an outside tester)."""
+    path = write_config(tmp_path / "gone.yaml", "gone", version="1", greeting="hello", **STOPWATCH)
+    farm.cli("deploy", str(path), "--wait", "--timeout", "60")
+    before = replica_ids(farm, "gone")
+    text = (
+        path.read_text()
+        .replace("    user_config: {greeting: hello}\n", "")
+        .replace("num_replicas: 1", "num_replicas: 2")
+    )
+    path.write_text(text)
+    farm.cli("deploy", str(path), "--wait", "--timeout", "60")
+    assert not replica_ids(farm, "gone") & before  # replaced
+    with Client(farm.effective_redis_url) as client:
+        greetings = {client.call("gone", None)["greeting"] for _ in range(8)}
+    assert greetings == {""}, greetings  # every replica as one that starts without a user_config
+    farm.cli("delete", "gone")
+
+
 def test_version_change_rolls_replicas_while_traffic_succeeds(farm: Farm, tmp_path: Path) -> None:
     cfg = tmp_path / "roll.yaml"
     farm.cli("deploy", str(write_config(cfg, "roll", version="1", greeting="v1")), "--wait", "--timeout", "60")

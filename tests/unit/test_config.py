@@ -148,7 +148,10 @@ def test_a_merge_key_may_still_be_overridden(tmp_path: Path) -> None:
 
 def test_code_version_ignores_live_fields() -> None:
     base = DeploymentConfig.model_validate(dep())
-    assert base.code_version() == DeploymentConfig.model_validate(dep(user_config={"a": 1})).code_version()
+    configured = DeploymentConfig.model_validate(dep(user_config={"a": 1}))
+    assert configured.code_version() == DeploymentConfig.model_validate(dep(user_config={"a": 2})).code_version()
+    # Adding or removing one restarts: a replica never calls reconfigure() without one, nor can undo one.
+    assert base.code_version() != configured.code_version()
     assert base.code_version() == DeploymentConfig.model_validate(dep(max_ongoing_requests=3)).code_version()
     assert base.code_version() != DeploymentConfig.model_validate(dep(version="2")).code_version()
     assert base.code_version() != DeploymentConfig.model_validate(dep(init_kwargs={"greeting": "x"})).code_version()

@@ -30,7 +30,7 @@ def test_an_unhealthy_or_deleted_external_worker_exits_1_and_a_scheduled_replica
 
 def test_a_live_change_or_a_scheduled_replica_serves_on() -> None:
     rules = DepartureRules("echo", None)
-    assert rules.when_changed(config(True), config(True, user_config={"a": 1})) is None
+    assert rules.when_changed(config(True, user_config={"a": 1}), config(True, user_config={"a": 2})) is None
     assert rules.when_changed(config(version="v1"), config(version="v2")) is None  # the scheduler replaces it
 
 

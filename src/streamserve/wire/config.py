@@ -361,10 +361,14 @@ class DeploymentConfig(_Strict):
         return limits.get(tenant) or limits.get(DEFAULT_TENANT) if limits else None
 
     def code_version(self) -> str:
-        """A digest of what needs a restart to change: import path, init args, version, resources, response cache."""
+        """A digest of what needs a restart to change: import path, init args, version, resources, response cache,
+        and whether there is a user_config (a reconfigure() cannot be undone: a replica that ran one and is left with
+        none would differ from one that starts without, which never calls it)."""
         parts: list[Any] = [self.import_path, self.init_args, self.init_kwargs, self.version]
         if not self.resources.is_empty:  # left out when unset, so older deployments keep their digest
             parts.append(self.resources.model_dump(mode="json"))
+        if self.user_config is not None:
+            parts.append("user_config")
         if self.response_cache is not None:  # a replica checks at load that its handlers do not stream
             parts.append({"response_cache": self.response_cache.model_dump(mode="json", exclude={"local_ttl_s"})})
         code = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
