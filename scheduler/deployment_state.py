@@ -127,7 +127,8 @@ class DeploymentState:
         self._waiting = ""  # why SHOULD_START replicas wait (e.g. for GPUs), "" when nothing holds them back
         # When and why a replica was last replaced for failing its check_health() (shown for REPLACED_NOTE_MS).
         self._replaced: tuple[int, str] = (0, "")
-        self._health_replacements: collections.deque[int] = collections.deque(maxlen=KEEPS_FAILING)  # when (ms)
+        # The last KEEPS_FAILING replicas replaced for their check_health(): when (ms), and which and why.
+        self._health_replacements: collections.deque[tuple[int, str]] = collections.deque(maxlen=KEEPS_FAILING)
         # Why the target can never be met on this host as it is (more GPUs than it has), "" when it can.
         self.unschedulable = ""
         self._fits_none = False  # no replica fits this host's GPUs: UNHEALTHY, its callers get 503 at once
@@ -174,6 +175,7 @@ class DeploymentState:
         if target.version != self._target_version:  # a fresh start: earlier crash loops say nothing about it
             self._target_version = target.version
             self._reset_start_backoff()
+            self._health_replacements.clear()  # nor the checks its replicas failed
         if target.cfg is not None:
             await self._observe_unrecorded(target, beats, now_ms)
         await self._observe_starting(beats, now_ms)
@@ -187,6 +189,10 @@ class DeploymentState:
             # failed starts were forgotten at every tick, and it never turned UNHEALTHY.)
             self._reset_start_backoff()
         await self._scale_and_roll(target, now_ms)
+        if self.consecutive_failures and not target.external and self.settled(target):
+            # What kept failing to start is wanted no more (a scale-up scaled back): the deployment stayed UNHEALTHY
+            # until a replica's start succeeded, which none had to.
+            self._reset_start_backoff()
         await self._start_pending(target, now_ms)
         await self._stop_pending(target, now_ms)
         await self._record_health(target, now_ms)
@@ -273,7 +279,7 @@ class DeploymentState:
                 # Replaced as Ray Serve does: stopped (it drains what it holds), and step 6 starts another.
                 logger.warning("replica %s is unhealthy: %s; replacing it", r.id, r.failure)
                 self._replaced = (now_ms, f"replaced unhealthy replica {r.id}: {r.failure}")
-                self._health_replacements.append(now_ms)
+                self._health_replacements.append((now_ms, f"{r.id}: {r.failure}"))
                 await r.transition(ReplicaState.SHOULD_STOP, now_ms, message=f"{UNHEALTHY_STOP}{r.failure}")
             elif probe is Alive.DRAINING:
                 await r.transition(ReplicaState.STOPPING, now_ms, message="draining: asked to stop")
@@ -501,12 +507,17 @@ class DeploymentState:
 
     def _keeps_failing_checks(self, now_ms: int) -> str:
         """Why its replicas keep failing their check_health(), when KEEPS_FAILING were replaced for it within
-        KEEPS_FAILING_MS ("" otherwise)."""
+        KEEPS_FAILING_MS, until that long has passed with none replaced ("" otherwise)."""
         replaced = self._health_replacements
-        if len(replaced) < KEEPS_FAILING or now_ms - replaced[0] > KEEPS_FAILING_MS:
+        if len(replaced) < KEEPS_FAILING:
             return ""
-        last = self._replaced[1].removeprefix("replaced unhealthy replica ")
-        return f"its replicas keep failing their check_health(): {len(replaced)} replaced within a minute; last {last}"
+        (first, _), (last, why) = replaced[0], replaced[-1]
+        if last - first > KEEPS_FAILING_MS or now_ms - last > KEEPS_FAILING_MS:
+            return ""
+        return (
+            f"its replicas keep failing their check_health(): {KEEPS_FAILING} replaced within "
+            f"{KEEPS_FAILING_MS / 1000:g} s; last {why}"
+        )
 
     def _recent_replacement(self, now_ms: int) -> str:
         """Why a replica was replaced for its health, while that is recent ("" otherwise)."""

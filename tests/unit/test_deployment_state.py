@@ -196,6 +196,30 @@ async def test_failing_start_backs_off_and_turns_unhealthy(h: Harness) -> None:
     assert h.counts() == {ReplicaState.SHOULD_START: 1}
 
 
+async def test_a_failed_scale_up_scaled_back_leaves_the_deployment_healthy(h: Harness) -> None:
+    """Code broken on disk after the first replica started (no new version): the second one keeps failing to start;
+    scaled back to the one that runs, the deployment stayed UNHEALTHY until some replica started, which none had
+    to (found by an outside tester: `streamserve health` exited 1 for good)."""
+    await bring_up(h, target(1))
+    [running] = h.by_state(ReplicaState.RUNNING)
+    for _ in range(UNHEALTHY_AFTER_FAILURES):
+        for _ in range(400):
+            await h.tick(target(2))
+            if starting := h.by_state(ReplicaState.STARTING):
+                break
+        h.beats[starting[0].replica_id] = Heartbeat(
+            ts_ms=h.now, health=ReplicaHealth.FAILED, pid=starting[0].pid, host=HOST, message="ImportError: broken"
+        )
+        h.beats[running.replica_id] = Heartbeat(ts_ms=h.now, health=ReplicaHealth.READY, pid=running.pid, host=HOST)
+        await h.tick(target(2))
+    assert h.store.health is not None and h.store.health.health is DeploymentHealth.UNHEALTHY
+    h.beats[running.replica_id] = Heartbeat(ts_ms=h.now, health=ReplicaHealth.READY, pid=running.pid, host=HOST)
+    await h.tick(target(1))
+    await h.tick(target(1))
+    assert h.counts() == {ReplicaState.RUNNING: 1}
+    assert h.store.health.health is DeploymentHealth.HEALTHY, h.store.health
+
+
 async def test_deleting_during_start_backoff_drops_the_unstarted_replica(h: Harness) -> None:
     t = target(1)
     await h.tick(t)
@@ -303,9 +327,45 @@ async def test_replicas_that_keep_failing_their_check_make_the_deployment_unheal
         assert h.counts() == {ReplicaState.RUNNING: 1}, replaced
         expected = DeploymentHealth.UNHEALTHY if replaced >= KEEPS_FAILING else DeploymentHealth.HEALTHY
         assert h.store.health is not None and h.store.health.health is expected, (replaced, h.store.health)
-    assert "keep failing their check_health(): 3 replaced within a minute" in h.store.health.message
+    assert "keep failing their check_health(): 3 replaced within 60 s" in h.store.health.message
     assert "the database is gone" in h.store.health.message
     for _ in range(KEEPS_FAILING_MS // 5000 + 1):  # a minute of healthy beats
         h.beat_all()
         await h.tick(target(1), advance_ms=5000)
     assert h.store.health.health is DeploymentHealth.HEALTHY
+
+
+async def test_the_keeps_failing_verdict_lasts_a_minute_from_the_last_replacement_or_until_a_new_version(
+    h: Harness,
+) -> None:
+    """Replacements at 0, 50 and 58 s: UNHEALTHY until 118 s (it read HEALTHY from 60 s, two after the last one)."""
+    await bring_up(h, target(1))
+
+    async def replace_one() -> None:
+        h.beat_all(ReplicaHealth.UNHEALTHY, message="the database is gone")
+        await h.tick(target(1))
+        for r in h.by_state(ReplicaState.STOPPING):
+            h.launcher.exit(r.pid)
+        await h.tick(target(1))
+        h.beat_all()
+        await h.tick(target(1))
+
+    async def healthy_for(ms: int) -> None:
+        for _ in range(ms // 1000):
+            h.beat_all()
+            await h.tick(target(1), advance_ms=1000)
+
+    for gap_ms in (0, 50_000, 8_000):
+        await healthy_for(gap_ms)
+        await replace_one()
+    await healthy_for(KEEPS_FAILING_MS - 10_000)  # 52 s after the last one, 110 s after the first
+    assert h.store.health is not None and h.store.health.health is DeploymentHealth.UNHEALTHY
+    await healthy_for(10_000)
+    assert h.store.health.health is DeploymentHealth.HEALTHY
+
+    for _ in range(KEEPS_FAILING):
+        await replace_one()
+    assert h.store.health.health is DeploymentHealth.UNHEALTHY
+    await bring_up(h, target(1, version="fixed"))
+    await h.tick(target(1, version="fixed"))
+    assert h.store.health.health is not DeploymentHealth.UNHEALTHY, h.store.health
