@@ -435,9 +435,7 @@ class DeploymentState:
     # 9. The verdict, written only when it changes.
     async def _record_health(self, target: Target, now_ms: int) -> None:
         running = self.count(ReplicaState.RUNNING)
-        # An externally scaled deployment none of whose workers runs, the last of them failed to start, is not
-        # settled either, though it has as many as it wants (whatever heartbeats): its failure is news.
-        failed_alone = target.external and running == 0 and bool(self._last_failure)
+        failed_alone = self.failed_alone(target)
         if self.unhealthy or self._fits_none:
             health, message = DeploymentHealth.UNHEALTHY, self._last_failure or self.unschedulable
         elif keeps_failing := self._keeps_failing_checks(now_ms):
@@ -461,6 +459,11 @@ class DeploymentState:
             await self._store.save_health(self.name, self._health)
             if not target.shutting_down:  # (stopping with the scheduler, its replicas going is no news)
                 logger.info("deployment %s: %s%s", self.name, health.value, f" ({message})" if message else "")
+
+    def failed_alone(self, target: Target) -> bool:
+        """An externally scaled deployment none of whose workers runs, the last of them failed to start: not settled
+        either, though it has as many as it wants (whatever heartbeats); its failure is news."""
+        return target.external and not self.count(ReplicaState.RUNNING) and bool(self._last_failure)
 
     @property
     def unhealthy(self) -> bool:

@@ -78,7 +78,12 @@ def _judge(
     # An autoscaled deployment is judged against the count autoscaling keeps now (min_replicas before any decision).
     if state.user_config_refused:
         return GoalStatus.FAILED, state.user_config_refused
-    if state.settled(Target(cfg, autoscaled=state.autoscaled)) and not state.user_config_behind:
+    target = Target(cfg, autoscaled=state.autoscaled)
+    if failed_since and state.failed_alone(target):
+        # Its workers took the new code and failed to start on it, every one (each restarts on it in place): a goal
+        # that read done with none running.
+        return GoalStatus.FAILED, state.last_failure
+    if state.settled(target) and not state.user_config_behind:
         return GoalStatus.DONE, ""
     if state.unhealthy and failed_since:
         return GoalStatus.FAILED, state.last_failure

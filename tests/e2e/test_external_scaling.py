@@ -163,3 +163,20 @@ def test_a_worker_written_off_while_it_stalled_exits_1_when_it_comes_back(
     fresh = processes.spawn("worker-fresh", "worker", "ext")
     reply = httpx.post(f"{gateway}/ext", json="after", timeout=30)
     assert reply.status_code == 200 and reply.json()["pid"] == fresh.pid, reply.text
+
+
+def test_a_version_none_of_the_workers_can_start_fails_its_deploy_wait(
+    processes: Processes, gateway: str, tmp_path: Path
+) -> None:
+    """Each worker takes new code in place: when none can start on it, every one is gone; `deploy --wait` said
+    done (exit 0), with 0 running (found by an outside tester)."""
+    config = write_config(tmp_path / "ext.yaml", "1")
+    processes.spawn("scheduler", "scheduler")
+    processes.run("deploy", str(config))
+    worker = processes.spawn("worker-1", "worker", "ext")
+    wait_for(lambda: status(processes)["running"] == 1, 30, "the worker was not counted")
+    config.write_text(CONFIG.format(version="2").replace("tests.deployments:whoami", "tests.deployments:no_such"))
+    deployed = streamserve(processes, "deploy", str(config), "--wait", "--timeout", "60")
+    assert deployed.returncode == 1, (deployed.stdout, deployed.stderr)
+    assert "no_such" in deployed.stderr, deployed.stderr
+    assert worker.wait(30) != 0  # it failed to start on the new code
