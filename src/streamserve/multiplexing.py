@@ -28,6 +28,7 @@ import inspect
 import logging
 import threading
 import time
+import types
 from collections import OrderedDict
 from collections.abc import Callable, Collection
 from typing import Any, Protocol, TypeVar, overload
@@ -324,7 +325,17 @@ def multiplexed_loaders(target: Any) -> dict[str, int]:
     body names (``load(model_id)`` beside it, or imported): name -> max_models_per_replica. Only those it names: a
     module's other functions, deployments of their own, do not multiplex for a loader beside them."""
     if inspect.isfunction(unwrapped := inspect.unwrap(target)):
-        found = {name: unwrapped.__globals__.get(name) for name in unwrapped.__code__.co_names}
+        found = {name: unwrapped.__globals__.get(name) for name in _global_names(unwrapped.__code__)}
     else:
         found = {name: getattr(type(target), name, None) for name in dir(type(target))}
     return {name: getattr(fn, MARK) for name, fn in found.items() if hasattr(fn, MARK)}
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The global names ``code`` uses, with those of the code nested in it (comprehensions, lambdas and inner
+    functions are code objects of their own: a loader called from one was not seen)."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names

@@ -233,10 +233,21 @@ def handler_beside_it(body: Any) -> Any:
     return body
 
 
+def handler_in_a_comprehension(body: Any) -> Any:
+    return [load_plain(streamserve.model_id()) for _ in body]
+
+
+def handler_in_a_lambda(body: Any) -> Any:
+    return (lambda: load_plain(streamserve.model_id()))()
+
+
 def test_a_function_handler_multiplexes_with_the_module_level_loader_it_calls() -> None:
-    """Not a function beside the loader that does not call it: a deployment of its own needs no model id."""
+    """Not a function beside the loader that does not call it: a deployment of its own needs no model id. Called
+    from a comprehension or a lambda, code objects of their own, the loader was not seen."""
     assert multiplexing.multiplexed_loaders(plain_handler) == {"load_plain": 4}
     assert multiplexing.multiplexed_loaders(handler_beside_it) == {}
+    assert multiplexing.multiplexed_loaders(handler_in_a_comprehension) == {"load_plain": 4}
+    assert multiplexing.multiplexed_loaders(handler_in_a_lambda) == {"load_plain": 4}
 
 
 async def test_loads_side_by_side_never_hold_more_models_than_the_most_kept(told: Recorder) -> None:
