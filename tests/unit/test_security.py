@@ -69,6 +69,22 @@ def test_a_blank_api_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch, key:
     assert str(refused.value) == "STREAMSERVE_API_KEY: set but blank; set a secret, or unset it for no key"
 
 
+@pytest.mark.parametrize(
+    ("key", "why"),
+    [
+        ("secret-with-a-trailing-space ", "starts or ends with whitespace"),
+        ("\tsecret", "starts or ends with whitespace"),
+        ("pässwörd-secret-1234", "beyond printable ASCII"),
+        ("line\nbreak", "beyond printable ASCII"),
+    ],
+)
+def test_an_api_key_no_header_can_carry_is_a_config_error(monkeypatch: pytest.MonkeyPatch, key: str, why: str) -> None:
+    """The gateway started with such a key and then refused every token (found by an outside tester)."""
+    monkeypatch.setenv("STREAMSERVE_API_KEY", key)
+    with pytest.raises(ConfigError, match=why):
+        Settings.from_command_line(argparse.Namespace(redis_url=None))
+
+
 def settings_with_url(monkeypatch: pytest.MonkeyPatch, where: str, url: str) -> Settings:
     """Settings read with ``url`` given ``where``: the --redis-url flag or the environment variable named."""
     if where.startswith("--"):
