@@ -17,7 +17,7 @@ from streamserve.runtime.request_scope import RequestScope
 from streamserve.wire.config import DeploymentConfig
 from streamserve.wire.errors import BadRequestError, ConfigError
 from streamserve.wire.idempotency import request_digest
-from streamserve.wire.models import no_model_message
+from streamserve.wire.models import check_model_id, no_model_message
 from streamserve.wire.response_cache import cache_digest
 
 
@@ -201,6 +201,15 @@ async def test_a_loader_called_without_a_model_id_names_the_header() -> None:
         await Loader().get_model(streamserve.model_id())  # outside a handler: ""
     with pytest.raises(BadRequestError, match="is not a model id"):
         await Loader().get_model("two words")
+
+
+@pytest.mark.parametrize("model_id", ["a/../../b", "a/./b", "a//b", "org/"])
+def test_a_model_id_has_no_path_steps(model_id: str) -> None:
+    """A loader that joins the id onto a directory, as the docs' sketch does, would be sent out of it by a caller's
+    X-Model-Id: a/../../b (found by an outside tester)."""
+    with pytest.raises(BadRequestError, match=r"no part between slashes that is empty, \. or \.\."):
+        check_model_id(model_id)
+    assert check_model_id("org/lora:v2.1") == "org/lora:v2.1"
 
 
 def test_model_id_is_the_requests_inside_a_handler() -> None:

@@ -26,7 +26,13 @@ from streamserve.wire.errors import BadRequestError, shown
 MODEL_HEADER = "X-Model-Id"
 # A model id: it is part of Redis keys, so printable and short; ``/`` and ``:`` allow ids such as ``org/lora:v2``.
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,127}\Z")
-MODEL_ID_RULE = "1-128 of A-Z a-z 0-9 . _ : / @ + = -, starting with a letter or digit"
+MODEL_ID_RULE = (
+    "1-128 of A-Z a-z 0-9 . _ : / @ + = -, starting with a letter or digit, with no part between slashes that is "
+    "empty, . or .."
+)
+# Parts between slashes a model id must not have: a loader that joins the id onto a directory (the docs' own sketch
+# does) would be sent out of it by a caller's a/../../b.
+_PATH_STEPS = frozenset({"", ".", ".."})
 # A routed stream's lane prefix (an entry ref is b"to:<replica id>/<entry id>").
 ROUTED_LANE = b"to:"
 # A holder is saturated once this many times its max_ongoing_requests wait for it or run there: as many running, and
@@ -38,7 +44,11 @@ SATURATED_AT = 2
 
 def check_model_id(model_id: str) -> str:
     """``model_id`` if it is a model id, else BadRequestError saying what one is."""
-    if not isinstance(model_id, str) or not MODEL_ID_RE.match(model_id):
+    if (
+        not isinstance(model_id, str)
+        or not MODEL_ID_RE.match(model_id)
+        or ("/" in model_id and not _PATH_STEPS.isdisjoint(model_id.split("/")))
+    ):
         raise BadRequestError(f"model id {shown(model_id)} is not a model id: {MODEL_ID_RULE}")
     return model_id
 
