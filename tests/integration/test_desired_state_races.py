@@ -79,3 +79,15 @@ async def test_traffic_keeps_the_shadows_a_deploy_sets_as_it_writes(
     stored = await state.set_traffic("ep", {NAME: 1.0})
     assert stored.shadow == {NAME: 0.25}
     assert (await state.endpoints())["ep"].shadow == {NAME: 0.25}
+
+
+async def test_a_scale_to_the_count_a_deployment_runs_changes_nothing(
+    aredis: aioredis.Redis, settings: Settings
+) -> None:
+    """A config with no num_replicas runs 1: `scale NAME 1` made a goal, wrote num_replicas 1, and the next deploy of
+    the same file said "updated" (found by an outside tester)."""
+    state = DesiredState(aredis, settings.keys)
+    await state.apply(config("v1"))
+    assert await state.scale(NAME, 1) is None
+    assert not await state.apply(config("v1"))  # the file again: no change
+    assert await state.scale(NAME, 2) is not None

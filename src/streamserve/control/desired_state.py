@@ -236,6 +236,8 @@ class DesiredState:
                     "workers someone else runs, so scale it there (kubectl scale, KEDA, systemd), or deploy it "
                     "without external_scaler_enabled to have streamserve run them"
                 )
+            if current.autoscaling_config is None and current.wanted_replicas() == num_replicas:
+                return DesiredChange()  # (no num_replicas, read as 1, scaled to 1: a goal, then a deploy "updated")
             data = {**current.model_dump(), "num_replicas": num_replicas, "autoscaling_config": None}
             try:
                 updated = DeploymentConfig.model_validate(data, context=limits_context(self._limits))  # field checks
