@@ -19,6 +19,13 @@ from streamserve.wire.states import ReplicaHealth, ReplicaState, check_replica_t
 
 logger = logging.getLogger(__name__)
 
+# Why a live process stops heartbeating, most often: its heartbeat runs on the replica's event loop.
+HUNG_HINT = (
+    " (its process is alive: a handler that blocks the replica's event loop, such as an async def that calls"
+    " time.sleep, or one C call that holds the GIL, stops its heartbeat; make blocking work a plain def, or"
+    " asyncio.to_thread it)"
+)
+
 
 class Started(str, Enum):
     """What a look at a STARTING replica found."""
@@ -182,7 +189,7 @@ class ReplicaWrapper:
             return Alive.DEAD
         last = last_beat_ms if last_beat_ms is not None else self.record.updated_ms
         if now_ms - last > heartbeat_timeout_ms:
-            self.failure = f"no heartbeat for {(now_ms - last) / 1000:.1f}s"
+            self.failure = f"no heartbeat for {(now_ms - last) / 1000:.1f}s{'' if self.is_external else HUNG_HINT}"
             return Alive.DEAD
         if beat is not None and beat.health is ReplicaHealth.UNHEALTHY and not self.is_external:
             self.failure = beat.message or "check_health() failed"
