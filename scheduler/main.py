@@ -33,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run(settings: Settings, stop_replicas_on_exit: bool, jobs_stop: JobsStopSignal) -> int:
-    """Run the scheduler; 1 at once when Redis refuses its password or its certificate does not verify (a Redis that
-    is down, it waits for)."""
+    """Run the scheduler; 1 at once when no retry mends the failure to reach Redis (retry_cannot_mend: a refused
+    password, say); a Redis that is down, it waits for."""
     url = settings.effective_redis_url
     redis = async_redis(url)
     try:

@@ -309,6 +309,19 @@ async def test_a_wrong_password_is_a_clear_error_not_a_hang(password_redis: int)
     assert "Traceback" not in scheduler.stderr and "nope" not in scheduler.stderr
 
 
+async def test_a_scheduler_given_a_rediss_url_at_a_plain_redis_exits_1_at_once() -> None:
+    """A rediss:// URL at a plain Redis's port, which no retry mends either: a scheduler run by hand waited on (for
+    good), where a wrong password made it exit 1 at once."""
+    server = EmbeddedRedis(port=free_port()).start()
+    try:
+        scheduler = await run_scheduler(server.url.replace("redis://", "rediss://", 1))
+    finally:
+        server.stop()
+    assert scheduler.returncode == 1, scheduler.stderr
+    assert "speaks plain Redis, not TLS" in scheduler.stderr and "retrying" not in scheduler.stderr
+    assert "Traceback" not in scheduler.stderr
+
+
 async def run_cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``streamserve ARGS`` to its end, with ``env`` over this process's environment (bounded at 60 s)."""
     run = functools.partial(

@@ -10,7 +10,12 @@ from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from streamserve.transport.connections import RedisRefusals, connection_hint, retry_cannot_mend
+from streamserve.transport.connections import (
+    PlainRedisAtTLSPort,
+    RedisRefusals,
+    connection_hint,
+    retry_cannot_mend,
+)
 
 
 def test_a_tls_file_the_url_names_that_is_not_there_is_named(tmp_path: Path) -> None:
@@ -36,12 +41,11 @@ def test_a_plain_url_whose_server_resets_the_connection_may_want_tls() -> None:
     assert connection_hint("rediss://127.0.0.1:6380/0", reset) == ""
 
 
-def test_a_tls_url_whose_server_never_answers_the_handshake_may_be_a_plain_port() -> None:
+def test_a_tls_handshake_that_timed_out_gets_no_hint_about_the_scheme() -> None:
+    """A plain Redis at a rediss:// URL's port is PlainRedisAtTLSPort, which says so; a handshake that timed out
+    where no plain Redis answered either (a hung server, a firewall) says nothing about the scheme."""
     waited = RedisTimeoutError("Timeout connecting to server")
-    assert (
-        connection_hint("rediss://127.0.0.1:6379/0", waited)
-        == " (if that port does not speak TLS, the URL starts with redis://)"
-    )
+    assert connection_hint("rediss://127.0.0.1:6379/0", waited) == ""
     assert connection_hint("redis://127.0.0.1:6379/0", waited) == ""
 
 
@@ -51,13 +55,15 @@ def test_other_failures_get_no_hint() -> None:
 
 
 def test_only_what_no_retry_mends_stops_a_process_that_waits_for_redis(tmp_path: Path) -> None:
-    """A refused password, a certificate that does not verify, a missing TLS file: the set-up's, for good. A Redis
-    that refuses connections or resets one may be on its way up (or down)."""
+    """A refused password, a rediss:// URL at a plain Redis's port, a certificate that does not verify, a missing
+    TLS file: the set-up's, for good. A Redis that refuses connections or resets one may be on its way up (or
+    down)."""
     url = "rediss://127.0.0.1:6380/0"
     unverified = RedisConnectionError("Error 1 connecting to 127.0.0.1:6380. [SSL: CERTIFICATE_VERIFY_FAILED] ...")
     unverified.__cause__ = ssl.SSLCertVerificationError("certificate verify failed")
     assert retry_cannot_mend(url, unverified)
     assert retry_cannot_mend(url, AuthenticationError("invalid username-password pair or user is disabled."))
+    assert retry_cannot_mend(url, PlainRedisAtTLSPort("the server at 127.0.0.1:6380 speaks plain Redis, not TLS"))
     assert retry_cannot_mend(f"{url}?ssl_ca_certs={tmp_path / 'nope.pem'}", RedisConnectionError("Error 2 connecting"))
     assert not retry_cannot_mend(
         url, RedisConnectionError("Error 111 connecting to 127.0.0.1:6380. Connection refused.")

@@ -102,18 +102,15 @@ def retrying_stopped() -> bool:
     return _GIVEN_UP.is_set()
 
 
-# Errors that end the retry loops below at their first attempt (once the failure handler has closed the connection).
-# redis-py counts an AuthenticationError a connection error, worth another attempt after a backoff, but no attempt
-# mends a wrong password: one took 0.5-1.8 s to be reported, past the gateway's 2 s probe on a busy machine.
-UNMENDABLE_ERRORS: tuple[type[Exception], ...] = (AuthenticationError,)
-
-
 class PlainRedisAtTLSPort(RedisConnectionError):
     """A rediss:// URL names a port where Redis speaks no TLS: no attempt mends it (UNMENDABLE_ERRORS). Each waited
     out its TLS handshake, and the retries made it 34-72 s before any word."""
 
 
-UNMENDABLE_ERRORS += (PlainRedisAtTLSPort,)
+# Errors that end the retry loops below at their first attempt (once the failure handler has closed the connection).
+# redis-py counts an AuthenticationError a connection error, worth another attempt after a backoff, but no attempt
+# mends a wrong password: one took 0.5-1.8 s to be reported, past the gateway's 2 s probe on a busy machine.
+UNMENDABLE_ERRORS: tuple[type[Exception], ...] = (AuthenticationError, PlainRedisAtTLSPort)
 # How long the look at whether a port whose TLS handshake timed out speaks plain Redis may take.
 PLAIN_LOOK_S = 1.0
 
@@ -668,9 +665,8 @@ _TLS_FILE_PARAMS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path"
 
 def connection_hint(url: str, exc: BaseException) -> str:
     """What to add to ``exc``, a failure to connect to ``url``, when the URL itself is the likely cause: a TLS file
-    it names that is not there (redis-py says only "No such file or directory"), a plain redis:// URL whose
-    server reset the connection (what a TLS port does to a client that does not speak TLS), or a rediss:// URL
-    whose server never finished the connection (what a plain port does to a client that waits for TLS)."""
+    it names that is not there (redis-py says only "No such file or directory"), or a plain redis:// URL whose
+    server reset the connection (what a TLS port does to a client that does not speak TLS)."""
     if isinstance(exc, InvalidResponse) and 'got "H"' in str(exc):  # "HTTP/1.1 400 ...": the reply of an HTTP server
         return (
             " (an HTTP server answered there, a gateway's port perhaps: the farm's Redis has a port of its own, on"
@@ -690,9 +686,8 @@ def connection_hint(url: str, exc: BaseException) -> str:
         )
     if parsed.scheme.lower() == "redis" and "reset by peer" in str(exc).lower():
         return " (if that port speaks TLS, the URL starts with rediss://)"
-    if parsed.scheme.lower() == "rediss" and "timeout connecting" in str(exc).lower():
-        # A plain Redis waits for a command, the client for the server's TLS hello: each attempt waits it out.
-        return " (if that port does not speak TLS, the URL starts with redis://)"
+    # (A rediss:// URL at a plain Redis's port is PlainRedisAtTLSPort, which says so itself; a TLS handshake that
+    # timed out where no plain Redis answers either says nothing about the scheme.)
     return ""
 
 
@@ -703,10 +698,11 @@ def _missing_tls_files(url: str) -> list[str]:
 
 
 def retry_cannot_mend(url: str, exc: BaseException) -> bool:
-    """Whether ``exc``, a failure to connect to ``url``, is the set-up's, not a Redis on its way up: a refused
-    password, a server certificate that does not verify, a TLS file the URL names that is not there. A process that
-    waits for Redis to come up (the scheduler) stops on these at once, as the others do."""
-    if isinstance(exc, AuthenticationError):
+    """Whether ``exc``, a failure to connect to ``url``, is the set-up's, not a Redis on its way up: what no retry
+    mends (UNMENDABLE_ERRORS: a refused password, a rediss:// URL at a plain Redis's port), a server certificate
+    that does not verify, a TLS file the URL names that is not there. A process that waits for Redis to come up (the
+    scheduler) stops on these at once, as the others do."""
+    if _unmendable(exc):
         return True
     cause: BaseException | None = exc
     while cause is not None:
