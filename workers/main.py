@@ -12,15 +12,13 @@ from collections.abc import Callable
 
 import redis
 import redis.asyncio as aioredis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from streamserve.runtime import tracing
 from streamserve.runtime.gc_freeze import freeze_startup_objects
 from streamserve.runtime.logging_setup import start_process
 from streamserve.runtime.processes import end_own_group, end_with_own_group, on_stop_signals, role_command
 from streamserve.runtime.settings import Settings, checked_argument, forget_gateway_secrets
-from streamserve.transport.connections import QUIET_HANDSHAKE, async_redis
+from streamserve.transport.connections import async_redis, one_shot_redis
 from streamserve.wire.config import check_name
 from streamserve.wire.errors import ProtocolError
 from streamserve.wire.ids import ReplicaID
@@ -127,22 +125,12 @@ def main(argv: list[str]) -> int:
     return code
 
 
-# How long a worker's last look at Redis may take on its way out.
-LAST_LOOK_S = 1.0
-
-
 def _drop_logs_if_undeployed(settings: Settings, deployment: str) -> None:
     """The output stream its lines went to, when no such deployment exists (any more): nothing else would ever delete
     it, and `streamserve logs` cannot show it (a `worker` started with a mistyped name left a key for good)."""
     with contextlib.suppress(redis.RedisError):
         # At once or not at all (no retries): the exit waits for nothing (Redis away, it is left).
-        client = redis.Redis.from_url(
-            settings.effective_redis_url,
-            socket_connect_timeout=LAST_LOOK_S,
-            socket_timeout=LAST_LOOK_S,
-            retry=Retry(NoBackoff(), 0),
-            **QUIET_HANDSHAKE,
-        )
+        client = one_shot_redis(settings.effective_redis_url)
         try:
             if not client.hexists(settings.keys.deployments(), deployment):
                 client.delete(settings.keys.logs(deployment))

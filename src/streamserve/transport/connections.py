@@ -274,6 +274,24 @@ class _BoundedTLSConnection(SSLConnection):
         return wrapped
 
 
+# How long a one-shot look at Redis may take (is it a cluster, does it keep its data, may its user do what the farm
+# does, a worker's last look on its way out): no process's start or exit waits on one for long.
+ONE_SHOT_TIMEOUT_S = 1.0
+
+
+def one_shot_redis(url: str, *, decode_responses: bool = False) -> redis.Redis:
+    """A blocking client for one look at the Redis at ``url``: it answers within ONE_SHOT_TIMEOUT_S or not at all
+    (one attempt, no retries)."""
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=ONE_SHOT_TIMEOUT_S,
+        socket_timeout=ONE_SHOT_TIMEOUT_S,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=decode_responses,
+        **QUIET_HANDSHAKE,
+    )
+
+
 def is_cluster(url: str) -> bool:
     """Whether the Redis at ``url`` runs in cluster mode (INFO: ``cluster_enabled:1``), asked once per process.
 
@@ -295,9 +313,7 @@ def is_cluster(url: str) -> bool:
 
 def _probe_cluster(url: str) -> bool | None:
     """Whether the node at ``url`` runs in cluster mode; None when it cannot be reached."""
-    # One try, bounded: it runs where the client is made, maybe on an event loop.
-    options = {**_options(Retry(NoBackoff(), 0)), "socket_connect_timeout": PROBE_TIMEOUT_S}
-    probe = redis.Redis.from_url(url, **{**options, "socket_timeout": PROBE_TIMEOUT_S})
+    probe = one_shot_redis(url)  # (it runs where the client is made, maybe on an event loop)
     try:
         return str(probe.info("cluster").get("cluster_enabled", 0)) == "1"
     except RETRYABLE_ERRORS:
@@ -317,7 +333,6 @@ def _url_at(url: str, host: str, port: int) -> str:
 
 
 _CLUSTER_URLS: dict[str, bool] = {}
-PROBE_TIMEOUT_S = 1.0
 
 
 def is_cluster_client(client: object) -> bool:

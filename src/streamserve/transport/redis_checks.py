@@ -19,13 +19,8 @@ from dataclasses import dataclass
 
 import redis
 import redis.asyncio as aioredis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from streamserve.transport.connections import QUIET_HANDSHAKE, redacted
-
-# The check must never hold up a process's start for long.
-CHECK_TIMEOUT_S = 1.0
+from streamserve.transport.connections import one_shot_redis, redacted
 
 PERSISTENCE_OFF = (
     "persistence is off (no AOF, no RDB save points): a Redis restart loses every queued request, accepted job "
@@ -72,8 +67,8 @@ def warning_text(url: str, lines: list[str]) -> str:
 
 
 def read_durability(url: str) -> RedisDurability | None:
-    """Ask the Redis at ``url``; None when it cannot be reached (or refuses us) within CHECK_TIMEOUT_S."""
-    client = _client(url)
+    """Ask the Redis at ``url``; None when it cannot be reached (or refuses us) within one_shot_redis's bound."""
+    client = one_shot_redis(url, decode_responses=True)
     try:
         persistence = _info(client, "persistence")
         memory = _info(client, "memory")
@@ -93,7 +88,7 @@ def read_durability(url: str) -> RedisDurability | None:
 def full_memory_warning(url: str) -> str | None:
     """What a Redis that is out of memory (maxmemory reached) refuses, and the fix; None when it has room (or cannot
     be asked)."""
-    client = _client(url)
+    client = one_shot_redis(url, decode_responses=True)
     try:
         memory = _info(client, "memory")
     finally:
@@ -119,18 +114,6 @@ def redis_problems(url: str) -> list[str]:
     """``problems`` of the Redis at ``url``; none when it cannot be asked."""
     found = read_durability(url)
     return [] if found is None else problems(found)
-
-
-def _client(url: str) -> redis.Redis:
-    """A connection that answers within CHECK_TIMEOUT_S or not at all (no retries)."""
-    return redis.Redis.from_url(
-        url,
-        socket_connect_timeout=CHECK_TIMEOUT_S,
-        socket_timeout=CHECK_TIMEOUT_S,
-        retry=Retry(NoBackoff(), 0),
-        decode_responses=True,
-        **QUIET_HANDSHAKE,
-    )
 
 
 def _info(client: redis.Redis, section: str) -> dict[str, object] | None:

@@ -14,16 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import redis
-from redis.backoff import NoBackoff
 from redis.exceptions import NoPermissionError
-from redis.retry import Retry
 from redis.typing import EncodableT
 
-from streamserve.transport.connections import QUIET_HANDSHAKE, redacted
+from streamserve.transport.connections import one_shot_redis, redacted
 from streamserve.wire.errors import ConfigError
 from streamserve.wire.keys import Keys
 
-CHECK_TIMEOUT_S = 1.0
 # A name no farm gives a deployment or key (a deployment name has no "!"): the probes touch nothing real.
 PROBE_NAME = "permission-check!"
 
@@ -78,13 +75,7 @@ def job_probes() -> list[Probe]:
 def refused(url: str, probes: list[Probe]) -> dict[str, str]:
     """What the user of ``url`` may not do among ``probes``: each missing rule, with Redis's words for its first
     refusal; none when all are allowed, or when Redis cannot be asked."""
-    client = redis.Redis.from_url(
-        url,
-        socket_connect_timeout=CHECK_TIMEOUT_S,
-        socket_timeout=CHECK_TIMEOUT_S,
-        retry=Retry(NoBackoff(), 0),
-        **QUIET_HANDSHAKE,
-    )
+    client = one_shot_redis(url)
     try:
         pipe = client.pipeline(transaction=False)
         for probe in probes:
