@@ -10,11 +10,12 @@ import orjson
 import redis.asyncio as aioredis
 from fastapi import APIRouter, Response
 
-from streamserve.app.errors import READ_REDIS_WAIT_S, json_response, redis_answers_within
+from streamserve.app.errors import json_response
 from streamserve.client import AsyncClient
 from streamserve.control.status import StatusReader
 from streamserve.metrics.history import SAMPLES_KEPT
 from streamserve.metrics.series import series
+from streamserve.transport.redis_waits import READ_REDIS_WAIT_S, redis_answers_within
 from streamserve.wire.keys import Keys
 from streamserve.wire.messages import AutoscaleRecord, GoalRecord, now_ms
 

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 
-from streamserve.transport.connections import RedisRefusals, redacted
+from streamserve.transport.connections import RedisRefusals
 from streamserve.wire.errors import (
     BadRequestError,
     BodyTimeoutError,
@@ -124,18 +122,6 @@ def error_response(exc: StreamServeError, headers: dict[str, str]) -> Response:
     return json_response(body, status_for(exc), headers)
 
 
-# How long the gateway's own reads wait for a Redis that does not answer before a 503: one that hangs (a slow command,
-# a stall) refuses nothing, and nothing else would end the wait. Probes less than a load balancer's timeout; the
-# farm's figures (status, metrics, the dashboard's data) a little longer.
+# How long the gateway's probes wait for a Redis that does not answer before a 503 (redis_answers_within): less than
+# a load balancer's timeout. Its reads of the farm's figures wait a little longer (READ_REDIS_WAIT_S).
 PROBE_REDIS_WAIT_S = 2.0
-READ_REDIS_WAIT_S = 5.0
-
-
-@contextlib.asynccontextmanager
-async def redis_answers_within(seconds: float, url: str) -> AsyncIterator[None]:
-    """RedisUnavailableError (503) when what the block awaits of Redis takes more than ``seconds``."""
-    try:
-        async with asyncio.timeout(seconds):
-            yield
-    except TimeoutError:
-        raise RedisUnavailableError(f"Redis at {redacted(url)} did not answer within {seconds:g}s") from None

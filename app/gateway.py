@@ -41,13 +41,11 @@ from streamserve.app.bodies import ClientDisconnected, check_content_coding, che
 from streamserve.app.dashboard import dashboard_router
 from streamserve.app.errors import (
     PROBE_REDIS_WAIT_S,
-    READ_REDIS_WAIT_S,
     error_response,
     handle_client_disconnected,
     handle_request_validation_error,
     handle_streamserve_error,
     json_response,
-    redis_answers_within,
     redis_error_handler,
     status_for,
 )
@@ -81,6 +79,7 @@ from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.runtime import trace_context, tracing
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals
+from streamserve.transport.redis_waits import READ_REDIS_WAIT_S, redis_answers_within
 from streamserve.wire.config import RESERVED_ROUTE_PREFIXES
 from streamserve.wire.errors import (
     BadRequestError,

@@ -9,12 +9,14 @@ import subprocess
 import redis.asyncio as aioredis
 
 from streamserve.cli.health import farm_problems
-from streamserve.cli.inspection import HEALTH_WITHIN_S, NO_LEADER
+from streamserve.cli.inspection import NO_LEADER
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.processes import free_port
 from streamserve.runtime.settings import Settings
 from streamserve.scheduler.leader import LeaderLock
 from streamserve.scheduler.store import RedisReplicaStore
+from streamserve.transport.connections import redacted
+from streamserve.transport.redis_waits import READ_REDIS_WAIT_S
 from streamserve.wire.keys import LEADER_LOCK_TTL_S
 from streamserve.wire.messages import DeploymentHealthRecord, now_ms
 from streamserve.wire.states import DeploymentHealth
@@ -107,4 +109,4 @@ def test_a_redis_that_hangs_is_a_problem_within_the_probes_bound() -> None:
             server.proc.send_signal(signal.SIGCONT)
         server.stop()
     assert result.returncode == 1, (result.stdout, result.stderr)
-    assert f"did not answer within {HEALTH_WITHIN_S:g}s" in result.stdout
+    assert f"error: Redis at {redacted(server.url)} did not answer within {READ_REDIS_WAIT_S:g}s" in result.stderr

@@ -15,7 +15,8 @@ from streamserve.cli.log_reader import DEFAULT_LINES, LogReader, parse_since
 from streamserve.cli.stores import Stores, with_stores
 from streamserve.cli.tables import format_endpoints, format_status
 from streamserve.runtime.settings import Settings
-from streamserve.transport.connections import RedisRefusals, async_redis, redacted
+from streamserve.transport.connections import RedisRefusals, async_redis
+from streamserve.transport.redis_waits import READ_REDIS_WAIT_S, redis_answers_within
 from streamserve.wire.errors import ConfigError, NotFoundError
 from streamserve.wire.messages import text
 from streamserve.wire.printable import printable
@@ -43,23 +44,17 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-# How long `streamserve health` (an exec probe) waits for the farm's Redis: one that hangs held it for as long as
-# the hang, 35 s and more, though the probe's question had its answer.
-HEALTH_WITHIN_S = 5.0
-
-
 def cmd_health(_args: argparse.Namespace, settings: Settings) -> int:
-    """For exec probes: one line per problem and exit 1; Redis unreachable is a problem too (main says so)."""
+    """For exec probes: one line per problem and exit 1; Redis unreachable, or not answering within
+    READ_REDIS_WAIT_S, is a problem too (main says so)."""
     url = settings.effective_redis_url
 
     async def check() -> list[str]:
         redis = async_redis(url)
         try:
             with RedisRefusals(url):
-                async with asyncio.timeout(HEALTH_WITHIN_S):
+                async with redis_answers_within(READ_REDIS_WAIT_S, url):
                     return await farm_problems(redis, settings.keys, settings.tick_interval_s)
-        except TimeoutError:
-            return [f"Redis at {redacted(url)} did not answer within {HEALTH_WITHIN_S:g}s"]
         finally:
             await redis.aclose()
 
