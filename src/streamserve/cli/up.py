@@ -56,7 +56,6 @@ from streamserve.runtime.lifeline import (
     Lifeline,
     hold_stop_jobs_signal,
 )
-from streamserve.runtime.logging_setup import check_redis_user
 from streamserve.runtime.processes import (
     bind_problem,
     die_with_parent,
@@ -70,6 +69,7 @@ from streamserve.runtime.processes import (
     stop_group,
     wait_until,
 )
+from streamserve.runtime.redis_user import check_redis_user
 from streamserve.runtime.settings import Settings
 from streamserve.transport.cluster_nodes import nodes_env
 from streamserve.transport.connections import RedisRefusals, async_redis, ping, ping_sync, redacted, sync_redis

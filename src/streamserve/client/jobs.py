@@ -156,7 +156,7 @@ def jobs_redis_url(settings: Settings) -> str:
     ConfigError, naming the fix, when that is a Redis Cluster: one RQ call touches keys of many job ids, which a
     cluster refuses (CROSSSLOT). Processes that run jobs ask at start, so that the refusal comes then.
     """
-    url = settings.jobs_redis_url or settings.effective_redis_url
+    url = settings.effective_jobs_redis_url
     if not is_cluster(url):
         return url
     if settings.jobs_redis_url:

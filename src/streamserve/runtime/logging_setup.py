@@ -10,10 +10,10 @@ from pythonjsonlogger.json import JsonFormatter
 
 from streamserve.runtime import tracing
 from streamserve.runtime.fd_limit import raise_fd_limit
+from streamserve.runtime.redis_user import check_redis_user
 from streamserve.runtime.request_scope import current_scope
 from streamserve.runtime.settings import Settings, add_redis_url_option, unknown_settings
 from streamserve.transport.redis_checks import redis_problems, warning_text
-from streamserve.transport.redis_permissions import check_permissions
 from streamserve.wire.printable import printable, printable_lines
 
 logger = logging.getLogger(__name__)
@@ -95,13 +95,6 @@ def setup_logging(debug: bool = False, log_format: str = "text", role: str = "")
     handler.setFormatter(json_formatter(role) if log_format == "json" else TextFormatter())
     handler.addFilter(HandlerRequestIds())
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, handlers=[handler], force=True)
-
-
-def check_redis_user(settings: Settings) -> None:
-    """ConfigError (exit 2) naming what the farm's Redis user may not do that the farm does (transport.
-    redis_permissions), for the farm's Redis and, with job workers on, the one that keeps its jobs."""
-    jobs_url = None if settings.job_workers == 0 else settings.jobs_redis_url or settings.effective_redis_url
-    check_permissions(settings.effective_redis_url, settings.keys, jobs_url)
 
 
 def start_process(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:

@@ -406,6 +406,12 @@ class Settings(BaseSettings):
         host = parts.netloc.rpartition("@")[2]
         return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
 
+    @property
+    def effective_jobs_redis_url(self) -> str:
+        """The Redis RQ keeps asynchronous jobs in: ``jobs_redis_url``, else the farm's (streamserve.client.jobs.
+        jobs_redis_url refuses a Redis Cluster)."""
+        return self.jobs_redis_url or self.effective_redis_url
+
     def to_env(self) -> dict[str, str]:
         """The environment that makes a child process build equal Settings."""
         env = {
