@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from streamserve.runtime.farm_files import DEFAULT_DATA_DIR, running_farm
+from streamserve.runtime.farm_files import default_redis_hint, running_farm
 from streamserve.runtime.settings import Settings
 from streamserve.wire.errors import NotFoundError
 
@@ -29,8 +29,6 @@ def no_farm_hint(args: argparse.Namespace, settings: Settings) -> str:
     """What to add to a connection error of a command that fell back to the default Redis."""
     if settings.redis_url is not None or not hasattr(args, "data_dir"):
         return ""
-    where = args.data_dir or DEFAULT_DATA_DIR
-    return (
-        f" (no `streamserve up` runs from {where}/, so the default Redis was tried: run the command where `up` "
-        "runs, or pass --data-dir, --redis-url or REDIS_URL)"
+    return default_redis_hint(
+        args.data_dir, "run the command where `up` runs, or pass --data-dir, --redis-url or REDIS_URL"
     )

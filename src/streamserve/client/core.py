@@ -28,7 +28,7 @@ from streamserve.client.reply_stream import ReplyStream
 from streamserve.client.route_table import Route, RouteCache
 from streamserve.metrics.definitions import CACHE_REQUESTS
 from streamserve.runtime import tracing
-from streamserve.runtime.farm_files import DEFAULT_DATA_DIR, running_farm
+from streamserve.runtime.farm_files import default_redis_hint, running_farm
 from streamserve.runtime.settings import Settings, redis_url_problem
 from streamserve.transport.connections import JOB_POOL_SIZE, RedisRefusals, async_redis, redacted, sync_redis
 from streamserve.transport.pipelining import Pipeliner
@@ -55,9 +55,8 @@ _INHERITED: list[object] = []
 
 
 # What a client that was given no Redis, and found no farm, adds to its failure to reach the default one.
-DEFAULT_REDIS_HINT = (
-    f" (no Redis URL was given and no `streamserve up` runs from {DEFAULT_DATA_DIR}/ here, so the default Redis was"
-    ' tried: pass one, Client("redis://HOST:PORT"), or set REDIS_URL, or run where `up` runs)'
+DEFAULT_REDIS_HINT = default_redis_hint(
+    None, 'pass a Redis URL, Client("redis://HOST:PORT"), or set REDIS_URL, or run where `up` runs'
 )
 
 

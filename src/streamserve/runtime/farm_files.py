@@ -177,3 +177,9 @@ def running_farm(data_dir: Path | None) -> FarmRecord | None:
     except (OSError, ValueError, TypeError):
         return None
     return record if record is not None and record.is_running() else None
+
+
+def default_redis_hint(data_dir: Path | None, fixes: str) -> str:
+    """What to add to a failure to reach the default Redis, tried because no Redis was given and no farm runs from
+    ``data_dir`` (running_farm); ``fixes``: how the caller names one, in its own terms (options, arguments)."""
+    return f" (no `streamserve up` runs from {data_dir or DEFAULT_DATA_DIR}/, so the default Redis was tried: {fixes})"
