@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from redis.connection import FALSE_STRINGS
 from redis.exceptions import ConnectionError, InvalidResponse
 
 from streamserve.client import AsyncClient, Client
@@ -92,6 +93,11 @@ def test_a_value_redis_py_would_refuse_or_misread_is_refused_when_the_client_is_
     with pytest.raises(ConfigError) as raised:
         Client(f"rediss://:secret@127.0.0.1:6380/0?{query}")
     assert said in str(raised.value) and "secret" not in str(raised.value)
+
+
+@pytest.mark.parametrize("value", [*FALSE_STRINGS, *(no.lower() for no in FALSE_STRINGS), "1", "true", "Yes", "y"])
+def test_every_spelling_of_no_redis_py_reads_and_its_counterparts_are_taken(value: str) -> None:
+    Client(f"rediss://127.0.0.1:6380/0?ssl_check_hostname={value}").close()
 
 
 @pytest.mark.parametrize(

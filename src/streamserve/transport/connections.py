@@ -28,6 +28,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.cluster import ClusterNode
 from redis.connection import (
+    FALSE_STRINGS,
     URL_QUERY_ARGUMENT_PARSERS,
     BlockingConnectionPool,
     SSLConnection,
@@ -639,8 +640,9 @@ def url_option_problem(url: str) -> str | None:
     return _query_value_problem(rest.partition("?")[2], kind, _taken_by(kind), options)
 
 
-# How redis-py reads a yes-or-no query value (redis.connection.to_bool): anything else was taken as yes.
-_YES_OR_NO = frozenset({"0", "1", "f", "t", "false", "true", "n", "y", "no", "yes"})
+# The yes-or-no query values taken: redis-py's spellings of no (redis.connection.to_bool, which compares them in upper
+# case) and their counterparts; to_bool reads any other value, a misspelt "flase" say, as yes.
+_YES_OR_NO = frozenset(FALSE_STRINGS) | {"1", "T", "TRUE", "Y", "YES"}
 
 
 def _query_value_problem(
@@ -654,7 +656,7 @@ def _query_value_problem(
     if twice:
         return f"its query names {', '.join(twice)} more than once"
     for name, values in given.items():
-        if URL_QUERY_ARGUMENT_PARSERS.get(name) is to_bool and values[0] and values[0].lower() not in _YES_OR_NO:
+        if URL_QUERY_ARGUMENT_PARSERS.get(name) is to_bool and values[0] and values[0].upper() not in _YES_OR_NO:
             return f"its query: {name}={values[0]!r} is neither yes nor no (true/false, 1/0, yes/no)"
     taken = {name: value for name, value in options.items() if name in taken_names}
     try:
