@@ -155,10 +155,11 @@ def test_ctrl_c_stops_up_at_once_while_it_waits_on_a_redis_that_hangs(tmp_path: 
             start_new_session=True,
         )
         try:
-            # Into its longest wait, the config's write (past its start, and its checks of 1 s a command); a signal
-            # that comes before is taken alike.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                up.wait(8)
+            # Into one of its waits on that Redis (its checks of 1 s a command, then the config's write, the longest);
+            # a signal that comes in any of them is taken alike.
+            wait_for(
+                lambda: connected_to(up.pid, server.port) or up.poll() is not None, 30, "up never reached its Redis"
+            )
             assert up.poll() is None, up.communicate()
             up.send_signal(signal.SIGINT)
             out, err = up.communicate(timeout=10)
@@ -309,3 +310,17 @@ def test_up_again_on_the_same_config_prints_its_banner_once_the_replicas_run(tmp
         assert farm.post("/slow", [1]).json() == [1]
     finally:
         assert farm.stop() == 0
+
+
+def connected_to(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a TCP connection to 127.0.0.1:``port`` (/proc/net/tcp's sockets, by inode)."""
+    inodes = {
+        fields[9]
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+        if (fields := line.split())[2] == f"0100007F:{port:04X}"
+    }
+    try:
+        held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    except OSError:
+        return False
+    return any(f"socket:[{inode}]" in held for inode in inodes)

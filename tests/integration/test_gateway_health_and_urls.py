@@ -371,6 +371,7 @@ async def test_a_url_at_a_server_that_is_not_redis_is_a_clear_error() -> None:
     server = await asyncio.start_server(answer_as_http, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     client = AsyncClient(f"redis://127.0.0.1:{port}/0")
+    status: asyncio.subprocess.Process | None = None
     try:
         with pytest.raises(RedisUnavailableError, match=f"the server at redis://127.0.0.1:{port}/0 does not answer as"):
             await asyncio.wait_for(client.call("rec", 1, timeout=5), timeout=30)
@@ -381,6 +382,9 @@ async def test_a_url_at_a_server_that_is_not_redis_is_a_clear_error() -> None:
         _out, err = await asyncio.wait_for(status.communicate(), 60)
         assert status.returncode == 1 and "an HTTP server answered there, a gateway's port perhaps" in err.decode()
     finally:
+        if status is not None and status.returncode is None:  # (its wait timed out: it is ended here)
+            status.kill()
+            await status.wait()
         await client.aclose()
         server.close()
         await server.wait_closed()

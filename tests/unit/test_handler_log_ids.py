@@ -19,7 +19,7 @@ def logged(formatter: logging.Formatter, *, inside: bool, **extra: str) -> str:
     handler.addFilter(HandlerRequestIds())
     user_code = logging.getLogger("users.model")
     user_code.addHandler(handler)
-    user_code.propagate = False
+    user_code.propagate = False  # (restored below: the logger is the process's)
     try:
         if inside:
             RequestScope("req-42", 0).context().run(user_code.warning, "tokens left: %d", 3, extra=extra)
@@ -27,6 +27,7 @@ def logged(formatter: logging.Formatter, *, inside: bool, **extra: str) -> str:
             user_code.warning("tokens left: %d", 3, extra=extra)
     finally:
         user_code.removeHandler(handler)
+        user_code.propagate = True
     return out.getvalue()
 
 
