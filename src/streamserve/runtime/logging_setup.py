@@ -79,6 +79,10 @@ def json_formatter(role: str) -> logging.Formatter:
     )
 
 
+# The role whose processes run handlers: replicas (`streamserve worker`).
+HANDLERS_ROLE = "worker"
+
+
 class HandlerRequestIds(logging.Filter):
     """A record logged inside a handler (by the user's own code, which names no request) gets the id of the request
     it serves, as the replica's own records about it have: ``request_id=`` in text, a field in JSON."""
@@ -93,7 +97,8 @@ def setup_logging(debug: bool = False, log_format: str = "text", role: str = "")
     """Log every record to stderr in ``log_format`` ("text" or "json", Settings.log_format)."""
     handler = logging.StreamHandler()
     handler.setFormatter(json_formatter(role) if log_format == "json" else TextFormatter())
-    handler.addFilter(HandlerRequestIds())
+    if role == HANDLERS_ROLE:  # (no other process runs handlers: a gateway's every access line would look)
+        handler.addFilter(HandlerRequestIds())
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, handlers=[handler], force=True)
 
 
