@@ -209,6 +209,28 @@ def test_up_again_at_once_after_a_kill_9_serves_with_replicas_of_its_own(tmp_pat
         farm.stop()
 
 
+def test_ctrl_c_while_up_waits_for_a_killed_farms_processes_stops_it_at_once(tmp_path: Path) -> None:
+    """That wait (up to the old replica's drain) came before `up` took its stop signals: a Ctrl-C then ended it with
+    a KeyboardInterrupt traceback."""
+    farm = farm_of_one(tmp_path, "sleepy", "examples.sleepy:Sleepy")
+    try:
+        farm.start()
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(farm.post, "/sleepy", {"seconds": 20})
+            wait_for(lambda: farm.status()["sleepy"]["in_flight"] == 1, 30, "the request did not start")
+            kill_9(farm)
+            up = farm.launch()
+            waiting = b"waiting for the processes of the farm killed before to leave"
+            wait_for(lambda: waiting in farm.log() or up.poll() is not None, 30, lambda: farm.fail("no wait").args[0])
+            up.send_signal(signal.SIGINT)
+            assert up.wait(10) == 130, farm.log()
+            assert b"Traceback" not in farm.log(), farm.log()
+            with contextlib.suppress(httpx.HTTPError):
+                held.result(timeout=60)  # (cut with its farm)
+    finally:
+        farm.stop()
+
+
 def test_kill_9_of_up_leaves_no_worker_of_a_pool_that_starts_them_again(tmp_path: Path) -> None:
     """A multiprocessing pool's thread starts a new worker for each that dies: the replica that killed what its group
     held as it left (its farm gone) was still running that thread, and the new workers outlived it (for good: the

@@ -219,7 +219,7 @@ class Farm:
         self._env: dict[str, str] = {}
         self._restarts: dict[str, list[float]] = {}  # when each child of the farm was last started again
         self._signals = 0
-        self._waiting_on_redis = False  # a stop signal now raises StoppedWhileWaiting
+        self._waiting = False  # a stop signal now raises StoppedWhileWaiting
         self._started_ms = now_ms()  # a deployment verdict older than this is an earlier farm's
         self._redis_full = False  # Redis refused the config for want of memory: no replica can start until it has room
 
@@ -227,23 +227,23 @@ class Farm:
         self._signals += 1
         if self._signals == 1:
             print(f"\nstreamserve: {signal.Signals(signum).name}, stopping (again to force)", flush=True)
-        if self._waiting_on_redis:
-            self._waiting_on_redis = False
+        if self._waiting:
+            self._waiting = False
             raise StoppedWhileWaiting
 
     @contextlib.contextmanager
-    def _stoppable_wait_on_redis(self) -> Iterator[None]:
-        """Inside: a stop signal ends the wait at once (StoppedWhileWaiting), as it does one that came before."""
+    def _stoppable_wait(self) -> Iterator[None]:
+        """Inside (a wait on Redis, or on a dead farm's processes): a stop signal ends the wait at once
+        (StoppedWhileWaiting), as it does one that came before."""
         if self._signals:
             raise StoppedWhileWaiting
-        self._waiting_on_redis = True
+        self._waiting = True
         try:
             yield
         finally:
-            self._waiting_on_redis = False
+            self._waiting = False
 
     def run(self) -> int:
-        opts = self.options
         if not self._take_data_dir():
             other = running_farm(self.data_dir)
             running = f" (pid {other.supervisor.partition(':')[0]}, gateway {other.gateway_url})" if other else ""
@@ -253,27 +253,14 @@ class Farm:
                 file=sys.stderr,
             )
             return 1
-        self._end_what_a_dead_farm_left()
-        problem = bind_problem(opts.host, opts.port)
-        if problem == "in use":
-            print(f"error: {opts.host}:{opts.port} is in use; pass --port to pick another", file=sys.stderr)
-            return 1
-        if problem:
-            print(f"error: --host {opts.host}: the gateway cannot listen there: {problem}", file=sys.stderr)
-            return 2
-        embedded_only = opts.redis_port is not None or opts.redis_maxmemory or opts.fresh
-        if embedded_only and self.settings.redis_url is not None:
-            print(
-                "error: --redis-port, --redis-maxmemory and --fresh are for the embedded Redis, and a Redis is named "
-                f"({redacted(self.settings.redis_url)}, by --redis-url, REDIS_URL or STREAMSERVE_REDIS_URL): drop "
-                "them, or name no Redis",
-                file=sys.stderr,
-            )
-            return 2
         # A closed terminal (SIGHUP) or a service manager's stop (SIGTERM) stops the farm as Ctrl-C does.
         stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in stop_signals}
         try:
+            with self._stoppable_wait():  # (up to DEAD_FARM_LEAVES_WITHIN_S: a Ctrl-C then gave a traceback)
+                self._end_what_a_dead_farm_left()
+            if (refused := self._refuse_options()) is not None:
+                return refused
             return self._run()
         except FarmDown as exc:
             print(f"error: {exc}; stopping", file=sys.stderr)
@@ -294,6 +281,27 @@ class Farm:
                 self._lifeline.close()  # last: the replicas it ties to this process are stopped by now
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _refuse_options(self) -> int | None:
+        """The exit status for options this farm cannot start with (saying why), or None."""
+        opts = self.options
+        problem = bind_problem(opts.host, opts.port)
+        if problem == "in use":
+            print(f"error: {opts.host}:{opts.port} is in use; pass --port to pick another", file=sys.stderr)
+            return 1
+        if problem:
+            print(f"error: --host {opts.host}: the gateway cannot listen there: {problem}", file=sys.stderr)
+            return 2
+        embedded_only = opts.redis_port is not None or opts.redis_maxmemory or opts.fresh
+        if embedded_only and self.settings.redis_url is not None:
+            print(
+                "error: --redis-port, --redis-maxmemory and --fresh are for the embedded Redis, and a Redis is named "
+                f"({redacted(self.settings.redis_url)}, by --redis-url, REDIS_URL or STREAMSERVE_REDIS_URL): drop "
+                "them, or name no Redis",
+                file=sys.stderr,
+            )
+            return 2
+        return None
 
     def _end_what_a_dead_farm_left(self) -> None:
         """End what still carries the mark of an `up` that ran from this data directory and was killed with -9: its
@@ -352,13 +360,13 @@ class Farm:
             self.redis.start()
             self.settings = self.settings.model_copy(update={"redis_url": self.redis.url})
         elif self.settings.check_redis:
-            with self._stoppable_wait_on_redis():
+            with self._stoppable_wait():
                 check_redis_user(self.settings)
                 lines = redis_problems(self.settings.effective_redis_url)
             if lines:
                 print(f"warning: {warning_text(self.settings.effective_redis_url, lines)}", file=sys.stderr, flush=True)
         if self.settings.job_workers:
-            with self._stoppable_wait_on_redis():
+            with self._stoppable_wait():
                 jobs_url = jobs_redis_url(self.settings)  # on a Redis Cluster, refused now, naming the fix
                 if jobs_url != self.settings.effective_redis_url:  # a Redis of their own: it answers, or up stops
                     _check_answers(jobs_url)
@@ -373,7 +381,7 @@ class Farm:
         }
         self.settings = self.settings.model_copy(update=update)
         url = self.settings.effective_redis_url
-        with self._stoppable_wait_on_redis():
+        with self._stoppable_wait():
             changed = asyncio.run(self._apply(url))
         self._env = {**os.environ, **self.settings.to_env()}
         self.scheduler = self._spawn(role_command("scheduler", "--stop-replicas-on-exit"))
