@@ -301,6 +301,7 @@ async def test_a_wrong_password_is_a_clear_error_not_a_hang(password_redis: int)
     assert cli.returncode == 1, cli.stderr
     assert cli.stderr.startswith("error: ") and "invalid username-password pair" in cli.stderr, cli.stderr
     assert "Traceback" not in cli.stderr and "nope" not in cli.stderr
+    assert f"127.0.0.1:{password_redis}" in cli.stderr  # which Redis refused it (the CLI named none)
 
     # A scheduler retries a Redis that is down (it may be on its way up); a refused password, no retry mends.
     scheduler = await run_scheduler(wrong)

@@ -27,7 +27,7 @@ from streamserve.cli.writes import cmd_delete, cmd_deploy, cmd_scale, cmd_traffi
 from streamserve.runtime.process_exit import end_process
 from streamserve.runtime.processes import hide_passwords_from_ps
 from streamserve.runtime.settings import Settings, unknown_settings
-from streamserve.transport.connections import connection_hint
+from streamserve.transport.connections import RedisRefusals, connection_hint
 from streamserve.wire.errors import ConfigError, RedisUnavailableError, StreamServeError
 from streamserve.wire.printable import printable, printable_lines
 
@@ -66,12 +66,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {printable(str(exc))}", file=sys.stderr)
         return 1
     except RedisError as exc:
-        hint = ""
-        if settings is not None:
-            hint = connection_hint(settings.effective_redis_url, exc)
-            if not hint and isinstance(exc, ConnectionError):
-                hint = no_farm_hint(args, settings)
-        print(f"error: Redis: {exc}{hint}", file=sys.stderr)
+        if settings is None:
+            print(f"error: Redis: {exc}", file=sys.stderr)
+            return 1
+        url = settings.effective_redis_url
+        # In the client's words, naming the URL ("error: Redis: invalid username-password pair" named none).
+        meant = RedisRefusals(url).meaning(exc)
+        hint = (
+            no_farm_hint(args, settings) if isinstance(exc, ConnectionError) and not connection_hint(url, exc) else ""
+        )
+        print(f"error: {printable(str(meant)) if meant is not None else f'Redis: {exc}'}{hint}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader of its output is gone: nothing more to say, to it or about it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (what is still buffered goes nowhere)
