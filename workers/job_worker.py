@@ -47,7 +47,7 @@ from streamserve.runtime.logging_setup import start_process
 from streamserve.runtime.processes import role_command
 from streamserve.runtime.settings import Settings, forget_gateway_secrets
 from streamserve.transport.backoff import Backoff
-from streamserve.transport.connections import WriteRefusals, redacted, stop_retrying, sync_redis
+from streamserve.transport.connections import RedisRefusals, WriteRefusals, redacted, stop_retrying, sync_redis
 from streamserve.wire.errors import RequestCancelledError, StreamServeError
 from streamserve.workers import job_function
 
@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             name=job_worker_name(os.getpid()),
         )
     except redis.RedisError as exc:  # unreachable after the retry policy, or the password refused: one line
-        logger.error("job worker %s: cannot reach Redis at %s: %s; exiting", os.getpid(), redacted(url), exc)
+        said = RedisRefusals(url).meaning(exc) or f"Redis at {redacted(url)}: {exc}"
+        logger.error("job worker %s: %s; exiting", os.getpid(), said)
         job_function.close()
         connection.close()
         return 1

@@ -29,7 +29,7 @@ from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.runtime.lifeline import FARM_GONE_WIND_DOWN_S
 from streamserve.runtime.processes import end_own_group
 from streamserve.runtime.settings import Settings
-from streamserve.transport.connections import RETRYABLE_ERRORS, redacted, stop_retrying
+from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, redacted, stop_retrying
 from streamserve.transport.model_streams import ModelStreams
 from streamserve.transport.pipelining import BlockingReader, Pipeliner
 from streamserve.transport.streams import ensure_groups
@@ -235,13 +235,16 @@ class Replica:
 
     async def _refusal(self) -> str:
         """Why this worker must not start ("" when it may)."""
-        url = redacted(self._settings.effective_redis_url)
+        url = self._settings.effective_redis_url
         try:
             cfg = await self._desired.get(self._name)
         except NotFoundError:
-            return f"no deployment named {self._name!r} in Redis at {url}; deploy it first (streamserve deploy CONFIG)"
+            return (
+                f"no deployment named {self._name!r} in Redis at {redacted(url)}; deploy it first "
+                "(streamserve deploy CONFIG)"
+            )
         except RETRYABLE_ERRORS as exc:
-            return f"cannot reach Redis at {url}: {exc}"
+            return str(RedisRefusals(url).meaning(exc))  # (with the other roles' hints: a password missing, say)
         return self._rules.refusal(cfg) or await self._id_in_use()
 
     async def _id_in_use(self) -> str:

@@ -310,6 +310,17 @@ async def test_a_wrong_password_is_a_clear_error_not_a_hang(password_redis: int)
     assert "Traceback" not in scheduler.stderr and "nope" not in scheduler.stderr
 
 
+@pytest.mark.parametrize("role", [["worker", "echo"], ["job-worker"]])
+async def test_a_worker_without_the_password_says_how_to_give_it_as_every_role_does(
+    password_redis: int, role: list[str]
+) -> None:
+    """The scheduler, the gateway and the CLI said how to give the password; a worker and a job worker only
+    "Authentication required." (found by an outside tester)."""
+    result = await run_cli(role, {"REDIS_URL": f"redis://127.0.0.1:{password_redis}/0"})
+    assert result.returncode == 1, result.stderr
+    assert "Authentication required" in result.stderr and "give the password in the URL" in result.stderr, result
+
+
 async def test_a_scheduler_given_a_rediss_url_at_a_plain_redis_exits_1_at_once() -> None:
     """A rediss:// URL at a plain Redis's port, which no retry mends either: a scheduler run by hand waited on (for
     good), where a wrong password made it exit 1 at once."""
