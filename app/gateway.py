@@ -861,12 +861,12 @@ def _add_refusals(api: FastAPI, gateway: Gateway) -> None:
         """What no route above takes: unknown paths (404), other methods than a route answers (405 with Allow)."""
         return gateway.refuse_method(request, gateway_routes)
 
-    async def not_found(request: Request, exc: Exception) -> Response:
+    async def unmatched(request: Request, exc: Exception) -> Response:
         """What the catch-all cannot match either: a method beyond HTTP_METHODS (CONNECT, WebDAV's PROPFIND), answered
         as the catch-all answers the others (a deployment's route: 405 with Allow: POST); a target that is no path
         (``OPTIONS *``): 404 in the gateway's error shape."""
-        if isinstance(exc, StarletteHTTPException) and exc.status_code == 405:
+        if getattr(exc, "status_code", None) == 405:  # (registered for StarletteHTTPException)
             return gateway.refuse_method(request, gateway_routes)
         return error_response(NotFoundError(f"nothing is served at {request.url.path}"), {})
 
-    api.add_exception_handler(StarletteHTTPException, not_found)
+    api.add_exception_handler(StarletteHTTPException, unmatched)
