@@ -12,7 +12,7 @@ from builtins import print  # reachable as tests.allow_list_targets:print, as an
 from os import system
 from typing import Any
 
-__all__ = ["Model", "handler", "model", "os", "print", "run_true", "system", "table"]
+__all__ = ["Model", "handler", "model", "no_body", "os", "print", "run_true", "system", "table"]
 
 
 class Model:
@@ -40,5 +40,11 @@ def handler(body: Any) -> Any:
 
 
 model = Model()  # an instance of a class defined here
+
+
+def no_body() -> None:
+    """A function a request's body cannot be given to."""
+
+
 table = {"handler": handler}  # an instance of a built-in type
 run_true = functools.partial(system, "true")  # an instance of functools.partial, wrapping os.system

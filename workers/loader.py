@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import inspect
@@ -52,7 +53,10 @@ class LoadedDeployment:
         if not method:
             fn = self.target
             if self.is_class and not callable(fn):
-                raise BadRequestError(f"{type(fn).__name__} has no __call__; name a method to call")
+                raise BadRequestError(
+                    f"{type(fn).__name__} has no __call__: only a call that names one of its methods reaches it "
+                    "(method= from Python; an HTTP request names none)"
+                )
         elif not self.is_class:
             raise BadRequestError(f"method {method!r} given, but the deployment is a function")
         elif method in LIFECYCLE_HOOKS:
@@ -186,7 +190,9 @@ def import_attr(import_path: str, allow: ImportAllowList, deployment: str) -> An
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ConfigError(f"module {module_name!r} has no attribute {attr_path!r}") from None
+            close = difflib.get_close_matches(part, [name for name in dir(obj) if not name.startswith("_")], n=1)
+            hint = f" (did you mean {'.'.join([*parts[:i], close[0]])!r}?)" if close else ""
+            raise ConfigError(f"module {module_name!r} has no attribute {attr_path!r}{hint}") from None
         allow.check_reached(obj, f"{module_name}:{'.'.join(parts[: i + 1])}", import_path, deployment)
     return obj
 
@@ -201,7 +207,19 @@ def load(cfg: DeploymentConfig, allow: ImportAllowList) -> LoadedDeployment:
     if inspect.isclass(obj):
         return LoadedDeployment(obj(*cfg.init_args, **cfg.init_kwargs), is_class=True)
     if not callable(obj):
-        raise ConfigError(f"{cfg.import_path} is a {type(obj).__name__}, not a function or class")
+        raise ConfigError(f"{cfg.import_path} is not a function or class: its type is {type(obj).__name__}")
     if cfg.init_args or cfg.init_kwargs:
         raise ConfigError(f"{cfg.import_path} is a function: init_args and init_kwargs only apply to a class")
+    _refuse_bodyless(obj, cfg.import_path)
     return LoadedDeployment(obj, is_class=False)
+
+
+def _refuse_bodyless(fn: Callable[..., Any], import_path: str) -> None:
+    """ConfigError for a function that cannot be called with a request's body (``def f():``): it loaded, and every
+    call failed with a TypeError (500)."""
+    try:
+        inspect.signature(fn).bind(None)
+    except ValueError:
+        return  # no signature to read (a builtin): its calls will tell
+    except TypeError as exc:
+        raise ConfigError(f"{import_path} cannot take a request's body as its one argument ({exc})") from None

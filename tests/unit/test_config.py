@@ -56,6 +56,8 @@ def test_defaults() -> None:
         ({"max_ongoing_requests": 0}, "max_ongoing_requests: Input should be greater than or equal to 1"),
         ({"route_prefix": "echo"}, "route_prefix: 'echo' must start with '/'"),
         ({"route_prefix": "/-/admin"}, "is reserved for the gateway's own routes"),
+        # Named so, its default route is reserved: the message says where the route came from.
+        ({"name": "metrics"}, "'/metrics' is reserved for the gateway's own routes (a deployment's route is /<its"),
         ({"num_replicas": 1, "autoscaling_config": {"max_replicas": 2}}, "set num_replicas or autoscaling_config"),
         ({"autoscaling_config": {"min_replicas": 3, "max_replicas": 2}}, "min_replicas (3) is above max_replicas (2)"),
         # YAML's .inf has no JSON form: accepted, it was stored as null and broke every reader of the config.

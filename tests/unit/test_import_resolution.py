@@ -113,3 +113,23 @@ def test_a_module_not_found_says_where_it_was_looked_for() -> None:
         "cannot import module 'no_such_package.mod': No module named 'no_such_package' "
         f"(looked for from {os.getcwd()}, where this replica runs, and the installed packages)"
     )
+
+
+def test_a_misspelt_attribute_names_the_one_meant() -> None:
+    with pytest.raises(ConfigError, match=r"has no attribute 'Modle' \(did you mean 'Model'\?\)"):
+        resolve("Modle", ImportAllowList())
+    with pytest.raises(ConfigError, match=r"has no attribute 'Model.predictt' \(did you mean 'Model.predict'\?\)"):
+        resolve("Model.predictt", ImportAllowList())
+
+
+def test_a_function_that_cannot_take_a_body_is_refused_at_load_not_at_every_call() -> None:
+    """`def f():` loaded, and each call was a 500 TypeError (found by an outside tester)."""
+    cfg = DeploymentConfig(name="d", import_path=f"{TARGETS}:no_body")
+    with pytest.raises(ConfigError, match=r"no_body cannot take a request's body as its one argument"):
+        load(cfg, ImportAllowList())
+    assert load(DeploymentConfig(name="d", import_path=f"{TARGETS}:handler"), ImportAllowList()).target(1) == 1
+
+
+def test_something_not_callable_is_named_by_its_type() -> None:
+    with pytest.raises(ConfigError, match=r"table is not a function or class: its type is dict"):
+        load(DeploymentConfig(name="d", import_path=f"{TARGETS}:table"), ImportAllowList())

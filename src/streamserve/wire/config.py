@@ -87,7 +87,10 @@ def _check_route_prefix(value: str | None, info: ValidationInfo) -> str | None:
     if len(value) > 1 and value.endswith("/"):
         raise ValueError(f"{value!r} must not end with '/'")
     if any(value == p.rstrip("/") or value.startswith(p) for p in RESERVED_ROUTE_PREFIXES):
-        raise ValueError(f"{value!r} is reserved for the gateway's own routes")
+        raise ValueError(
+            f"{value!r} is reserved for the gateway's own routes (a deployment's route is /<its name> unless it sets "
+            "route_prefix: set another, or null to reach it from the client only)"
+        )
     if write_limits(info) is not None:
         _check_route_characters(value)
     return value
