@@ -323,17 +323,13 @@ async def test_a_second_read_at_once_is_refused_and_the_first_goes_on(
     await stream.aclose()
 
     with Client(settings=settings) as blocking:
-        chunks = blocking.stream("tokens", None)
-        one = asyncio.create_task(asyncio.to_thread(next, chunks))
-        request = await fake.next_request()
-        await fake.chunks(request, ["x"])
-        assert await one == "x"
+        chunks, request = await blocking_stream_at_its_first_chunk(blocking, fake)
         one = asyncio.create_task(asyncio.to_thread(next, chunks))  # waits: no chunk yet
         await wait_for_async(lambda: asyncio.sleep(0, chunks._chunks._reading), 5, "the read did not begin")
         with pytest.raises(ConcurrentReadError):
             await asyncio.to_thread(next, chunks)
-        await fake.chunks(request, ["y"])
-        assert await one == "y"  # the first read was left as it was, the stream open
+        await fake.chunks(request, ["b"])
+        assert await one == "b"  # the first read was left as it was, the stream open
         chunks.close()
 
 
@@ -343,16 +339,22 @@ async def test_a_blocking_stream_dropped_in_a_thread_of_its_own_is_closed_on_the
     """Client.close() while other threads start and read streams: a stream whose last reference went in its reader's
     thread was closed there, off the client's loop, and its cancel was lost ("no running event loop")."""
     with Client(settings=settings) as blocking:
-        chunks = blocking.stream("tokens", None)
-        step = asyncio.create_task(asyncio.to_thread(next, chunks))
-        request = await fake.next_request()
-        await fake.chunks(request, ["a"])
-        assert await step == "a"
+        chunks, request = await blocking_stream_at_its_first_chunk(blocking, fake)
         held = [chunks._chunks]  # its async stream, without the iterator that closes it on the loop itself
         chunks._chunks = None  # type: ignore[assignment]
         del chunks
         await asyncio.to_thread(held.clear)  # the last reference goes in a thread with no event loop
         await wait_for_async(lambda: cancelled(fake, request), 5, "the dropped stream's request was not cancelled")
+
+
+async def blocking_stream_at_its_first_chunk(blocking: Client, fake: FakeStreamReplica) -> tuple[Any, Request]:
+    """A blocking client's stream of "tokens", read (in a thread) to its first chunk, "a"; and its request."""
+    chunks = blocking.stream("tokens", None)
+    step = asyncio.create_task(asyncio.to_thread(next, chunks))
+    request = await fake.next_request()
+    await fake.chunks(request, ["a"])
+    assert await step == "a"
+    return chunks, request
 
 
 async def cancelled(fake: FakeStreamReplica, request: Request) -> bool:
