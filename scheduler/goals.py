@@ -79,9 +79,9 @@ def _judge(
     if state.user_config_refused:
         return GoalStatus.FAILED, state.user_config_refused
     target = Target(cfg, autoscaled=state.autoscaled)
-    if failed_since and state.failed_alone(target):
+    if failed_since and state.failed_alone(target) and not state.replicas:
         # Its workers took the new code and failed to start on it, every one (each restarts on it in place): a goal
-        # that read done with none running.
+        # that read done with none running. (None live at all: one still starting on it may yet run it.)
         return GoalStatus.FAILED, state.last_failure
     if state.settled(target) and not state.user_config_behind:
         return GoalStatus.DONE, ""

@@ -450,3 +450,18 @@ def pool_workers(body: Any) -> list[int]:
     if not _POOL:
         _POOL.append(multiprocessing.get_context("fork").Pool(2))
     return sorted(process.pid for process in _POOL[0]._pool)
+
+
+class StartsWhereLet:
+    """Version 2 fails to start where TEST_CANNOT_RUN_V2 is set, and takes 2 s to start elsewhere (an externally
+    scaled deployment's workers on hosts that differ: tests/e2e/test_external_scaling.py)."""
+
+    def __init__(self, v: int = 1) -> None:
+        if v >= 2:
+            if os.environ.get("TEST_CANNOT_RUN_V2"):
+                raise ValueError("this host cannot run v2")
+            time.sleep(2)
+        self.v = v
+
+    def __call__(self, body: Any) -> dict[str, int]:
+        return {"v": self.v}

@@ -180,3 +180,24 @@ def test_a_version_none_of_the_workers_can_start_fails_its_deploy_wait(
     assert deployed.returncode == 1, (deployed.stdout, deployed.stderr)
     assert "no_such" in deployed.stderr, deployed.stderr
     assert worker.wait(30) != 0  # it failed to start on the new code
+
+
+def test_a_version_one_worker_starts_on_is_done_though_another_failed_before_it_was_up(
+    processes: Processes, gateway: str, tmp_path: Path
+) -> None:
+    """All workers take new code at once: one failing fast while another still loads it failed the goal, though
+    the deployment then ran the version, HEALTHY (found by an outside tester; with the failure coming later, done)."""
+    config = tmp_path / "ext.yaml"
+    config.write_text(
+        CONFIG.format(version="1").replace("tests.deployments:whoami", "tests.deployments:StartsWhereLet")
+    )
+    processes.spawn("scheduler", "scheduler")
+    processes.run("deploy", str(config))
+    processes.spawn("worker-1", "worker", "ext")
+    cannot = processes.spawn("worker-2", "worker", "ext", env={"TEST_CANNOT_RUN_V2": "1"})
+    wait_for(lambda: status(processes)["running"] == 2, 30, "the workers were not counted")
+    config.write_text(config.read_text() + "    init_kwargs: {v: 2}\n")
+    deployed = streamserve(processes, "deploy", str(config), "--wait", "--timeout", "60")
+    assert deployed.returncode == 0 and "ext: done" in deployed.stdout, (deployed.stdout, deployed.stderr)
+    assert cannot.wait(30) != 0
+    assert httpx.post(f"{gateway}/ext", json=None, timeout=10).json() == {"v": 2}

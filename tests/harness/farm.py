@@ -294,13 +294,20 @@ class Processes:
     def env(self) -> dict[str, str]:
         return marked_env(self.token, {"REDIS_URL": self.redis_url, **FAST_HEARTBEATS, **self.extra_env})
 
-    def spawn(self, name: str, *args: str, preexec_fn: Callable[[], None] | None = None) -> subprocess.Popen[bytes]:
-        """Run ``streamserve ARGS`` in the background, logging to ``<log_dir>/<name>.log``."""
+    def spawn(
+        self,
+        name: str,
+        *args: str,
+        preexec_fn: Callable[[], None] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Run ``streamserve ARGS`` in the background (``env`` over its environment), logging to
+        ``<log_dir>/<name>.log``."""
         with self.log(name).open("wb") as log:
             proc = subprocess.Popen(
                 [STREAMSERVE, *args],
                 cwd=ROOT,
-                env=self.env(),
+                env={**self.env(), **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 preexec_fn=preexec_fn,
