@@ -81,6 +81,7 @@ class ReplicaHeartbeat:
         # its record says it is an externally started worker.
         self._counted: bool | None = None
         self._landed = time.monotonic()  # when its last beat reached Redis
+        self._beat_before = False  # a beat of its own is known to have reached Redis
         self._silent_limit = settings.heartbeat_timeout_s / 2
 
     def vouch(self) -> Awaitable[None] | None:
@@ -179,13 +180,17 @@ class ReplicaHeartbeat:
                 queue_removal(pipe, self._keys, self._name, [self._takes_over])
             pipe.hget(self._keys.replicas(self._name), self._consumer)
             self._told = None  # unknown until the transaction's answer comes: a lost one may or may not have run
-            *_, record = await pipe.execute()
+            added, *_, record = await pipe.execute()
+        # HSET counts the fields it added: its own beat's, when it was not there. Having beaten before, that means
+        # the scheduler removed its heartbeat (a write-off), though it may never have seen its record.
+        removed, self._beat_before = self._beat_before and added == 1, True
         self._takes_over, self._told = None, news
         self._landed = time.monotonic()
-        self._obey(record)
+        self._obey(record, removed)
 
-    def _obey(self, raw_record: bytes | None) -> None:
-        """Leave when the farm no longer counts this replica: its record says stop, or was there and is gone.
+    def _obey(self, raw_record: bytes | None, removed: bool) -> None:
+        """Leave when the farm no longer counts this replica: its record says stop, or was there and is gone, or
+        its heartbeat was removed (``removed``).
 
         The scheduler signals the replicas it can see; this covers the rest (another host's, a killed farm's,
         one started by hand that the scheduler found it has no room for). A replica that never had a record
@@ -201,6 +206,12 @@ class ReplicaHeartbeat:
         if raw_record is None:
             if self._counted is not None:
                 self._leave_retired("its record is gone from the scheduler's replica hash: no farm counts it")
+            elif removed:
+                # Stalled before its beat brought its record back, or before a scheduler saw it live: either way
+                # what it held was freed, as for a worker written off. Unseen, it would serve on (its beats say
+                # nothing new, so the scheduler would not look again).
+                self._counted = True
+                self._leave_retired("its heartbeat was removed while it was silent")
             return
         try:
             record = ReplicaRecord.decode(raw_record)

@@ -165,6 +165,27 @@ def test_a_worker_written_off_while_it_stalled_exits_1_when_it_comes_back(
     assert reply.status_code == 200 and reply.json()["pid"] == fresh.pid, reply.text
 
 
+def test_a_worker_removed_before_it_saw_its_record_exits_1_when_it_comes_back(
+    processes: Processes, gateway: str, tmp_path: Path
+) -> None:
+    """A worker stalled before any beat of its own brought back its record: here before a scheduler ran at all,
+    which then drops its silent heartbeat (and frees what it held). Back, it said nothing new, so nobody looked at
+    it again: it served on, unseen (found by CI, as a stall just after the worker's first beat). It must exit 1."""
+    processes.run("deploy", str(write_config(tmp_path / "ext.yaml", "1")))
+    stalled = processes.spawn("worker-stalled", "worker", "ext")
+    beats = Keys().heartbeats("ext")
+    with redis.Redis.from_url(processes.redis_url) as store:
+        wait_for(lambda: store.hlen(beats) == 1, 30, "the worker did not beat")
+        os.kill(stalled.pid, signal.SIGSTOP)
+        try:
+            processes.spawn("scheduler", "scheduler")
+            wait_for(lambda: store.hlen(beats) == 0, 30, "the silent worker's heartbeat was never removed")
+        finally:
+            os.kill(stalled.pid, signal.SIGCONT)
+    assert stalled.wait(30) == 1
+    assert "wrote it off (its heartbeat was removed while it was silent)" in processes.log("worker-stalled").read_text()
+
+
 def test_a_version_none_of_the_workers_can_start_fails_its_deploy_wait(
     processes: Processes, gateway: str, tmp_path: Path
 ) -> None:
