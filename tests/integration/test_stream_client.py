@@ -307,6 +307,31 @@ async def test_a_stream_closed_while_another_task_reads_it_is_cancelled_for_that
     await wait_for_async(lambda: cancelled(fake, request), 5, "the closed stream's request was not cancelled")
 
 
+async def test_a_stream_closed_before_its_first_chunk_cancels_its_request_at_once(
+    settings: Settings, client: AsyncClient, fake: FakeStreamReplica
+) -> None:
+    """A cancel button pressed while the request waits in the queue or for its model: the close was lost (the first
+    read, sending the request, took its stream back), and the generator ran to its end (found by a review)."""
+    stream = client.stream("tokens", None)
+    first = asyncio.create_task(anext(stream))
+    request = await fake.next_request()
+    await stream.aclose()
+    with pytest.raises(RequestCancelledError, match="closed while its first read sent it"):
+        await first
+    await wait_for_async(lambda: cancelled(fake, request), 5, "the closed stream's request was not cancelled")
+    with pytest.raises(StopAsyncIteration):
+        await anext(stream)
+
+    with Client(settings=settings) as blocking:
+        chunks = blocking.stream("tokens", None)
+        reading = asyncio.create_task(asyncio.to_thread(next, chunks))
+        request = await fake.next_request()
+        chunks.close()  # from another thread than its reader's
+        with pytest.raises(RequestCancelledError):
+            await reading
+        await wait_for_async(lambda: cancelled(fake, request), 5, "the closed blocking stream was not cancelled")
+
+
 async def test_a_second_read_at_once_is_refused_and_the_first_goes_on(
     settings: Settings, client: AsyncClient, fake: FakeStreamReplica
 ) -> None:

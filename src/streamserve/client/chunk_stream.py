@@ -21,6 +21,8 @@ CANCELLED = (
     "this stream was cancelled when a read of it was cancelled (a timeout of asyncio.wait_for, say), and so was its "
     "request: nothing more comes; start a new stream to read again"
 )
+# What its first read raises when the stream is closed (from another task or thread) while that read sends it.
+CLOSED_WHILE_STARTING = "this stream was closed while its first read sent it: its request is cancelled"
 
 
 class ConcurrentReadError(RuntimeError):
@@ -46,6 +48,8 @@ class ChunkStream:
         self._loop: asyncio.AbstractEventLoop | None = None  # the client's, where the feed lives
         self._reading = False  # a read is under way (another one at once is refused)
         self._cancelled = False  # a read was cancelled (and the request with it)
+        self._starting: asyncio.Task[Any] | None = None  # the task whose first read sends the request, meanwhile
+        self._closed = False
 
     def __aiter__(self) -> Self:
         return self
@@ -64,11 +68,7 @@ class ChunkStream:
                         raise RequestCancelledError(CANCELLED)
                     raise StopAsyncIteration
                 start, self._start = self._start, None
-                try:
-                    first = await start()
-                except asyncio.CancelledError:
-                    self._cancelled = True
-                    raise
+                first = await self._started(start)
                 if not isinstance(first, ChunkFeed):
                     return result_of(first)  # a unary deployment's result, the stream's one chunk (or its error)
                 self._feed = feed = first
@@ -86,13 +86,36 @@ class ChunkStream:
         finally:
             self._reading = False
 
+    async def _started(self, start: Start) -> Reply | ChunkFeed:
+        """What ``start`` gives; RequestCancelledError when the stream is closed meanwhile (which cancels the request
+        then: it may wait in the queue, or for a model to load, long before its first chunk)."""
+        task = self._starting = asyncio.current_task()
+        try:
+            first = await start()
+        except asyncio.CancelledError:
+            if self._closed and task is not None and task.uncancel() == 0:  # cancelled by close() alone
+                raise RequestCancelledError(CLOSED_WHILE_STARTING) from None
+            self._cancelled = True
+            raise
+        finally:
+            self._starting = None
+        if self._closed:  # closed as its answer came
+            if isinstance(first, ChunkFeed):
+                first.close()
+            raise RequestCancelledError(CLOSED_WHILE_STARTING)
+        return first
+
     def close(self) -> None:
         """Stop here: the request is cancelled if it has not ended, and chunks still to come are dropped. Safe to call
         again."""
+        self._closed = True
         self._start = None
         feed, self._feed = self._feed, None
         if feed is not None:
             feed.close()
+        starting = self._starting
+        if starting is not None and starting is not asyncio.current_task():
+            starting.cancel()  # the first read, which is sending the request, elsewhere
 
     async def aclose(self) -> None:
         self.close()
