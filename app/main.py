@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     freeze_startup_objects()
     where = f"gateway: serving http://{args.host}:{args.port} (its Redis: {redacted(settings.effective_redis_url)})"
     gateway = _SayingWhereServer(uvicorn.Config(app, **server), where)
-    gateway.run()
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C, raised again once it has shut down (as uvicorn.run does)
+        gateway.run()
     return 0 if gateway.started else STARTUP_FAILURE
 
 

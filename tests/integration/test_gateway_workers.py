@@ -199,3 +199,13 @@ def test_a_gateway_whose_up_is_gone_tries_its_last_redis_operations_once_in_ever
         if write_fd >= 0:
             os.close(write_fd)
         processes.stop_all()
+
+
+def test_a_gateway_stopped_with_ctrl_c_exits_0_without_a_traceback(processes: Processes) -> None:
+    """uvicorn raises a Ctrl-C again once it has shut down: `streamserve gateway` printed a KeyboardInterrupt
+    traceback and exited 130 (found by a review)."""
+    gateway = processes.start_gateway()
+    gateway.proc.send_signal(signal.SIGINT)
+    assert gateway.proc.wait(30) == 0, gateway.log.read_text()
+    output = gateway.log.read_text()
+    assert "KeyboardInterrupt" not in output and "Traceback" not in output, output
