@@ -12,7 +12,7 @@ from builtins import print  # reachable as tests.allow_list_targets:print, as an
 from os import system
 from typing import Any
 
-__all__ = ["Model", "handler", "model", "no_body", "os", "print", "run_true", "system", "table"]
+__all__ = ["Model", "handler", "model", "no_body", "os", "print", "run_true", "system", "table", "with_db_handler"]
 
 
 class Model:
@@ -44,6 +44,21 @@ model = Model()  # an instance of a class defined here
 
 def no_body() -> None:
     """A function a request's body cannot be given to."""
+
+
+def with_db(fn: Any) -> Any:
+    """A decorator that hands its function a second argument: the wrapper takes the body alone."""
+
+    @functools.wraps(fn)
+    def wrapper(body: Any) -> Any:
+        return fn(body, "db")
+
+    return wrapper
+
+
+@with_db
+def with_db_handler(body: Any, db: str) -> Any:
+    return [body, db]
 
 
 table = {"handler": handler}  # an instance of a built-in type

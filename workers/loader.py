@@ -218,7 +218,7 @@ def _refuse_bodyless(fn: Callable[..., Any], import_path: str) -> None:
     """ConfigError for a function that cannot be called with a request's body (``def f():``): it loaded, and every
     call failed with a TypeError (500)."""
     try:
-        inspect.signature(fn).bind(None)
+        inspect.signature(fn, follow_wrapped=False).bind(None)  # (as it is called: a decorator's wrapper)
     except ValueError:
         return  # no signature to read (a builtin): its calls will tell
     except TypeError as exc:

@@ -128,6 +128,9 @@ def test_a_function_that_cannot_take_a_body_is_refused_at_load_not_at_every_call
     with pytest.raises(ConfigError, match=r"no_body cannot take a request's body as its one argument"):
         load(cfg, ImportAllowList())
     assert load(DeploymentConfig(name="d", import_path=f"{TARGETS}:handler"), ImportAllowList()).target(1) == 1
+    # A decorated function is called as its wrapper takes it (a decorator that supplies an argument was refused).
+    decorated = load(DeploymentConfig(name="d", import_path=f"{TARGETS}:with_db_handler"), ImportAllowList())
+    assert decorated.target(1) == [1, "db"]
 
 
 def test_something_not_callable_is_named_by_its_type() -> None:
