@@ -129,6 +129,9 @@ class DeploymentState:
         self._replaced: tuple[int, str] = (0, "")
         # The last KEEPS_FAILING replicas replaced for their check_health(): when (ms), and which and why.
         self._health_replacements: collections.deque[tuple[int, str]] = collections.deque(maxlen=KEEPS_FAILING)
+        # Once KEEPS_FAILING came within KEEPS_FAILING_MS: the verdict stands until that long after the last one
+        # (a later replacement that leaves the window wider must not end it).
+        self._keeps_failing = False
         # Why the target can never be met on this host as it is (more GPUs than it has), "" when it can.
         self.unschedulable = ""
         self._fits_none = False  # no replica fits this host's GPUs: UNHEALTHY, its callers get 503 at once
@@ -176,6 +179,7 @@ class DeploymentState:
             self._target_version = target.version
             self._reset_start_backoff()
             self._health_replacements.clear()  # nor the checks its replicas failed
+            self._keeps_failing = False
         if target.cfg is not None:
             await self._observe_unrecorded(target, beats, now_ms)
         await self._observe_starting(beats, now_ms)
@@ -279,7 +283,7 @@ class DeploymentState:
                 # Replaced as Ray Serve does: stopped (it drains what it holds), and step 6 starts another.
                 logger.warning("replica %s is unhealthy: %s; replacing it", r.id, r.failure)
                 self._replaced = (now_ms, f"replaced unhealthy replica {r.id}: {r.failure}")
-                self._health_replacements.append((now_ms, f"{r.id}: {r.failure}"))
+                self._note_health_replacement(now_ms, f"{r.id}: {r.failure}")
                 await r.transition(ReplicaState.SHOULD_STOP, now_ms, message=f"{UNHEALTHY_STOP}{r.failure}")
             elif probe is Alive.DRAINING:
                 await r.transition(ReplicaState.STOPPING, now_ms, message="draining: asked to stop")
@@ -508,14 +512,20 @@ class DeploymentState:
             backoff_s,
         )
 
-    def _keeps_failing_checks(self, now_ms: int) -> str:
-        """Why its replicas keep failing their check_health(), when KEEPS_FAILING were replaced for it within
-        KEEPS_FAILING_MS, until that long has passed with none replaced ("" otherwise)."""
+    def _note_health_replacement(self, now_ms: int, why: str) -> None:
         replaced = self._health_replacements
-        if len(replaced) < KEEPS_FAILING:
+        replaced.append((now_ms, why))
+        if len(replaced) == KEEPS_FAILING and now_ms - replaced[0][0] <= KEEPS_FAILING_MS:
+            self._keeps_failing = True
+
+    def _keeps_failing_checks(self, now_ms: int) -> str:
+        """Why its replicas keep failing their check_health(), once KEEPS_FAILING were replaced for it within
+        KEEPS_FAILING_MS, until that long has passed with none replaced ("" otherwise)."""
+        if not self._keeps_failing:
             return ""
-        (first, _), (last, why) = replaced[0], replaced[-1]
-        if last - first > KEEPS_FAILING_MS or now_ms - last > KEEPS_FAILING_MS:
+        last, why = self._health_replacements[-1]
+        if now_ms - last > KEEPS_FAILING_MS:
+            self._keeps_failing = False
             return ""
         return (
             f"its replicas keep failing their check_health(): {KEEPS_FAILING} replaced within "

@@ -338,7 +338,8 @@ async def test_replicas_that_keep_failing_their_check_make_the_deployment_unheal
 async def test_the_keeps_failing_verdict_lasts_a_minute_from_the_last_replacement_or_until_a_new_version(
     h: Harness,
 ) -> None:
-    """Replacements at 0, 50 and 58 s: UNHEALTHY until 118 s (it read HEALTHY from 60 s, two after the last one)."""
+    """Replacements at 0, 50 and 58 s: UNHEALTHY until 118 s (it read HEALTHY from 60 s, two after the last one);
+    a later replacement that leaves the last three wider than a minute does not end a verdict (found by a review)."""
     await bring_up(h, target(1))
 
     async def replace_one() -> None:
@@ -360,6 +361,17 @@ async def test_the_keeps_failing_verdict_lasts_a_minute_from_the_last_replacemen
         await replace_one()
     await healthy_for(KEEPS_FAILING_MS - 10_000)  # 52 s after the last one, 110 s after the first
     assert h.store.health is not None and h.store.health.health is DeploymentHealth.UNHEALTHY
+    await healthy_for(10_000)
+    assert h.store.health.health is DeploymentHealth.HEALTHY
+
+    # Replacements at 0, 10 and 20 s, then one more at 70 s: the last three span 60 s, but the verdict of the first
+    # three stands until a minute after the last one (the fourth had ended it at once).
+    for gap_ms in (0, 10_000, 10_000, 50_000):
+        await healthy_for(gap_ms)
+        await replace_one()
+    assert h.store.health.health is DeploymentHealth.UNHEALTHY
+    await healthy_for(KEEPS_FAILING_MS - 5_000)
+    assert h.store.health.health is DeploymentHealth.UNHEALTHY
     await healthy_for(10_000)
     assert h.store.health.health is DeploymentHealth.HEALTHY
 
