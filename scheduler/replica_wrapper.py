@@ -184,12 +184,14 @@ class ReplicaWrapper:
                 return Alive.GONE
             if beat.health is ReplicaHealth.DRAINING:
                 return Alive.DRAINING
-        if self._process_alive() is False:
+        alive = self._process_alive()
+        if alive is False:
             self.failure = exit_text(self._launcher.exit_code(self.record.pid))
             return Alive.DEAD
         last = last_beat_ms if last_beat_ms is not None else self.record.updated_ms
         if now_ms - last > heartbeat_timeout_ms:
-            self.failure = f"no heartbeat for {(now_ms - last) / 1000:.1f}s{'' if self.is_external else HUNG_HINT}"
+            # (A process it cannot see, an adopted stray's or another host's, may be dead: no hint of a hang.)
+            self.failure = f"no heartbeat for {(now_ms - last) / 1000:.1f}s{HUNG_HINT if alive else ''}"
             return Alive.DEAD
         if beat is not None and beat.health is ReplicaHealth.UNHEALTHY and not self.is_external:
             self.failure = beat.message or "check_health() failed"

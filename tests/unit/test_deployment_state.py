@@ -140,6 +140,26 @@ async def test_expired_heartbeat_kills_and_replaces(h: Harness) -> None:
     await h.tick(target(1), advance_ms=11_000)  # heartbeat now 11 s old
     assert hung.pid in h.launcher.killed
     assert h.counts() == {ReplicaState.STARTING: 1}
+    # Its process was seen alive: a handler blocking its loop is the likely cause, and status says so.
+    assert h.store.health is not None and "(its process is alive: a handler that blocks" in h.store.health.message
+
+
+async def test_a_silent_replica_whose_process_cannot_be_seen_is_not_said_to_be_alive(h: Harness) -> None:
+    """A stray adopted after `up` was killed -9 has no pid the scheduler may look at: it may have died (found by a
+    review: status said its process was alive, and blamed a blocking handler)."""
+    stray = ReplicaRecord(
+        replica_id=ReplicaID("echo", "0123abcd").to_str(),
+        state=ReplicaState.RUNNING,
+        version=target(1).version,
+        host=HOST,
+        pid=0,
+        created_ms=h.now,
+        updated_ms=h.now,
+    )
+    h.state.adopt(stray)
+    await h.tick(target(1), advance_ms=11_000)
+    assert h.store.health is not None and "no heartbeat for 11.0s" in h.store.health.message, h.store.health
+    assert "alive" not in h.store.health.message, h.store.health.message
 
 
 async def test_scale_down_stops_gracefully_then_kills_at_deadline(h: Harness) -> None:
