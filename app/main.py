@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import os
@@ -62,7 +63,7 @@ def worker_app() -> GatewayApp:
     """One of ``--workers N`` gateway processes (uvicorn imports this in each): settings from the environment the
     first process wrote (Settings.to_env), its own logging, its own client and reply stream."""
     end_with_spawning_process()
-    signal.signal(FARM_GONE_SIGNAL, lambda _signum, _frame: farm_gone())  # from the supervisor (supervise_workers)
+    signal.signal(FARM_GONE_SIGNAL, _farm_gone_signalled)  # from the supervisor (supervise_workers)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {FARM_GONE_SIGNAL})
     settings = Settings()
     settings.give_cluster_nodes()
@@ -158,6 +159,16 @@ class _SayingWhereServer(uvicorn.Server):
         await super().startup(sockets)
         if self.started:
             logger.info("%s", self._where)
+
+
+def _farm_gone_signalled(_signum: int, _frame: object) -> None:
+    """FARM_GONE_SIGNAL's handler: farm_gone, from the event loop once it runs (a handler runs between two bytecodes
+    of the main thread, which may be in the middle of writing a log line itself)."""
+    stop_retrying()
+    try:
+        asyncio.get_running_loop().call_soon_threadsafe(farm_gone)
+    except RuntimeError:  # no loop yet (the worker is starting): at once, as before
+        farm_gone()
 
 
 def farm_gone() -> None:
