@@ -53,6 +53,15 @@ def test_a_password_put_in_by_hand_that_redis_server_would_misread_is_refused_na
         ensure_redis_password(tmp_path)
 
 
+def test_a_token_put_in_by_hand_that_no_header_carries_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """`up` started Redis and the scheduler on it, then the gateway exited 2 naming STREAMSERVE_API_KEY, which the
+    user never set (found by a review)."""
+    (tmp_path / "api_key").write_text("caf\u00e9-token\n")
+    (tmp_path / "api_key").chmod(0o600)
+    with pytest.raises(ConfigError, match=r"api_key: the token has characters an HTTP header does not carry"):
+        ensure_api_key(tmp_path)
+
+
 def test_a_password_put_in_by_hand_with_url_characters_is_percent_encoded_in_the_url(tmp_path: Path) -> None:
     (tmp_path / "redis_password").write_text("p@ss/w?rd#%:1\n")
     (tmp_path / "redis_password").chmod(0o600)

@@ -22,7 +22,7 @@ from pathlib import Path
 import orjson
 
 from streamserve.runtime.processes import process_ref
-from streamserve.runtime.settings import Settings
+from streamserve.runtime.settings import Settings, api_key_problem
 from streamserve.wire.errors import ConfigError
 
 # Where `up` keeps its files (and the embedded Redis its data) unless --data-dir says otherwise.
@@ -81,8 +81,13 @@ def api_key_path(data_dir: Path | None) -> Path:
 
 
 def ensure_api_key(data_dir: Path | None) -> str:
-    """The token in the data directory, made (random, 256 bits) if there is none yet."""
-    return _ensure_secret(api_key_path(data_dir))
+    """The token in the data directory, made (random, 256 bits) if there is none yet. ConfigError names the file
+    when one put there by hand is not a token a header carries."""
+    path = api_key_path(data_dir)
+    key = _ensure_secret(path)
+    if problem := api_key_problem(key):
+        raise ConfigError(f"{path}: the token {problem} (or delete the file: `up` makes one)")
+    return key
 
 
 def redis_password_path(data_dir: Path | None) -> Path:

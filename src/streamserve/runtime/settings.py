@@ -150,6 +150,22 @@ def add_gateway_workers_option(parser: argparse.ArgumentParser, flag: str) -> No
     )
 
 
+def api_key_problem(key: str) -> str:
+    """Why ``key`` cannot be the admin token ("" when it can): a header must carry it as it is (set with a trailing
+    space or a non-ASCII letter, the gateway started and no token was ever taken: a header's value is stripped, and
+    its bytes read as Latin-1)."""
+    if not key.strip():
+        return "set but blank; set a secret, or unset it for no key"
+    if key != key.strip():
+        return "starts or ends with whitespace, which no HTTP header carries: remove it"
+    if not (key.isascii() and key.isprintable()):
+        return (
+            "has characters an HTTP header does not carry as they are (beyond printable ASCII): "
+            "use letters, digits and punctuation"
+        )
+    return ""
+
+
 class Settings(BaseSettings):
     """Everything a streamserve process may be configured with.
 
@@ -275,19 +291,10 @@ class Settings(BaseSettings):
     @field_validator("api_key", mode="before")
     @classmethod
     def _key_is_not_blank(cls, value: object) -> object:
-        """A key a header can carry as it is: set with a trailing space or a non-ASCII letter, the gateway started
-        and no token was ever taken (a header's value is stripped, and its bytes read as Latin-1)."""
+        """A key a header can carry as it is (api_key_problem)."""
         text = value.get_secret_value() if isinstance(value, SecretStr) else value
-        if isinstance(text, str):
-            if not text.strip():
-                raise ValueError("set but blank; set a secret, or unset it for no key")
-            if text != text.strip():
-                raise ValueError("starts or ends with whitespace, which no HTTP header carries: remove it")
-            if not (text.isascii() and text.isprintable()):
-                raise ValueError(
-                    "has characters an HTTP header does not carry as they are (beyond printable ASCII): "
-                    "use letters, digits and punctuation"
-                )
+        if isinstance(text, str) and (problem := api_key_problem(text)):
+            raise ValueError(problem)
         return value
 
     @field_validator("heartbeat_timeout_s")
