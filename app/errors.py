@@ -120,8 +120,3 @@ def error_response(exc: StreamServeError, headers: dict[str, str]) -> Response:
     if "X-Request-ID" in headers:
         body["request_id"] = headers["X-Request-ID"]
     return json_response(body, status_for(exc), headers)
-
-
-# How long the gateway's probes wait for a Redis that does not answer before a 503 (redis_answers_within): less than
-# a load balancer's timeout. Its reads of the farm's figures wait a little longer (READ_REDIS_WAIT_S).
-PROBE_REDIS_WAIT_S = 2.0

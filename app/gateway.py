@@ -40,7 +40,6 @@ from streamserve.app.admin_guard import AdminGuard
 from streamserve.app.bodies import ClientDisconnected, check_content_coding, check_transfer_coding, read_body
 from streamserve.app.dashboard import dashboard_router
 from streamserve.app.errors import (
-    PROBE_REDIS_WAIT_S,
     error_response,
     handle_client_disconnected,
     handle_request_validation_error,
@@ -79,7 +78,7 @@ from streamserve.metrics.flusher import MetricsFlusher
 from streamserve.runtime import trace_context, tracing
 from streamserve.runtime.settings import Settings
 from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals
-from streamserve.transport.redis_waits import READ_REDIS_WAIT_S, redis_answers_within
+from streamserve.transport.redis_waits import PROBE_REDIS_WAIT_S, READ_REDIS_WAIT_S, redis_answers_within
 from streamserve.wire.config import RESERVED_ROUTE_PREFIXES
 from streamserve.wire.errors import (
     BadRequestError,

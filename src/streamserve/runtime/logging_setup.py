@@ -18,8 +18,10 @@ from streamserve.wire.printable import printable, printable_lines
 
 logger = logging.getLogger(__name__)
 
+# The role whose processes run handlers: replicas (`streamserve worker`).
+HANDLERS_ROLE = "worker"
 # A role's name in its traces (service.name streamserve-<role>) where that is not its command's.
-TRACED_ROLES = {"worker": "replica"}
+TRACED_ROLES = {HANDLERS_ROLE: "replica"}
 
 
 class TextFormatter(logging.Formatter):
@@ -77,10 +79,6 @@ def json_formatter(role: str) -> logging.Formatter:
         rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
         static_fields={"pid": os.getpid(), "role": role},
     )
-
-
-# The role whose processes run handlers: replicas (`streamserve worker`).
-HANDLERS_ROLE = "worker"
 
 
 class HandlerRequestIds(logging.Filter):

@@ -10,6 +10,9 @@ from collections.abc import AsyncIterator
 from streamserve.transport.connections import redacted
 from streamserve.wire.errors import RedisUnavailableError
 
+# How long the gateway's probes wait for a Redis that does not answer before a 503: less than a load balancer's
+# timeout.
+PROBE_REDIS_WAIT_S = 2.0
 # How long a read of the farm's figures (the gateway's status, metrics and dashboard data; `streamserve health`, an
 # exec probe that waited as long as the hang, 35 s and more) waits for Redis.
 READ_REDIS_WAIT_S = 5.0
