@@ -19,4 +19,4 @@ def forecast(body: Any) -> dict[str, Any]:
 
 
 def unmultiplexed(body: Any) -> Any:
-    return body
+    return {"body": body, "model": streamserve.model_id()}

@@ -617,7 +617,8 @@ class Serving:
         started_at = time.perf_counter()
         if request.cache:
             self._made_under[entry_id] = None if self._reconfiguring else self.applied
-        scope = RequestScope(request.request_id, request.deadline_ms, request.priority, request.tenant, request.model)
+        model = request.model if self.models is not None else ""  # (one without models ignores it)
+        scope = RequestScope(request.request_id, request.deadline_ms, request.priority, request.tenant, model)
         scope.on_call = self._note_wait_outside
         if self._spans is not None:
             self._spans.started(entry_id, request, scope)
@@ -653,8 +654,7 @@ class Serving:
                 return self._start_stream(entry_id, request, handler, body, scope, started_at)
             if handler.batch is not None:
                 sized = self._spans.batched(scope) if self._spans is not None else None
-                model = request.model if self.models is not None else ""  # (one without models ignores it)
-                calling = self._batchers.call(request.method, handler, body, request.deadline_ms, sized, model)
+                calling = self._batchers.call(request.method, handler, body, request.deadline_ms, sized, scope.model)
                 batched = asyncio.ensure_future(calling)
                 scope.stop = batched.cancel
                 return batched

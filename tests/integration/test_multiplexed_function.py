@@ -35,6 +35,9 @@ async def test_a_function_calling_a_module_level_loader_multiplexes(
 
 
 async def test_a_function_beside_the_loader_needs_no_model(start_replica: StartReplica, settings: Settings) -> None:
+    """It runs as without a model id when a request names one (its handler saw the id: found by an outside tester)."""
     await start_replica(name="plain-beside", import_path="tests.multiplex_functions:unmultiplexed")
     async with AsyncClient(settings=settings) as client:
-        assert await asyncio.wait_for(client.call("plain-beside", {"x": 1}), 10) == {"x": 1}
+        assert await asyncio.wait_for(client.call("plain-beside", {"x": 1}), 10) == {"body": {"x": 1}, "model": ""}
+        named = client.call("plain-beside", {"x": 2}, model_id="store-1")
+        assert await asyncio.wait_for(named, 10) == {"body": {"x": 2}, "model": ""}
