@@ -65,10 +65,22 @@ def farm(receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> It
         "STREAMSERVE_HEARTBEAT_INTERVAL_S": "0.2",
         "STREAMSERVE_HEARTBEAT_TIMEOUT_S": "2",
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_PROPAGATORS": f"{MISSING_PROPAGATOR},tracecontext",  # one not installed here: dropped, with a warning
         **FAST_EXPORT,
     }
     with running_farm_of(CONFIG, tmp_path_factory.mktemp("tracing"), extra_env=env) as farm:
         yield farm
+
+
+MISSING_PROPAGATOR = "b3"
+
+
+def test_a_propagator_not_installed_is_named_once_with_its_package(farm: Farm) -> None:
+    """Each of the farm's processes said so, the package named "opentelemetry-propagator-<name>" (found by an outside
+    tester)."""
+    said = f"warning: OTEL_PROPAGATORS names {MISSING_PROPAGATOR}, not installed here (pip install "
+    said += f"opentelemetry-propagator-{MISSING_PROPAGATOR}); propagating with tracecontext instead"
+    assert farm.log().decode().count(said) == 1, farm.log().decode()[-3000:]
 
 
 def _traceparent() -> tuple[str, str, str]:

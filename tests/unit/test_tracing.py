@@ -118,7 +118,8 @@ def test_the_sampled_flag_is_read_from_a_traceparent() -> None:
 @pytest.mark.parametrize(
     ("given", "kept", "said"),
     [
-        ("b3,tracecontext", "tracecontext", "names b3, not installed here"),
+        ("b3,tracecontext", "tracecontext", "names b3, not installed here (pip install opentelemetry-propagator-b3)"),
+        ("b3multi,xray,b3", None, "(pip install opentelemetry-propagator-aws-xray opentelemetry-propagator-b3)"),
         ("b3", None, "propagating with tracecontext, baggage instead"),
         ("tracecontext,baggage", "tracecontext,baggage", ""),
         ("none", "none", ""),

@@ -69,6 +69,7 @@ from streamserve.runtime.processes import (
     stop_group,
     wait_until,
 )
+from streamserve.runtime.propagators import drop_missing_propagators
 from streamserve.runtime.redis_user import check_redis_user
 from streamserve.runtime.settings import Settings
 from streamserve.transport.cluster_nodes import nodes_env
@@ -111,6 +112,8 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
     # (No check_exposure: admin writes through `up`'s gateway always need a token, STREAMSERVE_API_KEY or the one it
     # makes, so it may bind beyond loopback.)
     settings.tenant_key_map()  # an unreadable keys file stops `up` before it starts anything (its gateways check too)
+    if dropped := drop_missing_propagators():  # said once here: its processes inherit the list without them
+        print(f"warning: {dropped}", file=sys.stderr, flush=True)
     config = load_config(args.config, settings.config_limit_values)
     options = UpOptions(
         config,

@@ -22,7 +22,12 @@ def drop_missing_propagators(environ: MutableMapping[str, str] = os.environ) -> 
         environ["OTEL_PROPAGATORS"] = ",".join(kept)
     else:
         del environ["OTEL_PROPAGATORS"]  # OpenTelemetry's default then: tracecontext,baggage
+    packages = sorted({_PACKAGES.get(name.lower(), f"opentelemetry-propagator-{name.lower()}") for name in missing})
     return (
-        f"OTEL_PROPAGATORS names {', '.join(missing)}, not installed here (its package: "
-        f"opentelemetry-propagator-<name>); propagating with {', '.join(kept) or 'tracecontext, baggage'} instead"
+        f"OTEL_PROPAGATORS names {', '.join(missing)}, not installed here (pip install {' '.join(packages)}); "
+        f"propagating with {', '.join(kept) or 'tracecontext, baggage'} instead"
     )
+
+
+# The package of a propagator whose name is not its package's.
+_PACKAGES = {"b3multi": "opentelemetry-propagator-b3", "xray": "opentelemetry-propagator-aws-xray"}
