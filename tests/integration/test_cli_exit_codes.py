@@ -35,6 +35,11 @@ def test_bad_usage_is_2_and_a_failure_is_1(redis_url: str, tmp_path: Path) -> No
     bad_id = run("worker", "echo", "--replica-id", "x1", "--redis-url", redis_url)
     assert bad_id.returncode == 2 and "Traceback" not in bad_id.stderr, bad_id.stderr
     assert "error: --replica-id: not a replica id: 'x1' (one is DEPLOYMENT#ID" in bad_id.stderr, bad_id.stderr
+    # A URL naming a database the server has not is a usage error, whichever command finds it (`status` said 1).
+    no_such_db = redis_url.rsplit("/", 1)[0] + "/99"
+    for command in (("status",), ("call", "echo", "1")):
+        wrong_db = run(*command, "--redis-url", no_such_db)
+        assert wrong_db.returncode == 2 and "has no database of the number" in wrong_db.stderr, wrong_db.stderr
 
 
 def test_up_with_a_data_dir_or_host_it_cannot_use_is_2_before_it_starts_anything(tmp_path: Path) -> None:

@@ -28,3 +28,4 @@ def test_a_command_with_no_farm_says_why_it_tried_the_default_redis(tmp_path: Pa
     )
     assert result.returncode == 1
     assert result.stderr.startswith("error: ") and result.stderr.rstrip().endswith(HINT), result.stderr
+    assert "the default Redis was tried" not in result.stderr.rstrip().removesuffix(HINT)  # once (`call`: twice)

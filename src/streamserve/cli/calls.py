@@ -35,7 +35,8 @@ def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
         return 2
 
     async def call() -> None:
-        async with AsyncClient(settings=settings) as client:
+        # (Its Redis named: the command looked for a farm already, and says in its own terms how to name another.)
+        async with AsyncClient(settings.effective_redis_url, settings=settings) as client:
             chunks = client.stream(
                 args.name,
                 body,

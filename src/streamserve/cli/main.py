@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             no_farm_hint(args, settings) if isinstance(exc, ConnectionError) and not connection_hint(url, exc) else ""
         )
         print(f"error: {printable(str(meant)) if meant is not None else f'Redis: {exc}'}{hint}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(meant, ConfigError) else 1  # (a URL naming a database it has not, say: as `call`)
     except BrokenPipeError:  # the reader of its output is gone: nothing more to say, to it or about it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (what is still buffered goes nowhere)
         return 128 + signal.SIGPIPE
