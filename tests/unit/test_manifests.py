@@ -77,7 +77,10 @@ def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("REDIS_URL", f"redis://:{LOCAL_REDIS_PASSWORD}@127.0.0.1:6379/0")
 
     def run(*args: str) -> tuple[int, str, str]:
-        code = main(["manifests", *args])
+        try:
+            code = main(["manifests", *args])
+        except SystemExit as exit:  # argparse's usage errors
+            code = int(exit.code or 0)
         out, err = capsys.readouterr()
         return code, out, err
 
@@ -468,7 +471,7 @@ def test_what_kubernetes_cannot_hold_exactly_is_said_on_stderr(run: Run, config_
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--namespace", "ml"], "--image is required"),
+        (["--namespace", "ml"], "the following arguments are required: --image"),
         (["--image", "x:1", "--redis-url", "redis://:hunter2@redis.shared.example:6379/0"], "Secret's redis-password"),
         (["--image", "x:1", "--redis-url", "redis://redis.shared.example:6379/0?password=hunter2"], "redis-password"),
         (["--image", "x:1", "--namespace", "ML_Farm"], "not a Kubernetes namespace name"),

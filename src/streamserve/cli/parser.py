@@ -239,7 +239,7 @@ def _add_manifests(sub: Subcommands) -> None:
     text = "print Kubernetes YAML for the whole farm: Redis, gateway, scheduler, a Deployment per deployment, KEDA"
     p = sub.add_parser("manifests", help=text, description=text)
     p.add_argument("config", type=Path)
-    p.add_argument("--image", help="container image with streamserve and your deployments' code (required)")
+    p.add_argument("--image", required=True, help="container image with streamserve and your deployments' code")
     p.add_argument("--namespace", default="streamserve", help="Kubernetes namespace (default streamserve)")
     p.add_argument(
         "--redis-url",
