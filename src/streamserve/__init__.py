@@ -14,6 +14,8 @@ if TYPE_CHECKING:  # what type checkers see; tests/unit/test_public_api.py holds
     from streamserve.batching import batch
     from streamserve.client import AsyncClient, Client
     from streamserve.client.handles import DeploymentHandle, handle
+    from streamserve.client.jobs import JobInfo
+    from streamserve.control.status import DeploymentStatus
     from streamserve.errors import (
         BadRequestError,
         BatchOutputError,
@@ -33,6 +35,7 @@ if TYPE_CHECKING:  # what type checkers see; tests/unit/test_public_api.py holds
     )
     from streamserve.multiplexing import model_id, multiplexed
     from streamserve.runtime.request_scope import cancelled
+    from streamserve.wire.states import JobStatus
 
 __version__ = "0.1.0"
 
@@ -45,7 +48,10 @@ _EXPORTS = {
     "ConfigError": "streamserve.errors",
     "DeadLetterError": "streamserve.errors",
     "DeploymentHandle": "streamserve.client.handles",
+    "DeploymentStatus": "streamserve.control.status",
     "GoalFailedError": "streamserve.errors",
+    "JobInfo": "streamserve.client.jobs",
+    "JobStatus": "streamserve.wire.states",
     "NotFoundError": "streamserve.errors",
     "OverloadedError": "streamserve.errors",
     "ProtocolError": "streamserve.errors",
@@ -71,7 +77,10 @@ __all__ = [
     "ConfigError",
     "DeadLetterError",
     "DeploymentHandle",
+    "DeploymentStatus",
     "GoalFailedError",
+    "JobInfo",
+    "JobStatus",
     "NotFoundError",
     "OverloadedError",
     "ProtocolError",

@@ -74,6 +74,9 @@ def test_desired_state_problems() -> None:
     assert desired_state_problems({"v1": v1}, {"classify": endpoint()}) == [
         "endpoint 'classify' sends to 'v2', which is not a deployment"
     ]
+    assert desired_state_problems({}, {"classify": endpoint()}) == [
+        "endpoint 'classify' sends to 'v1', 'v2', which are not deployments"
+    ]
     assert desired_state_problems({"v1": v1, "v2": v2}, {"classify": endpoint()}) == [
         "route_prefix /classify is used by deployment 'v2' and endpoint 'classify'"
     ]

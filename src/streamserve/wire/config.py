@@ -500,7 +500,8 @@ def desired_state_problems(
     for name, endpoint in sorted(endpoints.items()):
         missing = sorted(endpoint.deployments - set(deployments))
         if missing:
-            problems.append(f"endpoint {name!r} sends to {', '.join(map(repr, missing))}, which is not a deployment")
+            which = "which is not a deployment" if len(missing) == 1 else "which are not deployments"
+            problems.append(f"endpoint {name!r} sends to {', '.join(map(repr, missing))}, {which}")
     return problems
 
 
