@@ -240,6 +240,7 @@ class Gateway:
         """Answer the request; ``exchange`` learns what was answered, by whom."""
         scope, receive, send, headers = exchange.scope, exchange.receive, exchange.send, exchange.headers
         job = False
+        idempotency_key: str | None = None
         try:
             # First: with tenant keys, nothing else of a request without a known key is looked at (its path, its
             # body); a 400 below is counted under its tenant.
@@ -323,10 +324,7 @@ class Gateway:
             # bare plain-text 500.
             if job:
                 raise
-            stopped = UnavailableError(
-                f"the gateway stopped before request {exchange.request_id} was answered: the request was cancelled;"
-                " send it again"
-            )
+            stopped = UnavailableError(_stopped_before_answer(exchange.request_id, idempotency_key is not None))
             exchange.error = stopped
             response = error_response(stopped, exchange.reply_headers)
             exchange.status = response.status_code
@@ -552,6 +550,18 @@ def _model_id(header: str | None) -> str:
 # Request directives (RFC 9111, 5.2.1) that ask for a reply not taken from a cache, beside a max-age of 0: each runs
 # the call anew.
 _FRESH_DIRECTIVES = frozenset({"no-cache", "no-store"})
+
+
+def _stopped_before_answer(request_id: str, keyed: bool) -> str:
+    """What a caller is told whose request the gateway's shutdown cut short. A run with an idempotency key is not
+    cancelled by its caller leaving: it goes on and keeps its reply (told "cancelled", a payment's client would send
+    it again with a new key, and pay twice)."""
+    if keyed:
+        return (
+            f"the gateway stopped before request {request_id} was answered; its run goes on and keeps its reply: "
+            "send the request again with the same Idempotency-Key for it"
+        )
+    return f"the gateway stopped before request {request_id} was answered: the request was cancelled; send it again"
 
 
 def _no_cache(cache_control: list[str], pragma: list[str]) -> bool:

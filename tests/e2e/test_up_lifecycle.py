@@ -230,9 +230,19 @@ def test_a_stream_open_when_up_stops_is_cancelled_in_its_replica(tmp_path: Path)
             target=lambda: unary.append(httpx.post(f"{farm.base_url}/sleepy", json={"seconds": 40}, timeout=60))
         )
         slow.start()
+        # A call with an idempotency key is not cancelled: its run ends and keeps its reply. Its caller was told
+        # "the request was cancelled", and a payment's client would send it again with a new key (found by an
+        # outside tester).
+        keyed: list[httpx.Response] = []
+        key = {"Idempotency-Key": f"stopped-{farm.token}"}
+        post_keyed = lambda: keyed.append(  # noqa: E731
+            httpx.post(f"{farm.base_url}/sleepy", json={"seconds": 12}, headers=key, timeout=60)
+        )
+        keyed_caller = threading.Thread(target=post_keyed)
+        keyed_caller.start()
         with redis.Redis.from_url(farm.effective_redis_url) as farm_redis:
             sleepy = Keys(DEFAULT_PREFIX).requests("sleepy")
-            wait_for(lambda: farm_redis.xpending(sleepy, CONSUMER_GROUP)["pending"] == 1, 20, "the call never ran")
+            wait_for(lambda: farm_redis.xpending(sleepy, CONSUMER_GROUP)["pending"] == 2, 20, "the calls never ran")
         opened = threading.Event()
         lines: list[str] = []
 
@@ -255,6 +265,11 @@ def test_a_stream_open_when_up_stops_is_cancelled_in_its_replica(tmp_path: Path)
         assert farm.proc.wait(60) == 0
         reader.join(5)
         slow.join(5)
+        keyed_caller.join(5)
+        assert keyed[0].status_code == 503, keyed[0].text
+        said = keyed[0].json()["message"]
+        assert "its run goes on and keeps its reply" in said and "same Idempotency-Key" in said, said
+        assert "cancelled" not in said, said
         assert unary[0].status_code == 503, unary[0].text
         assert unary[0].json()["error"] == "UnavailableError", unary[0].text
         assert "the gateway stopped before request" in unary[0].json()["message"], unary[0].text
