@@ -9,12 +9,14 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import redis
 import redis.asyncio as aioredis
 
 from streamserve.runtime import tracing
 from streamserve.runtime.gc_freeze import freeze_startup_objects
+from streamserve.runtime.import_dir import import_from, namesakes_warning
 from streamserve.runtime.logging_setup import start_process
 from streamserve.runtime.processes import end_own_group, end_with_own_group, on_stop_signals, role_command
 from streamserve.runtime.settings import Settings, checked_argument, forget_gateway_secrets
@@ -87,9 +89,10 @@ def main(argv: list[str]) -> int:
     if replica_id.deployment != args.deployment:
         print(f"replica id {replica_id} does not belong to deployment {args.deployment!r}", file=sys.stderr)
         return 2
-    # Deployments are imported by module path relative to where the farm runs.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    # Deployments are imported by module path relative to where the farm runs (`up` warns of namesakes there).
+    import_from(Path.cwd())
+    if settings.supervisor is None and (namesakes := namesakes_warning(Path.cwd())):
+        logger.warning("%s", namesakes)
 
     def replica(redis: aioredis.Redis) -> Replica:
         return Replica(

@@ -22,7 +22,7 @@ import httpx
 import orjson
 
 from streamserve.runtime.farm_files import ensure_redis_password
-from streamserve.runtime.processes import free_port
+from streamserve.runtime.processes import free_port, role_in
 from tests.harness.paths import ROOT, STREAMSERVE
 from tests.harness.waiting import wait_for
 
@@ -86,8 +86,8 @@ def command_line(pid: int) -> list[str]:
 
 def role_of(argv: list[str]) -> str | None:
     """``gateway``, ``scheduler``, ``worker``, ... for ``python -m streamserve ROLE``; ``redis-server``; else None."""
-    if argv[1:3] == ["-m", "streamserve"] and len(argv) > 3:
-        return argv[3]
+    if (role := role_in(argv)) is not None:
+        return role
     if argv and "redis-server" in argv[0]:  # redis-server rewrites its title: "/path/redis-server 127.0.0.1:PORT"
         return "redis-server"
     return None

@@ -12,7 +12,7 @@ def test_the_new_process_keeps_the_options_and_takes_over_the_old_id() -> None:
     old = ReplicaID("echo", "1234abcd")
     argv = ["echo", "--redis-url", "redis://h:6379/0", "--replica-id", "echo#1234abcd", "--takes-over", "echo#00"]
     assert restart_command(argv, old) == [
-        sys.executable, "-m", "streamserve", "worker", "echo", "--redis-url", "redis://h:6379/0",
+        sys.executable, "-P", "-m", "streamserve", "worker", "echo", "--redis-url", "redis://h:6379/0",
         "--takes-over", "echo#1234abcd",
     ]  # fmt: skip
     assert restart_command(["echo", "--replica-id=echo#1234abcd"], old)[-3:] == ["echo", "--takes-over", old.to_str()]

@@ -47,6 +47,7 @@ from streamserve.runtime.farm_files import (
     running_farm,
     write_farm,
 )
+from streamserve.runtime.import_dir import namesakes_warning
 from streamserve.runtime.lifeline import (
     FARM_GONE_DRAIN_S,
     FARM_GONE_WIND_DOWN_S,
@@ -114,6 +115,8 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
     settings.tenant_key_map()  # an unreadable keys file stops `up` before it starts anything (its gateways check too)
     if dropped := drop_missing_propagators():  # said once here: its processes inherit the list without them
         print(f"warning: {dropped}", file=sys.stderr, flush=True)
+    if namesakes := namesakes_warning(Path.cwd()):  # where its replicas import the deployments' code from
+        print(f"warning: {namesakes}", file=sys.stderr, flush=True)
     config = load_config(args.config, settings.config_limit_values)
     options = UpOptions(
         config,

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from streamserve.wire.ids import ReplicaID
@@ -21,9 +21,25 @@ from streamserve.wire.ids import ReplicaID
 _PR_SET_PDEATHSIG = 1
 
 
+# How every farm process starts, after this interpreter and before its role: ``-P`` keeps the directory it runs in off
+# the front of sys.path (a random.py or email.py where the farm ran shadowed the standard library's, and no process
+# started; a replica puts the directory on sys.path itself, once its own imports are done).
+ROLE_LAUNCH = ("-P", "-m", "streamserve")
+# How a farm's processes started before -P (still recognised: a farm left running across an upgrade is ended too).
+_EARLIER_LAUNCH = ("-m", "streamserve")
+
+
 def role_command(role: str, *args: str) -> list[str]:
-    """How every farm process starts: ``python -m streamserve ROLE ARGS`` with this interpreter."""
-    return [sys.executable, "-m", "streamserve", role, *args]
+    """How every farm process starts: ``python -P -m streamserve ROLE ARGS`` with this interpreter."""
+    return [sys.executable, *ROLE_LAUNCH, role, *args]
+
+
+def role_in(argv: Sequence[str]) -> str | None:
+    """The role a command line that role_command made runs ("worker", "gateway"...), else None."""
+    for launch in (ROLE_LAUNCH, _EARLIER_LAUNCH):
+        if tuple(argv[1 : 1 + len(launch)]) == launch and len(argv) > len(launch) + 1:
+            return argv[len(launch) + 1]
+    return None
 
 
 def die_with_parent() -> None:
@@ -202,12 +218,10 @@ def farm_role(pid: int) -> str | None:
     """The role ``pid`` runs ("worker", "gateway"...) when it is one of a farm's own processes (role_command's
     ``python -m streamserve ROLE``), else None."""
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return None
-    if argv[1:3] != [b"-m", b"streamserve"] or len(argv) < 4:
-        return None
-    return argv[3].decode(errors="replace")
+    return role_in(argv)
 
 
 def runs_a_role(pid: int) -> bool:
@@ -257,4 +271,4 @@ def hide_passwords_from_ps(argv: list[str]) -> None:
     if moved is not None:
         kept, env = moved
         os.environ.update(env)
-        os.execv(sys.executable, [sys.executable, "-m", "streamserve", *kept])
+        os.execv(sys.executable, [sys.executable, *ROLE_LAUNCH, *kept])
