@@ -185,9 +185,7 @@ async def test_closing_or_breaking_out_of_a_stream_forgets_the_request(
         await anext(stream)
 
     with Client(settings=settings) as blocking:
-        chunks = blocking.stream("tokens", None)
-        step = asyncio.create_task(asyncio.to_thread(next, chunks))
-        request = await fake.next_request()
+        chunks, step, request = await blocking_stream_sent(blocking, fake)
         await fake.chunks(request, ["a", "b"])
         assert await step == "a"
         chunks.close()
@@ -323,9 +321,7 @@ async def test_a_stream_closed_before_its_first_chunk_cancels_its_request_at_onc
         await anext(stream)
 
     with Client(settings=settings) as blocking:
-        chunks = blocking.stream("tokens", None)
-        reading = asyncio.create_task(asyncio.to_thread(next, chunks))
-        request = await fake.next_request()
+        chunks, reading, request = await blocking_stream_sent(blocking, fake)
         chunks.close()  # from another thread than its reader's
         with pytest.raises(RequestCancelledError):
             await reading
@@ -372,11 +368,17 @@ async def test_a_blocking_stream_dropped_in_a_thread_of_its_own_is_closed_on_the
         await wait_for_async(lambda: cancelled(fake, request), 5, "the dropped stream's request was not cancelled")
 
 
-async def blocking_stream_at_its_first_chunk(blocking: Client, fake: FakeStreamReplica) -> tuple[Any, Request]:
-    """A blocking client's stream of "tokens", read (in a thread) to its first chunk, "a"; and its request."""
+async def blocking_stream_sent(blocking: Client, fake: FakeStreamReplica) -> tuple[Any, asyncio.Task[Any], Request]:
+    """A blocking client's stream of "tokens", its first read under way in a thread (which sent it), and its request
+    as the replica took it."""
     chunks = blocking.stream("tokens", None)
     step = asyncio.create_task(asyncio.to_thread(next, chunks))
-    request = await fake.next_request()
+    return chunks, step, await fake.next_request()
+
+
+async def blocking_stream_at_its_first_chunk(blocking: Client, fake: FakeStreamReplica) -> tuple[Any, Request]:
+    """A blocking client's stream of "tokens", read (in a thread) to its first chunk, "a"; and its request."""
+    chunks, step, request = await blocking_stream_sent(blocking, fake)
     await fake.chunks(request, ["a"])
     assert await step == "a"
     return chunks, request
