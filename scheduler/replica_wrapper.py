@@ -218,8 +218,8 @@ class ReplicaWrapper:
 def exit_text(code: int | None) -> str:
     """How a replica's process ended, from its exit code (None: unknown), as status and the logs say it: a signal
     by its name (a segfault is "killed by SIGSEGV", not "exited with code -11")."""
-    if code is None:
-        return "process died"
+    if code is None:  # not a child of this scheduler's: an earlier one started it (`up` killed -9, say)
+        return "process gone (started by an earlier scheduler: how it ended is not known)"
     if code < 0:
         try:
             return f"process killed by {signal.Signals(-code).name}"

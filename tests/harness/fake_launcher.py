@@ -36,7 +36,8 @@ class FakeLauncher:
         return next((pid for pid, rid in self.alive.items() if rid == replica_id), None)
 
     def exit_code(self, pid: int) -> int | None:
-        return None if pid in self.alive else 1
+        """1 for a "process" it started that has ended; None for one still running, or not started by it."""
+        return None if pid in self.alive or pid not in self.gpus else 1
 
     def terminate(self, pid: int, replica_id: ReplicaID) -> None:
         self.terminated.append(pid)

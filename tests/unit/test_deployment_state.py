@@ -289,6 +289,20 @@ async def test_adopted_replicas_are_not_restarted(h: Harness) -> None:
     assert set(h.launcher.alive) == pids_before
 
 
+async def test_an_adopted_replica_found_gone_says_an_earlier_scheduler_started_it(h: Harness) -> None:
+    """`up` killed -9, its replicas ended with it: the next one's scheduler said each had "process died", as if it
+    had crashed, though their exit codes are not its to know."""
+    await bring_up(h, target(1))
+    fresh = Harness()
+    fresh.state = DeploymentState("echo", fresh.launcher, fresh.store, Timeouts(10_000, 60_000))
+    for record in h.store.records.values():
+        fresh.state.adopt(record)  # its pid is no process of this (fresh) launcher's
+    fresh.now = h.now
+    await fresh.tick(target(1))
+    assert fresh.store.health is not None
+    assert "process gone (started by an earlier scheduler: how it ended is not known)" in fresh.store.health.message
+
+
 async def test_a_replica_spawned_but_not_recorded_is_taken_over_not_started_twice(h: Harness) -> None:
     # The last scheduler saved SHOULD_START, spawned the process, and died before recording STARTING.
     await h.tick(target(0))
