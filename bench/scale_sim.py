@@ -116,6 +116,9 @@ class SimLauncher:
     def is_alive(self, pid: int, replica_id: ReplicaID) -> bool:
         return self._alive.get(pid) == replica_id
 
+    def is_stopped(self, pid: int) -> bool:
+        return False
+
     def exit_code(self, pid: int) -> int | None:
         return None if pid in self._alive else 0
 

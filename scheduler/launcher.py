@@ -17,7 +17,7 @@ from pathlib import Path
 
 from streamserve.control.resources import GPU_DEVICES_ENV
 from streamserve.runtime.lifeline import inherited
-from streamserve.runtime.processes import process_ref, role_command, runs_replica
+from streamserve.runtime.processes import process_ref, process_state, role_command, runs_replica
 from streamserve.runtime.settings import Settings
 from streamserve.transport.cluster_nodes import nodes_env
 from streamserve.wire.ids import ReplicaID
@@ -81,6 +81,10 @@ class ProcessLauncher:
             if proc.name.isdigit() and runs_replica(int(proc.name), replica_id):
                 return int(proc.name)
         return None
+
+    def is_stopped(self, pid: int) -> bool:
+        """Whether the process is stopped (SIGSTOP, a debugger), not running."""
+        return process_state(pid) in ("T", "t")
 
     def exit_code(self, pid: int) -> int | None:
         """The exit code of a child that has ended, if we started it."""

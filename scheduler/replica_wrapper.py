@@ -20,6 +20,7 @@ from streamserve.wire.states import ReplicaHealth, ReplicaState, check_replica_t
 logger = logging.getLogger(__name__)
 
 # Why a live process stops heartbeating, most often: its heartbeat runs on the replica's event loop.
+STOPPED_HINT = " (its process is stopped: SIGSTOP, Ctrl-Z, or a debugger)"
 HUNG_HINT = (
     " (its process is alive: a handler that blocks the replica's event loop, such as an async def that calls"
     " time.sleep, or one C call that holds the GIL, stops its heartbeat; make blocking work a plain def, or"
@@ -191,7 +192,8 @@ class ReplicaWrapper:
         last = last_beat_ms if last_beat_ms is not None else self.record.updated_ms
         if now_ms - last > heartbeat_timeout_ms:
             # (A process it cannot see, an adopted stray's or another host's, may be dead: no hint of a hang.)
-            self.failure = f"no heartbeat for {(now_ms - last) / 1000:.1f}s{HUNG_HINT if alive else ''}"
+            hint = (STOPPED_HINT if self._launcher.is_stopped(self.record.pid) else HUNG_HINT) if alive else ""
+            self.failure = f"no heartbeat for {(now_ms - last) / 1000:.1f}s{hint}"
             return Alive.DEAD
         if beat is not None and beat.health is ReplicaHealth.UNHEALTHY and not self.is_external:
             self.failure = beat.message or "check_health() failed"

@@ -21,6 +21,7 @@ class FakeLauncher:
         self.alive: dict[int, ReplicaID] = {}
         self.terminated: list[int] = []
         self.killed: list[int] = []
+        self.stopped: set[int] = set()  # "processes" a test stopped (SIGSTOP)
         self.gpus: dict[int, tuple[str, ...]] = {}  # the devices each started process was given
 
     def start(self, replica_id: ReplicaID, gpus: tuple[str, ...] = ()) -> int:
@@ -34,6 +35,9 @@ class FakeLauncher:
 
     def find(self, replica_id: ReplicaID) -> int | None:
         return next((pid for pid, rid in self.alive.items() if rid == replica_id), None)
+
+    def is_stopped(self, pid: int) -> bool:
+        return pid in self.stopped
 
     def exit_code(self, pid: int) -> int | None:
         """1 for a "process" it started that has ended; None for one still running, or not started by it."""

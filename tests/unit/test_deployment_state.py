@@ -142,6 +142,13 @@ async def test_expired_heartbeat_kills_and_replaces(h: Harness) -> None:
     assert h.counts() == {ReplicaState.STARTING: 1}
     # Its process was seen alive: a handler blocking its loop is the likely cause, and status says so.
     assert h.store.health is not None and "(its process is alive: a handler that blocks" in h.store.health.message
+    # A stopped process (SIGSTOP) is said to be stopped: no handler is to blame (found by an outside tester).
+    [stalled] = h.by_state(ReplicaState.STARTING)
+    h.beat_all()
+    await h.tick(target(1))
+    h.launcher.stopped.add(stalled.pid)
+    await h.tick(target(1), advance_ms=11_000)
+    assert "s (its process is stopped: SIGSTOP, Ctrl-Z, or a debugger)" in h.store.health.message, h.store.health
 
 
 async def test_a_silent_replica_whose_process_cannot_be_seen_is_not_said_to_be_alive(h: Harness) -> None:

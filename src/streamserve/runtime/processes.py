@@ -214,6 +214,16 @@ def pids_with_env(name: str, value: str) -> list[int]:
     return found
 
 
+def process_state(pid: int) -> str:
+    """The process's state letter in /proc/PID/stat (R running, S sleeping, T stopped, Z a zombie...), "" once it is
+    gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return ""
+    return stat.rsplit(b")", 1)[1].split()[0].decode()  # (after its name, which may hold ")" or spaces)
+
+
 def farm_role(pid: int) -> str | None:
     """The role ``pid`` runs ("worker", "gateway"...) when it is one of a farm's own processes (role_command's
     ``python -m streamserve ROLE``), else None."""
