@@ -183,16 +183,20 @@ def process_ref(pid: int) -> str | None:
     """``"PID:START"`` (START: when it started, in clock ticks since boot), naming one process for as long as it
     lives, unlike a pid alone, which the kernel reuses; None if there is no such process, or only its zombie (dead,
     not yet reaped by its parent)."""
+    fields = _stat_fields(pid)
+    if not fields or fields[0] in ("Z", "X"):
+        return None
+    return f"{pid}:{fields[19]}"
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (in parentheses, and free to contain spaces): the first
+    is the state, the 20th the start time; [] when there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return None
-    # The fields after the command name (in parentheses, and free to contain spaces): field 3 is the state, field 22
-    # the start time.
-    fields = stat.rpartition(")")[2].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return f"{pid}:{fields[19]}"
+        return []
+    return stat.rpartition(")")[2].split()
 
 
 def is_running(ref: str) -> bool:
@@ -217,11 +221,8 @@ def pids_with_env(name: str, value: str) -> list[int]:
 def process_state(pid: int) -> str:
     """The process's state letter in /proc/PID/stat (R running, S sleeping, T stopped, Z a zombie...), "" once it is
     gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return ""
-    return stat.rsplit(b")", 1)[1].split()[0].decode()  # (after its name, which may hold ")" or spaces)
+    fields = _stat_fields(pid)
+    return fields[0] if fields else ""
 
 
 def farm_role(pid: int) -> str | None:
