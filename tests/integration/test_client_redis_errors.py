@@ -8,6 +8,7 @@ import asyncio
 import logging
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -195,6 +196,30 @@ async def test_calls_a_hanging_redis_failed_are_cancelled_once_it_answers_again(
             await client._cancels_sent(3 * WITHIN_S)
             left = await client.redis.xrange(requests)
         assert left == [], f"requests left queued after their callers were told they failed: {left}"
+    finally:
+        server.stop()
+
+
+async def test_a_caller_cut_off_when_its_farm_is_gone_is_not_promised_a_cancel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`up` killed -9: its gateway cannot cancel anything before it goes too, and the request runs when the farm is
+    back. The gateway's callers were told it would be cancelled, and a plain retry ran it twice (found by an outside
+    tester)."""
+    monkeypatch.setattr(reply_stream, "REPLY_OUTAGE_FAIL_S", 0.5)
+    monkeypatch.setattr(connections, "CONNECT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(connections, "_GIVEN_UP", threading.Event())
+    server = EmbeddedRedis(port=free_port()).start()
+    try:
+        settings = Settings(redis_url=server.url)
+        cfg = await deploy(settings)  # no replica: what is queued stays queued
+        async with AsyncClient(settings=settings) as client:
+            queued = asyncio.ensure_future(client.call(cfg.name, "queued", timeout=120))
+            await wait_for_async(lambda: _holds(client, settings.keys.requests(cfg.name), 1), WITHIN_S)
+            connections.stop_retrying()  # (what a gateway does once its `up` is gone)
+            server.stop()
+            with pytest.raises(RedisUnavailableError, match="the request cannot be cancelled: it may run when"):
+                await asyncio.wait_for(queued, 3 * WITHIN_S)
     finally:
         server.stop()
 

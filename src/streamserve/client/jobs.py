@@ -427,7 +427,10 @@ class JobQueue:
                 continue
             job.meta[ERROR_META] = {
                 "error": ABANDONED_ERROR,
-                "message": f"its job worker {worker} stopped while running it; the call may or may not have run",
+                "message": (
+                    f"its job worker {worker} stopped while running it; the call may or may not have run, and one "
+                    "still queued may run yet (its result dropped): submit the job again only if it may run twice"
+                ),
             }
             job.save_meta()  # type: ignore[no-untyped-call]  # (rq leaves it unannotated)
             self.connection.zadd(registry.key, {f"{job_id}:{execution_id}": 0}, xx=True)

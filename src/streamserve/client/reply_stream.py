@@ -39,7 +39,7 @@ from redis.exceptions import ResponseError
 from streamserve.client.chunk_feed import ChunkFeed
 from streamserve.transport.background_tasks import background_task
 from streamserve.transport.backoff import Backoff
-from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, refuses_writes
+from streamserve.transport.connections import RETRYABLE_ERRORS, RedisRefusals, refuses_writes, retrying_stopped
 from streamserve.transport.pipelining import BlockingReader, Command
 from streamserve.wire.errors import ProtocolError, RedisUnavailableError, StreamServeError
 from streamserve.wire.messages import ChunkBatch, Fields, Reply, ReplyStatus
@@ -60,6 +60,18 @@ REPLY_OUTAGE_FAIL_S = 3.0
 _RETRY_CAP_S = 1.0
 _READ_REPLIES = ("XREAD", "COUNT", REPLY_READ_COUNT, "BLOCK", REPLY_BLOCK_MS, "STREAMS")
 _READER_TASK = "streamserve-replies"
+
+
+def _what_becomes_of_it() -> str:
+    """What a caller whose reply Redis's outage cut off is told becomes of its request: cancelled once Redis is
+    back, by this process; unless its `streamserve up` is gone (killed -9, its Redis with it), which ends this
+    process too, before it can cancel anything: the request then runs when the farm is back."""
+    if retrying_stopped():
+        return (
+            "the `streamserve up` of this farm is gone, and the request cannot be cancelled: it may run when the "
+            "farm is back (send again only what may run twice, or use an Idempotency-Key)"
+        )
+    return "the request is cancelled once Redis is back (if it ran before, its answer is lost)"
 
 
 class ReplyStream:
@@ -247,10 +259,7 @@ class ReplyStream:
             return
         # (every retryable error has a meaning: RedisUnavailableError naming the URL)
         cause = self._refusals.meaning(exc) or exc
-        error = RedisUnavailableError(
-            f"{cause}; lost while waiting for the reply: the request is cancelled once Redis is back (if it ran"
-            " before, its answer is lost)"
-        )
+        error = RedisUnavailableError(f"{cause}; lost while waiting for the reply: {_what_becomes_of_it()}")
         for fut in waiting:
             fut.set_exception(error)
         for feed in feeds:
