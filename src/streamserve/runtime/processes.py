@@ -218,6 +218,20 @@ def pids_with_env(name: str, value: str) -> list[int]:
     return found
 
 
+def pids_working_in(directory: Path, program: str) -> list[int]:
+    """Every process (other than this one) of ``program`` (a name in its command line) whose working directory is
+    ``directory``."""
+    where = directory.resolve()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if program.encode() in (proc / "cmdline").read_bytes() and (proc / "cwd").resolve() == where:
+                found.append(int(proc.name))
+    return found
+
+
 def process_state(pid: int) -> str:
     """The process's state letter in /proc/PID/stat (R running, S sleeping, T stopped, Z a zombie...), "" once it is
     gone."""
