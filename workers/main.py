@@ -18,6 +18,7 @@ from streamserve.runtime import tracing
 from streamserve.runtime.gc_freeze import freeze_startup_objects
 from streamserve.runtime.import_dir import import_from, namesakes_warning
 from streamserve.runtime.logging_setup import start_process
+from streamserve.runtime.process_exit import end_process
 from streamserve.runtime.processes import end_own_group, end_with_own_group, on_stop_signals, role_command
 from streamserve.runtime.settings import Settings, checked_argument, forget_gateway_secrets
 from streamserve.transport.connections import async_redis, one_shot_redis
@@ -51,8 +52,18 @@ async def serve(settings: Settings, replica: Callable[[aioredis.Redis], Replica]
     farm is gone (`up` killed: nobody ends what its process group holds but itself)."""
     redis = async_redis(settings.effective_redis_url)
     running = replica(redis)
+
+    def stop() -> None:
+        if running.loading:
+            # It holds no request yet, and its constructor runs on a thread nothing can stop: a rollout, a scale-down
+            # or a delete waited for it to end (a model's minutes), or for graceful_shutdown_timeout_s (a hung one).
+            logger.info("replica %s: stop requested while its code loads: exiting", running.replica_id)
+            end_own_group()  # (what its code started so far)
+            end_process(0)
+        running.request_stop()
+
     try:
-        with on_stop_signals(running.request_stop):
+        with on_stop_signals(stop):
             return await running.run(), running.restart_reason, running.farm_gone
     finally:
         await redis.aclose()

@@ -109,6 +109,11 @@ class Replica:
         """Whether it has stopped reading new requests (asked to, or leaving by itself)."""
         return self._stopping.is_set()
 
+    @property
+    def loading(self) -> bool:
+        """Whether its deployment's code is being imported and constructed (it holds no request yet)."""
+        return self._loading
+
     def request_stop(self) -> None:
         """Stop reading new requests and drain (safe to call from a signal handler)."""
         if not self._stopping.is_set():
