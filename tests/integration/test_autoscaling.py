@@ -112,14 +112,21 @@ async def test_the_progress_of_turning_autoscaling_on_counts_from_what_runs(
     )
     await aredis.hset(settings.keys.replicas("rec"), other.replica_id, other.encode())
     line = await StatusReader(aredis, settings.keys).progress(goal)
-    assert line == f"rec: 2/2 replica(s) of version {goal.version} running, 1 of another version still up", line
+    assert line == f"rec: 2/2 replica(s) of version {goal.version} running, 1 of another version starting or stopping"
+    # One running is said apart from those starting or stopping (they were all "still up": found by an outside tester).
+    old = ReplicaRecord(
+        replica_id="rec#000000fd", state=ReplicaState.RUNNING, version="f00d", created_ms=1, updated_ms=1
+    )
+    await aredis.hset(settings.keys.replicas("rec"), old.replica_id, old.encode())
+    line = await StatusReader(aredis, settings.keys).progress(goal)
+    assert line.endswith(", 1 of another version still running, 1 of another version starting or stopping"), line
     # One of another version that never started (a failed update's, waiting its turn) is not up: not counted.
     never = ReplicaRecord(
         replica_id="rec#000000fe", state=ReplicaState.SHOULD_START, version="f00d", created_ms=1, updated_ms=1
     )
     await aredis.hset(settings.keys.replicas("rec"), never.replica_id, never.encode())
     line = await StatusReader(aredis, settings.keys).progress(goal)
-    assert line.endswith(", 1 of another version still up"), line
+    assert line.endswith(", 1 of another version still running, 1 of another version starting or stopping"), line
 
 
 async def test_short_requests_between_ticks_keep_the_replica_until_they_stop(

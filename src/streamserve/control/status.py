@@ -133,8 +133,10 @@ class StatusReader:
         except NotFoundError:
             return f"{goal.deployment}: deleted"
         ready = sum(1 for r in records if r.state is ReplicaState.RUNNING and r.version == goal.version)
-        # (those of another version never started, SHOULD_START still, are not up: they will not be)
-        others = sum(1 for r in records if r.version != goal.version and r.state is not ReplicaState.SHOULD_START)
+        # Those of another version: running, or with a process starting or stopping (one never started, SHOULD_START
+        # still, is not counted: it will not be).
+        others = [r.state for r in records if r.version != goal.version and r.state is not ReplicaState.SHOULD_START]
+        serving = others.count(ReplicaState.RUNNING)
         if cfg.external_scaler_enabled:
             line = f"{goal.deployment}: {ready}/{len(records)} live worker(s) run version {goal.version}"
             return line + " (externally scaled: workers on the old code start again on the new one)"
@@ -145,7 +147,11 @@ class StatusReader:
         if ready > wanted:  # scaling down: what counts is how many are still to stop
             return f"{goal.deployment}: {ready} replica(s) running, scaling down to {wanted}"
         line = f"{goal.deployment}: {ready}/{wanted} replica(s) of version {goal.version} running"
-        return line + (f", {others} of another version still up" if others else "")  # older, or a failed newer
+        if serving:  # older ones, or a failed update's that this one undoes
+            line += f", {serving} of another version still running"
+        if len(others) > serving:
+            line += f", {len(others) - serving} of another version starting or stopping"
+        return line
 
     async def health_of_all(self) -> dict[str, DeploymentHealthRecord]:
         """The scheduler's last verdict on every deployment it has judged."""
